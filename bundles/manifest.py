@@ -1,0 +1,157 @@
+"""The manifest bundlerun embeds in every `.bpte` (root slot 3, JSON).
+
+It records, per method and output, the *resolved* criteria the output is judged
+by (with the trail of where each number came from), plus provenance: model,
+target, backend, dtype, quantization, reference kind, input distribution, seed,
+dataset labels and tool versions. `bundlerun run` judges with these numbers,
+never with whatever registry is installed on the judging machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MANIFEST_SCHEMA = "bundlerun.manifest/1"
+
+CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
+
+
+@dataclass
+class Criteria:
+    """What an output must satisfy. Every criterion that is set must hold.
+
+    Element-wise: |a - r| <= atol + qtol*scale + rtol*|r| (NaN matches NaN).
+    For integer outputs `scale` is 1 so qtol counts integer steps.
+    `exact` (bool outputs, or explicitly requested): values must be equal.
+    """
+
+    atol: float | None = None
+    rtol: float | None = None
+    qtol: float | None = None
+    scale: float | None = None  # quantization scale of the output (from the lowered graph)
+    zero_point: int | None = None
+    sqnr_min_db: float | None = None
+    cosine_min: float | None = None
+    rel_frobenius_max: float | None = None
+    exact: bool = False
+    trail: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def elementwise(self) -> bool:
+        return self.atol is not None or self.rtol is not None or self.qtol is not None
+
+    @property
+    def effective_atol(self) -> float:
+        """atol + qtol * scale (scale 1.0 when the output carries no quantization)."""
+        atol = self.atol or 0.0
+        if self.qtol:
+            atol += self.qtol * (self.scale if self.scale is not None else 1.0)
+        return atol
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Criteria":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class OutputSpec:
+    name: str
+    dtype: str
+    shape: list[int]
+    criteria: Criteria = field(default_factory=Criteria)
+    quantized: bool = False  # produced by a dequantize of a quantized tensor, or an integer tensor
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["criteria"] = self.criteria.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OutputSpec":
+        return cls(
+            name=data["name"],
+            dtype=data["dtype"],
+            shape=list(data["shape"]),
+            criteria=Criteria.from_dict(data.get("criteria", {})),
+            quantized=bool(data.get("quantized", False)),
+        )
+
+
+@dataclass
+class MethodManifest:
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[OutputSpec]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": [asdict(i) for i in self.inputs],
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MethodManifest":
+        return cls(
+            name=data["name"],
+            inputs=[TensorSpec(**i) for i in data.get("inputs", [])],
+            outputs=[OutputSpec.from_dict(o) for o in data.get("outputs", [])],
+        )
+
+
+@dataclass
+class Manifest:
+    model: dict[str, Any]  # id, source, description
+    build: dict[str, Any]  # backend, target, dtype, quantization, reference, inputs, seed, cases
+    versions: dict[str, str]  # bundlerun, torch, executorch, python, host
+    methods: dict[str, MethodManifest]
+    dataset: dict[str, Any] | None = None  # {"name":..., "labels": [...], "num_classes": N}
+    created: str = ""
+    schema: str = MANIFEST_SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "model": self.model,
+            "build": self.build,
+            "versions": self.versions,
+            "methods": {k: m.to_dict() for k, m in self.methods.items()},
+            "dataset": self.dataset,
+            "created": self.created,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        schema = data.get("schema", "")
+        if not str(schema).startswith("bundlerun.manifest/"):
+            raise ValueError(f"unknown manifest schema {schema!r}")
+        return cls(
+            schema=schema,
+            model=data.get("model", {}),
+            build=data.get("build", {}),
+            versions=data.get("versions", {}),
+            methods={k: MethodManifest.from_dict(m) for k, m in data.get("methods", {}).items()},
+            dataset=data.get("dataset"),
+            created=data.get("created", ""),
+            extra=data.get("extra", {}),
+        )
+
+    def output_spec(self, method: str, index: int) -> OutputSpec | None:
+        m = self.methods.get(method)
+        if m is None or index >= len(m.outputs):
+            return None
+        return m.outputs[index]

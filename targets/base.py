@@ -1,0 +1,146 @@
+"""The one interface every target implements, and the records it returns.
+
+A target deploys a bundle, runs every test case of every method, and brings
+back raw outputs (dtype + shape + bytes) with logs and timings. It never judges
+numerics: that is runner/'s job. It reports *how* a case ended (`CaseStatus`):
+ok, error (could not run or collect), or timeout.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from bundles.bpte import Bundle
+
+
+class CaseStatus(str, enum.Enum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    SKIP = "skip"
+
+
+@dataclass
+class RawTensor:
+    """One output as the device produced it: ExecuTorch ScalarType code, shape, raw bytes."""
+
+    scalar_type: int
+    shape: list[int]
+    data: bytes
+    lossy: bool = False  # decoded from 6-decimal text (UART `Output[i][j]` lines)
+
+    def to_array(self):
+        from bundles.scalar_types import to_array
+
+        return to_array(self.scalar_type, self.shape, self.data)
+
+
+@dataclass
+class CaseResult:
+    """Outcome of one test case of one method on a target."""
+
+    method: str
+    case_index: int
+    status: CaseStatus
+    outputs: list[RawTensor] = field(default_factory=list)
+    error: str | None = None  # one-line classification when status != OK
+    error_kind: str | None = None  # e.g. "crash", "hard-fault", "missing-output", "transport"
+    log_excerpt: list[str] = field(default_factory=list)  # the relevant log lines
+    log_path: str | None = None  # full log saved beside the report
+    elapsed_s: float | None = None  # wall time of the execution itself
+    device_verdict: dict[str, Any] | None = None  # the runner's own BundleIO verdict / error stats
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TargetRun:
+    """Everything a target returns for one bundle."""
+
+    target: str
+    cases: list[CaseResult]
+    info: dict[str, Any] = field(default_factory=dict)  # device/tool versions, binaries used
+    logs: dict[str, str] = field(default_factory=dict)  # name -> saved log path
+    setup_s: float | None = None  # deploy / load time outside the cases
+
+
+ProgressFn = Callable[[CaseResult], None]
+
+
+@dataclass
+class RunOptions:
+    """Knobs every target understands; target-specific settings live in its config."""
+
+    work_dir: Path  # scratch + saved logs for this run
+    case_timeout_s: float = 120.0  # wall-clock bound for one case
+    setup_timeout_s: float = 300.0  # bound for deploy/load
+    methods: list[str] | None = None  # None = all methods in the bundle
+    cases: list[int] | None = None  # None = all cases
+    retries: int = 1  # transient transport faults only, never numerics
+    config: dict[str, Any] = field(default_factory=dict)  # [targets.<scheme>] section + CLI flags
+    progress: ProgressFn | None = None
+
+
+class Target(Protocol):
+    """What runner/ calls. Implementations live one per module in targets/."""
+
+    url: str
+
+    def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
+        """Run the selected cases. Must not raise for a per-case failure: return
+        CaseResult(status=ERROR/TIMEOUT). Raise TargetError only when nothing at
+        all can run (missing tool, unreachable device); the runner then marks
+        every case ERROR with that message."""
+        ...
+
+
+def selected_cases(bundle: Bundle, options: RunOptions) -> list[tuple[str, int]]:
+    """(method, case index) pairs to run, in bundle order."""
+    pairs = []
+    for suite in bundle.method_test_suites:
+        if options.methods and suite.method_name not in options.methods:
+            continue
+        for i in range(len(suite.test_cases)):
+            if options.cases is None or i in options.cases:
+                pairs.append((suite.method_name, i))
+    return pairs
+
+
+def expected_layout(bundle: Bundle, method: str, case_index: int) -> list[tuple[int, list[int]]]:
+    """(scalar_type, shape) of each expected output: how headerless raw output
+    files (out-<i>.bin, output_<i>_<j>.raw) are decoded."""
+    case = bundle.suite(method).test_cases[case_index]
+    return [(v.scalar_type, list(v.sizes)) for v in case.expected_outputs if v.kind == "tensor"]
+
+
+def raw_outputs_from_files(
+    files: list[Path], layout: list[tuple[int, list[int]]]
+) -> tuple[list[RawTensor], str | None]:
+    """Read headerless output files against the expected layout.
+
+    Returns (outputs, error). A missing or wrong-size file is an error naming
+    the file and both sizes; nothing is guessed.
+    """
+    from bundles.scalar_types import itemsize, name
+
+    outputs: list[RawTensor] = []
+    if len(files) < len(layout):
+        return outputs, f"expected {len(layout)} output files, found {len(files)}"
+    for path, (code, shape) in zip(files, layout):
+        numel = 1
+        for s in shape:
+            numel *= s
+        want = numel * itemsize(code)
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            return outputs, f"cannot read output file {Path(path).name}: {exc.strerror}"
+        if len(data) != want:
+            return outputs, (
+                f"output file {Path(path).name} has {len(data)} bytes, expected {want} "
+                f"({name(code)}{shape})"
+            )
+        outputs.append(RawTensor(code, list(shape), data))
+    return outputs, None
