@@ -1,0 +1,59 @@
+"""The contract of a lowering recipe: one module per backend in bundles/backends/.
+
+Each module exposes `lower(req: LoweringRequest) -> LoweringResult`. The builder
+owns everything around it (model source, inputs, expected outputs, tolerances,
+manifest, writing the bundle), so a new backend is one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bundles.errors import BuildError
+
+BACKENDS: dict[str, str] = {
+    "xnnpack": "bundles.backends.xnnpack",
+    "portable": "bundles.backends.portable",
+    "arm": "bundles.backends.arm",
+    "cortex-m": "bundles.backends.arm",
+    "vulkan": "bundles.backends.vulkan",
+    "qnn": "bundles.backends.qnn",
+}
+
+DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")
+
+
+@dataclass
+class LoweringRequest:
+    model: Any  # torch.nn.Module in eval mode, fp32 weights
+    example_inputs: tuple  # fp32 torch tensors (or ints/bools) matching forward()
+    calibration_inputs: list[tuple]  # for post-training quantization
+    dtype: str  # fp32 | fp16 | bf16 | int8 | int16
+    backend: str
+    target: str  # the target URL the bundle is meant for
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoweringResult:
+    program: Any  # executorch.exir.ExecutorchProgramManager
+    input_dtypes: list[Any]  # torch dtype each bundled input must have (fp16 builds take half inputs)
+    quantized_reference: Callable[..., Any] | None = None  # eager fake-quant model, for reference="quantized"
+    output_qparams: list[tuple[float, int] | None] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)  # aten ops of the exported model
+    quantization: str | None = None  # e.g. "xnnpack-ptq-symmetric-per-channel-int8"
+    info: dict[str, Any] = field(default_factory=dict)  # partitioner, delegated node counts, ...
+
+
+def lowering_module(backend: str):
+    if backend not in BACKENDS:
+        raise BuildError(f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}")
+    name = BACKENDS[backend]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            raise BuildError(f"backend {backend!r} is not available in this build of bundlerun") from None
+        raise BuildError(f"backend {backend!r} needs a package that is not installed: {exc.name}") from None

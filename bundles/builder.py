@@ -1,0 +1,262 @@
+"""Model -> `.bpte`: inputs, lowering, expected outputs, resolved tolerances, manifest.
+
+The expected outputs come from the eager fp32 model (reference "eager-fp32") run
+on exactly the inputs the program receives (fp16 builds: the half-rounded
+inputs, widened back), or from the eager quantized model (reference "quantized").
+They are stored in the program's output dtype so the stock BundleIO runtime can
+verify the file too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from bundles import scalar_types as st
+from bundles.backends.base import DTYPES, LoweringRequest, lowering_module
+from bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
+from bundles.errors import BuildError
+from bundles.inputs import generate_cases
+from bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
+from bundles.model_source import ResolvedModel, resolve_model
+from bundles.tolerances import ToleranceContext, resolve_criteria
+
+REFERENCES = ("eager-fp32", "quantized")
+
+# Target URL -> backend when --backend is not given.
+_DEFAULT_BACKEND = {"host": {"portable": "portable"}, "tosa": "arm", "fvp": "arm"}
+
+
+@dataclass
+class BuildRequest:
+    model: str  # zoo name or path.py:factory
+    output: Path
+    backend: str | None = None  # default: from the target
+    target: str = "host://xnnpack"
+    dtype: str = "fp32"
+    cases: int = 8
+    seed: int = 0
+    reference: str | None = None  # default eager-fp32
+    distribution: str | None = None  # override the model's input distribution
+    calibration_cases: int = 16
+    overrides: dict[str, Any] = field(default_factory=dict)  # criterion -> value, for every output
+    dataset: dict[str, Any] | None = None  # {"name", "samples": [[array,...], ...], "labels": [...]}
+    resolved_model: ResolvedModel | None = None  # pass an already-built model (accuracy flows)
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: Manifest
+    info: dict[str, Any]
+
+
+def default_backend(target: str) -> str:
+    scheme, _, rest = target.partition("://")
+    if scheme == "host":
+        return "portable" if rest.startswith("portable") else "xnnpack"
+    if scheme == "fvp" and "cortex-m" in rest:
+        return "cortex-m"
+    if scheme in ("tosa", "fvp"):
+        return "arm"
+    return "xnnpack"
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "host": platform.machine()}
+    for dist in ("bundlerun", "torch", "executorch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def _flatten_outputs(result: Any) -> list[Any]:
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        flat: list[Any] = []
+        for r in result:
+            flat.extend(_flatten_outputs(r))
+        return flat
+    if isinstance(result, dict):
+        return _flatten_outputs(list(result.values()))
+    raise BuildError(f"model output of type {type(result).__name__} is not supported (tensors, tuples, lists, dicts)")
+
+
+def _program_output_dtypes(program: Any) -> list[Any]:
+    ep = program.exported_program()
+    out = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    args = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return [a.meta["val"].dtype if hasattr(a, "meta") and "val" in a.meta else None for a in args]
+
+
+def _torch_to_code(dtype: Any) -> int:
+    import torch
+
+    table = {
+        torch.float32: st.FLOAT, torch.float16: st.HALF, torch.float64: st.DOUBLE, torch.bfloat16: st.BFLOAT16,
+        torch.int8: st.CHAR, torch.uint8: st.BYTE, torch.int16: st.SHORT, torch.int32: st.INT,
+        torch.int64: st.LONG, torch.bool: st.BOOL,
+    }
+    if dtype not in table:
+        raise BuildError(f"unsupported tensor dtype {dtype}")
+    return table[dtype]
+
+
+def _value_from_tensor(t: Any) -> BundledValue:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    code = _torch_to_code(t.dtype)
+    if t.dtype == torch.bfloat16:
+        array = t.view(torch.int16).numpy().view(np.uint16)
+    else:
+        array = t.numpy()
+    return BundledValue.from_array(array, code)
+
+
+def build_bundle(req: BuildRequest) -> BuildResult:
+    """Build and write the bundle; every failure is a one-line BundlerunError."""
+    import torch
+
+    say = req.progress or (lambda _msg: None)
+    if req.dtype not in DTYPES:
+        raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
+    if req.cases < 1:
+        raise BuildError("--cases must be at least 1")
+    backend = req.backend or default_backend(req.target)
+    reference = req.reference or "eager-fp32"
+    if reference not in REFERENCES:
+        raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
+    recipe = lowering_module(backend)
+
+    say(f"loading model {req.model}")
+    model = req.resolved_model or resolve_model(req.model, req.distribution)
+    specs = [(s.shape, s.dtype, s.dist) for s in model.inputs]
+    if req.dataset is not None:
+        case_arrays = [list(sample) for sample in req.dataset["samples"]]
+    else:
+        case_arrays = generate_cases(specs, req.cases, req.seed, "cases")
+    calibration = generate_cases(specs, req.calibration_cases, req.seed, "calibration")
+    to_torch = lambda arrays: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)  # noqa: E731
+
+    say(f"lowering for {backend} ({req.dtype})")
+    lowering = recipe.lower(
+        LoweringRequest(
+            model=model.module,
+            example_inputs=to_torch(case_arrays[0]),
+            calibration_inputs=[to_torch(c) for c in calibration],
+            dtype=req.dtype,
+            backend=backend,
+            target=req.target,
+        )
+    )
+    if reference == "quantized" and lowering.quantized_reference is None:
+        raise BuildError(f"reference 'quantized' needs a quantized build; {req.dtype} on {backend} has none")
+    out_dtypes = _program_output_dtypes(lowering.program)
+
+    say(f"computing expected outputs for {len(case_arrays)} cases")
+    test_cases: list[BundledTestCase] = []
+    first_outputs: list[Any] = []
+    with torch.no_grad():
+        for i, arrays in enumerate(case_arrays):
+            program_inputs = tuple(
+                x.to(dt) if x.is_floating_point() else x for x, dt in zip(to_torch(arrays), lowering.input_dtypes)
+            )
+            float_inputs = tuple(x.float() if x.is_floating_point() else x for x in program_inputs)
+            runner = lowering.quantized_reference if reference == "quantized" else model.module
+            try:
+                outs = _flatten_outputs(runner(*float_inputs))
+            except BuildError:
+                raise
+            except Exception as exc:
+                raise BuildError(f"reference model failed on case {i}: {type(exc).__name__}: {exc}") from None
+            if len(out_dtypes) != len(outs):
+                raise BuildError(f"reference produced {len(outs)} outputs, program has {len(out_dtypes)}")
+            outs = [o.to(dt) if dt is not None else o for o, dt in zip(outs, out_dtypes)]
+            if i == 0:
+                first_outputs = outs
+            test_cases.append(
+                BundledTestCase(
+                    inputs=[_value_from_tensor(x) for x in program_inputs],
+                    expected_outputs=[_value_from_tensor(o) for o in outs],
+                )
+            )
+
+    say("resolving tolerances")
+    qparams = lowering.output_qparams or [None] * len(first_outputs)
+    outputs = []
+    for j, out in enumerate(first_outputs):
+        code = _torch_to_code(out.dtype)
+        qp = qparams[j] if j < len(qparams) else None
+        ctx = ToleranceContext(
+            backend=backend,
+            target=req.target,
+            dtype=req.dtype,
+            model=model.name,
+            method="forward",
+            output_index=j,
+            output_name=f"out{j}",
+            output_dtype=st.name(code),
+            ops=lowering.ops,
+            reference=reference,
+            input_distribution=str(model.inputs[0].distribution) if model.inputs else "randn",
+            host_arch=platform.machine(),
+            scale=qp[0] if qp else None,
+            zero_point=qp[1] if qp else None,
+            expected=np.stack([tc.expected_outputs[j].to_array() for tc in test_cases]),
+        )
+        criteria = resolve_criteria(ctx, req.overrides)
+        outputs.append(
+            OutputSpec(
+                name=f"out{j}",
+                dtype=st.name(code),
+                shape=list(out.shape),
+                criteria=criteria,
+                quantized=qp is not None or not st.is_floating(code),
+            )
+        )
+    inputs_spec = [
+        TensorSpec(f"in{k}", st.name(v.scalar_type), list(v.sizes)) for k, v in enumerate(test_cases[0].inputs)
+    ]
+    manifest = Manifest(
+        model={"id": model.name, "source": model.source, "description": model.description},
+        build={
+            "backend": backend,
+            "target": req.target,
+            "dtype": req.dtype,
+            "quantization": lowering.quantization,
+            "reference": reference,
+            "inputs": [{"shape": list(s.shape), "dtype": s.dtype, "distribution": s.distribution} for s in model.inputs],
+            "seed": req.seed,
+            "cases": len(test_cases),
+            "lowering": lowering.info,
+            "overrides": dict(req.overrides),
+        },
+        versions=_versions(),
+        methods={"forward": MethodManifest("forward", inputs_spec, outputs)},
+        dataset=None
+        if req.dataset is None
+        else {k: v for k, v in req.dataset.items() if k != "samples"},
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    bundle = Bundle(
+        program=bytes(lowering.program.buffer),
+        method_test_suites=[MethodTestSuite("forward", test_cases)],
+        manifest=manifest.to_dict(),
+    )
+    say(f"writing {req.output}")
+    path = write_bundle(bundle, req.output)
+    return BuildResult(path=path, manifest=manifest, info=lowering.info)

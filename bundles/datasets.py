@@ -1,0 +1,346 @@
+"""Labelled datasets for `bundlerun accuracy`, and the built-in digits classifier.
+
+A dataset is N model inputs + N integer labels. Sources:
+
+- `digits`: the held-out split of scikit-learn's bundled 8x8 digits (no
+  download), pixels scaled to [0, 1], flattened to (1, 64).
+- a folder: `samples.npy`/`samples.pt` (stacked, first axis = samples) or one
+  `.npy`/`.pt` file per sample (natural sort order), plus `labels.txt` (one
+  integer per line) or `labels.npy`.
+- a Python factory `path.py:fn` returning `(samples, labels)`.
+
+`digits-mlp` is trained here with torch, deterministically (fixed seed,
+one thread, fixed split), in a few seconds; the weights are cached under
+`~/.cache/bundlerun/` keyed by a hash of the training recipe, so every machine
+with the same recipe gets the same model. Importing this module registers the
+model in the zoo; torch is imported only when the model is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bundles.errors import BundlerunError
+from bundles.zoo import InputSpec, ModelEntry, register
+
+
+class DatasetError(BundlerunError):
+    """A dataset cannot be found, read, or does not match the model."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    samples: list[list[np.ndarray]]  # per sample: one array per model input (batch dim included)
+    labels: list[int]
+    num_classes: int
+    source: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def head(self, n: int | None) -> "Dataset":
+        """The first n samples (the built-in split is already shuffled)."""
+        if n is None or n >= len(self.labels):
+            return self
+        if n < 1:
+            raise DatasetError("--samples must be at least 1")
+        return Dataset(self.name, self.samples[:n], self.labels[:n], self.num_classes, self.source, self.info)
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """What the builder embeds (the manifest's `dataset` field) plus the samples it bundles."""
+        return {
+            "name": self.name,
+            "labels": list(self.labels),
+            "num_classes": self.num_classes,
+            "source": self.source,
+            "samples": self.samples,
+        }
+
+
+# ---------------------------------------------------------------- digits
+
+DIGITS_RECIPE: dict[str, Any] = {
+    "model": "digits-mlp",
+    "layers": [64, 128, 64, 10],
+    "activation": "relu",
+    "split_seed": 0,
+    "test_fraction": 0.2,
+    "train_seed": 0,
+    "optimizer": "adam",
+    "lr": 0.003,
+    "weight_decay": 1e-4,
+    "epochs": 60,
+    "batch": 64,
+    "scale": 1.0 / 16.0,
+    "code": 1,  # bump when the training code changes
+}
+
+
+def recipe_hash(recipe: dict[str, Any] = DIGITS_RECIPE) -> str:
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("BUNDLERUN_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    sub = "" if os.environ.get("BUNDLERUN_CACHE") else "bundlerun"
+    return Path(base) / sub if sub else Path(base)
+
+
+def digits_split(recipe: dict[str, Any] = DIGITS_RECIPE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): scaled float32 [N, 64] and int64 labels."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data * recipe["scale"]).astype(np.float32)
+    y = data.target.astype(np.int64)
+    order = np.random.Generator(np.random.PCG64(recipe["split_seed"])).permutation(len(y))
+    n_test = int(round(len(y) * recipe["test_fraction"]))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def _digits_module(recipe: dict[str, Any] = DIGITS_RECIPE):
+    import torch.nn as nn
+
+    dims = recipe["layers"]
+    layers: list[Any] = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def train_digits(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
+    """Train the classifier from scratch (deterministic); returns its state dict."""
+    import torch
+
+    x_train, y_train, _, _ = digits_split(recipe)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: reductions in a fixed order
+    try:
+        torch.manual_seed(recipe["train_seed"])
+        model = _digits_module(recipe)
+        opt = torch.optim.Adam(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+        xs, ys = torch.from_numpy(x_train), torch.from_numpy(y_train)
+        gen = torch.Generator().manual_seed(recipe["train_seed"])
+        loss_fn = torch.nn.CrossEntropyLoss()
+        model.train()
+        for _ in range(recipe["epochs"]):
+            perm = torch.randperm(len(ys), generator=gen)
+            for start in range(0, len(ys), recipe["batch"]):
+                idx = perm[start : start + recipe["batch"]]
+                opt.zero_grad()
+                loss = loss_fn(model(xs[idx]), ys[idx])
+                loss.backward()
+                opt.step()
+        model.eval()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def digits_weights(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
+    """Cached trained weights (trained on first use; the cache key is the recipe hash)."""
+    import torch
+
+    path = cache_dir() / f"digits-mlp-{recipe_hash(recipe)}.pt"
+    if path.is_file():
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            pass  # unreadable cache (e.g. interrupted write elsewhere): retrain
+    state = train_digits(recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return state
+
+
+def digits_model(recipe: dict[str, Any] = DIGITS_RECIPE):
+    """The trained digits classifier, eval mode, fp32."""
+    model = _digits_module(recipe)
+    model.load_state_dict(digits_weights(recipe))
+    return model.eval()
+
+
+def digits_dataset(recipe: dict[str, Any] = DIGITS_RECIPE) -> Dataset:
+    _, _, x_test, y_test = digits_split(recipe)
+    return Dataset(
+        name="digits",
+        samples=[[x.reshape(1, -1)] for x in x_test],
+        labels=[int(v) for v in y_test],
+        num_classes=10,
+        source="sklearn.datasets.load_digits (held-out split)",
+        info={"recipe": recipe_hash(recipe), "split_seed": recipe["split_seed"]},
+    )
+
+
+register(
+    ModelEntry(
+        "digits-mlp",
+        "MLP trained on scikit-learn's 8x8 digits (dataset accuracy: --dataset digits)",
+        [InputSpec((1, 64), distribution="rand")],  # pixels in [0, 1]; calibration draws from this
+        digits_model,
+        ["dense", "classifier", "dataset:digits"],
+    )
+)
+
+BUILTIN: dict[str, Any] = {"digits": digits_dataset}
+
+
+# ---------------------------------------------------------------- user datasets
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def _load_array(path: Path) -> np.ndarray:
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        import torch
+
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise DatasetError(f"cannot read dataset file {path}: {type(exc).__name__}: {exc}") from None
+    if hasattr(obj, "numpy"):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, (list, tuple)) and obj and all(hasattr(o, "numpy") for o in obj):
+        return np.stack([o.detach().cpu().numpy() for o in obj])
+    raise DatasetError(f"{path} holds a {type(obj).__name__}, expected a tensor")
+
+
+def _read_labels(folder: Path) -> list[int]:
+    txt, npy = folder / "labels.txt", folder / "labels.npy"
+    if npy.is_file():
+        arr = np.load(npy, allow_pickle=False).reshape(-1)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise DatasetError(f"{npy} must hold integers, found {arr.dtype}")
+        return [int(v) for v in arr]
+    if txt.is_file():
+        labels = []
+        for n, line in enumerate(txt.read_text().splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            token = line.split()[-1]  # "label" or "file label"
+            try:
+                labels.append(int(token))
+            except ValueError:
+                raise DatasetError(f"{txt}:{n}: label {token!r} is not an integer") from None
+        return labels
+    raise DatasetError(f"dataset folder {folder} has no labels.txt or labels.npy")
+
+
+def _folder_dataset(folder: Path) -> Dataset:
+    labels = _read_labels(folder)
+    stacked = [folder / "samples.npy", folder / "samples.pt"]
+    found = next((p for p in stacked if p.is_file()), None)
+    if found is not None:
+        arr = _load_array(found)
+        rows = [arr[i] for i in range(arr.shape[0])] if arr.ndim else []
+    else:
+        files = sorted(
+            (p for p in folder.iterdir() if p.suffix in (".npy", ".pt") and not p.stem.startswith("labels")),
+            key=_natural_key,
+        )
+        if not files:
+            raise DatasetError(f"dataset folder {folder} has no .npy/.pt samples")
+        rows = [_load_array(p) for p in files]
+    if len(rows) != len(labels):
+        raise DatasetError(f"dataset folder {folder}: {len(rows)} samples but {len(labels)} labels")
+    return Dataset(folder.name, [[np.asarray(r)] for r in rows], labels, max(labels) + 1 if labels else 0, f"folder:{folder}")
+
+
+def _factory_dataset(ref: str) -> Dataset:
+    path_text, _, fn_name = ref.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise DatasetError(f"dataset factory file {path} not found (expected path.py:function)")
+    mod_name = f"bundlerun_dataset_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise DatasetError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+        fn = getattr(module, fn_name, None)
+        if not callable(fn):
+            raise DatasetError(f"{path} has no callable {fn_name!r}")
+        produced = fn()
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(f"dataset factory {ref} raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(produced, tuple) or len(produced) != 2:
+        raise DatasetError(f"dataset factory {ref} must return (samples, labels)")
+    samples, labels = produced
+    labels = [int(v) for v in np.asarray(labels.numpy() if hasattr(labels, "numpy") else labels).reshape(-1)]
+    if hasattr(samples, "numpy"):
+        samples = samples.detach().cpu().numpy()
+    rows: list[list[np.ndarray]] = []
+    for s in samples:
+        if isinstance(s, (tuple, list)):
+            rows.append([np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in s])
+        else:
+            rows.append([np.asarray(s.numpy() if hasattr(s, "numpy") else s)])
+    if len(rows) != len(labels):
+        raise DatasetError(f"dataset factory {ref}: {len(rows)} samples but {len(labels)} labels")
+    return Dataset(f"{path.stem}.{fn_name}", rows, labels, max(labels) + 1 if labels else 0, f"factory:{ref}")
+
+
+def load_dataset(ref: str) -> Dataset:
+    """`digits`, a folder, or `path.py:fn`."""
+    if ref in BUILTIN:
+        return BUILTIN[ref]()
+    path = Path(ref)
+    if path.is_dir():
+        return _folder_dataset(path)
+    if ":" in ref and ref.rpartition(":")[0].endswith(".py"):
+        return _factory_dataset(ref)
+    raise DatasetError(
+        f"dataset {ref!r} not found: give a built-in ({', '.join(BUILTIN)}), a folder with samples and "
+        "labels.txt/labels.npy, or path.py:function"
+    )
+
+
+def fit_to_inputs(dataset: Dataset, inputs: Sequence[InputSpec]) -> Dataset:
+    """Cast samples to the model's input dtypes and add a missing batch dimension.
+
+    A sample whose shape cannot be made to match is a one-line error naming it.
+    """
+    if not dataset.samples:
+        raise DatasetError(f"dataset {dataset.name} is empty")
+    fitted = []
+    for i, sample in enumerate(dataset.samples):
+        if len(sample) != len(inputs):
+            raise DatasetError(f"dataset {dataset.name} sample {i} has {len(sample)} inputs, model takes {len(inputs)}")
+        row = []
+        for arr, spec in zip(sample, inputs):
+            arr = np.asarray(arr)
+            want = tuple(spec.shape)
+            if arr.shape != want and arr.size == int(np.prod(want)) and (arr.shape == want[1:] or arr.ndim <= 1):
+                arr = arr.reshape(want)
+            if arr.shape != want:
+                raise DatasetError(
+                    f"dataset {dataset.name} sample {i} has shape {list(arr.shape)}, model input needs {list(want)}"
+                )
+            row.append(np.ascontiguousarray(arr.astype(spec.dtype)))
+        fitted.append(row)
+    bad = [lab for lab in dataset.labels if lab < 0]
+    if bad:
+        raise DatasetError(f"dataset {dataset.name} has negative labels (e.g. {bad[0]})")
+    return Dataset(dataset.name, fitted, dataset.labels, dataset.num_classes, dataset.source, dataset.info)

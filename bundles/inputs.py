@@ -1,0 +1,73 @@
+"""Seeded input generation, independent of torch's RNG so bundles are reproducible
+across torch versions and machines.
+
+A distribution is written as text so it can live in the manifest and on the CLI:
+`randn`, `rand` ([0, 1)), `uniform(-1,1)`, `normal(0,0.5)`, `randint(0,255)`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+_FORM = re.compile(r"^\s*(randn|rand|uniform|normal|randint)\s*(?:\(([^)]*)\))?\s*$")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    kind: str
+    params: tuple[float, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "Distribution":
+        match = _FORM.match(text)
+        if not match:
+            raise ValueError(
+                f"unknown input distribution {text!r}; use randn, rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)"
+            )
+        kind, args = match.group(1), match.group(2)
+        params = tuple(float(a) for a in args.split(",")) if args else ()
+        expected = {"randn": 0, "rand": 0, "uniform": 2, "normal": 2, "randint": 2}[kind]
+        if len(params) != expected:
+            raise ValueError(f"distribution {kind} takes {expected} parameters, got {len(params)}")
+        return cls(kind, params)
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.kind
+        return f"{self.kind}({','.join(f'{p:g}' for p in self.params)})"
+
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
+        if self.kind == "randn":
+            out = rng.standard_normal(shape)
+        elif self.kind == "rand":
+            out = rng.random(shape)
+        elif self.kind == "uniform":
+            out = rng.uniform(self.params[0], self.params[1], shape)
+        elif self.kind == "normal":
+            out = rng.normal(self.params[0], self.params[1], shape)
+        else:
+            out = rng.integers(int(self.params[0]), int(self.params[1]), shape, endpoint=True)
+        return np.asarray(out).astype(dtype)
+
+
+def case_rng(seed: int, stream: str, index: int) -> np.random.Generator:
+    """Independent generator per (seed, purpose, case): case k is the same whatever N is."""
+    key = [seed, index] + list(stream.encode())
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
+
+
+def generate_cases(
+    specs: list[tuple[tuple[int, ...], str, Distribution]],
+    count: int,
+    seed: int,
+    stream: str = "cases",
+) -> list[list[np.ndarray]]:
+    """`count` cases, each a list of arrays matching `specs` = [(shape, dtype, distribution)]."""
+    cases = []
+    for i in range(count):
+        rng = case_rng(seed, stream, i)
+        cases.append([dist.sample(rng, shape, dtype) for shape, dtype, dist in specs])
+    return cases

@@ -1,0 +1,115 @@
+"""Turn a model reference into a module + input specs.
+
+A reference is a zoo name (`tiny-cnn`) or a user factory `path/to/file.py:fn`.
+The factory returns `(module, example_inputs)`; an optional third element
+`{"distribution": "rand"}` (or a per-input list) declares the input distribution.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bundles.errors import ModelSourceError
+from bundles.zoo import ZOO, InputSpec, load_extra_entries
+
+_TORCH_TO_NAME = {
+    "torch.float32": "float32",
+    "torch.float16": "float16",
+    "torch.int64": "int64",
+    "torch.int32": "int32",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.bool": "bool",
+}
+
+
+@dataclass
+class ResolvedModel:
+    name: str
+    source: str  # "zoo" | "factory:<path>:<fn>"
+    description: str
+    module: Any  # torch.nn.Module, eval mode
+    inputs: list[InputSpec]
+
+
+def _load_factory(ref: str):
+    path_text, _, fn_name = ref.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise ModelSourceError(f"model factory file {path} not found (expected path.py:function)")
+    mod_name = f"bundlerun_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ModelSourceError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file raised while importing
+        raise ModelSourceError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise ModelSourceError(f"{path} has no callable {fn_name!r}")
+    return fn
+
+
+def _specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
+    import torch
+
+    specs = []
+    for i, x in enumerate(examples):
+        if not isinstance(x, torch.Tensor):
+            raise ModelSourceError(f"example input {i} is a {type(x).__name__}; only tensors are supported")
+        dtype = _TORCH_TO_NAME.get(str(x.dtype))
+        if dtype is None:
+            raise ModelSourceError(f"example input {i} has unsupported dtype {x.dtype}")
+        dist = distribution[i] if isinstance(distribution, list) else distribution
+        if dist is None:
+            dist = "randn" if x.is_floating_point() else "randint(0,9)"
+        specs.append(InputSpec(tuple(x.shape), dtype, dist))
+    return specs
+
+
+def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
+    """Instantiate the model named by `ref`; `distribution` overrides the declared one."""
+    if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
+        fn = _load_factory(ref)
+        try:
+            produced = fn()
+        except Exception as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            raise ModelSourceError(
+                f"model factory {ref} raised {type(exc).__name__}: {exc} ({Path(frame.filename).name}:{frame.lineno})"
+            ) from None
+        if not isinstance(produced, tuple) or len(produced) not in (2, 3):
+            raise ModelSourceError(f"model factory {ref} must return (module, example_inputs[, options])")
+        module, examples = produced[0], produced[1]
+        options = produced[2] if len(produced) == 3 else {}
+        if not isinstance(examples, tuple):
+            examples = (examples,)
+        if not hasattr(module, "forward"):
+            raise ModelSourceError(f"model factory {ref} returned {type(module).__name__}, not a torch.nn.Module")
+        specs = _specs_from_examples(examples, distribution or options.get("distribution"))
+        name = Path(ref.rpartition(":")[0]).stem + "." + ref.rpartition(":")[2]
+        return ResolvedModel(name, f"factory:{ref}", options.get("description", ""), module.eval(), specs)
+    load_extra_entries()
+    if ref not in ZOO:
+        import difflib
+
+        close = difflib.get_close_matches(ref, list(ZOO), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(ZOO)}"
+        raise ModelSourceError(f"unknown model {ref!r}{hint} (or give path.py:factory)")
+    entry = ZOO[ref]
+    specs = entry.inputs
+    if distribution:
+        specs = [InputSpec(s.shape, s.dtype, distribution) for s in specs]
+    try:
+        module = entry.build()
+    except Exception as exc:
+        raise ModelSourceError(f"building zoo model {ref} failed: {type(exc).__name__}: {exc}") from None
+    return ResolvedModel(entry.name, "zoo", entry.description, module, specs)

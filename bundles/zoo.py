@@ -1,0 +1,207 @@
+"""Built-in model zoo: small models that cover different numerics.
+
+Each entry declares its input shapes and an input distribution; weights are
+seeded and deterministic (BatchNorm statistics are set to non-trivial values so
+folding is exercised). torch is imported only when a model is instantiated.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bundles.inputs import Distribution
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    distribution: str = "randn"
+
+    @property
+    def dist(self) -> Distribution:
+        return Distribution.parse(self.distribution)
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    description: str
+    inputs: list[InputSpec]
+    factory: Callable[[], Any]  # () -> torch.nn.Module (eval, fp32)
+    tags: list[str] = field(default_factory=list)
+
+    def build(self):
+        """The seeded eval-mode module."""
+        import torch
+
+        torch.manual_seed(zlib.crc32(self.name.encode()))
+        module = self.factory().eval()
+        _randomize_norm_stats(module, zlib.crc32(self.name.encode()) + 1)
+        return module
+
+
+def _randomize_norm_stats(module, seed: int) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=gen) * 0.5 + 0.75)
+                m.weight.copy_(torch.rand(m.num_features, generator=gen) * 0.5 + 0.75)
+                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+
+
+def _mlp():
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10))
+
+
+def _tiny_cnn():
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
+
+
+def _mobile_net():
+    import torch.nn as nn
+
+    def separable(cin: int, cout: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(cin, cin, 3, stride=stride, padding=1, groups=cin, bias=False),
+            nn.BatchNorm2d(cin),
+            nn.ReLU6(),
+            nn.Conv2d(cin, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU6(),
+        )
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU6(),
+        separable(16, 32, 1),
+        separable(32, 64, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+def _tiny_transformer():
+    import torch
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        """Pre-norm transformer block: single-head attention + GELU MLP."""
+
+        def __init__(self, dim: int = 32, hidden: int = 64) -> None:
+            super().__init__()
+            self.norm1 = nn.LayerNorm(dim)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.norm2 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, hidden)
+            self.fc2 = nn.Linear(hidden, dim)
+            self.scale = dim**-0.5
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+            attn = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale, dim=-1)
+            x = x + self.proj(torch.matmul(attn, v))
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+
+    return Block()
+
+
+def _tiny_gru():
+    import torch
+    import torch.nn as nn
+
+    class GRUClassifier(nn.Module):
+        """Unrolled GRU cell: exportable everywhere, same numerics as nn.GRU."""
+
+        def __init__(self, features: int = 16, hidden: int = 32, steps: int = 8) -> None:
+            super().__init__()
+            self.cell = nn.GRUCell(features, hidden)
+            self.head = nn.Linear(hidden, 4)
+            self.hidden = hidden
+            self.steps = steps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x.new_zeros(x.shape[0], self.hidden)
+            for t in range(self.steps):
+                h = self.cell(x[:, t, :], h)
+            return self.head(h)
+
+    return GRUClassifier()
+
+
+ZOO: dict[str, ModelEntry] = {
+    e.name: e
+    for e in [
+        ModelEntry("mlp", "3-layer MLP (linear, relu, tanh)", [InputSpec((1, 32), distribution="randn")], _mlp, ["dense"]),
+        ModelEntry(
+            "tiny-cnn",
+            "conv + batchnorm + relu + maxpool + avgpool + linear",
+            [InputSpec((1, 3, 32, 32), distribution="rand")],
+            _tiny_cnn,
+            ["conv"],
+        ),
+        ModelEntry(
+            "mobile-net",
+            "depthwise-separable convs with relu6 (MobileNet-style)",
+            [InputSpec((1, 3, 32, 32), distribution="uniform(-1,1)")],
+            _mobile_net,
+            ["conv", "depthwise"],
+        ),
+        ModelEntry(
+            "tiny-transformer",
+            "pre-norm attention block: layernorm, softmax attention, gelu MLP",
+            [InputSpec((1, 8, 32), distribution="randn")],
+            _tiny_transformer,
+            ["attention", "gelu", "layernorm"],
+        ),
+        ModelEntry(
+            "tiny-gru",
+            "GRU cell unrolled over 8 steps + linear head",
+            [InputSpec((1, 8, 16), distribution="normal(0,0.5)")],
+            _tiny_gru,
+            ["recurrent"],
+        ),
+    ]
+}
+
+# Other modules (e.g. bundles/datasets.py) add entries with register().
+def register(entry: ModelEntry) -> None:
+    ZOO[entry.name] = entry
+
+
+def load_extra_entries() -> None:
+    """Import modules that contribute zoo entries (kept lazy: they may import torch)."""
+    try:
+        import bundles.datasets as datasets  # noqa: F401  registers dataset models
+    except ModuleNotFoundError as exc:
+        if exc.name != "bundles.datasets":
+            raise
+
+
+def names() -> list[str]:
+    load_extra_entries()
+    return list(ZOO)

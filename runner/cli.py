@@ -1,0 +1,393 @@
+"""`bundlerun` command line. Only click is imported at start-up: torch, executorch,
+numpy-heavy modules and rich load inside the commands, so `--help` and
+`--version` stay fast."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import click
+
+# Subcommands living in their own modules (each exposes `command`), loaded on use.
+LAZY_COMMANDS: dict[str, str] = {
+    "tolerance": "runner.commands.tolerance",
+    "judge": "runner.commands.judge",
+    "doctor": "runner.commands.doctor",
+    "accuracy": "runner.commands.accuracy",
+    "history": "runner.commands.history",
+    "compare": "runner.commands.compare",
+    "trend": "runner.commands.trend",
+}
+
+EXIT_INFRA = 2
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bundlerun")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        names = set(super().list_commands(ctx))
+        for name, module in LAZY_COMMANDS.items():
+            if importlib.util.find_spec(module) is not None:
+                names.add(name)
+        return sorted(names)
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            try:
+                return importlib.import_module(LAZY_COMMANDS[name]).command
+            except ModuleNotFoundError as exc:
+                if exc.name == LAZY_COMMANDS[name]:
+                    return None
+                raise
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(_version(), "--version", prog_name="bundlerun")
+@click.option("--debug", is_flag=True, envvar="BUNDLERUN_DEBUG", help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Build BundleIO programs with embedded tolerances, run them on a target, judge every output.
+
+    \b
+    Targets: host://xnnpack (default), host://portable, tosa://int, tosa://fp,
+             fvp://corstone-300/ethos-u55-128, fvp://corstone-320/ethos-u85-256,
+             serial:///dev/ttyACM0?baud=115200, serial+socket://HOST:PORT,
+             adb://SERIAL, adb+tcp://HOST:PORT
+    Exit codes: 0 all passed, 1 numerical failure, 2 could not run (infrastructure, timeout, bad input).
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _parse_cases(text: str | None) -> list[int] | None:
+    """'0-3,7' -> [0, 1, 2, 3, 7]."""
+    if not text:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+        except ValueError:
+            raise click.BadParameter(f"{text!r} is not a case list like 0-3,7") from None
+    return out
+
+
+def _parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
+    from bundles.manifest import CRITERIA_FIELDS
+
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in CRITERIA_FIELDS:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(CRITERIA_FIELDS)}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: {value!r} is not a number") from None
+        if out[key] < 0:
+            raise click.BadParameter(f"{item!r}: tolerances cannot be negative")
+    return out
+
+
+def _progress_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _build(model: str, output: Path, **kw):
+    from bundles.builder import BuildRequest, build_bundle
+
+    console = _progress_console()
+    with console.status(f"building {model}") as status:
+        result = build_bundle(BuildRequest(model=model, output=output, progress=lambda m: status.update(m), **kw))
+    return result
+
+
+build_options = [
+    click.option("--backend", type=click.Choice(["xnnpack", "portable", "arm", "cortex-m", "vulkan", "qnn"]),
+                 default=None, help="Lowering backend (default: from --target)."),
+    click.option("--dtype", default="fp32", show_default=True, help="fp32, fp16, bf16, int8 (PTQ) or int16."),
+    click.option("--cases", "num_cases", type=int, default=8, show_default=True, help="Test cases to bundle."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input generator."),
+    click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None,
+                 help="What expected outputs come from (default eager-fp32)."),
+    click.option("--distribution", default=None, help="Input distribution: randn, rand, uniform(lo,hi), normal(m,s)."),
+    click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE",
+                 help="Explicit criterion for every output, e.g. atol=0.05 (repeatable)."),
+]
+
+
+def _apply(options):
+    def deco(f):
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return deco
+
+
+@cli.command()
+@click.argument("model")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the .bpte.")
+@click.option("--target", default="host://xnnpack", show_default=True, help="Target the bundle is built for.")
+@_apply(build_options)
+def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances):
+    """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
+    result = _build(
+        model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
+        reference=reference, distribution=distribution, overrides=_parse_tolerances(tolerances),
+    )
+    m = result.manifest
+    click.echo(
+        f"wrote {result.path} ({result.path.stat().st_size} bytes): {m.model['id']} {m.build['backend']} "
+        f"{m.build['dtype']}, {m.build['cases']} cases, reference {m.build['reference']}"
+    )
+    for warning in result.info.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the parsed structure as JSON.")
+def inspect(bundle, as_json):
+    """Show methods, test cases, dtypes/shapes and the embedded manifest of BUNDLE."""
+    from runner.inspect_view import inspect_bundle
+
+    inspect_bundle(bundle, as_json)
+
+
+run_options = [
+    click.option("--target", default="host://xnnpack", show_default=True, help="Target URL."),
+    click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True,
+                 help="Wall-clock seconds per test case."),
+    click.option("--setup-timeout", type=float, default=300.0, show_default=True,
+                 help="Seconds for deploy/load before the first case."),
+    click.option("--save-outputs", is_flag=True, help="Keep actual outputs in REPORT/outputs.npz."),
+    click.option("--override", "overrides", multiple=True, metavar="[METHOD.]OUTPUT.KEY=VALUE",
+                 help="Re-judge with a criterion changed, e.g. out0.atol=0.05 (recorded in the report)."),
+    click.option("--label", default=None, help="Label recorded with the run (e.g. a git sha)."),
+    click.option("--baseline", default=None, help="Run id, label or report.json to check for regressions."),
+    click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
+                 help="History database (default ~/.local/share/bundlerun/history.sqlite)."),
+    click.option("--no-history", is_flag=True, help="Do not record this run in the history database."),
+    click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+                 help="bundlerun.toml to use (default: searched upward from the current directory)."),
+    click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE",
+                 help="Target setting, e.g. runner_elf=path (overrides [targets.<scheme>] in config)."),
+]
+
+
+def _target_config(url: str, config_path: Path | None, target_opts: tuple[str, ...]) -> tuple[dict, dict]:
+    project = {}
+    try:
+        from runner.config import load_project_config
+    except ModuleNotFoundError:
+        load_project_config = None
+    if load_project_config is not None:
+        project = load_project_config(config_path) or {}
+    scheme = url.split("://", 1)[0]
+    family = scheme.split("+")[0]
+    targets = project.get("targets", {}) or {}
+    section = dict(targets.get(family, {}) or {})
+    section.update(targets.get(scheme, {}) or {})
+    for item in target_opts:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--target-opt {item!r}: expected KEY=VALUE")
+        section[key] = value
+    return section, project
+
+
+def _do_run(bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides, label,
+            baseline, history_db, no_history, config_path, target_opts, methods=None, cases=None, quiet=False) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runner.session import RunRequest, execute_run
+
+    section, project = _target_config(target, config_path, target_opts)
+    console = _progress_console()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=quiet)
+    task = {}
+
+    def on_start(n):
+        task["id"] = progress.add_task(f"{bundle_path.name} on {target}", total=n)
+
+    def on_case(_result):
+        if "id" in task:
+            progress.advance(task["id"])
+
+    with progress:
+        report = execute_run(RunRequest(
+            bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
+            setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
+            overrides=list(overrides), label=label, target_config=section, progress=on_case, on_start=on_start,
+        ))
+    _post_run(report, report_dir, bundle_path, project, baseline, history_db, no_history)
+    return report
+
+
+def _post_run(report: dict, report_dir: Path, bundle_path: Path, project: dict, baseline, history_db, no_history) -> None:
+    """Derived reports, history and baseline checks; each optional module is used when present."""
+    from runner.report import write_report
+
+    changed = False
+    db = None
+    history = _optional("runner.history")
+    if not no_history and history is not None and hasattr(history, "resolve_db_path"):
+        db = history.resolve_db_path(history_db, project)
+        report["run"]["history_id"] = history.record_report(db, report)
+        changed = True
+    if baseline:
+        regression = _optional("runner.regression")
+        if regression is None or not hasattr(regression, "check_baseline"):
+            raise click.UsageError("--baseline needs the regression module, which this build lacks")
+        regressions = regression.check_baseline(baseline, report, db, project)
+        report["regressions"] = regressions
+        if regressions and report["summary"]["exit_code"] == 0:
+            report["summary"]["exit_code"] = 1
+            report["summary"]["verdict"] = "REGRESSION"
+        changed = True
+    if changed:
+        write_report(report, report_dir)
+    reports = _optional("runner.reports")
+    if reports is not None and hasattr(reports, "write_reports"):
+        files = reports.write_reports(report, report_dir, bundle=bundle_path, history_db=db)
+        report.setdefault("files", {}).update({k: str(v) for k, v in files.items()})
+
+
+def _optional(module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
+              help="Report folder (default out/<bundle name>).")
+@click.option("--cases", "case_list", default=None, help="Only these cases, e.g. 0-3,7.")
+@click.option("--method", "methods", multiple=True, help="Only this method (repeatable).")
+@click.option("--quiet", is_flag=True, help="No progress bar or table; just the report.")
+@_apply(run_options)
+def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, setup_timeout, save_outputs, overrides,
+        label, baseline, history_db, no_history, config_path, target_opts):
+    """Run every test case of BUNDLE on --target and judge every output."""
+    from bundles.bpte import read_bundle
+    from runner.report import print_summary
+
+    read_bundle(bundle)  # bad input fails here, before anything starts
+    report_dir = report_dir or Path("out") / bundle.stem
+    report = _do_run(bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
+                     baseline, history_db, no_history, config_path, target_opts,
+                     methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet)
+    if not quiet:
+        print_summary(report)
+        for reg in report.get("regressions") or []:
+            click.echo(f"REGRESSION {reg}")
+    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    sys.exit(report["summary"]["exit_code"])
+
+
+@cli.command()
+@click.argument("models", nargs=-1, required=True)
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=Path("out/validate"), show_default=True)
+@click.option("--backend", default=None, help="Lowering backend (default: from --target).")
+@click.option("--dtype", "dtypes", default="fp32", show_default=True, help="Comma list: fp32,fp16,int8.")
+@click.option("--cases", "num_cases", type=int, default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
+@click.option("--distribution", default=None)
+@click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE")
+@_apply(run_options)
+def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
+             case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
+             config_path, target_opts):
+    """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
+
+    Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from bundles.errors import BundlerunError
+    from bundles.zoo import names as zoo_names
+    from runner.report import print_summary
+
+    expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
+    results = []
+    for model in expanded:
+        for dtype in [d.strip() for d in dtypes.split(",") if d.strip()]:
+            slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
+            out = report_dir / slug
+            bundle_path = out / f"{slug}.bpte"
+            try:
+                _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
+                       reference=reference, distribution=distribution, overrides=_parse_tolerances(tolerances))
+            except BundlerunError as exc:
+                click.echo(f"{slug}: build failed: {exc}", err=True)
+                results.append((slug, "ERROR", 2, str(exc)))
+                continue
+            report = _do_run(bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides, label,
+                             baseline, history_db, no_history, config_path, target_opts)
+            print_summary(report)
+            s = report["summary"]
+            results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
+    table = Table(title=f"validate on {target}", title_justify="left")
+    for col in ("model-dtype", "verdict", "report"):
+        table.add_column(col)
+    for slug, verdict, _code, where in results:
+        color = {"PASS": "green", "FAIL": "red"}.get(verdict, "yellow")
+        table.add_row(slug, f"[{color}]{verdict}[/]", where)
+    Console().print(table)
+    codes = [r[2] for r in results]
+    sys.exit(1 if 1 in codes else (2 if 2 in codes else 0))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: BundlerunError -> one line on stderr, exit code 2."""
+    debug = "--debug" in (argv or sys.argv) or os.environ.get("BUNDLERUN_DEBUG")
+    try:
+        cli.main(args=argv, prog_name="bundlerun", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_INFRA)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_INFRA)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        from bundles.errors import BundlerunError
+
+        if debug:
+            raise
+        if isinstance(exc, BundlerunError):
+            click.echo(f"bundlerun: error: {exc}", err=True)
+        else:
+            click.echo(f"bundlerun: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
+                       err=True)
+        sys.exit(EXIT_INFRA)
+
+
+if __name__ == "__main__":
+    main()

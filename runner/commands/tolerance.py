@@ -1,0 +1,189 @@
+"""`bundlerun tolerance explain|suggest`: see and calibrate the tolerance registry.
+
+`explain` prints the resolution chain for one output (most specific level first)
+and the winning value of each criterion with where it came from. `suggest` looks
+at the errors actually observed (a fresh run of a bundle, or saved outputs of
+earlier runs), says how close each current criterion is to failing, and proposes
+criteria with a margin as a ready-to-paste `bundlerun.toml` block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group(name="tolerance")
+def command() -> None:
+    """Inspect and calibrate the tolerance registry."""
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _short(file: str | None) -> str:
+    if not file:
+        return "-"
+    path = Path(file)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name if path.name == "tolerances.toml" else str(path)
+
+
+@command.command()
+@click.option("--backend", required=True, help="xnnpack, portable, arm, cortex-m, qnn, vulkan, mlx, metal, coreml, nxp.")
+@click.option("--target", default=None, help="Target URL (tosa://int, fvp://corstone-300/ethos-u55-128, ...) or variant name.")
+@click.option("--dtype", required=True, help="fp32, fp16, bf16, int8 or int16.")
+@click.option("--model", default=None, help="Model name (per-model overrides).")
+@click.option("--op", "ops", multiple=True, help="aten op the model contains (op rules); repeatable.")
+@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default="eager-fp32", show_default=True)
+@click.option("--distribution", default="randn", show_default=True, help="Input distribution (randn, rand, ...).")
+@click.option("--output-dtype", default="float32", show_default=True, help="dtype of the output tensor.")
+@click.option("--output", "output_name", default="out0", show_default=True, help="Output name (outN).")
+@click.option("--method", default="forward", show_default=True)
+@click.option("--scale", type=float, default=None, help="Output quantization scale (qtol is counted in it).")
+@click.option("--quantization", default=None, help="Quantization scheme text (groupwise, int4 op rules).")
+@click.option("--host-arch", default=None, help="Host that judges/simulates (default: this machine).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Explicit criterion, e.g. atol=0.05.")
+@click.option("--no-project", is_flag=True, help="Ignore bundlerun.toml / [tool.bundlerun].")
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved criteria (with trail) as JSON.")
+def explain(backend, target, dtype, model, ops, reference, distribution, output_dtype, output_name, method, scale,
+            quantization, host_arch, overrides, no_project, as_json):
+    """Show how the criteria of one output are resolved, level by level."""
+    import json
+
+    from bundles.registry import LEVELS, Registry, default_registry
+    from bundles.tolerances import ToleranceContext, explain as resolve
+    from runner.overrides import as_build_overrides, parse_overrides
+
+    registry = Registry.builtin() if no_project else default_registry()
+    index = int(output_name[3:]) if output_name.startswith("out") and output_name[3:].isdigit() else 0
+    ctx = ToleranceContext(
+        backend=backend, target=target or "", dtype=dtype, model=model, method=method, output_index=index,
+        output_name=output_name, output_dtype=output_dtype, ops=list(ops), reference=reference,
+        input_distribution=distribution, host_arch=host_arch, scale=scale, quantization=quantization,
+    )
+    explicit = as_build_overrides(parse_overrides(list(overrides)))
+    res = resolve(ctx, explicit, registry)
+    crit = res.criteria
+    if as_json:
+        click.echo(json.dumps({"tier": res.tier, "variant": res.variant, "host_arch": res.host_arch,
+                               "criteria": crit.to_dict()}, indent=2))
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{backend}[/] variant [bold]{res.variant or '-'}[/], dtype tier [bold]{res.tier}[/] "
+        f"(reference {reference}), model {model or '-'}, host {res.host_arch}, inputs {distribution}"
+    )
+    chain = Table(title="resolution chain (most specific first)", title_justify="left")
+    for col in ("level", "entry", "sets", "file"):
+        chain.add_column(col)
+    by_level: dict[str, list] = {}
+    for step in res.steps:
+        by_level.setdefault(step.level, []).append(step)
+    for level in reversed(LEVELS):
+        steps = by_level.get(level, [])
+        if not steps:
+            chain.add_row(level, "[dim]no entry[/]", "", "")
+        for step in reversed(steps):
+            parts = [f"{k}={_fmt(v)}" if k in step.applied else f"[dim]{k}={_fmt(v)} ({step.skipped.get(k, 'not applied')})[/]"
+                     for k, v in step.values.items()]
+            chain.add_row(level, step.source, ", ".join(parts) or "-", _short(step.file))
+    console.print(chain)
+    result = Table(title="resolved criteria (all that are set must hold)", title_justify="left")
+    for col in ("criterion", "value", "from", "file"):
+        result.add_column(col)
+    for key in ("atol", "rtol", "qtol", "scale", "sqnr_min_db", "cosine_min", "rel_frobenius_max", "exact"):
+        trail = crit.trail.get(key) or []
+        value = getattr(crit, key)
+        if value is None and not trail:
+            continue
+        last = trail[-1] if trail else {"source": "-", "file": None}
+        result.add_row(key, _fmt(value), last["source"], _short(last.get("file")))
+    console.print(result)
+    if crit.qtol and crit.scale is None:
+        console.print("[yellow]qtol has no output scale here: pass --scale (build reads it from the lowered graph)[/]")
+    if crit.elementwise:
+        console.print(f"element-wise: |a - r| <= {_fmt(crit.effective_atol)} + {_fmt(crit.rtol or 0.0)}*|r|")
+
+
+# --------------------------------------------------------------------------- suggest
+
+
+@command.command()
+@click.argument("bundle", required=False, type=click.Path(path_type=Path))
+@click.option("--target", default=None, help="Run BUNDLE on this target URL now (e.g. host://xnnpack).")
+@click.option("--from", "run_dirs", multiple=True, type=click.Path(path_type=Path),
+              help="Report directory of an earlier `run --save-outputs`; repeatable.")
+@click.option("--margin", type=float, default=1.5, show_default=True, help="Safety factor over the worst observed error.")
+@click.option("--criteria", "criteria_names", default=None,
+              help="Comma-separated criteria to propose (default: those the bundle already sets).")
+@click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True, help="Seconds per case (--target).")
+@click.option("--json", "as_json", is_flag=True, help="Print observations and proposals as JSON.")
+def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_json):
+    """Propose criteria from observed errors and show each criterion's headroom.
+
+    Headroom ratio: measured/limit for ceilings (atol, rtol, qtol: the element-wise
+    bound; relative Frobenius), limit/measured for the SQNR floor and
+    (1-cosine)/(1-floor) for the cosine floor: below 1 passes, above 1 fails.
+    """
+    import json
+
+    from bundles.errors import ConfigError
+    from bundles.registry import CRITERIA
+    from runner.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
+
+    if margin < 1.0:
+        raise ConfigError(f"--margin must be at least 1.0, got {margin}")
+    wanted = None
+    if criteria_names:
+        wanted = [c.strip() for c in criteria_names.split(",") if c.strip()]
+        for c in wanted:
+            if c not in CRITERIA:
+                import difflib
+
+                close = difflib.get_close_matches(c, CRITERIA, n=1)
+                raise ConfigError(f"unknown criterion {c!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if run_dirs and target:
+        raise ConfigError("use either BUNDLE --target or --from RUN_DIR, not both")
+    if run_dirs:
+        obs = collect_from_run_dirs(list(run_dirs), bundle)
+    elif bundle is not None and target:
+        obs = run_and_collect(bundle, target, case_timeout)
+    else:
+        raise ConfigError("give BUNDLE --target URL (run it now) or --from RUN_DIR (saved outputs)")
+    proposals = propose(obs, margin, wanted)
+    if as_json:
+        click.echo(json.dumps({"margin": margin, "runs": obs.runs, "outputs": [p.to_dict() for p in proposals]}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for p in proposals:
+        table = Table(title=f"{p.method}.{p.output}: {p.cases} case(s) from {obs.runs} run(s)", title_justify="left")
+        for col in ("criterion", "current", "measured (worst)", "headroom", "proposed"):
+            table.add_column(col, justify="left" if col == "criterion" else "right")
+        for row in p.rows:
+            ratio = row["headroom"]
+            style = "" if ratio is None else ("red" if ratio > 1 else ("yellow" if ratio > 0.8 else "green"))
+            table.add_row(row["criterion"], _fmt(row["current"]), _fmt(row["measured"]),
+                          "-" if ratio is None else f"[{style}]{ratio:.3g}[/]", _fmt(row["proposed"]))
+        console.print(table)
+    click.echo(toml_block(obs, proposals, margin))

@@ -1,0 +1,114 @@
+"""Project configuration: `bundlerun.toml`, or `[tool.bundlerun]` in `pyproject.toml`.
+
+Found upward from the current directory (the nearest directory holding either
+file; when both are there, bundlerun.toml is merged over pyproject's section).
+`$BUNDLERUN_CONFIG` names a file explicitly. Sections:
+
+    [tolerances]   merged over the built-in tolerance registry (validated here)
+    [targets.<scheme>]  passed to the target of that URL scheme
+    [history] [regression] ...  owned by their modules, passed through untouched
+
+The returned dict also carries `_file`: the path the configuration came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from bundles.errors import ConfigError
+
+ENV_CONFIG = "BUNDLERUN_CONFIG"
+CONFIG_NAME = "bundlerun.toml"
+# Sections others own are passed through; an unknown top-level key is most likely a typo.
+KNOWN_SECTIONS = {"tolerances", "targets", "history", "regression", "build", "run", "report", "dataset", "accuracy"}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _pyproject_section(path: Path) -> dict[str, Any] | None:
+    section = _read_toml(path).get("tool", {}).get("bundlerun")
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"{path}: [tool.bundlerun] must be a table")
+    return section
+
+
+def find_config_files(start: Path | None = None) -> list[Path]:
+    """Files of the nearest configured directory, lowest precedence first.
+
+    `start` may also be a config file itself (`--config FILE`), as may $BUNDLERUN_CONFIG.
+    """
+    if start is not None and Path(start).is_file():
+        return [Path(start)]
+    if start is not None and not Path(start).exists():
+        raise ConfigError(f"config file {start} does not exist")
+    explicit = os.environ.get(ENV_CONFIG)
+    if explicit and start is None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"${ENV_CONFIG} names {path}, which is not a file")
+        return [path]
+    here = Path(start or Path.cwd()).resolve()
+    for directory in [here, *here.parents]:
+        found = []
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file() and _pyproject_section(pyproject) is not None:
+            found.append(pyproject)
+        if (directory / CONFIG_NAME).is_file():
+            found.append(directory / CONFIG_NAME)
+        if found:
+            return found
+    return []
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_project_config(start: Path | None = None, validate_tolerances: bool = True) -> dict[str, Any]:
+    """The merged raw configuration ({} when no file is found).
+
+    `start`: directory to search upward from (default: cwd), or a config file.
+
+    Unknown top-level sections and every problem in `[tolerances]` raise a one-line
+    ConfigError naming the file (and the close match, for typos).
+    """
+    config: dict[str, Any] = {}
+    source = None
+    for path in find_config_files(start):
+        data = _pyproject_section(path) if path.name == "pyproject.toml" else _read_toml(path)
+        for key in data or {}:
+            if key not in KNOWN_SECTIONS:
+                close = difflib.get_close_matches(key, sorted(KNOWN_SECTIONS), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{path}: unknown section {key!r}{hint}; known: {', '.join(sorted(KNOWN_SECTIONS))}")
+        config = _merge(config, data or {})
+        source = path
+    if source is None:
+        return {}
+    for name in ("tolerances", "targets"):
+        if name in config and not isinstance(config[name], dict):
+            raise ConfigError(f"{source}: [{name}] must be a table")
+    if validate_tolerances and config.get("tolerances"):
+        from bundles.registry import Registry
+
+        Registry.builtin().validate_overlay(config["tolerances"], str(source))
+    config["_file"] = str(source)
+    return config

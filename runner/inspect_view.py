@@ -1,0 +1,90 @@
+"""`bundlerun inspect`: what a bundle holds, including its embedded criteria and
+their trails. Works on bundles without a manifest (ExecuTorch's own API)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bundles.bpte import Bundle, read_bundle
+from bundles.manifest import CRITERIA_FIELDS, Manifest
+
+
+def bundle_summary(bundle: Bundle, path: Path) -> dict[str, Any]:
+    methods = []
+    for suite in bundle.method_test_suites:
+        first = suite.test_cases[0] if suite.test_cases else None
+        methods.append({
+            "method": suite.method_name,
+            "cases": len(suite.test_cases),
+            "inputs": [v.describe() for v in first.inputs] if first else [],
+            "outputs": [v.describe() for v in first.expected_outputs] if first else [],
+        })
+    return {
+        "path": str(path),
+        "size": path.stat().st_size,
+        "schema_version": bundle.version,
+        "program_size": len(bundle.program),
+        "program_identifier": bytes(bundle.program[4:8]).decode(errors="replace"),
+        "methods": methods,
+        "manifest": bundle.manifest,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def inspect_bundle(path: Path, as_json: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    bundle = read_bundle(path)
+    summary = bundle_summary(bundle, Path(path))
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    from runner.report import wide_console
+
+    console = wide_console()
+    console.print(f"[bold]{path}[/]: BundleIO v{bundle.version}, program {summary['program_identifier']} "
+                  f"({summary['program_size']} bytes), file {summary['size']} bytes")
+    table = Table(title="methods", title_justify="left")
+    for col in ("method", "cases", "inputs", "expected outputs"):
+        table.add_column(col)
+    for m in summary["methods"]:
+        table.add_row(m["method"], str(m["cases"]), ", ".join(m["inputs"]), ", ".join(m["outputs"]))
+    console.print(table)
+    if bundle.manifest is None:
+        console.print("[yellow]no bundlerun manifest[/]: made by ExecuTorch's BundledProgram API; "
+                      "`bundlerun run` judges it with default tolerances (atol=1e-3, rtol=1e-3)")
+        return
+    manifest = Manifest.from_dict(bundle.manifest)
+    b = manifest.build
+    console.print(
+        f"model [bold]{manifest.model.get('id')}[/] ({manifest.model.get('source')}), backend {b.get('backend')}, "
+        f"dtype {b.get('dtype')}, built for {b.get('target')}, reference {b.get('reference')}, "
+        f"quantization {b.get('quantization') or '-'}, seed {b.get('seed')}, inputs "
+        + ", ".join(f"{i['dtype']}{i['shape']} ~ {i['distribution']}" for i in b.get("inputs", []))
+    )
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items()) + f"; created {manifest.created}")
+    crit = Table(title="embedded criteria (judged with these, not the installed registry)", title_justify="left")
+    for col in ("output", "dtype", "shape", *CRITERIA_FIELDS, "scale", "zero point"):
+        crit.add_column(col)
+    for method in manifest.methods.values():
+        for out in method.outputs:
+            c = out.criteria
+            crit.add_row(f"{method.name}.{out.name}", out.dtype, str(out.shape),
+                         *[_fmt(getattr(c, k)) for k in CRITERIA_FIELDS], _fmt(c.scale), _fmt(c.zero_point))
+    console.print(crit)
+    for method in manifest.methods.values():
+        for out in method.outputs:
+            for key, entries in out.criteria.trail.items():
+                chain = " <- ".join(f"{_fmt(e.get('value'))} [{e.get('source')}]" for e in reversed(entries))
+                console.print(f"  [dim]{method.name}.{out.name}.{key}:[/] {chain}")
+    if manifest.dataset:
+        labels = manifest.dataset.get("labels") or []
+        console.print(f"dataset {manifest.dataset.get('name')}: {len(labels)} labelled samples")

@@ -1,0 +1,152 @@
+"""JUnit XML from a JSON report, for Jenkins, GitLab and GitHub test parsers.
+
+One <testcase> per case-output (classname = model/target/method, name =
+case[i].output), so a CI page shows exactly which output of which case broke.
+FAIL -> <failure> naming the failing criterion with measured value and limit;
+ERROR -> <error>; TIMEOUT -> <error type="timeout">; SKIP -> <skipped>. A case
+that produced no outputs (it errored before any) still gets one testcase.
+The layout follows the Jenkins JUnit schema (tests/data/junit.xsd), whose
+<skipped> takes text only, and which every common parser also accepts.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from bundles.fileio import atomic_write_bytes
+
+# XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
+_BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _clean(text: Any) -> str:
+    return _BAD_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if text is None else str(text))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def failure_text(out: dict[str, Any]) -> tuple[str, str]:
+    """(message, body) for a failed output: each failing criterion with its numbers."""
+    failed = out.get("failed") or []
+    parts = []
+    for f in failed:
+        parts.append(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}")
+    message = "; ".join(parts) or "output did not meet its criteria"
+    lines = [message]
+    for f in failed:
+        if f.get("detail"):
+            lines.append(f"  {f.get('criterion')}: {f['detail']}")
+    stats = out.get("stats") or {}
+    keys = ("sqnr", "error_mae", "error_max", "cosine_similarity", "relative_frobenius", "mismatch_count")
+    shown = [f"{k}={_fmt(stats[k])}" for k in keys if stats.get(k) is not None]
+    if shown:
+        lines.append("stats: " + " ".join(shown))
+    crit = out.get("criteria") or {}
+    set_crit = [f"{k}={_fmt(v)}" for k, v in crit.items() if k != "trail" and v not in (None, False)]
+    if set_crit:
+        lines.append("criteria: " + " ".join(set_crit))
+    return message, "\n".join(lines)
+
+
+def _case_label(report: dict[str, Any]) -> tuple[str, str]:
+    bundle = report.get("bundle") or {}
+    model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
+    target = (report.get("target") or {}).get("url") or bundle.get("built_for") or "target"
+    return str(model), str(target)
+
+
+def build_junit(report: dict[str, Any]) -> ET.Element:
+    """The <testsuites> element for one report (one <testsuite> per method)."""
+    model, target = _case_label(report)
+    run = report.get("run") or {}
+    bundle = report.get("bundle") or {}
+    root = ET.Element("testsuites", name=f"bundlerun {model} on {target}")
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for case in report.get("cases") or []:
+        by_method.setdefault(case.get("method", "forward"), []).append(case)
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+    for method, cases in by_method.items():
+        suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/{method}")
+        props = ET.SubElement(suite, "properties")
+        for key, value in (
+            ("model", model),
+            ("target", target),
+            ("backend", bundle.get("backend")),
+            ("dtype", bundle.get("dtype")),
+            ("bundle_sha256", bundle.get("sha256")),
+            ("label", run.get("label")),
+            ("run_id", run.get("id")),
+            ("torch", (bundle.get("versions") or {}).get("torch")),
+            ("executorch", (bundle.get("versions") or {}).get("executorch")),
+        ):
+            if value is not None:
+                ET.SubElement(props, "property", name=key, value=_clean(value))
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+        classname = f"{model}/{target}/{method}"
+        for case in cases:
+            outputs = case.get("outputs") or [None]
+            elapsed = float(case.get("elapsed_s") or 0.0)
+            for out in outputs:
+                counts["tests"] += 1
+                name = f"case[{case.get('case', 0)}]" + (f".{out.get('name') or 'out' + str(out.get('index', 0))}" if out else "")
+                tc = ET.SubElement(
+                    suite, "testcase", name=name, classname=classname, time=f"{elapsed / len(outputs):.6f}"
+                )
+                verdict = (out or {}).get("verdict") or case.get("verdict")
+                log = "\n".join(case.get("log_excerpt") or [])
+                if verdict == "FAIL":
+                    counts["failures"] += 1
+                    message, body = failure_text(out or {})
+                    el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
+                    el.text = _clean(body)
+                elif verdict in ("ERROR", "TIMEOUT"):
+                    counts["errors"] += 1
+                    kind = "timeout" if verdict == "TIMEOUT" else (case.get("error_kind") or "error")
+                    msg = case.get("error") or ("case timed out" if verdict == "TIMEOUT" else "case could not run")
+                    el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
+                    el.text = _clean(msg + (f"\nlog: {case['log_path']}" if case.get("log_path") else ""))
+                elif verdict == "SKIP":
+                    counts["skipped"] += 1
+                    el = ET.SubElement(tc, "skipped")
+                    el.text = _clean(case.get("error") or "skipped")
+                if log and verdict != "PASS":
+                    ET.SubElement(tc, "system-out").text = _clean(log)
+        counts["time"] = sum(float(c.get("elapsed_s") or 0.0) for c in cases)
+        for key in ("tests", "failures", "errors", "skipped"):
+            suite.set(key, str(counts[key]))
+            totals[key] += counts[key]
+        suite.set("time", f"{counts['time']:.6f}")
+        totals["time"] += counts["time"]
+        if run.get("started"):
+            suite.set("timestamp", str(run["started"]))
+        host = (run.get("host") or {}).get("machine")
+        if host:
+            suite.set("hostname", _clean(host))
+        if not len(props):
+            suite.remove(props)
+    if report.get("warnings"):
+        # Put warnings on the last suite: they concern the whole run.
+        suites = root.findall("testsuite")
+        if suites:
+            ET.SubElement(suites[-1], "system-err").text = _clean("\n".join(report["warnings"]))
+    for key in ("tests", "failures", "errors"):
+        root.set(key, str(totals[key]))
+    root.set("time", f"{totals['time']:.6f}")
+    return root
+
+
+def junit_bytes(report: dict[str, Any]) -> bytes:
+    root = build_junit(report)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def write_junit(report: dict[str, Any], path: str | Path) -> Path:
+    return atomic_write_bytes(path, junit_bytes(report))

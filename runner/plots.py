@@ -1,0 +1,116 @@
+"""PNG plots for the HTML report and `bundlerun trend` (matplotlib, Agg, no pyplot).
+
+The Figure/FigureCanvasAgg API is used directly so no GUI backend or global
+pyplot state is involved: safe in CI, threads and headless machines.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Sequence
+
+import numpy as np
+
+MAX_SCATTER_POINTS = 20_000
+
+
+def _figure(width: float = 5.0, height: float = 3.4):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str) -> bytes:
+    """Histogram of signed errors (actual - expected) over every element given."""
+    err = (np.asarray(actual, np.float64) - np.asarray(expected, np.float64)).ravel()
+    err = err[np.isfinite(err)]
+    fig = _figure()
+    ax = fig.add_subplot()
+    if err.size:
+        bins = min(60, max(10, int(np.sqrt(err.size))))
+        ax.hist(err, bins=bins, color="#3b6ea5", edgecolor="white", linewidth=0.3)
+        ax.axvline(0, color="#444", linewidth=0.8)
+    else:
+        ax.text(0.5, 0.5, "no finite errors", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("actual − expected")
+    ax.set_ylabel("elements")
+    ax.set_title(title, fontsize=10)
+    ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
+    return _png(fig)
+
+
+def scatter(actual: np.ndarray, expected: np.ndarray, title: str) -> bytes:
+    """Actual vs expected, with the identity line; subsampled deterministically."""
+    a = np.asarray(actual, np.float64).ravel()
+    e = np.asarray(expected, np.float64).ravel()
+    ok = np.isfinite(a) & np.isfinite(e)
+    a, e = a[ok], e[ok]
+    if a.size > MAX_SCATTER_POINTS:
+        idx = np.linspace(0, a.size - 1, MAX_SCATTER_POINTS).astype(np.int64)
+        a, e = a[idx], e[idx]
+    fig = _figure(4.2, 3.6)
+    ax = fig.add_subplot()
+    if a.size:
+        ax.scatter(e, a, s=4, alpha=0.5, color="#c0504d", linewidths=0)
+        lo, hi = float(min(a.min(), e.min())), float(max(a.max(), e.max()))
+        pad = (hi - lo) * 0.05 or 1.0
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#444", linewidth=0.8)
+    ax.set_xlabel("expected")
+    ax.set_ylabel("actual")
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
+
+
+METRIC_LABELS = {
+    "sqnr": "SQNR (dB, mean over outputs; worst dashed)",
+    "mae": "mean absolute error (mean; worst dashed)",
+    "max": "max absolute error (mean; worst dashed)",
+    "top1": "top-1 accuracy (%)",
+    "top5": "top-5 accuracy (%)",
+    "agreement": "agreement with reference (%)",
+}
+
+
+def trend_plot(points: Sequence[Any], metric: str, title: str) -> bytes:
+    """Line of `metric` over runs (x = run order, labelled by label or id)."""
+    fig = _figure(6.4, 3.4)
+    ax = fig.add_subplot()
+    pct = metric in ("top1", "top5", "agreement")
+    scale = 100.0 if pct else 1.0
+    xs = list(range(len(points)))
+
+    def series(attr: str) -> list[float]:
+        return [np.nan if getattr(p, attr) is None else float(getattr(p, attr)) * scale for p in points]
+
+    values = series("value")
+    if points:
+        ax.plot(xs, values, marker="o", color="#3b6ea5", label=metric)
+        if metric == "sqnr" and any(p.low is not None for p in points):
+            ax.plot(xs, series("low"), linestyle="--", color="#c0504d", label="worst output")
+        if metric in ("mae", "max") and any(p.high is not None for p in points):
+            ax.plot(xs, series("high"), linestyle="--", color="#c0504d", label="worst output")
+        if pct and any(p.reference is not None for p in points):
+            ax.plot(xs, series("reference"), linestyle=":", color="#555", label="float reference")
+        if metric == "top1" and any(p.low is not None for p in points):
+            ax.fill_between(xs, series("low"), series("high"), color="#3b6ea5", alpha=0.15, label="95% CI")
+        if metric in ("mae", "max") and all(v > 0 for v in values if v == v):
+            ax.set_yscale("log")
+        labels = [str(p.label)[:10] if p.label else f"#{p.run_id}" for p in points]
+        step = max(1, len(xs) // 12)
+        ax.set_xticks(xs[::step], labels[::step], rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no runs recorded", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric), fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    return _png(fig)

@@ -1,0 +1,228 @@
+"""The JSON report (schema `bundlerun.report/1`, docs/report-schema.md), saved
+outputs, and the terminal view. The JSON file is the artifact of record and is
+written atomically even when every case errored."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundles.fileio import atomic_write_bytes, atomic_write_text
+from targets.base import TargetRun
+
+REPORT_SCHEMA = "bundlerun.report/1"
+REPORT_FILE = "report.json"
+OUTPUTS_FILE = "outputs.npz"
+
+
+def tool_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bundlerun")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def bundle_section(path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:
+    build = (manifest or {}).get("build", {})
+    return {
+        "path": str(path),
+        "sha256": file_sha256(path),
+        "size": path.stat().st_size,
+        "has_manifest": manifest is not None,
+        "model": (manifest or {}).get("model", {}).get("id"),
+        "backend": build.get("backend"),
+        "dtype": build.get("dtype"),
+        "built_for": build.get("target"),
+        "reference": build.get("reference"),
+        "quantization": build.get("quantization"),
+        "seed": build.get("seed"),
+        "versions": (manifest or {}).get("versions", {}),
+    }
+
+
+def target_section(run: TargetRun | None, url: str) -> dict[str, Any]:
+    if run is None:
+        return {"url": url, "info": {}, "logs": {}, "setup_s": None}
+    return {"url": run.target, "info": run.info, "logs": run.logs, "setup_s": run.setup_s}
+
+
+def host_section() -> dict[str, str]:
+    return {"machine": platform.machine(), "system": platform.system(), "python": platform.python_version(),
+            "node": platform.node()}
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def _sanitize(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_sanitize(v) for v in obj]
+    return obj
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> Path:
+    text = json.dumps(_sanitize(report), indent=2, default=_json_default, allow_nan=False)
+    return atomic_write_text(Path(out_dir) / REPORT_FILE, text + "\n")
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / REPORT_FILE
+    return json.loads(path.read_text())
+
+
+def save_outputs(run: TargetRun, out_dir: Path) -> Path:
+    """Actual outputs as `{method}/{case}/{index}` arrays (bfloat16 as uint16 words)."""
+    arrays: dict[str, np.ndarray] = {}
+    for case in run.cases:
+        for j, raw in enumerate(case.outputs):
+            arrays[f"{case.method}/{case.case_index}/{j}"] = raw.to_array()
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return atomic_write_bytes(Path(out_dir) / OUTPUTS_FILE, buf.getvalue())
+
+
+# ---------------------------------------------------------------------------- terminal
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    return format(x, fmt)
+
+
+def output_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (method, output): the worst case first (verdict, then error_max)."""
+    rank = {"ERROR": 0, "TIMEOUT": 0, "FAIL": 1, "SKIP": 3, "PASS": 2}
+    groups: dict[tuple[str, int], list[tuple[dict, dict]]] = {}
+    for case in report["cases"]:
+        for out in case["outputs"]:
+            groups.setdefault((case["method"], out["index"]), []).append((case, out))
+    rows = []
+    for (method, index), items in groups.items():
+        def severity(item):
+            case, out = item
+            stats = out.get("stats") or {}
+            err = stats.get("error_max")
+            return (rank.get(out["verdict"], 9), -(err if isinstance(err, (int, float)) else math.inf))
+
+        items.sort(key=severity)
+        worst_case, worst = items[0]
+        counts: dict[str, int] = {}
+        for _, out in items:
+            counts[out["verdict"]] = counts.get(out["verdict"], 0) + 1
+        sqnrs = [o.get("stats", {}).get("sqnr") for _, o in items if o.get("stats")]
+        finite = [s for s in sqnrs if isinstance(s, (int, float))]
+        rows.append({
+            "method": method, "index": index, "name": worst.get("name", f"out{index}"),
+            "verdict": worst["verdict"], "counts": counts, "worst_case": worst_case["case"], "worst": worst,
+            "min_sqnr": min(finite) if finite else (sqnrs[0] if sqnrs else None),
+        })
+    rows.sort(key=lambda r: (rank.get(r["verdict"], 9), r["method"], r["index"]))
+    return rows
+
+
+def wide_console(stderr: bool = False):
+    """A rich Console; when not on a terminal (CI logs) use 160 columns, not 80."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def print_summary(report: dict[str, Any], console=None) -> None:
+    """Rich table: one row per output, worst case first, then the failure detail."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or wide_console()
+    bundle = report["bundle"]
+    title = f"{bundle.get('model') or Path(bundle['path']).name} on {report['target']['url']}"
+    if bundle.get("dtype"):
+        title += f" ({bundle['backend']}, {bundle['dtype']})"
+    table = Table(title=title, title_justify="left")
+    for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "SQNR dB", "cosine", "mismatches", "criteria"):
+        table.add_column(col, justify="right" if col not in ("output", "verdict", "criteria") else "left")
+    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
+    for row in output_rows(report):
+        out = row["worst"]
+        stats = out.get("stats") or {}
+        crit = out.get("criteria") or {}
+        crit_text = ", ".join(
+            f"{k}={_num(crit[k])}" for k in ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
+            if crit.get(k) is not None
+        ) or ("exact" if crit.get("exact") else "-")
+        counts = " ".join(f"{k}:{v}" for k, v in sorted(row["counts"].items()))
+        mism = stats.get("mismatch_count")
+        table.add_row(
+            f"{row['method']}.{row['name']}",
+            f"[{style.get(row['verdict'], '')}]{row['verdict']}[/]",
+            counts,
+            str(row["worst_case"]),
+            _num(stats.get("error_max")),
+            _num(stats.get("error_mae")),
+            _num(row["min_sqnr"], ".1f"),
+            _num(stats.get("cosine_similarity"), ".5f"),
+            "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
+            crit_text,
+        )
+    console.print(table)
+    shown = 0
+    for case in report["cases"]:
+        if case["verdict"] == "PASS":
+            continue
+        if shown >= 8:
+            console.print("[dim]... more failing cases in the JSON report[/]")
+            break
+        shown += 1
+        if case["verdict"] in ("ERROR", "TIMEOUT") and case.get("error"):
+            console.print(f"[yellow]{case['verdict']}[/] {case['method']}[{case['case']}]: {case['error']}")
+            for line in (case.get("log_excerpt") or [])[-3:]:
+                console.print(f"    [dim]{line}[/]")
+        for out in case["outputs"]:
+            for failure in out.get("failed") or []:
+                console.print(
+                    f"[red]FAIL[/] {case['method']}[{case['case']}].{out['name']} {failure['criterion']}: {failure['detail']}"
+                )
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
+    s = report["summary"]
+    console.print(
+        f"[bold]{s['verdict']}[/] ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)}) "
+        f"in {report['run']['duration_s']:.1f} s — exit code {s['exit_code']}"
+    )

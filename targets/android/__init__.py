@@ -1,0 +1,45 @@
+"""Android over ADB: `adb://SERIAL` (adb server, real adb CLI), `adb+tcp://HOST:PORT`
+and `adb+usb://SERIAL` (device protocol directly, adb-shell).
+
+Importing this package is cheap; transports import adb-shell lazily.
+"""
+
+from __future__ import annotations
+
+from bundles.errors import TargetError
+from targets.android.config import AndroidTargetConfig
+
+
+def make_transport(url, cfg: AndroidTargetConfig):
+    """The transport a target URL names."""
+    if url.scheme == "adb":
+        from targets.android.adb_cli import AdbCliTransport
+
+        serial = (url.netloc + url.path).strip("/") or None
+        return AdbCliTransport(serial, adb_path=cfg.adb_path, server_host=cfg.server_host, server_port=cfg.server_port,
+                               auto_connect=cfg.auto_connect, connect_timeout_s=cfg.connect_timeout_s)
+    from targets.android.adb_direct import AdbShellTransport
+
+    if url.scheme == "adb+tcp":
+        host, _, port = url.netloc.rpartition(":") if ":" in url.netloc else (url.netloc, "", "5555")
+        if not host:
+            raise TargetError(f"{url.raw}: expected adb+tcp://HOST:PORT")
+        try:
+            port_no = int(port or 5555)
+        except ValueError:
+            raise TargetError(f"{url.raw}: port {port!r} is not a number") from None
+        return AdbShellTransport(host=host.strip("[]"), port=port_no, key_path=cfg.key_path,
+                                 connect_timeout_s=cfg.connect_timeout_s, auth_timeout_s=cfg.auth_timeout_s)
+    if url.scheme == "adb+usb":
+        serial = (url.netloc + url.path).strip("/") or None
+        return AdbShellTransport(usb_serial=serial, key_path=cfg.key_path,
+                                 connect_timeout_s=cfg.connect_timeout_s, auth_timeout_s=cfg.auth_timeout_s)
+    raise TargetError(f"{url.raw}: not an Android target URL")
+
+
+def create(url, config: dict):
+    """Entry point used by targets.open_target."""
+    from targets.android.target import AndroidTarget
+
+    cfg = AndroidTargetConfig.from_dict(config, url.query)
+    return AndroidTarget(url.raw, make_transport(url, cfg), cfg)

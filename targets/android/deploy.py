@@ -1,0 +1,113 @@
+"""Push-once deployment: a device-side cache keyed by content.
+
+Every file the runner needs (runner binary, libraries, bundles, raw inputs) is
+stored at `<workspace>/cache/<sha256>/<name>`. Before pushing, one `sha256sum`
+over the candidates tells which are already there *and intact*; a push goes to
+a `.partial` name, its size is checked with a sync STAT, and only then is it
+renamed into place, so a transfer cut mid-way never poisons the cache. Each
+run gets a fresh folder of symlinks (libraries keep their real names for
+dlopen and LD_LIBRARY_PATH=.). All device paths are shell-quoted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from targets.android.transport import Transport, TransportError, check_shell, shell
+
+_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def local_sha256(path: Path) -> str:
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASH_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _HASH_CACHE[key] = h.hexdigest()
+    return _HASH_CACHE[key]
+
+
+@dataclass
+class Artifact:
+    local: Path
+    name: str  # file name on the device (a library keeps its soname)
+
+    @property
+    def sha256(self) -> str:
+        return local_sha256(self.local)
+
+
+@dataclass
+class DeviceCache:
+    transport: Transport
+    workspace: str
+    command_timeout_s: float = 60.0
+    transfer_timeout_s: float = 300.0
+    pushed: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    _verified: set[str] = field(default_factory=set)
+
+    @property
+    def cache_dir(self) -> str:
+        return posixpath.join(self.workspace, "cache")
+
+    def remote_path(self, art: Artifact) -> str:
+        return posixpath.join(self.cache_dir, art.sha256, art.name)
+
+    def ensure(self, artifacts: list[Artifact]) -> dict[str, str]:
+        """Make every artifact present and intact on the device; name -> device path."""
+        paths = {a.name: self.remote_path(a) for a in artifacts}
+        todo = [a for a in artifacts if self.remote_path(a) not in self._verified]
+        if not todo:
+            return paths
+        listing = " ".join(shlex.quote(self.remote_path(a)) for a in todo)
+        res = shell(self.transport, f"sha256sum {listing} 2>/dev/null", self.command_timeout_s + 0.0)
+        present: dict[str, str] = {}
+        for line in res.output.splitlines():
+            digest, _, name = line.partition("  ")
+            if len(digest) == 64:
+                present[name.strip()] = digest
+        missing = []
+        for art in todo:
+            remote = self.remote_path(art)
+            if present.get(remote) == art.sha256:
+                self.reused.append(art.name)
+                self._verified.add(remote)
+            else:
+                missing.append(art)
+        if missing:
+            dirs = " ".join(sorted({shlex.quote(posixpath.dirname(self.remote_path(a))) for a in missing}))
+            check_shell(self.transport, f"mkdir -p {dirs}", self.command_timeout_s, "creating the cache folders")
+        for art in missing:
+            self._push_one(art)
+        return paths
+
+    def _push_one(self, art: Artifact) -> None:
+        remote = self.remote_path(art)
+        partial = posixpath.join(posixpath.dirname(remote), f".{art.name}.partial")
+        size = os.path.getsize(art.local)
+        self.transport.push(art.local, partial, self.transfer_timeout_s)
+        st = self.transport.stat(partial, self.command_timeout_s)
+        if st is None or st.size != size:
+            got = "nothing" if st is None else f"{st.size} bytes"
+            raise TransportError(f"push of {art.name} was incomplete: device has {got}, expected {size} bytes")
+        check_shell(self.transport, f"mv -f {shlex.quote(partial)} {shlex.quote(remote)} && chmod 755 {shlex.quote(remote)}",
+                    self.command_timeout_s, f"installing {art.name}")
+        self.pushed.append(art.name)
+        self._verified.add(remote)
+
+    def prepare_run_dir(self, run_dir: str, links: dict[str, str], subdirs: list[str]) -> None:
+        """A clean run folder: old outputs removed, symlinks to the cached files."""
+        parts = [f"rm -rf {shlex.quote(run_dir)}", f"mkdir -p {shlex.quote(run_dir)}"]
+        parts += [f"mkdir -p {shlex.quote(posixpath.join(run_dir, d))}" for d in subdirs]
+        for name, target in links.items():
+            parts.append(f"ln -sf {shlex.quote(target)} {shlex.quote(posixpath.join(run_dir, name))}")
+        check_shell(self.transport, " && ".join(parts), self.command_timeout_s, "preparing the run folder")

@@ -1,0 +1,374 @@
+"""AndroidTarget: deploy, run every case, pull every output, classify every failure."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bundles.bpte import Bundle, serialize_bundle
+from bundles.errors import TargetError
+from bundles.fileio import atomic_write_bytes
+from targets.android import profiles
+from targets.android.config import AndroidTargetConfig
+from targets.android.deploy import Artifact, DeviceCache
+from targets.android.transport import TIMEOUT, Transport, TransportError, shell
+from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, raw_outputs_from_files, selected_cases
+
+_SIGNALS = {134: "SIGABRT", 135: "SIGBUS", 136: "SIGFPE", 137: "SIGKILL", 139: "SIGSEGV"}
+_LOG_HINT = re.compile(r"(^[EF] |error|Error|ERROR|fault|Fault|dlopen|CANNOT LINK|not found|Abort|Segmentation|Test_result)")
+
+
+@dataclass
+class _Exec:
+    output: str
+    exit_status: int | None
+    timed_out: bool
+    elapsed_s: float
+    command: str
+
+
+def _excerpt(log: str, limit: int = 20) -> list[str]:
+    lines = [l for l in log.splitlines() if l.strip()]
+    hits = [l for l in lines if _LOG_HINT.search(l)]
+    return (hits or lines)[-limit:]
+
+
+def classify_run(ex: _Exec) -> tuple[str, str] | None:
+    """(error_kind, message) for a runner that did not produce a usable run; None if it did.
+
+    Exit 1 with a BundleIO FAIL line is a *numerical* verdict of the runner, not an
+    error: its outputs are collected and judged on the host like any other."""
+    out = ex.output
+    m = re.search(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)', out)
+    if m:
+        return "missing-library", f"the runner could not load a library: {m.group(1)}"
+    rc = ex.exit_status
+    if rc == 0:
+        return None
+    if rc in _SIGNALS:
+        return "crash", f"the runner crashed with {_SIGNALS[rc]} (exit {rc})"
+    if rc in (126, 127):
+        tail = out.strip().splitlines()[-1] if out.strip() else ""
+        return "runner-missing", f"the runner could not be started (exit {rc}): {tail}"
+    if rc == 1 and "Test_result: FAIL" in out:
+        return None
+    tail = _excerpt(out, 1)
+    return "runner-error", f"the runner exited with status {rc}" + (f": {tail[0]}" if tail else "")
+
+
+class AndroidTarget:
+    def __init__(self, url: str, transport: Transport, config: AndroidTargetConfig):
+        self.url = url
+        self.transport = transport
+        self.cfg = config
+
+    # -- helpers
+    def _log_dir(self, options: RunOptions) -> Path:
+        d = Path(options.work_dir) / "android"
+        (d / "logs").mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _exec(self, command: str, timeout_s: float, run_dir: str) -> _Exec:
+        t0 = time.monotonic()
+        try:
+            res = shell(self.transport, command, timeout_s)
+        except TransportError as exc:
+            if exc.kind != TIMEOUT:
+                raise
+            elapsed = time.monotonic() - t0
+            self._kill_runner(run_dir)
+            return _Exec(exc.output, None, True, elapsed, command)
+        return _Exec(res.output, res.exit_status, False, time.monotonic() - t0, command)
+
+    def _kill_runner(self, run_dir: str) -> None:
+        """After a timeout: reconnect and kill the runner by the pid it recorded."""
+        try:
+            self.transport.reconnect()
+            pidfile = shlex.quote(posixpath.join(run_dir, ".runner.pid"))
+            shell(self.transport, f"[ -f {pidfile} ] && kill -9 $(cat {pidfile}) 2>/dev/null; true", self.cfg.command_timeout_s)
+        except TransportError:
+            pass
+
+    def _logcat(self, arg: str) -> str:
+        if not self.cfg.logcat:
+            return ""
+        try:
+            return shell(self.transport, f"logcat {arg}", self.cfg.command_timeout_s).output
+        except TransportError:
+            return ""
+
+    def _save_log(self, path: Path, ex: _Exec | None, extra: str = "") -> str:
+        text = ""
+        if ex is not None:
+            status = "timed out" if ex.timed_out else f"exit status {ex.exit_status}"
+            text = f"$ {ex.command}\n{ex.output}\n[{status} after {ex.elapsed_s:.2f} s]\n"
+        if extra:
+            text += f"--- logcat ---\n{extra}\n"
+        atomic_write_bytes(path, text.encode("utf-8", "replace"))
+        return str(path)
+
+    def _base_artifacts(self, runner_name: str, extra_libs: list[Path]) -> list[Artifact]:
+        if self.cfg.runner is None:
+            raise TargetError(f"[targets.adb] runner is not set: give the host path of the Android {runner_name} "
+                              "(built by firmware_scripts/android/build_executor_runner.sh)")
+        if not Path(self.cfg.runner).is_file():
+            raise TargetError(f"runner binary {self.cfg.runner} does not exist")
+        arts = [Artifact(Path(self.cfg.runner), runner_name)]
+        for lib in list(self.cfg.libraries) + extra_libs:
+            if not Path(lib).is_file():
+                raise TargetError(f"library {lib} does not exist")
+            arts.append(Artifact(Path(lib), Path(lib).name))
+        return arts
+
+    def _device_prop(self, name: str) -> str | None:
+        try:
+            res = shell(self.transport, f"getprop {shlex.quote(name)} 2>/dev/null", self.cfg.command_timeout_s)
+        except TransportError:
+            return None
+        value = res.output.strip()
+        return value if res.exit_status == 0 and value else None
+
+    # -- entry point
+    def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
+        t0 = time.monotonic()
+        pairs = selected_cases(bundle, options)
+        retries = self.cfg.retries if self.cfg.retries is not None else options.retries
+        cache = DeviceCache(self.transport, self.cfg.workspace, self.cfg.command_timeout_s, self.cfg.transfer_timeout_s)
+        info = {"transport": self.transport.description, "profile": self.cfg.profile, "workspace": self.cfg.workspace}
+        logs_dir = self._log_dir(options)
+        try:
+            self._with_retries(retries, self.transport.connect)
+            if self.cfg.profile == "qnn-executor-runner":
+                htp = profiles.resolve_htp_arch(self.cfg, None if (self.cfg.htp_arch or self.cfg.soc_model)
+                                                else self._device_prop("ro.soc.model"))
+                info["htp_arch"] = htp
+                base = self._base_artifacts("qnn_executor_runner", profiles.qnn_libraries(self.cfg, htp))
+            else:
+                base = self._base_artifacts("executor_runner", [])
+            self._with_retries(retries, lambda: cache.ensure(base))
+        except TransportError as exc:
+            results = [self._setup_failure(m, i, exc, logs_dir) for m, i in pairs]
+            self._emit(results, options)
+            return TargetRun(self.url, results, info={**info, "error": str(exc)}, setup_s=time.monotonic() - t0)
+        setup_s = time.monotonic() - t0
+        try:
+            if self.cfg.profile == "qnn-executor-runner":
+                results = self._run_qnn(bundle, pairs, base, cache, options, retries, logs_dir)
+            else:
+                results = self._run_executor_runner(bundle, pairs, base, cache, options, retries, logs_dir)
+        finally:
+            self.transport.close()
+        info.update(pushed=list(cache.pushed), reused=sorted(set(cache.reused)))
+        return TargetRun(self.url, results, info=info, logs={"dir": str(logs_dir / "logs")}, setup_s=setup_s)
+
+    def _emit(self, results: list[CaseResult], options: RunOptions) -> None:
+        if options.progress:
+            for r in results:
+                options.progress(r)
+
+    def _with_retries(self, retries: int, fn):
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except TransportError as exc:
+                if not exc.transient or attempt >= retries:
+                    raise
+                attempt += 1
+                try:
+                    self.transport.reconnect()
+                except TransportError:
+                    pass
+
+    def _setup_failure(self, method: str, index: int, exc: TransportError, logs_dir: Path) -> CaseResult:
+        path = logs_dir / "logs" / "setup.log"
+        atomic_write_bytes(path, f"{exc}\n{exc.output}\n".encode("utf-8", "replace"))
+        excerpt = [str(exc)] + _excerpt(exc.output, 10)
+        status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
+        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind, log_excerpt=excerpt, log_path=str(path))
+
+    def _case_error(self, method: str, index: int, exc: TransportError, log_path: str | None) -> CaseResult:
+        status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
+        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind,
+                          log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=log_path)
+
+    # -- executor-runner: one bundle, one process per case
+    def _run_executor_runner(self, bundle, pairs, base, cache, options, retries, logs_dir) -> list[CaseResult]:
+        results = []
+        run_dir = posixpath.join(self.cfg.workspace, "run")
+        for method, index in pairs:
+            case_file = logs_dir / "bundles" / f"{_safe(method)}-{index}.bpte"
+            atomic_write_bytes(case_file, serialize_bundle(bundle.single_case(method, index)))
+            log_path = logs_dir / "logs" / f"{_safe(method)}-{index}.log"
+            attempt = 0
+            while True:
+                try:
+                    result = self._one_case(bundle, method, index, base + [Artifact(case_file, "model.bpte")],
+                                            cache, run_dir, options, log_path, logs_dir)
+                    break
+                except TransportError as exc:
+                    if exc.transient and attempt < retries:
+                        attempt += 1
+                        try:
+                            self.transport.reconnect()
+                        except TransportError:
+                            pass
+                        continue
+                    result = self._case_error(method, index, exc, str(log_path) if log_path.exists() else None)
+                    break
+            result.extra["attempts"] = attempt + 1
+            results.append(result)
+            self._emit([result], options)
+        return results
+
+    def _one_case(self, bundle, method, index, arts, cache, run_dir, options, log_path, logs_dir) -> CaseResult:
+        paths = cache.ensure(arts)
+        cache.prepare_run_dir(run_dir, paths, ["out"])
+        env = {"LD_LIBRARY_PATH": ".", **self.cfg.env}
+        etdump = "out/model.etdump" if self.cfg.etdump else None
+        args = profiles.executor_runner_args(self.cfg, method, "out/output", etdump)
+        self._logcat("-c")
+        ex = self._exec(profiles.runner_command(run_dir, "executor_runner", args, env), options.case_timeout_s, run_dir)
+        logcat = self._logcat("-d")
+        log = self._save_log(log_path, ex, logcat)
+        verdict = profiles.parse_device_verdict(ex.output + logcat)
+        excerpt = _excerpt(ex.output + "\n" + logcat)
+        if ex.timed_out:
+            return CaseResult(method, index, CaseStatus.TIMEOUT, error=f"the runner did not finish within {options.case_timeout_s:g} s",
+                              error_kind="timeout", log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s)
+        problem = classify_run(_Exec(ex.output + "\n" + logcat, ex.exit_status, False, ex.elapsed_s, ex.command))
+        if problem:
+            return CaseResult(method, index, CaseStatus.ERROR, error=problem[1], error_kind=problem[0],
+                              log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
+        case = bundle.suite(method).test_cases[index]
+        tensor_slots = [k for k, v in enumerate(case.expected_outputs) if v.kind == "tensor"]
+        layout = [(case.expected_outputs[k].scalar_type, list(case.expected_outputs[k].sizes)) for k in tensor_slots]
+        local_dir = logs_dir / "outputs" / f"{_safe(method)}-{index}"
+        local_dir.mkdir(parents=True, exist_ok=True)
+        files = []
+        for k in tensor_slots:
+            local = local_dir / f"output-{k}.bin"
+            try:
+                self.transport.pull(posixpath.join(run_dir, "out", f"output-{k}.bin"), local, self.cfg.transfer_timeout_s)
+            except TransportError as exc:
+                if exc.kind != "missing-file":
+                    raise
+                return CaseResult(method, index, CaseStatus.ERROR, error=f"the runner wrote no output-{k}.bin ({exc})",
+                                  error_kind="missing-output", log_excerpt=excerpt, log_path=log,
+                                  elapsed_s=ex.elapsed_s, device_verdict=verdict)
+            files.append(local)
+        outputs, err = raw_outputs_from_files(files, layout)
+        if err:
+            return CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind="output-size",
+                              log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
+        return CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt, log_path=log,
+                          elapsed_s=ex.elapsed_s, device_verdict=verdict)
+
+    # -- qnn-executor-runner: plain .pte + raw inputs, all cases in one process per method
+    def _run_qnn(self, bundle, pairs, base, cache, options, retries, logs_dir) -> list[CaseResult]:
+        results: list[CaseResult] = []
+        methods = [s.method_name for s in bundle.method_test_suites]
+        qdir = logs_dir / "qnn"
+        pte = qdir / "model.pte"
+        atomic_write_bytes(pte, bytes(bundle.program))
+        for method in dict.fromkeys(m for m, _ in pairs):
+            cases = [i for m, i in pairs if m == method]
+            attempt = 0
+            while True:
+                try:
+                    res = self._qnn_method(bundle, method, methods.index(method), cases, base, pte, cache, options, logs_dir)
+                    break
+                except TransportError as exc:
+                    if exc.transient and attempt < retries:
+                        attempt += 1
+                        try:
+                            self.transport.reconnect()
+                        except TransportError:
+                            pass
+                        continue
+                    log = logs_dir / "logs" / f"{_safe(method)}-qnn.log"
+                    res = [self._case_error(method, i, exc, str(log) if log.exists() else None) for i in cases]
+                    break
+            for r in res:
+                r.extra["attempts"] = attempt + 1
+            results += res
+            self._emit(res, options)
+        return results
+
+    def _qnn_method(self, bundle, method, method_index, cases, base, pte, cache, options, logs_dir) -> list[CaseResult]:
+        suite = bundle.suite(method)
+        qdir = logs_dir / "qnn" / _safe(method)
+        qdir.mkdir(parents=True, exist_ok=True)
+        arts = base + [Artifact(pte, "model.pte")]
+        lines, links = [], {}
+        for line_no, index in enumerate(cases):
+            names = []
+            for j, value in enumerate(suite.test_cases[index].inputs):
+                if value.kind != "tensor":
+                    continue
+                local = qdir / f"input_{index}_{j}.raw"
+                atomic_write_bytes(local, bytes(value.data))
+                arts.append(Artifact(local, local.name))
+                names.append(f"inputs/{local.name}")
+            lines.append(" ".join(names))
+        input_list = qdir / "input_list.txt"
+        atomic_write_bytes(input_list, ("\n".join(lines) + "\n").encode())
+        arts.append(Artifact(input_list, "input_list.txt"))
+        paths = cache.ensure(arts)
+        run_dir = posixpath.join(self.cfg.workspace, "run")
+        for name, remote in paths.items():
+            links[f"inputs/{name}" if name.startswith("input_") and name.endswith(".raw") else name] = remote
+        cache.prepare_run_dir(run_dir, links, ["inputs", "outputs"])
+        env = {"LD_LIBRARY_PATH": ".", "ADSP_LIBRARY_PATH": ".", **self.cfg.env}
+        etdump = "outputs/model.etdump" if self.cfg.etdump else None
+        args = profiles.qnn_runner_args(method_index, etdump)
+        log_path = logs_dir / "logs" / f"{_safe(method)}-qnn.log"
+        self._logcat("-c")
+        ex = self._exec(profiles.runner_command(run_dir, "qnn_executor_runner", args, env),
+                        options.case_timeout_s * max(1, len(cases)), run_dir)
+        logcat = self._logcat("-d")
+        log = self._save_log(log_path, ex, logcat)
+        excerpt = _excerpt(ex.output + "\n" + logcat)
+        per_case = ex.elapsed_s / max(1, len(cases))
+        if ex.timed_out:
+            return [CaseResult(method, i, CaseStatus.TIMEOUT, error=f"qnn_executor_runner did not finish within "
+                               f"{options.case_timeout_s * len(cases):g} s", error_kind="timeout",
+                               log_excerpt=excerpt, log_path=log) for i in cases]
+        problem = classify_run(_Exec(ex.output + "\n" + logcat, ex.exit_status, False, ex.elapsed_s, ex.command))
+        if problem:
+            return [CaseResult(method, i, CaseStatus.ERROR, error=problem[1], error_kind=problem[0],
+                               log_excerpt=excerpt, log_path=log) for i in cases]
+        produced = profiles.sort_qnn_outputs(self.transport.listdir(posixpath.join(run_dir, "outputs"), self.cfg.command_timeout_s))
+        results = []
+        for line_no, index in enumerate(cases):
+            case = suite.test_cases[index]
+            layout = [(v.scalar_type, list(v.sizes)) for v in case.expected_outputs if v.kind == "tensor"]
+            names = produced.get(line_no, [])
+            if len(names) < len(layout):
+                results.append(CaseResult(method, index, CaseStatus.ERROR, error_kind="missing-output",
+                                          error=f"inference {line_no}: expected {len(layout)} output files, found {len(names)}",
+                                          log_excerpt=excerpt, log_path=log, elapsed_s=per_case))
+                continue
+            local_dir = logs_dir / "outputs" / f"{_safe(method)}-{index}"
+            local_dir.mkdir(parents=True, exist_ok=True)
+            files = []
+            for name in names[: len(layout)]:
+                local = local_dir / name
+                self.transport.pull(posixpath.join(run_dir, "outputs", name), local, self.cfg.transfer_timeout_s)
+                files.append(local)
+            outputs, err = raw_outputs_from_files(files, layout)
+            if err:
+                results.append(CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind="output-size",
+                                          log_excerpt=excerpt, log_path=log, elapsed_s=per_case))
+            else:
+                results.append(CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt,
+                                          log_path=log, elapsed_s=per_case))
+        return results
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)

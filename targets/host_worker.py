@@ -1,0 +1,134 @@
+"""Child process of the host target: load the bundle once in the real ExecuTorch
+runtime (pybindings), run the requested cases, stream JSON events (see
+targets/worker_process.py). Inputs come from the bundle itself.
+
+`BUNDLERUN_FAULT=crash@forward:2` / `hang@forward:2` makes the child die with
+SIGSEGV / stop responding before that case: the supervisor's handling of a real
+process crash is exercised by the tests through this switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+
+def _emit(**event) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _fault(method: str, case: int) -> None:
+    spec = os.environ.get("BUNDLERUN_FAULT", "")
+    for item in filter(None, spec.split(";")):
+        kind, _, where = item.partition("@")
+        if where == f"{method}:{case}":
+            if kind == "crash":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if kind == "hang":
+                while True:
+                    time.sleep(3600)
+
+
+def _quiet_imports():
+    """The pybindings import torch/torchao, which print warnings to stdout/stderr."""
+    import logging
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # keep stdout for protocol lines only
+    try:
+        import torch
+        from executorch.extension.pybindings import portable_lib
+    finally:
+        sys.stdout = real_stdout
+    return torch, portable_lib
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle")
+    parser.add_argument("out_dir")
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from bundles.bpte import read_bundle
+    from bundles.scalar_types import BFLOAT16
+
+    t0 = time.perf_counter()
+    try:
+        bundle = read_bundle(args.bundle)
+        torch, portable_lib = _quiet_imports()
+        buf = Path(args.bundle).read_bytes()
+        bundled = portable_lib._load_bundled_program_from_buffer(buf)
+        module = portable_lib._load_for_executorch_from_bundled_program(bundled)
+    except Exception as exc:  # reported as a classified load failure
+        _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load")
+        return 1
+    if args.threads:
+        try:
+            portable_lib._unsafe_reset_threadpool(args.threads)
+        except Exception:
+            pass
+
+    code_of = {
+        torch.float32: 6, torch.float16: 5, torch.float64: 7, torch.bfloat16: BFLOAT16, torch.int8: 1,
+        torch.uint8: 0, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11,
+    }
+    torch_of = {v: k for k, v in code_of.items()}
+    methods = set(module.method_names())
+    _emit(event="ready", load_s=time.perf_counter() - t0, info={"backends": portable_lib._get_registered_backend_names()})
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for method, case in json.loads(Path(args.cases).read_text()):
+        _emit(event="start", method=method, case=case)
+        if method not in methods:
+            _emit(event="error", method=method, case=case, error=f"program has no method {method!r}", kind="bad-bundle")
+            continue
+        test_case = bundle.suite(method).test_cases[case]
+        inputs = []
+        for value in test_case.inputs:
+            if value.kind == "tensor":
+                t = torch.frombuffer(bytearray(value.data), dtype=torch_of[value.scalar_type]) if value.data else torch.empty(0, dtype=torch_of[value.scalar_type])
+                inputs.append(t.reshape(value.sizes))
+            else:
+                inputs.append(value.scalar)
+        _fault(method, case)
+        start = time.perf_counter()
+        try:
+            outputs = module.run_method(method, inputs)
+        except Exception as exc:
+            _emit(event="error", method=method, case=case, error=f"method execution failed: {exc}", kind="runtime",
+                  elapsed_s=time.perf_counter() - start)
+            continue
+        elapsed = time.perf_counter() - start
+        records = []
+        for j, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                out = torch.tensor(out)
+            out = out.contiguous()
+            code = code_of.get(out.dtype)
+            if code is None:
+                _emit(event="error", method=method, case=case, error=f"output {j} has unsupported dtype {out.dtype}", kind="runtime")
+                break
+            data = (out.view(torch.int16) if out.dtype == torch.bfloat16 else out).numpy().tobytes()
+            path = out_dir / f"{method}-{case}-{j}.bin"
+            path.write_bytes(data)
+            records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
+        else:
+            _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records)
+    _emit(event="finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

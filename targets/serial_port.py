@@ -1,0 +1,642 @@
+"""A board (or a Corstone FVP's telnet UART) running `arm_executor_runner`, over a serial port.
+
+    serial:///dev/ttyACM0?baud=115200     any pyserial port (path, or ?port=<pyserial URL>)
+    serial+socket://HOST:PORT             pyserial socket://, e.g. an FVP telnetterminal
+    rfc2217://HOST:PORT                   pyserial RFC 2217 (network serial server)
+
+Per test case: write the one-case bundle (`Bundle.single_case`: the stock runner
+checks case 0 only), open the port, run the configured flash command, reset the
+board, capture the UART until the runner's end (`Program complete, exiting.`,
+EOT, or its abort after a failed BundleIO check) or the deadline, save the raw
+bytes, and parse them with `targets.runner_log`. Outputs come from the ETDump
+block at full precision, else from the 6-decimal `Output[i][j]` lines (lossy).
+Every read is bounded (`timeout=` on the port + an overall deadline) and the port
+is always closed. This target never judges numerics; the firmware's own verdict
+goes to `CaseResult.device_verdict` for information.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bundles.bpte import Bundle, write_bundle
+from bundles.errors import ConfigError
+from targets.base import CaseResult, CaseStatus, RawTensor, RunOptions, TargetRun, expected_layout, selected_cases
+
+RESET_MODES = ("none", "dtr", "rts", "dtr+rts", "command", "exec")
+_BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
+# ET_CHECK_MSG(model_ok == true, "Problem running model") follows a failed BundleIO
+# check: the runner aborts by design, after printing outputs, verdict and ETDump.
+_VERIFY_ABORT = "Problem running model"
+
+
+@dataclass
+class SerialSettings:
+    """Everything the serial lane needs; from the target config and the URL query."""
+
+    port_url: str  # what pyserial opens: /dev/ttyACM0, socket://h:p, rfc2217://h:p, loop://
+    baudrate: int = 115200
+    reset: str = "dtr"  # none | dtr | rts | dtr+rts | command | exec
+    reset_command: str | None = None  # bytes written for reset=command (\n, \r, \xNN escapes)
+    reset_exec: str | None = None  # external command for reset=exec, e.g. "pyocd reset -t {target}"
+    reset_pulse_s: float = 0.1
+    flash: str | None = None  # external command template; {case_bundle} makes it per case
+    flash_timeout_s: float = 180.0
+    target: str | None = None  # substituted as {target} (e.g. a pyOCD target name)
+    elf: str | None = None  # substituted as {elf}
+    read_timeout_s: float = 0.1  # bound of every single read
+    settle_s: float = 1.0  # quiet time after an abort/fatal line before the capture stops
+    boot_timeout_s: float | None = None  # no byte at all after reset within this -> TIMEOUT
+    exclusive: bool = True
+    outputs: str = "auto"  # auto (ETDump, else printed) | etdump | printed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def settings_from(url, config: dict[str, Any]) -> SerialSettings:
+    """Merge config (the [targets.serial] section) with the URL query (wins)."""
+    merged: dict[str, Any] = dict(config or {})
+    merged.update(url.query)
+    scheme = url.scheme
+    if "port" in merged:
+        port_url = str(merged.pop("port"))
+    elif scheme == "serial":
+        port_url = (url.netloc + url.path) if url.netloc else url.path
+    elif scheme == "serial+socket":
+        port_url = f"socket://{url.netloc}"
+    elif scheme == "rfc2217":
+        port_url = f"rfc2217://{url.netloc}"
+    else:  # pragma: no cover - the scheme map only routes the three above here
+        raise ConfigError(f"serial target cannot handle scheme {scheme!r}")
+    if not port_url:
+        raise ConfigError(f"{url.raw}: no serial port given (e.g. serial:///dev/ttyACM0)")
+    default_reset = "none" if scheme == "serial+socket" else "dtr"
+    known = {f for f in SerialSettings.__dataclass_fields__ if f not in ("port_url", "extra")}
+    aliases = {"baud": "baudrate"}
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in merged.items():
+        key = aliases.get(key, key)
+        if key in known:
+            kwargs[key] = value
+        else:
+            extra[key] = value
+    try:
+        s = SerialSettings(port_url=port_url, extra=extra, **kwargs)
+        s.baudrate = int(s.baudrate)
+        for name in ("reset_pulse_s", "flash_timeout_s", "read_timeout_s", "settle_s"):
+            setattr(s, name, float(getattr(s, name)))
+        if s.boot_timeout_s is not None:
+            s.boot_timeout_s = float(s.boot_timeout_s)
+        s.exclusive = _truthy(s.exclusive)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{url.raw}: bad serial setting ({exc})") from None
+    if "reset" not in kwargs:
+        s.reset = default_reset
+    s.reset = str(s.reset).lower()
+    if s.reset not in RESET_MODES:
+        raise ConfigError(f"{url.raw}: reset={s.reset!r}; expected one of {', '.join(RESET_MODES)}")
+    if s.reset == "command" and not s.reset_command:
+        raise ConfigError(f"{url.raw}: reset=command needs reset_command (the text the firmware resets on)")
+    if s.reset == "exec" and not s.reset_exec:
+        raise ConfigError(f"{url.raw}: reset=exec needs reset_exec (e.g. 'pyocd reset -t <target>')")
+    if s.outputs not in ("auto", "etdump", "printed"):
+        raise ConfigError(f"{url.raw}: outputs={s.outputs!r}; expected auto, etdump or printed")
+    if not (0 < s.read_timeout_s <= 5):
+        raise ConfigError(f"{url.raw}: read_timeout_s must be in (0, 5]")
+    return s
+
+
+def unescape(text: str) -> bytes:
+    """'reset\\n' / '\\x12' as written in a TOML config -> bytes."""
+    return text.encode("latin-1", errors="strict").decode("unicode_escape").encode("latin-1")
+
+
+# ---------------------------------------------------------------- external commands
+
+
+@dataclass
+class CommandResult:
+    ok: bool
+    kind: str | None  # None | "not-found" | "timeout" | "failed"
+    message: str
+    log_path: Path
+
+
+def render_command(template: str, values: dict[str, str]) -> list[str]:
+    """Split like a shell, then substitute {names} inside each word (paths stay one word)."""
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise ConfigError(f"cannot parse command {template!r}: {exc}") from None
+    out = []
+    for word in words:
+        try:
+            out.append(word.format(**values))
+        except KeyError as exc:
+            raise ConfigError(
+                f"command {template!r} uses {{{exc.args[0]}}}; known: {', '.join(sorted(values))}"
+            ) from None
+        except (IndexError, ValueError) as exc:
+            raise ConfigError(f"command {template!r}: bad placeholder ({exc})") from None
+    if not out:
+        raise ConfigError("empty external command")
+    return out
+
+
+def run_command(argv: list[str], timeout_s: float, log_path: Path, what: str) -> CommandResult:
+    """Run a flash/reset tool in its own process group; always reaped, output saved."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        log.write(("$ " + shlex.join(argv) + "\n").encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        except FileNotFoundError:
+            return CommandResult(False, "not-found", f"{what} tool {argv[0]!r} not found on PATH", log_path)
+        except PermissionError:
+            return CommandResult(False, "not-found", f"{what} tool {argv[0]!r} is not executable", log_path)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return CommandResult(False, "timeout", f"{what} command timed out after {timeout_s:g}s", log_path)
+        except BaseException:
+            _kill_group(proc)
+            raise
+    if rc != 0:
+        tail = _tail(log_path)
+        return CommandResult(False, "failed", f"{what} command exited with {rc}{': ' + tail if tail else ''}", log_path)
+    return CommandResult(True, None, "", log_path)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()[1:] if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+# ---------------------------------------------------------------- port handling
+
+
+class PortFault(Exception):
+    """A transport failure with its error_kind (port-busy, port-missing, port-lost, reset)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def port_holders(device: str) -> list[str]:
+    """Processes that have `device` open: `fuser`, then `lsof`, then /proc (Linux)."""
+    me = os.getpid()
+    pids: set[int] = set()
+    for argv in (["fuser", device], ["lsof", "-t", "--", device]):
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        except (FileNotFoundError, subprocess.TimeoutExpired, OSError):
+            continue
+        found = {int(tok) for tok in re.findall(r"\b(\d+)\b", res.stdout)}
+        if found:
+            pids |= found
+            break
+    if not pids:
+        try:
+            real = os.path.realpath(device)
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                fd_dir = f"/proc/{entry}/fd"
+                try:
+                    if any(os.path.realpath(os.path.join(fd_dir, fd)) == real for fd in os.listdir(fd_dir)):
+                        pids.add(int(entry))
+                except OSError:
+                    continue
+        except OSError:
+            pass
+    pids.discard(me)
+    out = []
+    for pid in sorted(pids):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = ""
+        out.append(f"pid {pid} ({cmd[:80]})" if cmd else f"pid {pid}")
+    return out
+
+
+def open_port(settings: SerialSettings):
+    """Open the port exclusively with a bounded read timeout; classify failures."""
+    import serial
+
+    try:
+        return serial.serial_for_url(
+            settings.port_url,
+            baudrate=settings.baudrate,
+            timeout=settings.read_timeout_s,
+            write_timeout=max(1.0, settings.read_timeout_s),
+            exclusive=settings.exclusive if "://" not in settings.port_url else None,
+        )
+    except (serial.SerialException, OSError, ValueError) as exc:
+        text = str(exc)
+        if "exclusively lock" in text or "Device or resource busy" in text or getattr(exc, "errno", None) == 16:
+            holders = port_holders(settings.port_url)
+            who = f"; held by {', '.join(holders)}" if holders else ""
+            raise PortFault("port-busy", f"serial port {settings.port_url} is in use by another process{who}") from None
+        if "No such file" in text or "could not open port" in text and "Errno 2" in text:
+            raise PortFault("port-missing", f"serial port {settings.port_url} does not exist (board unplugged?)") from None
+        if "Connection refused" in text or "timed out" in text:
+            raise PortFault("port-missing", f"cannot connect to {settings.port_url}: {text.splitlines()[0]}") from None
+        raise PortFault("port-open", f"cannot open serial port {settings.port_url}: {text.splitlines()[0] if text else exc!r}") from None
+
+
+def reset_board(port, settings: SerialSettings, values: dict[str, str], log_path: Path) -> None:
+    """Pulse DTR/RTS, write the reset command, or run the reset tool."""
+    import serial
+
+    mode = settings.reset
+    try:
+        if mode == "none":
+            return
+        port.reset_input_buffer()  # drop whatever a previous boot or the flash tool left
+        if mode in ("dtr", "rts", "dtr+rts"):
+            lines = ["dtr", "rts"] if mode == "dtr+rts" else [mode]
+            for name in lines:
+                setattr(port, name, True)
+            time.sleep(settings.reset_pulse_s)
+            for name in lines:
+                setattr(port, name, False)
+        elif mode == "command":
+            port.write(unescape(settings.reset_command or ""))
+            port.flush()
+        elif mode == "exec":
+            res = run_command(render_command(settings.reset_exec or "", values), 60.0, log_path, "reset")
+            if not res.ok:
+                raise PortFault("reset", res.message)
+    except (serial.SerialException, OSError) as exc:
+        raise PortFault("port-lost", f"serial port {settings.port_url} failed during reset: {exc}") from None
+
+
+# ---------------------------------------------------------------- capture
+
+
+@dataclass
+class Capture:
+    data: bytes
+    status: str  # "finished" | "timeout" | "no-output" | "aborted" | "reboot" | "port-lost"
+    message: str | None
+    elapsed_s: float
+
+
+def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> Capture:
+    """Read until the runner is done, the board reboots, the port dies, or the deadline.
+
+    Each read is bounded by the port timeout (`read_timeout_s`); `sink(chunk)`
+    receives every chunk (the caller writes the raw capture as it arrives).
+    """
+    import serial
+
+    from targets.runner_log import IncrementalLogParser
+
+    parser = IncrementalLogParser()
+    data = bytearray()
+    start = time.monotonic()
+    last_data = start
+    boot_seen = 0
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            status = "timeout" if data else "no-output"
+            return Capture(bytes(data), status, None, now - start)
+        if (
+            not data
+            and settings.boot_timeout_s is not None
+            and now - start >= settings.boot_timeout_s
+        ):
+            return Capture(bytes(data), "no-output", None, now - start)
+        try:
+            port.timeout = max(0.001, min(settings.read_timeout_s, deadline - now))
+            waiting = port.in_waiting
+            chunk = port.read(min(max(waiting, 1), 65536))
+        except (serial.SerialException, OSError) as exc:
+            return Capture(bytes(data), "port-lost", f"{type(exc).__name__}: {exc}", time.monotonic() - start)
+        now = time.monotonic()
+        if chunk:
+            data += chunk
+            last_data = now
+            if sink is not None:
+                sink(chunk)
+            for ln in parser.feed(chunk):
+                if any(marker in ln.raw for marker in _BOOT_MARKERS):
+                    boot_seen += 1
+                    if boot_seen > 1:
+                        return Capture(bytes(data), "reboot", None, now - start)
+            if parser.finished:
+                return Capture(bytes(data), "finished", None, now - start)
+        elif parser.crashed and now - last_data >= settings.settle_s:
+            return Capture(bytes(data), "aborted", None, now - start)
+
+
+# ---------------------------------------------------------------- the target
+
+
+def _printable_excerpt(log, data: bytes, limit: int = 30) -> list[str]:
+    lines = log.excerpt(limit)
+    if not lines:
+        tail = [ln.raw for ln in log.lines[-limit:]]
+        if log.partial_last_line:
+            tail.append(log.partial_last_line)
+        lines = tail
+    return lines
+
+
+def device_verdict_of(log) -> dict[str, Any] | None:
+    """The firmware's own BundleIO result (test case 0 of the flashed bundle)."""
+    if log.bundle_verdict is None and not log.error_stats:
+        return None
+    out: dict[str, Any] = {
+        "source": "arm_executor_runner BundleIO (compiled ET_ATOL/ET_RTOL, test case 0)",
+        "verdict": log.bundle_verdict,
+        "error_stats": dict(log.error_stats),
+    }
+    if log.verdict_tolerances:
+        out["tolerances"] = dict(log.verdict_tolerances)
+    if getattr(log, "verification_status", None) is not None:
+        out["verification_status"] = log.verification_status
+    return out
+
+
+def classify(capture: Capture, log, layout, settings: SerialSettings) -> tuple[CaseStatus, str | None, str | None, list[RawTensor], dict]:
+    """(status, error_kind, error, outputs, extra) for one captured session."""
+    from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
+
+    extra: dict[str, Any] = {"capture_status": capture.status, "bytes": len(capture.data)}
+    if capture.status == "port-lost":
+        return CaseStatus.ERROR, "port-lost", f"serial port {settings.port_url} lost mid-run ({capture.message})", [], extra
+    if capture.status == "reboot" or log.boots > 1:
+        return CaseStatus.ERROR, "reboot", "the board rebooted mid-run (runner start seen twice)", [], extra
+    if capture.status == "no-output":
+        hint = "check wiring, baud rate and the reset method"
+        return CaseStatus.TIMEOUT, "no-output", f"no bytes from {settings.port_url} ({hint})", [], extra
+    if capture.status == "timeout":
+        if not any(ln.level for ln in log.lines):
+            return (
+                CaseStatus.TIMEOUT,
+                "timeout",
+                f"received {len(capture.data)} bytes but no runner log line (wrong baud rate {settings.baudrate}?)",
+                [],
+                extra,
+            )
+        return CaseStatus.TIMEOUT, "timeout", "the runner did not finish (no 'Program complete, exiting.' / EOT)", [], extra
+    unexpected = [f for f in log.fatal if not (_VERIFY_ABORT in f and log.bundle_verdict == "FAIL")]
+    fatal_levels = [e.raw for e in log.errors if e.level == "F" and not (_VERIFY_ABORT in e.raw and log.bundle_verdict == "FAIL")]
+    if unexpected or fatal_levels:
+        first = (unexpected or fatal_levels)[0].strip()
+        kind = "hard-fault" if re.search(r"hard ?fault", first, re.I) else "crash"
+        return CaseStatus.ERROR, kind, f"the runner aborted: {first[:200]}", [], extra
+
+    outputs: list[RawTensor] | None = None
+    problems: list[str] = []
+    if settings.outputs in ("auto", "etdump"):
+        if log.etdump_b64 and log.etdump_complete:
+            try:
+                outputs = outputs_from_etdump_b64(log.etdump_b64, layout, getattr(log, "debug_buffer_b64", None))
+                extra["outputs_from"] = "etdump"
+            except OutputDecodeError as exc:
+                problems.append(f"ETDump: {exc}")
+        elif log.etdump_b64 is not None or "#[RUN THIS]" in capture.data.decode("latin-1"):
+            problems.append("ETDump block incomplete (no #[END])")
+        else:
+            problems.append("no ETDump block (runner built without ETDump output dumping)")
+    if outputs is None and settings.outputs in ("auto", "printed"):
+        try:
+            outputs = outputs_from_printed(log.printed_outputs, layout)
+            extra["outputs_from"] = "printed"
+        except OutputDecodeError as exc:
+            problems.append(f"printed: {exc}")
+    if outputs is None:
+        return CaseStatus.ERROR, "missing-output", "; ".join(problems) or "no outputs in the log", [], extra
+    if problems:
+        extra["output_notes"] = problems
+    return CaseStatus.OK, None, None, outputs, extra
+
+
+class SerialTarget:
+    """`Target` for a UART-attached runner (board or FVP telnet terminal)."""
+
+    def __init__(self, url: str, settings: SerialSettings):
+        self.url = url
+        self.settings = settings
+
+    def _values(self, bundle_path: Path, case_bundle: Path | None, work: Path) -> dict[str, str]:
+        s = self.settings
+        return {
+            "bundle": str(bundle_path),
+            "case_bundle": str(case_bundle or bundle_path),
+            "elf": str(s.elf or ""),
+            "target": str(s.target or ""),
+            "port": s.port_url,
+            "work_dir": str(work),
+        }
+
+    def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
+        s = self.settings
+        merged = dict(options.config or {})
+        if merged:
+            # RunOptions.config may carry CLI flags for this target; URL query still wins.
+            from targets import parse_target_url
+
+            s = settings_from(parse_target_url(self.url), {**self._base_config, **merged})
+        work = Path(options.work_dir) / "serial"
+        work.mkdir(parents=True, exist_ok=True)
+        per_case_flash = bool(s.flash and "{case_bundle}" in s.flash)
+        cases: list[CaseResult] = []
+        logs: dict[str, str] = {}
+        flashed_once = False
+        setup_start = time.monotonic()
+        setup_s = 0.0
+        pairs = selected_cases(bundle, options)
+        first_method = bundle.method_test_suites[0].method_name if bundle.method_test_suites else None
+        for method, index in pairs:
+            if not per_case_flash and (method, index) != (first_method, 0):
+                result = CaseResult(
+                    method,
+                    index,
+                    CaseStatus.SKIP,
+                    error=(
+                        "the runner checks test case 0 of the bundle it holds; set a flash command "
+                        "with {case_bundle} to run other cases"
+                    ),
+                    error_kind="needs-flash",
+                )
+                cases.append(result)
+                if options.progress:
+                    options.progress(result)
+                continue
+            if s.flash and not per_case_flash and not flashed_once:
+                res = run_command(
+                    render_command(s.flash, self._values(bundle_path, None, work)),
+                    s.flash_timeout_s,
+                    work / "flash.log",
+                    "flash",
+                )
+                logs["flash"] = str(res.log_path)
+                flashed_once = True
+                setup_s = time.monotonic() - setup_start
+                if not res.ok:
+                    from bundles.errors import TargetError
+
+                    raise TargetError(res.message)
+            result = self._run_case(bundle, bundle_path, method, index, options, s, work, per_case_flash)
+            cases.append(result)
+            if result.log_path:
+                logs[f"{method}[{index}]"] = result.log_path
+            if options.progress:
+                options.progress(result)
+        info = {
+            "port": s.port_url,
+            "baudrate": s.baudrate,
+            "reset": s.reset,
+            "flash": s.flash,
+            "per_case_flash": per_case_flash,
+        }
+        return TargetRun(target=self.url, cases=cases, info=info, logs=logs, setup_s=setup_s or None)
+
+    _base_config: dict[str, Any] = {}
+
+    def _run_case(
+        self,
+        bundle: Bundle,
+        bundle_path: Path,
+        method: str,
+        index: int,
+        options: RunOptions,
+        s: SerialSettings,
+        work: Path,
+        per_case_flash: bool,
+    ) -> CaseResult:
+        stem = f"{_safe(method)}-case{index}"
+        case_bundle = work / f"{stem}.bpte"
+        write_bundle(bundle.single_case(method, index), case_bundle)
+        layout = expected_layout(bundle, method, index)
+        attempts = max(0, int(options.retries)) + 1
+        result: CaseResult | None = None
+        for attempt in range(attempts):
+            suffix = "" if attempt == 0 else f".retry{attempt}"
+            result = self._attempt(
+                method, index, layout, options, s, work, f"{stem}{suffix}", bundle_path, case_bundle, per_case_flash
+            )
+            result.extra["attempts"] = attempt + 1
+            if result.error_kind not in ("port-lost", "port-busy", "port-missing", "flash-timeout"):
+                break
+        assert result is not None
+        return result
+
+    def _attempt(
+        self,
+        method: str,
+        index: int,
+        layout,
+        options: RunOptions,
+        s: SerialSettings,
+        work: Path,
+        stem: str,
+        bundle_path: Path,
+        case_bundle: Path,
+        per_case_flash: bool,
+    ) -> CaseResult:
+        from targets.runner_log import parse_runner_log
+
+        values = self._values(bundle_path, case_bundle, work)
+        log_path = work / f"{stem}.uart.log"
+        base = CaseResult(method, index, CaseStatus.ERROR, log_path=None)
+        try:
+            port = open_port(s)
+        except PortFault as fault:
+            base.error, base.error_kind = fault.args[0], fault.kind
+            return base
+        capture: Capture | None = None
+        t0 = time.monotonic()
+        try:
+            if per_case_flash:
+                res = run_command(render_command(s.flash or "", values), s.flash_timeout_s, work / f"{stem}.flash.log", "flash")
+                base.extra["flash_log"] = str(res.log_path)
+                if not res.ok:
+                    base.error = res.message
+                    base.error_kind = "flash-timeout" if res.kind == "timeout" else "flash"
+                    return base
+            with open(log_path, "wb") as sink_file:
+                def sink(chunk: bytes) -> None:
+                    sink_file.write(chunk)
+                    sink_file.flush()
+
+                reset_board(port, s, values, work / f"{stem}.reset.log")
+                t0 = time.monotonic()
+                capture = capture_uart(port, s, t0 + options.case_timeout_s, sink)
+        except PortFault as fault:
+            base.error, base.error_kind = fault.args[0], fault.kind
+            if log_path.exists():
+                base.log_path = str(log_path)
+            return base
+        finally:
+            try:
+                port.close()
+            except Exception:  # closing a vanished device must not mask the result
+                pass
+        log = parse_runner_log(capture.data)
+        status, kind, error, outputs, extra = classify(capture, log, layout, s)
+        return CaseResult(
+            method=method,
+            case_index=index,
+            status=status,
+            outputs=outputs,
+            error=error,
+            error_kind=kind,
+            log_excerpt=_printable_excerpt(log, capture.data) if status != CaseStatus.OK else log.excerpt(20),
+            log_path=str(log_path),
+            elapsed_s=capture.elapsed_s,
+            device_verdict=device_verdict_of(log),
+            extra={**base.extra, **extra},
+        )
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "method"
+
+
+def create(url, config: dict) -> SerialTarget:
+    """Entry point for targets.open_target (schemes serial, serial+socket, rfc2217)."""
+    settings = settings_from(url, config)
+    target = SerialTarget(url.raw, settings)
+    target._base_config = dict(config or {})
+    return target

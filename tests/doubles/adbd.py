@@ -1,0 +1,578 @@
+"""An emulated Android device: adbd's wire protocol over TCP on 127.0.0.1.
+
+Speaks the real ADB transport protocol (24-byte little-endian headers,
+CNXN/AUTH/OPEN/OKAY/WRTE/CLSE), including RSA authentication: the device sends
+a 20-byte AUTH token, verifies AUTH_SIGNATURE (PKCS#1 v1.5 over the token as a
+SHA-1 digest) against its authorized public keys, and accepts a new key sent
+with AUTH_RSAPUBLICKEY when `accept_new_keys` is on (the user tapping "Allow").
+Services: `shell:CMD` (legacy shell v1: stdout+stderr merged, no exit status;
+run by the real /bin/sh with device paths mapped into the sandbox folder) and
+`sync:` (STAT, LIST, SEND, RECV, DONE, DATA, QUIT). Both adb-shell and the real
+`adb` server (after `adb connect 127.0.0.1:PORT`) drive it.
+
+Faults (dict given to the constructor or set on `.faults` later):
+  offline          read CNXN, never answer (the adb server lists it "offline")
+  free_bytes       total bytes the device accepts before "No space left on device"
+  cut_push_after   drop the connection after N bytes of one SEND (count: cut_push_times)
+  cut_pull_after   drop the connection after N bytes of one RECV (count: cut_pull_times)
+  runner           a dict the runner stand-ins read (segv, hang, missing_lib, short_output)
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import stat as stat_mod
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+A_CNXN, A_AUTH, A_OPEN, A_OKAY, A_CLSE, A_WRTE = (
+    struct.unpack("<I", c)[0] for c in (b"CNXN", b"AUTH", b"OPEN", b"OKAY", b"CLSE", b"WRTE")
+)
+AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
+VERSION_MIN, VERSION_SKIP_CHECKSUM = 0x01000000, 0x01000001
+MAX_PAYLOAD = 256 * 1024
+SYNC_DATA_MAX = 64 * 1024
+SHA1_DIGEST_INFO = bytes.fromhex("3021300906052b0e03021a05000414")
+DEVICE_ROOTS = ("data", "sdcard", "system", "vendor")
+FAULT_FILE = ".bundlerun_faults.json"
+
+
+class _Disconnect(Exception):
+    pass
+
+
+def decode_android_pubkey(blob: bytes) -> tuple[int, int]:
+    """adbkey.pub payload (base64 of Android's RSAPublicKey struct) -> (n, e)."""
+    text = blob.split(b"\0")[0].strip().split(b" ")[0]
+    raw = base64.b64decode(text)
+    words, _n0inv, modulus, _rr, exponent = struct.unpack("<II256s256sI", raw[:524])
+    if words != 64:
+        raise ValueError("only 2048-bit adb keys are supported")
+    return int.from_bytes(modulus, "little"), exponent
+
+
+def verify_signature(key: tuple[int, int], token: bytes, signature: bytes) -> bool:
+    """RSA PKCS#1 v1.5 verification with the token taken as a SHA-1 digest (adbd's rule)."""
+    n, e = key
+    k = (n.bit_length() + 7) // 8
+    if len(signature) != k:
+        return False
+    m = pow(int.from_bytes(signature, "big"), e, n).to_bytes(k, "big")
+    payload = SHA1_DIGEST_INFO + token
+    expected = b"\x00\x01" + b"\xff" * (k - 3 - len(payload)) + b"\x00" + payload
+    return m == expected
+
+
+def _checksum(data: bytes) -> int:
+    return sum(data) & 0xFFFFFFFF
+
+
+@dataclass
+class DeviceStats:
+    """What the device saw: lets tests assert on deployment behaviour."""
+
+    connections: int = 0
+    auth_prompts: int = 0  # new keys accepted by "the user"
+    signatures_ok: int = 0
+    pushes: list[str] = field(default_factory=list)
+    pulls: list[str] = field(default_factory=list)
+    shell_commands: list[str] = field(default_factory=list)
+    live_processes: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+
+class _Stream:
+    def __init__(self, conn: "_Connection", local_id: int, remote_id: int):
+        self.conn, self.local_id, self.remote_id = conn, local_id, remote_id
+        self.incoming: "queue.Queue[bytes | None]" = queue.Queue()
+        self.buffer = bytearray()
+        self.okay = threading.Event()
+        self.closed = threading.Event()
+        self.closed_sent = False
+        self.on_host_close: list = []
+
+    # -- device -> host
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        step = self.conn.max_payload
+        for i in range(0, len(view), step):
+            if self.closed.is_set():
+                raise _Disconnect()
+            self.okay.clear()
+            self.conn.send(A_WRTE, self.local_id, self.remote_id, bytes(view[i : i + step]))
+            while not self.okay.wait(0.2):
+                if self.closed.is_set() or self.conn.dead.is_set():
+                    raise _Disconnect()
+
+    def close(self) -> None:
+        if not self.closed_sent:
+            self.closed_sent = True
+            try:
+                self.conn.send(A_CLSE, self.local_id, self.remote_id)
+            except OSError:
+                pass
+        self.closed.set()
+        self.incoming.put(None)
+
+    # -- host -> device
+    def read_exact(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            chunk = self.incoming.get()
+            if chunk is None:
+                raise _Disconnect()
+            self.buffer += chunk
+        out = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return out
+
+
+class _Connection:
+    def __init__(self, daemon: "FakeAdbd", sock: socket.socket):
+        self.daemon, self.sock = daemon, sock
+        self.lock = threading.Lock()
+        self.streams: dict[int, _Stream] = {}
+        self.next_id = 1
+        self.version = VERSION_MIN
+        self.max_payload = 4096
+        self.dead = threading.Event()
+
+    def send(self, cmd: int, arg0: int, arg1: int, data: bytes = b"") -> None:
+        header = struct.pack("<6I", cmd, arg0, arg1, len(data), _checksum(data), cmd ^ 0xFFFFFFFF)
+        with self.lock:
+            self.sock.sendall(header + data)
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise _Disconnect()
+            buf += chunk
+        return bytes(buf)
+
+    def recv(self) -> tuple[int, int, int, bytes]:
+        cmd, arg0, arg1, length, check, magic = struct.unpack("<6I", self._recv_exact(24))
+        if magic != cmd ^ 0xFFFFFFFF:
+            raise _Disconnect()
+        data = self._recv_exact(length) if length else b""
+        if self.version < VERSION_SKIP_CHECKSUM and _checksum(data) != check:
+            raise _Disconnect()
+        return cmd, arg0, arg1, data
+
+    def kill(self) -> None:
+        self.dead.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    # -- handshake
+    def handshake(self) -> bool:
+        d = self.daemon
+        cmd, version, maxdata, _banner = self.recv()
+        if cmd != A_CNXN:
+            return False
+        self.version = min(version, VERSION_SKIP_CHECKSUM)
+        self.max_payload = max(4096, min(maxdata, MAX_PAYLOAD))
+        if d.faults.get("offline"):
+            while True:  # never answer: the host sees an offline device
+                self.recv()
+        if d.require_auth:
+            token = os.urandom(20)
+            self.send(A_AUTH, AUTH_TOKEN, 0, token)
+            while True:
+                cmd, kind, _, data = self.recv()
+                if cmd != A_AUTH:
+                    continue
+                if kind == AUTH_SIGNATURE:
+                    if any(verify_signature(k, token, data) for k in d.authorized_keys()):
+                        d.stats.signatures_ok += 1
+                        break
+                    token = os.urandom(20)
+                    self.send(A_AUTH, AUTH_TOKEN, 0, token)
+                elif kind == AUTH_RSAPUBLICKEY:
+                    if not d.accept_new_keys:
+                        continue  # the prompt is never answered: "unauthorized"
+                    d.add_authorized_key(data)
+                    d.stats.auth_prompts += 1
+                    break
+        banner = (
+            f"device::ro.product.name={d.product};ro.product.model={d.model};"
+            f"ro.product.device={d.product};features=cmd\0"
+        ).encode()
+        self.send(A_CNXN, self.version, MAX_PAYLOAD, banner)
+        return True
+
+    def serve(self) -> None:
+        try:
+            if not self.handshake():
+                return
+            while True:
+                cmd, arg0, arg1, data = self.recv()
+                if cmd == A_OPEN:
+                    local = self.next_id
+                    self.next_id += 1
+                    stream = _Stream(self, local, arg0)
+                    self.streams[local] = stream
+                    self.send(A_OKAY, local, arg0)
+                    service = data.rstrip(b"\0").decode("utf-8", "replace")
+                    threading.Thread(target=self.daemon.run_service, args=(stream, service), daemon=True).start()
+                elif cmd == A_WRTE:
+                    stream = self.streams.get(arg1)
+                    if stream is not None and not stream.closed.is_set():
+                        stream.incoming.put(data)
+                        self.send(A_OKAY, arg1, arg0)
+                elif cmd == A_OKAY:
+                    stream = self.streams.get(arg1)
+                    if stream is not None:
+                        stream.okay.set()
+                elif cmd == A_CLSE:
+                    stream = self.streams.pop(arg1, None)
+                    if stream is not None:
+                        for fn in stream.on_host_close:
+                            fn()
+                        stream.close()
+        except (_Disconnect, OSError, struct.error):
+            pass
+        finally:
+            self.dead.set()
+            for stream in list(self.streams.values()):
+                for fn in stream.on_host_close:
+                    fn()
+                stream.closed.set()
+                stream.incoming.put(None)
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+class FakeAdbd:
+    """The emulated device. `root` is the sandbox folder mapped as the device's `/`."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        require_auth: bool = True,
+        accept_new_keys: bool = True,
+        faults: dict | None = None,
+        product: str = "bundlerun_emu",
+        model: str = "Emulated_SoC_sm8650",
+    ):
+        self.root = Path(root).resolve()
+        (self.root / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
+        (self.root / "system" / "bin").mkdir(parents=True, exist_ok=True)
+        self._install_logcat()
+        self.require_auth = require_auth
+        self.accept_new_keys = accept_new_keys
+        self.faults: dict = dict(faults or {})
+        self.product, self.model = product, model
+        self.stats = DeviceStats()
+        self._keys: list[tuple[int, int]] = []
+        self._sock: socket.socket | None = None
+        self._conns: list[_Connection] = []
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- faults shared with the runner stand-ins (they read this file)
+    def set_faults(self, **faults) -> None:
+        self.faults = dict(faults)
+        (self.root / FAULT_FILE).write_text(json.dumps(faults.get("runner", {})))
+
+    def _install_logcat(self) -> None:
+        logcat = self.root / "system" / "bin" / "logcat"
+        logcat.write_text(
+            "#!/bin/sh\n# emulated logcat: -c clears, -d dumps the device log buffer\n"
+            f'LOG="{self.root}/.logcat"\n'
+            'case "$1" in -c) : > "$LOG";; *) cat "$LOG" 2>/dev/null;; esac\n'
+        )
+        logcat.chmod(0o755)
+
+    def authorized_keys(self) -> list[tuple[int, int]]:
+        return list(self._keys)
+
+    def add_authorized_key(self, pub: bytes) -> None:
+        self._keys.append(decode_android_pubkey(pub))
+
+    # -- lifecycle
+    def start(self) -> int:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = self._sock.getsockname()[1]
+        (self.root / FAULT_FILE).write_text(json.dumps(self.faults.get("runner", {})))
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+        return self.port
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(self, sock)
+            self._conns.append(conn)
+            self.stats.connections += 1
+            threading.Thread(target=conn.serve, daemon=True).start()
+
+    def drop_connections(self) -> None:
+        for conn in list(self._conns):
+            conn.kill()
+        self._conns.clear()
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self.drop_connections()
+        for proc in list(self.stats.live_processes.values()):
+            _kill_group(proc)
+
+    def __enter__(self) -> "FakeAdbd":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def live_processes(self) -> list[int]:
+        return [pid for pid, p in self.stats.live_processes.items() if p.poll() is None]
+
+    # -- path mapping
+    def host_path(self, device_path: str) -> Path:
+        if not device_path.startswith("/"):
+            device_path = "/" + device_path
+        parts = [p for p in device_path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise PermissionError("path escapes the sandbox")
+        return self.root.joinpath(*parts)
+
+    def map_command(self, command: str) -> str:
+        pattern = r"(?<![\w./-])/(%s)(?=/|\b)" % "|".join(DEVICE_ROOTS)
+        return re.sub(pattern, lambda m: f"{self.root}/{m.group(1)}", command)
+
+    # -- services
+    def run_service(self, stream: _Stream, service: str) -> None:
+        try:
+            if service.startswith("shell:") or service.startswith("shell,"):
+                self._shell(stream, service.split(":", 1)[1])
+            elif service == "sync:":
+                self._sync(stream)
+            else:
+                pass  # unknown service: close, as adbd does
+        except (_Disconnect, OSError):
+            pass
+        finally:
+            stream.close()
+
+    def _shell(self, stream: _Stream, command: str) -> None:
+        self.stats.shell_commands.append(command)
+        env = {
+            "PATH": f"{self.root}/system/bin:/usr/bin:/bin",
+            "HOME": str(self.root / "data" / "local" / "tmp"),
+            "TMPDIR": str(self.root / "data" / "local" / "tmp"),
+            "BUNDLERUN_FAKE_DEVICE_ROOT": str(self.root),
+            "LANG": "C",
+        }
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", self.map_command(command)],
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.stats.live_processes[proc.pid] = proc
+        stream.on_host_close.append(lambda: _kill_group(proc))
+        prefix = str(self.root).encode()
+        try:
+            while True:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                stream.write(chunk.replace(prefix, b""))
+            proc.wait()
+        finally:
+            _kill_group(proc)
+            proc.stdout.close()
+            self.stats.live_processes.pop(proc.pid, None)
+
+    def _sync(self, stream: _Stream) -> None:
+        while True:
+            ident = stream.read_exact(4)
+            (length,) = struct.unpack("<I", stream.read_exact(4))
+            if ident == b"QUIT":
+                return
+            data = stream.read_exact(length)
+            path = data.decode("utf-8", "surrogateescape")
+            if ident == b"STAT":
+                stream.write(b"STAT" + self._stat(path))
+            elif ident == b"LIST":
+                self._list(stream, path)
+            elif ident == b"SEND":
+                self._recv_file(stream, path)
+            elif ident == b"RECV":
+                self._send_file(stream, path)
+            else:
+                stream.write(_fail(f"unknown sync command {ident!r}"))
+                return
+
+    def _stat(self, path: str) -> bytes:
+        try:
+            st = os.stat(self.host_path(path))
+        except (OSError, PermissionError):
+            return struct.pack("<III", 0, 0, 0)
+        return struct.pack("<III", st.st_mode & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF, int(st.st_mtime))
+
+    def _list(self, stream: _Stream, path: str) -> None:
+        try:
+            base = self.host_path(path)
+            names = [".", ".."] + sorted(os.listdir(base))
+        except (OSError, PermissionError):
+            names, base = [], None
+        for name in names:
+            st = os.stat(base / name) if base is not None else None
+            raw = name.encode("utf-8", "surrogateescape")
+            stream.write(b"DENT" + struct.pack("<IIII", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime), len(raw)) + raw)
+        stream.write(b"DONE" + struct.pack("<IIII", 0, 0, 0, 0))
+
+    def _used_bytes(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.root / "data"):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(dirpath, f))
+                except OSError:
+                    pass
+        return total
+
+    def _recv_file(self, stream: _Stream, spec: str) -> None:
+        path, _, mode_text = spec.rpartition(",")
+        mode = int(mode_text) if mode_text.isdigit() else 0o644
+        self.stats.pushes.append(path)
+        try:
+            target = self.host_path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(target, "wb")
+        except OSError as exc:
+            _drain_send(stream)
+            stream.write(_fail(f"couldn't create file: {exc.strerror}"))
+            return
+        free = self.faults.get("free_bytes")
+        if free is not None:
+            free -= self._used_bytes()
+        cut = self.faults.get("cut_push_after")
+        received, error = 0, None
+        with fh:
+            while True:
+                ident = stream.read_exact(4)
+                (size,) = struct.unpack("<I", stream.read_exact(4))
+                if ident == b"DONE":
+                    break
+                if ident != b"DATA":
+                    stream.write(_fail("invalid data message"))
+                    return
+                chunk = stream.read_exact(size)
+                received += size
+                if cut is not None and received >= cut and self.faults.get("cut_push_times", 1) > 0:
+                    self.faults["cut_push_times"] = self.faults.get("cut_push_times", 1) - 1
+                    fh.write(chunk[: max(0, size - (received - cut))])
+                    fh.flush()
+                    stream.conn.kill()  # the cable is pulled mid-transfer
+                    raise _Disconnect()
+                if error is None and free is not None and received > free:
+                    error = "write failed: No space left on device"
+                if error is None:
+                    fh.write(chunk)
+        if error:
+            os.unlink(target)
+            stream.write(_fail(error))
+            return
+        os.chmod(target, stat_mod.S_IMODE(mode) or 0o644)
+        stream.write(b"OKAY" + struct.pack("<I", 0))
+
+    def _send_file(self, stream: _Stream, path: str) -> None:
+        self.stats.pulls.append(path)
+        try:
+            fh = open(self.host_path(path), "rb")
+        except (OSError, PermissionError) as exc:
+            stream.write(_fail(f"open failed: {getattr(exc, 'strerror', None) or exc}"))
+            return
+        cut = self.faults.get("cut_pull_after")
+        sent = 0
+        with fh:
+            while True:
+                chunk = fh.read(SYNC_DATA_MAX)
+                if not chunk:
+                    break
+                if cut is not None and sent + len(chunk) > cut and self.faults.get("cut_pull_times", 1) > 0:
+                    self.faults["cut_pull_times"] = self.faults.get("cut_pull_times", 1) - 1
+                    part = chunk[: max(0, cut - sent)]
+                    stream.write(b"DATA" + struct.pack("<I", len(part)) + part)
+                    stream.conn.kill()
+                    raise _Disconnect()
+                stream.write(b"DATA" + struct.pack("<I", len(chunk)) + chunk)
+                sent += len(chunk)
+        stream.write(b"DONE" + struct.pack("<I", 0))
+
+
+def _fail(message: str) -> bytes:
+    raw = message.encode()
+    return b"FAIL" + struct.pack("<I", len(raw)) + raw
+
+
+def _drain_send(stream: _Stream) -> None:
+    while True:
+        ident = stream.read_exact(4)
+        (size,) = struct.unpack("<I", stream.read_exact(4))
+        if ident == b"DONE":
+            return
+        stream.read_exact(size)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+if __name__ == "__main__":  # manual use: python -m tests.doubles.adbd SANDBOX
+    import sys
+
+    d = FakeAdbd(Path(sys.argv[1]))
+    print(d.start(), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        d.stop()

@@ -1,0 +1,130 @@
+"""History database: recording, listing, references, trends, and parallel writers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import report_samples as rs  # noqa: E402
+
+from runner import history  # noqa: E402
+
+
+def test_record_and_list_filters(tmp_path):
+    db = tmp_path / "h.sqlite"
+    a = rs.quick_report(noise=1e-5, label="sha-a", model="mlp")
+    b = rs.quick_report(noise=5e-2, label="sha-b", model="mlp")
+    c = rs.quick_report(noise=1e-5, label="sha-a", model="tiny-cnn")
+    ids = [history.record_report(db, r, report_path=f"/r/{i}/report.json") for i, r in enumerate((a, b, c))]
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    runs = history.list_runs(db)
+    assert [r.id for r in runs] == ids[::-1]  # newest first
+    assert {r.model for r in history.list_runs(db, model="mlp")} == {"mlp"}
+    assert [r.label for r in history.list_runs(db, label="sha-a")] == ["sha-a", "sha-a"]
+    assert history.list_runs(db, limit=1)[0].id == ids[-1]
+    failing = history.list_runs(db, label="sha-b")[0]
+    assert failing.verdict == "FAIL" and failing.exit_code == 1 and failing.n_fail == 4
+    assert failing.report_path == "/r/1/report.json"
+    assert failing.torch_version == "2.13.0" and failing.executorch_version == "1.5.1"
+    # per case-output rows carry the statistics of the report
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT case_index, sqnr, error_mae, verdict FROM case_outputs WHERE run_id=? ORDER BY case_index",
+                            (ids[1],)).fetchall()
+    assert [r[0] for r in rows] == [0, 1, 2, 3]
+    for (ci, sqnr, mae, verdict), case in zip(rows, b["cases"]):
+        assert sqnr == pytest.approx(case["outputs"][0]["stats"]["sqnr"])
+        assert mae == pytest.approx(case["outputs"][0]["stats"]["error_mae"])
+        assert verdict == "FAIL"
+
+
+def test_record_is_idempotent_and_wal(tmp_path):
+    db = tmp_path / "h.sqlite"
+    r = rs.quick_report()
+    assert history.record_report(db, r) == history.record_report(db, r)
+    assert len(history.list_runs(db)) == 1
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_resolve_run_by_id_uuid_label_and_path(tmp_path):
+    db = tmp_path / "h.sqlite"
+    r1, r2 = rs.quick_report(label="v1"), rs.quick_report(label="v1", noise=1e-2)
+    id1, id2 = history.record_report(db, r1), history.record_report(db, r2)
+    assert history.resolve_run(db, str(id1))["run"]["id"] == r1["run"]["id"]
+    assert history.resolve_run(db, f"#{id2}")["run"]["id"] == r2["run"]["id"]
+    assert history.resolve_run(db, r1["run"]["id"][:10])["run"]["id"] == r1["run"]["id"]
+    assert history.resolve_run(db, "v1")["run"]["id"] == r2["run"]["id"]  # newest with the label
+    path = tmp_path / "rep" / "report.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(r1))
+    assert history.resolve_run(db, str(path))["run"]["id"] == r1["run"]["id"]
+    assert history.resolve_run(None, str(path.parent))["run"]["id"] == r1["run"]["id"]
+    with pytest.raises(history.HistoryError, match="no run 'nope'"):
+        history.resolve_run(db, "nope")
+    with pytest.raises(history.HistoryError, match="does not exist"):
+        history.resolve_run(db, str(tmp_path / "missing.json"))
+
+
+def test_history_path_resolution(tmp_path, monkeypatch):
+    monkeypatch.delenv("BUNDLERUN_HISTORY", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert history.resolve_history_path() == tmp_path / "xdg" / "bundlerun" / "history.sqlite"
+    cfg = {"history": {"path": str(tmp_path / "cfg.sqlite")}}
+    assert history.resolve_history_path(None, cfg) == tmp_path / "cfg.sqlite"
+    monkeypatch.setenv("BUNDLERUN_HISTORY", str(tmp_path / "env.sqlite"))
+    assert history.resolve_history_path(None, cfg) == tmp_path / "env.sqlite"
+    assert history.resolve_history_path(str(tmp_path / "flag.sqlite"), cfg) == tmp_path / "flag.sqlite"
+    assert history.resolve_history_path("off", cfg) is None
+
+
+def test_corrupt_database_is_one_line_error(tmp_path):
+    db = tmp_path / "h.sqlite"
+    db.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(history.HistoryError, match="not usable"):
+        history.record_report(db, rs.quick_report())
+
+
+def test_trend_series(tmp_path):
+    db = tmp_path / "h.sqlite"
+    for noise in (1e-4, 1e-3, 1e-2):
+        history.record_report(db, rs.quick_report(noise=noise, label=f"n{noise}"))
+    sq = history.trend(db, "mlp", "host://xnnpack", "sqnr")
+    assert [p.label for p in sq] == ["n0.0001", "n0.001", "n0.01"]
+    # more noise, less SQNR: each tenfold is ~20 dB
+    assert sq[0].value - sq[1].value == pytest.approx(20, abs=3)
+    assert all(p.low <= p.value for p in sq)
+    mae = history.trend(db, "mlp", None, "mae")
+    assert mae[0].value < mae[1].value < mae[2].value
+    assert history.trend(db, "other", None, "sqnr") == []
+
+
+def _writer(args):
+    db, worker, n = args
+    sys.path.insert(0, str(Path(__file__).parent))
+    import report_samples
+
+    ids = []
+    for k in range(n):
+        ids.append(history.record_report(db, report_samples.quick_report(label=f"w{worker}-{k}", cases=3, seed=k)))
+    return ids
+
+
+def test_eight_parallel_writers_lose_nothing(tmp_path):
+    db = tmp_path / "shared.sqlite"
+    per_worker = 20
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        results = pool.map(_writer, [(str(db), w, per_worker) for w in range(8)])
+    all_ids = [i for ids in results for i in ids]
+    assert len(all_ids) == 8 * per_worker == len(set(all_ids))
+    runs = history.list_runs(db, limit=None)
+    assert sorted(r.label for r in runs) == sorted(f"w{w}-{k}" for w in range(8) for k in range(per_worker))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM case_outputs").fetchone()[0] == 8 * per_worker * 3
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
