@@ -46,6 +46,7 @@ class BuildRequest:
     calibration_cases: int = 16
     overrides: dict[str, Any] = field(default_factory=dict)  # criterion -> value, for every output
     dataset: dict[str, Any] | None = None  # {"name", "samples": [[array,...], ...], "labels": [...]}
+    require_delegation: bool = False  # fail if any operator stays outside the delegate
     resolved_model: ResolvedModel | None = None  # pass an already-built model (accuracy flows)
     progress: Callable[[str], None] | None = None
 
@@ -129,6 +130,9 @@ def _value_from_tensor(t: Any) -> BundledValue:
 
 def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError."""
+    from bundles.backends.common import quiet_framework_logs
+
+    quiet_framework_logs()
     import torch
 
     say = req.progress or (lambda _msg: None)
@@ -163,6 +167,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             target=req.target,
         )
     )
+    undelegated = [op for op in lowering.info.get("undelegated_ops", []) if not op.startswith("dim_order_ops")]
+    if req.require_delegation and backend != "portable" and undelegated:
+        raise BuildError(f"{backend} could not lower these operators (they would run on portable kernels): "
+                         f"{', '.join(undelegated)}")
+    if undelegated and backend != "portable":
+        lowering.info.setdefault("warnings", []).append(
+            f"{backend} left {', '.join(undelegated)} on portable kernels")
     if reference == "quantized" and lowering.quantized_reference is None:
         raise BuildError(f"reference 'quantized' needs a quantized build; {req.dtype} on {backend} has none")
     out_dtypes = _program_output_dtypes(lowering.program)

@@ -21,7 +21,10 @@ import fnmatch
 import math
 import os
 import platform
-import tomllib
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - 3.10 needs the tomli backport
+    import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

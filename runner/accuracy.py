@@ -173,3 +173,29 @@ def paired_change(base: dict[str, Any], cur: dict[str, Any], confidence: float =
         return (0.0, -1.0, 1.0, "none")
     d, lo, hi = newcombe_unpaired(round(cur["top1"] * nc), nc, round(base["top1"] * nb), nb, confidence)
     return d, lo, hi, "unpaired"
+
+
+def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
+    """The report's `dataset` section of a bundle built with dataset labels.
+
+    `outputs` maps "method/case/0" to the target's first output (as saved in
+    outputs.npz); the reference is the bundle's expected output of each case.
+    A case without an output (errored on the target) is left out and counted.
+    """
+    from bundles.errors import BundlerunError
+
+    ds = (bundle.manifest or {}).get("dataset") or {}
+    suites = bundle.method_test_suites
+    suite = next((s for s in suites if s.method_name == "forward"), suites[0] if suites else None)
+    labels = ds.get("labels")
+    if suite is None or labels is None or len(labels) != len(suite.test_cases):
+        raise BundlerunError("bundle carries no dataset labels for its test cases (build it with `bundlerun accuracy`)")
+    reference = np.stack([tc.expected_outputs[0].to_array().astype(np.float64).reshape(-1) for tc in suite.test_cases])
+    actual = np.zeros_like(reference)
+    evaluated = np.zeros(len(labels), dtype=bool)
+    for i in range(len(labels)):
+        arr = outputs.get(f"{suite.method_name}/{i}/0")
+        if arr is not None and np.asarray(arr).size == reference.shape[1]:
+            actual[i] = np.asarray(arr, dtype=np.float64).reshape(-1)
+            evaluated[i] = True
+    return dataset_summary(actual, reference, labels, ds.get("name", "dataset"), ds.get("num_classes"), confidence, evaluated)

@@ -128,6 +128,8 @@ build_options = [
     click.option("--distribution", default=None, help="Input distribution: randn, rand, uniform(lo,hi), normal(m,s)."),
     click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE",
                  help="Explicit criterion for every output, e.g. atol=0.05 (repeatable)."),
+    click.option("--require-delegation", is_flag=True,
+                 help="Fail if the delegate cannot lower every operator (default: warn and use portable kernels)."),
 ]
 
 
@@ -145,11 +147,13 @@ def _apply(options):
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the .bpte.")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target the bundle is built for.")
 @_apply(build_options)
-def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances):
+def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
+          require_delegation):
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=_parse_tolerances(tolerances),
+        require_delegation=require_delegation,
     )
     m = result.manifest
     click.echo(

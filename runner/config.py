@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - 3.10 needs the tomli backport
+    import tomli as tomllib  # type: ignore[no-redef]
 from pathlib import Path
 from typing import Any
 

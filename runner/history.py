@@ -485,7 +485,7 @@ def trend(
             p = TrendPoint(r["id"], r["started"], r["label"], r["value"], reference=r["reference"])
             if metric == "top1" and r["reference"] is not None and r["top1_diff_low"] is not None:
                 # the CI is on (target - reference): show it around the target's top-1
-                p.low = r["reference"] + r["top1_diff_low"]
-                p.high = r["reference"] + r["top1_diff_high"]
+                p.low = max(0.0, r["reference"] + r["top1_diff_low"])
+                p.high = min(1.0, r["reference"] + r["top1_diff_high"])
         points.append(p)
     return points

@@ -127,14 +127,22 @@ def _dataset_section(ds: dict[str, Any]) -> str:
     )
 
 
-def _cases_table(report: dict[str, Any]) -> str:
+def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
+    """Every non-PASS case-output, and the first `max_pass_rows` PASS ones (the JSON has all)."""
     rows = []
+    hidden = 0
+    shown_pass = 0
     for case in report.get("cases") or []:
         outs = case.get("outputs") or [None]
         for out in outs:
             out = out or {}
             st = out.get("stats") or {}
             v = out.get("verdict") or case.get("verdict")
+            if v == "PASS":
+                shown_pass += 1
+                if shown_pass > max_pass_rows:
+                    hidden += 1
+                    continue
             why = "; ".join(
                 f"{f.get('criterion')}: {_n(f.get('measured'))} (limit {_n(f.get('limit'))})" for f in out.get("failed") or []
             ) or (case.get("error") or "")
@@ -150,6 +158,7 @@ def _cases_table(report: dict[str, Any]) -> str:
         "<th>MAE</th><th>max err</th><th>cosine</th><th>mismatches</th><th class='l'>failed / error</th></tr>"
         + "".join(rows)
         + "</table>"
+        + (f"<p class='note'>{hidden} more passing case-output(s) not shown; report.json has them all.</p>" if hidden else "")
     )
 
 

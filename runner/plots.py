@@ -60,10 +60,12 @@ def scatter(actual: np.ndarray, expected: np.ndarray, title: str) -> bytes:
     fig = _figure(4.2, 3.6)
     ax = fig.add_subplot()
     if a.size:
-        ax.scatter(e, a, s=4, alpha=0.5, color="#c0504d", linewidths=0)
         lo, hi = float(min(a.min(), e.min())), float(max(a.max(), e.max()))
         pad = (hi - lo) * 0.05 or 1.0
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#444", linewidth=0.8)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#999", linewidth=0.8, zorder=1, label="actual = expected")
+        size = 14 if a.size < 2000 else 4
+        ax.scatter(e, a, s=size, alpha=0.6, color="#c0504d", linewidths=0, zorder=2)
+        ax.legend(fontsize=8, loc="upper left")
     ax.set_xlabel("expected")
     ax.set_ylabel("actual")
     ax.set_title(title, fontsize=10)

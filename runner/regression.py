@@ -200,10 +200,22 @@ def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, 
     return notes
 
 
-def format_regressions(regressions: list[Regression]) -> str:
+def format_regressions(regressions: list[Any], max_lines: int = 12) -> str:
+    """Terminal text: one line per rule with its count, then the first `max_lines` regressions.
+
+    Accepts Regression objects or their dicts (as stored in report["regressions"]).
+    """
     if not regressions:
         return "no regressions"
-    return "\n".join(f"REGRESSION {r.rule}: {r.message}" for r in regressions)
+    regs = [r if isinstance(r, dict) else r.to_dict() for r in regressions]
+    by_rule: dict[str, int] = {}
+    for r in regs:
+        by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
+    lines = [f"{len(regs)} regression(s): " + ", ".join(f"{rule} x{n}" for rule, n in by_rule.items())]
+    lines += [f"REGRESSION {r['rule']}: {r['message']}" for r in regs[:max_lines]]
+    if len(regs) > max_lines:
+        lines.append(f"... {len(regs) - max_lines} more (see report.json / --json)")
+    return "\n".join(lines)
 
 
 def check_baseline(

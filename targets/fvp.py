@@ -134,6 +134,19 @@ def find_fvp(variant: Variant, config: dict[str, Any]) -> tuple[Path | None, lis
     return (Path(found) if found else None), searched
 
 
+def fvp_version(fvp: Path, timeout_s: float = 30.0) -> str | None:
+    """First line of `<FVP> --version` (how ExecuTorch checks an install), or None."""
+    try:
+        proc = subprocess.run(
+            [str(fvp), "--version"], capture_output=True, text=True, errors="replace",
+            timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    return lines[0] if proc.returncode == 0 and lines else None
+
+
 def _lookup(config: dict[str, Any], variant: Variant, name: str) -> Any:
     """A setting from the per-target table (`[targets.fvp."corstone-300/ethos-u55-128"]`
     or `[targets.fvp.ethos-u55-128]`), a `<name>s` map keyed the same way, or the
@@ -391,11 +404,18 @@ def classify_log(outcome: ProcessOutcome, timelimit: int, wall_timeout_s: float)
             excerpt or [ln.raw for ln in log.lines[-10:]],
         )
     if not any(ln.level for ln in log.lines):
+        tail = [ln.raw for ln in log.lines[-15:]]
+        if outcome.returncode not in (0, None):
+            said = next((ln.raw.strip() for ln in log.lines if ln.raw.strip().lower().startswith(("error", "fatal"))), None)
+            said = said or next((t.strip() for t in reversed(tail) if t.strip()), "no output")
+            return Classification(
+                CaseStatus.ERROR, f"FVP failed (exit {outcome.returncode}) before the runner started: {said}", "fvp-failed", tail
+            )
         return Classification(
             CaseStatus.ERROR,
             f"no arm_executor_runner log lines in FVP output ({len(log.lines)} other lines; exit code {outcome.returncode})",
             "no-runner-output",
-            [ln.raw for ln in log.lines[-15:]],
+            tail,
         )
     if not log.program_complete and log.bundle_verdict != "FAIL" and not log.eot_seen:
         return Classification(
@@ -432,32 +452,45 @@ def output_files(case_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def printed_outputs_to_raw(log: RunnerLog, layout: list[tuple[int, list[int]]]) -> tuple[list[RawTensor], str | None]:
-    """Decode `Output[i][j]` lines (6 decimals) against the expected layout; lossy."""
-    import numpy as np
+STOCK_ET_TOL = 0.01  # arm_executor_runner's ET_ATOL/ET_RTOL default
 
-    from bundles import scalar_types as st
 
-    outputs: list[RawTensor] = []
-    for i, (code, shape) in enumerate(layout):
-        values = log.printed_outputs.get(i)
-        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if not values:
-            return outputs, (
-                f"runner printed no values for output {i} ({st.name(code)}{shape}); "
-                "arm_executor_runner prints only float/int/char/bool tensors with ET_LOG_DUMP_OUTPUT"
-            )
-        if len(values) != numel:
-            return outputs, f"runner printed {len(values)} values for output {i}, expected {numel} ({st.name(code)}{shape})"
-        if any(kind == "missing" for kind, _ in values):
-            return outputs, f"output {i} has lost Output[{i}][j] lines"
-        arr = np.array([v for _, v in values], dtype=np.float64)
-        dtype = st.numpy_dtype(code)
-        if dtype.kind in "iub":
-            arr = np.round(arr)
-        data = arr.astype(dtype).reshape(shape).tobytes()
-        outputs.append(RawTensor(code, list(shape), data, lossy=True))
-    return outputs, None
+def firmware_tolerance(manifest: dict[str, Any] | None, method: str | None = None) -> tuple[float, float, list[str]]:
+    """The loosest (atol, rtol) over a bundle's floating outputs, for compiling
+    ET_ATOL/ET_RTOL into a UART runner. atol includes qtol*scale.
+
+    The firmware check differs from bundlerun's (rtol scales the *actual* value;
+    non-float outputs must be byte-identical whatever ET_ATOL says), so notes
+    say what the firmware cannot express. Without a manifest the stock 0.01
+    defaults are returned with a note."""
+    from bundles.manifest import Manifest
+
+    notes: list[str] = []
+    if not manifest:
+        return STOCK_ET_TOL, STOCK_ET_TOL, ["bundle has no bundlerun manifest; using the runner's default 0.01/0.01"]
+    try:
+        parsed = Manifest.from_dict(manifest)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"bundle manifest is unreadable: {exc}") from None
+    atols: list[float] = []
+    rtols: list[float] = []
+    for name, meth in parsed.methods.items():
+        if method and name != method:
+            continue
+        for out in meth.outputs:
+            c = out.criteria
+            if out.dtype not in ("float32", "float64", "float16"):
+                notes.append(f"{name}.{out.name} is {out.dtype}: the firmware compares it byte for byte")
+                continue
+            if not c.elementwise:
+                notes.append(f"{name}.{out.name} has no element-wise criterion; firmware verdict uses the others' loosest")
+                continue
+            atols.append(c.effective_atol)
+            rtols.append(c.rtol or 0.0)
+    if not atols:
+        notes.append("no element-wise float criteria; using the runner's default 0.01/0.01")
+        return STOCK_ET_TOL, STOCK_ET_TOL, notes
+    return max(atols), max(rtols), notes
 
 
 def _bool(value: Any) -> bool:
@@ -503,14 +536,22 @@ class FVPTarget:
         work.mkdir(parents=True, exist_ok=True)
         timelimit = int(float(_lookup(cfg, self.variant, "timelimit") or options.case_timeout_s))
         grace = float(cfg.get("host_timeout_grace_s", 30.0))
+        self._exit_grace_s = float(cfg.get("exit_grace_s", 5.0))
         fast = _bool(_lookup(cfg, self.variant, "fast") or False)
-        extra = list(_lookup(cfg, self.variant, "extra_args") or [])
+        extra = _lookup(cfg, self.variant, "extra_args") or []
+        if isinstance(extra, str):  # --target-opt extra_args="ethosu.foo=1 cpu0.bar=2"
+            import shlex
+
+            extra = shlex.split(extra)
+        extra = [str(x) for x in extra]
         info = {
             "fvp": str(fvp),
             "runner_elf": str(elf),
             "variant": self.variant.key,
             "mode": mode,
             "timelimit_s": timelimit,
+            "fast": fast,
+            "fvp_version": fvp_version(fvp),
         }
         run = TargetRun(target=self.url, cases=[], info=info)
         pairs = selected_cases(bundle, options)
@@ -589,24 +630,25 @@ class FVPTarget:
 
     @staticmethod
     def _uart_outputs(log: RunnerLog, layout) -> tuple[list[RawTensor], str | None]:
-        if log.etdump_b64:
-            try:
-                from targets.etdump_outputs import outputs_from_etdump_b64
-            except ImportError:
-                return [], "ETDump block found but targets.etdump_outputs is not available to decode it"
-            try:
-                return list(outputs_from_etdump_b64(log.etdump_b64, layout)), None
-            except Exception as exc:  # decode failures are a collection error, never a crash
-                return [], f"cannot decode outputs from the ETDump block: {exc}"
-        if log.printed_outputs:
-            return printed_outputs_to_raw(log, layout)
+        """ETDump block (bit exact) when present, else the printed lines (lossy)."""
+        try:
+            from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
+        except ImportError as exc:  # pragma: no cover - shipped together
+            return [], f"cannot decode UART outputs: {exc}"
+        try:
+            if log.etdump_b64:
+                return list(outputs_from_etdump_b64(log.etdump_b64, layout, log.debug_buffer_b64)), None
+            if log.printed_outputs:
+                return list(outputs_from_printed(log.printed_outputs, layout)), None
+        except OutputDecodeError as exc:
+            return [], str(exc)
         return [], "runner printed neither an ETDump block nor Output[i][j] lines (build with ET_LOG_DUMP_OUTPUT or ETDump)"
 
     # -- shared ----------------------------------------------------------------------
 
     def _session(self, cmd, cwd, log_path, timelimit, grace, method, index) -> CaseResult:
         wall = timelimit + grace
-        outcome = run_fvp_process(cmd, cwd, log_path, wall)
+        outcome = run_fvp_process(cmd, cwd, log_path, wall, exit_grace_s=getattr(self, "_exit_grace_s", 5.0))
         verdict = device_verdict(outcome.log)
         bad = classify_log(outcome, timelimit, wall)
         result = CaseResult(

@@ -52,6 +52,33 @@ def _quiet_imports():
     return torch, portable_lib
 
 
+def _layout_mismatch(module, suite, code_of) -> dict[int, str]:
+    """Cases whose expected outputs disagree with the program's declared outputs:
+    the bundle itself is inconsistent (bad input), not the runtime's numerics."""
+    meta = module.method_meta(suite.method_name)
+    declared = []
+    for j in range(meta.num_outputs()):
+        try:
+            info = meta.output_tensor_meta(j)
+            declared.append((list(info.sizes()), int(info.dtype())))
+        except Exception:
+            declared.append(None)  # non-tensor output
+    problems: dict[int, str] = {}
+    for i, case in enumerate(suite.test_cases):
+        outs = case.expected_outputs
+        if len(outs) != len(declared):
+            problems[i] = f"bundle expects {len(outs)} outputs, the program declares {len(declared)}"
+            continue
+        for j, (value, decl) in enumerate(zip(outs, declared)):
+            if decl is None or value.kind != "tensor":
+                continue
+            if list(value.sizes) != decl[0]:
+                problems[i] = (f"bundle's expected output {j} has shape {list(value.sizes)} but the program's "
+                               f"output {j} has shape {decl[0]} (inconsistent bundle)")
+                break
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle")
@@ -85,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     torch_of = {v: k for k, v in code_of.items()}
     methods = set(module.method_names())
+    mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
+                if suite.method_name in methods}
     _emit(event="ready", load_s=time.perf_counter() - t0, info={"backends": portable_lib._get_registered_backend_names()})
 
     out_dir = Path(args.out_dir)
@@ -93,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         _emit(event="start", method=method, case=case)
         if method not in methods:
             _emit(event="error", method=method, case=case, error=f"program has no method {method!r}", kind="bad-bundle")
+            continue
+        if mismatch.get(method, {}).get(case):
+            _emit(event="error", method=method, case=case, error=mismatch[method][case], kind="bad-bundle")
             continue
         test_case = bundle.suite(method).test_cases[case]
         inputs = []

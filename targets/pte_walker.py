@@ -99,9 +99,58 @@ def _register_operator_libraries() -> None:
         pass
 
 
-def delegate_backend_ids(pte: bytes) -> list[str]:
-    """Backend ids of every delegate in the program (cheap pre-flight check)."""
-    return load_program(pte).delegate_ids
+@dataclass
+class DelegateSummary:
+    """One delegate of one method, read without torch (pre-flight checks)."""
+
+    method: str
+    backend_id: str
+    compile_specs: dict[str, bytes]
+
+
+def read_delegates(pte: bytes) -> list[DelegateSummary]:
+    """Delegates of every method, straight from the Program flatbuffer (program.fbs).
+
+    Torch-free, so a target can refuse a bundle it cannot run before starting a
+    worker. Slots: Program.execution_plan=1; ExecutionPlan.name=0, delegates=7;
+    BackendDelegate.id=0, compile_specs=2; CompileSpec.key=0, value=1.
+    """
+    from flatbuffers import encode, packer
+    from flatbuffers.table import Table
+
+    buf = bytes(pte)
+    if len(buf) < 8 or buf[4:6] != b"ET":
+        raise WalkError("bad-program", "not an ExecuTorch program (missing ET file identifier)")
+
+    def vector(tab: Table, slot: int) -> list[Table]:
+        off = tab.Offset(4 + 2 * slot)
+        if not off:
+            return []
+        start = tab.Vector(off)
+        return [Table(tab.Bytes, tab.Indirect(start + 4 * i)) for i in range(tab.VectorLen(off))]
+
+    def string(tab: Table, slot: int) -> str:
+        off = tab.Offset(4 + 2 * slot)
+        return tab.String(off + tab.Pos).decode("utf-8", "replace") if off else ""
+
+    def raw(tab: Table, slot: int) -> bytes:
+        off = tab.Offset(4 + 2 * slot)
+        if not off:
+            return b""
+        start = tab.Vector(off)
+        return bytes(tab.Bytes[start : start + tab.VectorLen(off)])
+
+    try:
+        root = Table(buf, encode.Get(packer.uoffset, buf, 0))
+        out = []
+        for plan in vector(root, 1):
+            method = string(plan, 0)
+            for delegate in vector(plan, 7):
+                specs = {string(c, 0): raw(c, 1) for c in vector(delegate, 2)}
+                out.append(DelegateSummary(method, string(delegate, 0), specs))
+        return out
+    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise WalkError("bad-program", f"cannot read the program's delegates: {exc}") from None
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -283,6 +332,28 @@ class _Frame:
             return [None if j < 0 else self.values[j] for j in v.items]
         return self.values[index]
 
+    def set(self, index: int, value: Any) -> None:
+        """Store a result; a TensorList value's results go into its item slots."""
+        import torch
+        from executorch.exir import schema as S
+
+        v = self.plan.values[index].val
+        if isinstance(v, (S.TensorList, S.OptionalTensorList)):
+            items = list(value)
+            if len(items) != len(v.items):
+                raise WalkError("bad-program", f"value {index}: {len(items)} tensors for a list of {len(v.items)}")
+            for j, item in zip(v.items, items):
+                if j >= 0:
+                    self.set(j, item)
+            return
+        current = self.values[index]
+        if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+            self.values[index] = value.to(current.dtype) if value.dtype != current.dtype else value
+        elif isinstance(value, torch.Tensor) and value.dim() == 0 and not isinstance(current, torch.Tensor):
+            self.values[index] = value.item()
+        else:
+            self.values[index] = value
+
     def tensor_spec(self, index: int):
         from executorch.exir import schema as S
 
@@ -413,7 +484,7 @@ class ProgramWalker:
             elif isinstance(ins, S.DelegateCall):
                 self._delegate_call(frame, ins)
             elif isinstance(ins, S.MoveCall):
-                frame.values[ins.move_to] = frame.get(ins.move_from)
+                frame.set(ins.move_to, frame.get(ins.move_from))
             elif isinstance(ins, S.JumpFalseCall):
                 cond = frame.get(ins.cond_value_index)
                 if hasattr(cond, "item"):
@@ -463,15 +534,11 @@ class ProgramWalker:
         if kernel.out_names and not kernel.functional:
             return  # the out tensors were written in place (and possibly resized)
         for index, value in zip(targets, results):
-            current = frame.values[index]
-            if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
-                frame.values[index] = value.to(current.dtype) if value.dtype != current.dtype else value
-            else:
-                frame.values[index] = value.item() if isinstance(value, torch.Tensor) and value.dim() == 0 and not isinstance(current, torch.Tensor) else value
+            frame.set(index, value)
         # Return slots alias the out args; keep them pointing at the same values.
         for ret, out in zip(ret_indices, out_indices):
             if ret != out:
-                frame.values[ret] = frame.values[out]
+                frame.set(ret, frame.get(out))
 
     def _delegate_call(self, frame: _Frame, call) -> None:
         import torch

@@ -36,6 +36,9 @@ _BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
 # ET_CHECK_MSG(model_ok == true, "Problem running model") follows a failed BundleIO
 # check: the runner aborts by design, after printing outputs, verdict and ETDump.
 _VERIFY_ABORT = "Problem running model"
+_CHUNK = 16384
+# Transport faults worth another attempt (RunOptions.retries); never numerics or reboots.
+_TRANSIENT = ("port-lost", "port-busy", "port-missing", "flash-timeout")
 
 
 @dataclass
@@ -345,9 +348,12 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
         ):
             return Capture(bytes(data), "no-output", None, now - start)
         try:
-            port.timeout = max(0.001, min(settings.read_timeout_s, deadline - now))
-            waiting = port.in_waiting
-            chunk = port.read(min(max(waiting, 1), 65536))
+            # pyserial's read(n) returns after n bytes or `timeout`, whichever is first:
+            # big chunks while the board streams, at most read_timeout_s latency otherwise.
+            wanted = max(0.001, min(settings.read_timeout_s, deadline - now))
+            if port.timeout != wanted:
+                port.timeout = wanted
+            chunk = port.read(_CHUNK)
         except (serial.SerialException, OSError) as exc:
             return Capture(bytes(data), "port-lost", f"{type(exc).__name__}: {exc}", time.monotonic() - start)
         now = time.monotonic()
@@ -551,15 +557,22 @@ class SerialTarget:
         layout = expected_layout(bundle, method, index)
         attempts = max(0, int(options.retries)) + 1
         result: CaseResult | None = None
+        earlier: list[dict[str, Any]] = []
         for attempt in range(attempts):
+            if result is not None:
+                earlier.append({"error_kind": result.error_kind, "error": result.error, "log_path": result.log_path})
             suffix = "" if attempt == 0 else f".retry{attempt}"
             result = self._attempt(
                 method, index, layout, options, s, work, f"{stem}{suffix}", bundle_path, case_bundle, per_case_flash
             )
             result.extra["attempts"] = attempt + 1
-            if result.error_kind not in ("port-lost", "port-busy", "port-missing", "flash-timeout"):
+            if result.error_kind not in _TRANSIENT:
                 break
         assert result is not None
+        if earlier:
+            result.extra["earlier_attempts"] = earlier
+            if result.log_path is None:
+                result.log_path = next((e["log_path"] for e in earlier if e["log_path"]), None)
         return result
 
     def _attempt(

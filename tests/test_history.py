@@ -128,3 +128,33 @@ def test_eight_parallel_writers_lose_nothing(tmp_path):
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM case_outputs").fetchone()[0] == 8 * per_worker * 3
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _cli(args, env):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+
+
+def test_history_and_trend_commands(tmp_path):
+    import os
+
+    db = tmp_path / "h.sqlite"
+    for k, noise in enumerate((1e-4, 1e-3, 1e-2)):
+        history.record_report(db, rs.quick_report(noise=noise, label=f"c{k}"))
+    history.record_report(db, rs.quick_report(noise=1e-4, label="other", model="tiny-cnn"))
+    env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
+    proc = _cli(["history", "--model", "mlp", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(proc.stdout)
+    assert [r["label"] for r in runs] == ["c2", "c1", "c0"]
+    assert runs[0]["min_sqnr"] < runs[2]["min_sqnr"]
+    proc = _cli(["history", "--limit", "2"], env)
+    assert proc.returncode == 0 and "other" in proc.stdout and "c0" not in proc.stdout
+    png = tmp_path / "trend.png"
+    proc = _cli(["trend", "mlp", "--target", "host://xnnpack", "--metric", "sqnr", "-o", str(png)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 run(s)" in proc.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = _cli(["trend", "nope", "--metric", "top1", "-o", str(png)], env)
+    assert proc.returncode == 2 and "no recorded runs of nope" in proc.stderr

@@ -129,3 +129,33 @@ def test_wilson_known_values():
     assert lo == pytest.approx(0, abs=1e-12) and hi == pytest.approx(0.2775, abs=1e-4)
     lo, hi = accuracy.wilson(10, 10)
     assert lo == pytest.approx(0.7225, abs=1e-4) and hi == pytest.approx(1)
+
+
+def test_compare_command_exit_codes(tmp_path):
+    import json as _json
+    import os
+    import subprocess
+
+    from runner import history
+
+    db = tmp_path / "h.sqlite"
+    b = rs.make_bundle(cases=3)
+    good = rs.make_report(b, rs.target_run(b, noise=1e-5), label="good")
+    bad = rs.make_report(b, rs.target_run(b, noise=5e-2), label="bad")
+    history.record_report(db, good)
+    history.record_report(db, bad)
+    (tmp_path / "good.json").write_text(_json.dumps(good))
+    env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "runner.cli", "compare", *args], capture_output=True, text=True,
+                              env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+
+    proc = cli("good", "bad")
+    assert proc.returncode == 1 and "verdict-flip x3" in proc.stdout, proc.stdout + proc.stderr
+    proc = cli(str(tmp_path / "good.json"), "good")  # a report file against a history label
+    assert proc.returncode == 0 and "no regressions" in proc.stdout
+    proc = cli("good", "bad", "--json", "--sqnr-drop", "100", "--error-growth", "1e9")
+    assert {r["rule"] for r in _json.loads(proc.stdout)["regressions"]} == {"verdict-flip"}
+    proc = cli("good", "missing-label")
+    assert proc.returncode == 2 and "no run 'missing-label'" in proc.stderr

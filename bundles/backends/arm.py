@@ -310,11 +310,14 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
         edge = to_edge(requantized, compile_config=cortex_m_edge_compile_config())
         config = CortexMTargetConfig(cpu=getattr(CortexM, target.cpu))  # type: ignore[arg-type]
         edge._edge_programs["forward"] = CortexMPassManager(edge.exported_program(), target_config=config).transform()
+        summary = delegation_summary(edge)
+        kernels = sorted(
+            {str(n.target).split(".")[-2] for n in edge.exported_program().graph.nodes
+             if n.op == "call_function" and "cortex_m" in str(n.target)}
+        )
         program = edge.to_executorch()
     except Exception as exc:  # noqa: BLE001
         raise BuildError(f"Cortex-M lowering failed: {_root_cause(exc)}") from None
-    summary = delegation_summary(edge)
-    kernels = sorted(o for o in summary["undelegated_ops"] if o.startswith("cortex_m."))
     return LoweringResult(
         program,
         [x.dtype for x in examples],

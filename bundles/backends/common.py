@@ -12,6 +12,16 @@ from bundles.errors import BuildError
 _PASSTHROUGH = ("view", "reshape", "flatten", "squeeze", "unsqueeze", "permute", "clone", "_to_copy", "contiguous", "getitem")
 
 
+def quiet_framework_logs() -> None:
+    """torchao and torch warn at import about optional CUDA kernels and pytree
+    registrations; on a CPU host that is noise in every build log."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree", "torch._export", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
 def export_model(module: Any, example_inputs: tuple):
     """torch.export (non-strict) with a one-line BuildError on failure."""
     import torch

@@ -35,7 +35,11 @@ def _fmt(value) -> str:
 def _short(file: str | None) -> str:
     if not file:
         return "-"
+    from bundles.registry import BUILTIN_PATH
+
     path = Path(file)
+    if path.resolve() == BUILTIN_PATH.resolve():
+        return "built-in"
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -54,13 +58,14 @@ def _short(file: str | None) -> str:
 @click.option("--output", "output_name", default="out0", show_default=True, help="Output name (outN).")
 @click.option("--method", default="forward", show_default=True)
 @click.option("--scale", type=float, default=None, help="Output quantization scale (qtol is counted in it).")
+@click.option("--zero-point", type=int, default=None, help="Output quantization zero point (recorded only).")
 @click.option("--quantization", default=None, help="Quantization scheme text (groupwise, int4 op rules).")
 @click.option("--host-arch", default=None, help="Host that judges/simulates (default: this machine).")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Explicit criterion, e.g. atol=0.05.")
 @click.option("--no-project", is_flag=True, help="Ignore bundlerun.toml / [tool.bundlerun].")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved criteria (with trail) as JSON.")
 def explain(backend, target, dtype, model, ops, reference, distribution, output_dtype, output_name, method, scale,
-            quantization, host_arch, overrides, no_project, as_json):
+            zero_point, quantization, host_arch, overrides, no_project, as_json):
     """Show how the criteria of one output are resolved, level by level."""
     import json
 
@@ -73,7 +78,8 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     ctx = ToleranceContext(
         backend=backend, target=target or "", dtype=dtype, model=model, method=method, output_index=index,
         output_name=output_name, output_dtype=output_dtype, ops=list(ops), reference=reference,
-        input_distribution=distribution, host_arch=host_arch, scale=scale, quantization=quantization,
+        input_distribution=distribution, host_arch=host_arch, scale=scale, zero_point=zero_point,
+        quantization=quantization,
     )
     explicit = as_build_overrides(parse_overrides(list(overrides)))
     res = resolve(ctx, explicit, registry)
@@ -112,7 +118,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     for key in ("atol", "rtol", "qtol", "scale", "sqnr_min_db", "cosine_min", "rel_frobenius_max", "exact"):
         trail = crit.trail.get(key) or []
         value = getattr(crit, key)
-        if value is None and not trail:
+        if (value is None or value is False) and not trail:
             continue
         last = trail[-1] if trail else {"source": "-", "file": None}
         result.add_row(key, _fmt(value), last["source"], _short(last.get("file")))
@@ -133,7 +139,8 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
               help="Report directory of an earlier `run --save-outputs`; repeatable.")
 @click.option("--margin", type=float, default=1.5, show_default=True, help="Safety factor over the worst observed error.")
 @click.option("--criteria", "criteria_names", default=None,
-              help="Comma-separated criteria to propose (default: those the bundle already sets).")
+              help="Comma-separated criteria to propose (default: the signal criteria already set, "
+                   "plus qtol for quantized outputs or atol otherwise). At most one of atol, rtol, qtol.")
 @click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True, help="Seconds per case (--target).")
 @click.option("--json", "as_json", is_flag=True, help="Print observations and proposals as JSON.")
 def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_json):
@@ -160,6 +167,9 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
 
                 close = difflib.get_close_matches(c, CRITERIA, n=1)
                 raise ConfigError(f"unknown criterion {c!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if len([c for c in wanted if c in ("atol", "rtol", "qtol")]) > 1:
+            raise ConfigError("calibrate one element-wise criterion at a time (atol, rtol or qtol): "
+                              "each proposal holds the others at their current values")
     if run_dirs and target:
         raise ConfigError("use either BUNDLE --target or --from RUN_DIR, not both")
     if run_dirs:

@@ -123,7 +123,7 @@ class AdbCliTransport:
             if entry is None:
                 if self.auto_connect and not tried_connect and re.fullmatch(r"[\w.\-\[\]:]+:\d+", self.serial or ""):
                     tried_connect = True
-                    _run(self._base() + ["connect", self.serial], self.connect_timeout_s)
+                    self._adb_connect()
                     continue
                 listing = ", ".join(f"{e.serial} ({e.state})" for e in entries) or "none"
                 raise TransportError(f"device {self.serial} is not attached to the adb server (attached: {listing})", ABSENT)
@@ -132,6 +132,15 @@ class AdbCliTransport:
             if time.monotonic() > deadline or entry.state not in ("connecting", "authorizing", "offline", "unauthorized"):
                 raise self._state_error(entry)
             time.sleep(0.5)
+
+    def _adb_connect(self) -> None:
+        """`adb connect HOST:PORT`; it blocks while the device stays silent, so a
+        timeout here only means "look at the device state" (offline, unauthorized)."""
+        try:
+            _run(self._base() + ["connect", self.serial], min(10.0, self.connect_timeout_s))
+        except TransportError as exc:
+            if exc.kind != TIMEOUT:
+                raise
 
     def _state_error(self, entry: DeviceEntry) -> TransportError:
         if entry.state == "unauthorized" or entry.state == "authorizing":
@@ -146,7 +155,7 @@ class AdbCliTransport:
     def reconnect(self) -> None:
         if self.serial and re.fullmatch(r"[\w.\-\[\]:]+:\d+", self.serial) and self.auto_connect:
             _run(self._base() + ["disconnect", self.serial], self.connect_timeout_s)
-            _run(self._base() + ["connect", self.serial], self.connect_timeout_s)
+            self._adb_connect()
         self.connect()
 
     def close(self) -> None:

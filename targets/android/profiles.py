@@ -49,14 +49,17 @@ def qnn_runner_args(method_index: int, etdump: str | None) -> list[str]:
 
 
 def runner_command(run_dir: str, runner_name: str, args: list[str], env: dict[str, str]) -> str:
-    """`sh -c` that records its pid (to kill a hung runner later) and execs the runner,
-    so the exit status (139 for SIGSEGV) is the runner's own."""
+    """cd into the run folder and start the runner through a constant `sh -c` that
+    records its pid (to kill a hung runner later) and execs the runner, so the exit
+    status (139 for SIGSEGV) is the runner's own. Every path and argument is a
+    separately quoted word; nothing user-supplied is spliced into nested quotes."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    inner = f"cd {shlex.quote(run_dir)} && echo $$ > .runner.pid && "
+    parts = [f"cd {shlex.quote(run_dir)}"]
     if exports:
-        inner += f"export {exports} && "
-    inner += "exec ./" + shlex.quote(runner_name) + " " + " ".join(shlex.quote(a) for a in args)
-    return f"sh -c {shlex.quote(inner)}"
+        parts.append(f"export {exports}")
+    launcher = "sh -c " + shlex.quote('echo $$ > .runner.pid && exec "$0" "$@"')
+    parts.append(f"{launcher} ./{shlex.quote(runner_name)} " + " ".join(shlex.quote(a) for a in args))
+    return " && ".join(parts)
 
 
 def sort_qnn_outputs(names: list[str]) -> dict[int, list[str]]:

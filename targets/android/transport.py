@@ -66,9 +66,10 @@ class Transport(Protocol):
 
 
 def wrap_with_marker(command: str) -> tuple[str, str]:
-    """Append the exit-status marker; the nonce makes it unforgeable by the command's output."""
+    """Append the exit-status marker; the nonce makes it unforgeable by the command's output.
+    The command runs in a subshell so an `exit` inside it cannot skip the marker."""
     nonce = secrets.token_hex(4)
-    return f"{command}; echo {MARKER}$?:{nonce}", nonce
+    return f"( {command}\n); echo {MARKER}$?:{nonce}", nonce
 
 
 def parse_marker(output: str, nonce: str) -> ShellResult:

@@ -337,8 +337,14 @@ class FakeAdbd:
 
     def stop(self) -> None:
         if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            except OSError:
+                pass
             self._sock.close()
             self._sock = None
+            if self._thread is not None:
+                self._thread.join(timeout=5)
         self.drop_connections()
         for proc in list(self.stats.live_processes.values()):
             _kill_group(proc)
@@ -363,8 +369,39 @@ class FakeAdbd:
         return self.root.joinpath(*parts)
 
     def map_command(self, command: str) -> str:
-        pattern = r"(?<![\w./-])/(%s)(?=/|\b)" % "|".join(DEVICE_ROOTS)
-        return re.sub(pattern, lambda m: f"{self.root}/{m.group(1)}", command)
+        """Map absolute device paths to the sandbox where a shell *word* begins with one
+        (start of a word, or right after its opening quote), tracking quotes like sh
+        does; text in the middle of a word, e.g. inside a quoted file name, is left alone."""
+        root_re = re.compile(r"/(%s)(?=[/'\"\s;&|)]|$)" % "|".join(DEVICE_ROOTS))
+        out, i, n = [], 0, len(command)
+        state, at_start = None, True
+        while i < n:
+            c = command[i]
+            if at_start and root_re.match(command, i):
+                out.append(str(self.root))
+            if state is None:
+                if c in "'\"":
+                    state = c
+                    out.append(c)
+                    i += 1
+                    continue  # the word starts inside the quotes
+                if c == "\\":
+                    out.append(command[i : i + 2])
+                    i += 2
+                    at_start = False
+                    continue
+                at_start = c.isspace() or c in ";&|()<>=`"
+            elif c == state:
+                state, at_start = None, False
+            else:
+                at_start = False
+                if state == '"' and c == "\\":
+                    out.append(command[i : i + 2])
+                    i += 2
+                    continue
+            out.append(c)
+            i += 1
+        return "".join(out)
 
     # -- services
     def run_service(self, stream: _Stream, service: str) -> None:

@@ -443,9 +443,21 @@ def _to_numpy(t):
     return t.numpy()
 
 
+def _runtime():
+    """The ExecuTorch pybindings. `_C` is the same C++ runtime portable_lib wraps;
+    importing it directly skips portable_lib's import of all of exir (~8 s)."""
+    import torch  # noqa: F401  (the extension needs torch's libraries loaded)
+
+    try:
+        from executorch.extension.pybindings import _C as pl
+    except ImportError:
+        from executorch.extension.pybindings import portable_lib as pl
+    return pl
+
+
 def run_case0(model: bytes, method: str):
     """Case 0 through the host ExecuTorch runtime: (outputs, expected, verify status)."""
-    from executorch.extension.pybindings import portable_lib as pl
+    pl = _runtime()
 
     bundled = pl._load_bundled_program_from_buffer(model)
     outs = bundled.verify_result_with_bundled_expected_output(method, 0, 1e30, 1e30)
@@ -465,10 +477,10 @@ def run_case0_etdump(model: bytes, method: str) -> tuple[bytes, bytes]:
     import tempfile
 
     import torch
-    from executorch.extension.pybindings import portable_lib as pl
 
     from bundles.bpte import parse_bundle
 
+    pl = _runtime()
     bundle = parse_bundle(model)
     case = bundle.method_test_suites[0].test_cases[0]
     inputs = [torch.from_numpy(v.to_array().copy()) if v.kind == "tensor" else v.scalar for v in case.inputs]

@@ -1,0 +1,196 @@
+"""`bundlerun accuracy MODEL --dataset D`: dataset top-1/top-5 on a target vs the float model.
+
+The N labelled samples become the bundle's test cases (labels in the
+manifest's `dataset` field), the bundle runs through the same machinery as
+`bundlerun run` (so every case is also judged element-wise), and the saved
+outputs give top-1/top-5 for the target and for the eager float reference
+(the bundle's expected outputs), their paired difference with a confidence
+interval, and the agreement rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@dataclass
+class AccuracyRequest:
+    model: str
+    dataset: str
+    target: str = "host://xnnpack"
+    dtype: str = "fp32"
+    samples: int | None = None
+    report_dir: Path = Path("out/accuracy")
+    backend: str | None = None
+    label: str | None = None
+    history: str | None = None  # --history flag (None: env/config/default)
+    no_history: bool = False
+    baseline: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    target_config: dict[str, Any] = field(default_factory=dict)
+    case_timeout_s: float = 120.0
+    setup_timeout_s: float = 300.0
+    confidence: float = 0.95
+    tolerances: dict[str, float] = field(default_factory=dict)
+    progress: Any = None
+
+
+def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
+    """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
+    import numpy as np
+
+    from bundles.builder import BuildRequest, build_bundle
+    from bundles.datasets import fit_to_inputs, load_dataset
+    from bundles.model_source import resolve_model
+    from runner import history
+    from runner.accuracy import dataset_from_outputs
+    from runner.report import write_report
+    from runner.reports import write_reports
+    from runner.session import RunRequest, execute_run
+
+    say = req.progress or (lambda _m: None)
+    report_dir = Path(req.report_dir)
+    say(f"loading dataset {req.dataset}")
+    dataset = load_dataset(req.dataset).head(req.samples)
+    model = resolve_model(req.model)
+    dataset = fit_to_inputs(dataset, model.inputs)
+    slug = f"{model.name}-{req.dtype}-{dataset.name}"
+    bundle_path = report_dir / f"{slug}.bpte"
+    build = build_bundle(
+        BuildRequest(
+            model=req.model,
+            output=bundle_path,
+            backend=req.backend,
+            target=req.target,
+            dtype=req.dtype,
+            cases=len(dataset.labels),
+            dataset=dataset.manifest_entry(),
+            resolved_model=model,
+            overrides=dict(req.tolerances),
+            progress=say,
+        )
+    )
+    say(f"running {len(dataset.labels)} samples on {req.target}")
+    report = execute_run(
+        RunRequest(
+            bundle_path=build.path,
+            target=req.target,
+            report_dir=report_dir,
+            case_timeout_s=req.case_timeout_s,
+            setup_timeout_s=req.setup_timeout_s,
+            save_outputs=True,
+            label=req.label,
+            target_config=dict(req.target_config),
+        )
+    )
+    from bundles.bpte import read_bundle
+
+    bundle = read_bundle(build.path)
+    with np.load(report_dir / "outputs.npz", allow_pickle=False) as npz:
+        outputs = {k: npz[k] for k in npz.files}
+    report["dataset"] = dataset_from_outputs(bundle, outputs, req.confidence)
+    report["dataset"]["source"] = dataset.source
+    db = None if req.no_history else history.resolve_history_path(req.history, req.config)
+    if db is not None:
+        report["run"]["history_id"] = history.record_report(db, report, report_dir / "report.json")
+    if req.baseline:
+        from runner.regression import check_baseline
+
+        regs = check_baseline(req.baseline, report, db, req.config)
+        report["regressions"] = regs
+        if regs and report["summary"]["exit_code"] == 0:
+            report["summary"]["exit_code"] = 1
+    write_report(report, report_dir)
+    report["files"] = {k: str(v) for k, v in write_reports(report, report_dir, bundle=bundle, outputs=outputs, history_db=db).items()}
+    return report
+
+
+def print_accuracy(report: dict[str, Any]) -> None:
+    ds = report["dataset"]
+    conf = int(ds["confidence"] * 100)
+    lo, hi = ds["top1_diff_ci"]
+    bundle = report["bundle"]
+    click.echo(
+        f"{bundle.get('model')} {bundle.get('dtype')} on {report['target']['url']}: "
+        f"{ds['name']}, {ds['evaluated']} samples" + (f" ({ds['errored']} errored)" if ds["errored"] else "")
+    )
+    click.echo(f"  {'':18}{'top-1':>9}{'top-5':>9}")
+    click.echo(f"  {'target':18}{ds['top1'] * 100:8.2f}%{ds['top5'] * 100:8.2f}%")
+    click.echo(f"  {'float reference':18}{ds['reference_top1'] * 100:8.2f}%{ds['reference_top5'] * 100:8.2f}%")
+    click.echo(
+        f"  top-1 difference {ds['top1_diff'] * 100:+.2f} points, {conf}% CI [{lo * 100:+.2f}, {hi * 100:+.2f}] "
+        f"({ds['ci_method']}); agreement {ds['agreement'] * 100:.2f}%"
+    )
+    s = report["summary"]
+    click.echo(f"  element-wise: {s['verdict']} ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)})")
+    if report.get("regressions") is not None:
+        from runner.regression import format_regressions
+
+        click.echo(format_regressions(report["regressions"]))
+
+
+@click.command(name="accuracy")
+@click.argument("model")
+@click.option("--dataset", "dataset", required=True, help="digits, a folder (samples + labels.txt/.npy) or path.py:fn.")
+@click.option("--samples", type=int, default=None, help="Use the first N samples (default: all).")
+@click.option("--target", default="host://xnnpack", show_default=True, help="Target URL.")
+@click.option("--dtype", default="fp32", show_default=True, help="fp32, fp16, int8 (PTQ), ...")
+@click.option("--backend", default=None, help="Lowering backend (default: from --target).")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
+              help="Report folder (default out/accuracy/<model>-<dtype>).")
+@click.option("--label", default=None, help="Label recorded with the run (e.g. a git sha).")
+@click.option("--baseline", default=None, help="Run id, label or report.json to check for regressions.")
+@click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY; 'off' disables).")
+@click.option("--no-history", is_flag=True, help="Do not record this run.")
+@click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True, help="Seconds per sample.")
+@click.option("--confidence", type=float, default=0.95, show_default=True, help="Confidence level of the intervals.")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE", help="Element-wise criterion override.")
+@click.option("--json", "as_json", is_flag=True, help="Print the dataset section as JSON.")
+def command(model, dataset, samples, target, dtype, backend, report_dir, label, baseline, history_db, no_history,
+            case_timeout, confidence, tolerances, as_json):
+    """Top-1/top-5 of MODEL on --target vs the float reference, over a labelled --dataset.
+
+    Exit code: 0 measured (and no regression against --baseline), 1 regression or
+    element-wise failure, 2 could not run.
+    """
+    import json
+    import sys
+
+    from runner.config import load_project_config
+
+    if not 0 < confidence < 1:
+        raise click.BadParameter("--confidence must be between 0 and 1")
+    config = load_project_config() or {}
+    scheme = target.split("://", 1)[0]
+    targets = config.get("targets", {}) or {}
+    section = {**(targets.get(scheme.split("+")[0], {}) or {}), **(targets.get(scheme, {}) or {})}
+    tol: dict[str, float] = {}
+    for item in tolerances:
+        key, sep, value = item.partition("=")
+        try:
+            tol[key] = float(value) if sep else float("nan")
+        except ValueError:
+            raise click.BadParameter(f"--tolerance {item!r}: expected KEY=NUMBER") from None
+    slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
+    req = AccuracyRequest(
+        model=model, dataset=dataset, target=target, dtype=dtype, samples=samples, backend=backend,
+        report_dir=report_dir or Path("out") / "accuracy" / slug, label=label, history=history_db,
+        no_history=no_history, baseline=baseline, config=config, target_config=section, case_timeout_s=case_timeout,
+        confidence=confidence, tolerances=tol, progress=lambda m: click.echo(m, err=True),
+    )
+    report = run_accuracy(req)
+    if as_json:
+        ds = {k: v for k, v in report["dataset"].items() if k not in ("labels", "predictions", "reference_predictions")}
+        click.echo(json.dumps(ds, indent=2))
+    else:
+        print_accuracy(report)
+    click.echo(f"report: {req.report_dir / 'report.json'}", err=True)
+    s = report["summary"]
+    # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)
+    # is expected there and is reported, but only infrastructure errors and regressions set the code.
+    code = 2 if s["verdict"] == "ERROR" and report["dataset"]["evaluated"] == 0 else (1 if report.get("regressions") else 0)
+    sys.exit(code)

@@ -1,0 +1,82 @@
+"""`bundlerun judge REPORT_DIR`: re-judge the saved outputs of an earlier run.
+
+Nothing runs again: the actual outputs come from `outputs.npz` (written by
+`run --save-outputs`), the expected outputs and criteria from the bundle's
+embedded manifest, and `--override` changes criteria for this verdict only
+(recorded in the new report). The original report is never modified.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(name="judge")
+@click.argument("report_dir", type=click.Path(path_type=Path))
+@click.option("--override", "overrides", multiple=True, metavar="[METHOD.]OUTPUT.KEY=VALUE",
+              help="Criterion to change for this verdict, e.g. out0.atol=0.05 (repeatable).")
+@click.option("--bundle", "bundle_path", type=click.Path(path_type=Path), default=None,
+              help="The bundle, when it moved since the run (default: the path in the report).")
+@click.option("--report", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Write the new report.json (and outputs.npz link) here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new summary and overrides as JSON.")
+@click.option("--quiet", is_flag=True, help="No table; the exit code says it all.")
+@click.pass_context
+def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
+    """Re-judge the outputs saved in REPORT_DIR (from `run --save-outputs`).
+
+    Exit code: 0 all passed, 1 numerical failure, 2 errors in the original run or bad input.
+    """
+    report = rejudge(report_dir, list(overrides), bundle_path, out_dir)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"summary": report["summary"], "overrides": report["overrides"],
+                               "previous_summary": report["judged"]["previous_summary"]}, indent=2))
+    elif not quiet:
+        from runner.report import print_summary
+
+        print_summary(report)
+    ctx.exit(report["summary"]["exit_code"])
+
+
+def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = None,
+            out_dir: Path | None = None) -> dict:
+    """The report of `report_dir` judged again (with overrides); written to out_dir if given."""
+    import copy
+    import datetime as _dt
+    import shutil
+
+    from runner.judge import judge_run, load_context, summarize
+    from runner.overrides import apply_overrides
+    from runner.report import OUTPUTS_FILE, write_report
+    from runner.saved_run import load_saved_run
+
+    saved = load_saved_run(report_dir, bundle_path)
+    ctx = load_context(saved.bundle)
+    records = apply_overrides(ctx, saved.bundle, overrides)
+    cases, warnings = judge_run(saved.bundle, saved.run, ctx)
+    old = saved.report
+    report = copy.deepcopy(old)
+    report["cases"] = cases
+    report["summary"] = summarize(cases)
+    report["overrides"] = records
+    report["warnings"] = list(dict.fromkeys(saved.warnings + warnings))
+    report["judged"] = {
+        "from": str(saved.directory),
+        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "previous_summary": old.get("summary"),
+        "previous_overrides": old.get("overrides", []),
+        "note": "re-judged from saved outputs with the bundle's embedded criteria",
+    }
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        src = saved.directory / OUTPUTS_FILE
+        if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
+            shutil.copyfile(src, out_dir / OUTPUTS_FILE)
+        report["outputs_file"] = str(out_dir / OUTPUTS_FILE)
+        write_report(report, out_dir)
+    return report

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up bundlerun in ./.venv on a fresh machine (idempotent).
+#   - Python venv with torch==2.13.0 (CPU), executorch==1.5.1 (+ethos-u extra: tosa-tools, Vela)
+#   - bundlerun installed editable with its test extras
+#   - Debian packages the tests drive for real: adb (Android lane), chromium (HTML report check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+WITH_SYSTEM_PACKAGES="${WITH_SYSTEM_PACKAGES:-1}"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first and pinned, so no other requirement can pull a CUDA build
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[arm,test]"
+
+if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
+  missing=()
+  command -v adb >/dev/null 2>&1 || missing+=(adb)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = "0" ]; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "note: install ${missing[*]} (sudo apt-get install ${missing[*]}) for the Android and HTML-report tests" >&2
+    fi
+  fi
+fi
+echo "bundlerun is set up: $(.venv/bin/bundlerun --version)"

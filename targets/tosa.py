@@ -1,0 +1,82 @@
+"""tosa://int and tosa://fp: the bundle's program on the TOSA reference model.
+
+The program itself is executed (targets.pte_walker walks its execution plan):
+kernel calls outside the delegate run on torch's reference ops, `TOSABackend`
+delegate calls run their TOSA flatbuffer on `tosa_reference_model`. It runs in
+a child process (targets.tosa_worker under targets.worker_process's supervisor),
+so a crash or hang of the reference model is one case's ERROR/TIMEOUT.
+
+A program lowered for Ethos-U carries a Vela command stream instead of a TOSA
+graph; that cannot run here, and the target says so before starting anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bundles.bpte import Bundle
+from bundles.errors import TargetError
+from targets import TargetURL
+from targets.base import RunOptions, TargetRun, selected_cases
+from targets.worker_process import WorkerSupervisor, python_module_command
+
+PROFILES = {"int": "TOSA-1.0+INT", "fp": "TOSA-1.0+FP"}
+RUNNABLE_BACKENDS = ("TOSABackend",)
+
+
+@dataclass
+class TosaTarget:
+    url: str
+    profile: str  # "int" | "fp"
+
+    def preflight(self, bundle: Bundle) -> dict:
+        """Refuse programs whose delegates the reference model cannot execute."""
+        from targets.pte_walker import WalkError, read_delegates
+
+        try:
+            delegates = read_delegates(bundle.program)
+        except WalkError as exc:
+            raise TargetError(f"{self.url}: {exc.message}") from None
+        ids = sorted({d.backend_id for d in delegates})
+        if "EthosUBackend" in ids:
+            raise TargetError(
+                f"{self.url} cannot run this bundle: it was lowered for Ethos-U (EthosUBackend carries a Vela "
+                "command stream, not a TOSA graph); rebuild it with --target tosa://int to run it on the TOSA "
+                "reference model, or run it on its fvp:// target"
+            )
+        # Other backends (XNNPACK, ...) are reported per case by the worker as
+        # error_kind "unsupported-backend", naming the backend.
+        specs = sorted({d.compile_specs.get("tosa_spec", b"").decode() for d in delegates} - {""})
+        info: dict = {"tosa_specs": specs, "delegate_count": len(delegates)}
+        want = PROFILES[self.profile]
+        mismatched = [s for s in specs if not s.startswith(want)]
+        foreign = [i for i in ids if i not in RUNNABLE_BACKENDS]
+        if foreign:
+            info["unsupported_backends"] = foreign
+        if mismatched:
+            info["note"] = f"bundle was lowered for {', '.join(mismatched)}, run on {self.url} ({want})"
+        if not delegates:
+            info["note"] = "program has no TOSA delegate: every op runs on torch reference kernels"
+        return info
+
+    def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
+        info = self.preflight(bundle)
+        pairs = selected_cases(bundle, options)
+        args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
+        supervisor = WorkerSupervisor(python_module_command("targets.tosa_worker", *args), options, "tosa-runtime")
+        start = time.perf_counter()
+        cases = supervisor.run(pairs)
+        info = {"profile": PROFILES[self.profile], **info, **supervisor.info}
+        logs = {p.stem: str(p) for p in sorted(options.work_dir.glob("tosa-runtime-*.log"))}
+        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s)
+        run.info["wall_s"] = time.perf_counter() - start
+        return run
+
+
+def create(url: TargetURL, config: dict) -> TosaTarget:
+    profile = (url.netloc or url.path.strip("/")).lower()
+    if profile not in PROFILES:
+        raise TargetError(f"unknown TOSA profile {profile!r} in {url.raw}; use tosa://int or tosa://fp")
+    return TosaTarget(url.raw, profile)

@@ -1,0 +1,105 @@
+"""Child process of the tosa:// target: walk the bundle's program in Python
+(targets.pte_walker) with TOSA delegates on the reference model
+(targets.tosa_runtime), run the requested cases, stream JSON events
+(protocol: targets/worker_process.py). Inputs come from the bundle itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+
+def _emit(**event) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _load(bundle_path: str):
+    """Read the bundle and load the program; library chatter goes to stderr."""
+    from bundles.bpte import read_bundle
+    from targets.pte_walker import ProgramWalker, load_program
+    from targets.tosa_runtime import delegate_runners
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # keep stdout for protocol lines only
+    try:
+        bundle = read_bundle(bundle_path)
+        loaded = load_program(bundle.program)
+        walker = ProgramWalker(loaded, delegate_runners())
+    finally:
+        sys.stdout = real_stdout
+    return bundle, loaded, walker
+
+
+def _tool_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("tosa-tools", "executorch", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle")
+    parser.add_argument("out_dir")
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    try:
+        bundle, loaded, walker = _load(args.bundle)
+        from targets.pte_walker import WalkError
+    except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
+        kind = getattr(exc, "kind", "load")
+        _emit(event="fatal", error=f"could not load the program: {getattr(exc, 'message', exc)}", kind=kind)
+        return 1
+    _emit(
+        event="ready",
+        load_s=time.perf_counter() - t0,
+        info={"runtime": "bundlerun pte walker + TOSA reference model", "delegates": loaded.delegate_ids,
+              **_tool_versions()},
+    )
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for method, case in json.loads(Path(args.cases).read_text()):
+        _emit(event="start", method=method, case=case)
+        try:
+            test_case = bundle.suite(method).test_cases[case]
+        except (KeyError, IndexError):
+            _emit(event="error", method=method, case=case, error=f"bundle has no case {method}[{case}]", kind="bad-bundle")
+            continue
+        inputs = [v.to_array() if v.kind == "tensor" else v.scalar for v in test_case.inputs]
+        start = time.perf_counter()
+        try:
+            outputs = walker.run(method, inputs)
+        except WalkError as exc:
+            _emit(event="error", method=method, case=case, error=exc.message, kind=exc.kind,
+                  elapsed_s=time.perf_counter() - start)
+            continue
+        elapsed = time.perf_counter() - start
+        records = []
+        for j, (code, array) in enumerate(outputs):
+            path = out_dir / f"{method}-{case}-{j}.bin"
+            path.write_bytes(array.tobytes())
+            records.append({"scalar_type": int(code), "shape": [int(s) for s in array.shape], "file": str(path)})
+        _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records)
+    _emit(event="finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

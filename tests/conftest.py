@@ -1,0 +1,48 @@
+"""Shared fixtures. Bundles are built once per test session with the real
+ExecuTorch toolchain and cached by (model, backend, dtype, cases, target)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def bundle_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    built: dict[tuple, Path] = {}
+
+    def get(model: str, dtype: str = "fp32", backend: str | None = None, cases: int = 4,
+            target: str = "host://xnnpack", **kw) -> Path:
+        key = (model, dtype, backend, cases, target, tuple(sorted(kw.items())))
+        if key not in built:
+            from bundles.builder import BuildRequest, build_bundle
+
+            name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
+            result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype, backend=backend,
+                                               cases=cases, target=target, **kw))
+            built[key] = result.path
+        return built[key]
+
+    return get
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real `bundlerun` entry point in a fresh process."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", "from runner.cli import main; main()", *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

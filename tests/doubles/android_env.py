@@ -1,0 +1,107 @@
+"""Shared pieces for the Android tests: a private adb server, zoo bundles, runner "binaries".
+
+The adb server runs on its own port with a temporary HOME, so tests never touch
+the user's keys or server; `stop()` kills it and checks it is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivateAdbServer:
+    def __init__(self, home: Path):
+        self.home = Path(home)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.env = dict(os.environ, HOME=str(self.home), ANDROID_USER_HOME=str(self.home / ".android"),
+                        ANDROID_SDK_HOME=str(self.home), ANDROID_ADB_SERVER_PORT=str(self.port))
+        self.env.pop("ANDROID_SERIAL", None)
+
+    def adb(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(["adb", "-P", str(self.port), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def start(self) -> "PrivateAdbServer":
+        res = self.adb("start-server")
+        if res.returncode != 0:
+            raise RuntimeError(f"adb start-server failed: {res.stderr}")
+        return self
+
+    def connect(self, port: int, timeout: float = 20) -> str:
+        serial = f"127.0.0.1:{port}"
+        self.adb("connect", serial)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state(serial) == "device":
+                return serial
+            time.sleep(0.2)
+        return serial
+
+    def state(self, serial: str) -> str | None:
+        for line in self.adb("devices").stdout.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == serial:
+                return parts[1]
+        return None
+
+    def stop(self) -> None:
+        self.adb("kill-server")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) != 0:
+                    return
+            time.sleep(0.1)
+
+
+def adb_available() -> bool:
+    return shutil.which("adb") is not None
+
+
+_BUNDLES = Path(tempfile.mkdtemp(prefix="bundlerun-android-bundles-"))
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_bundle(model: str = "mlp", cases: int = 2, backend: str = "xnnpack") -> Path:
+    """A real bundle from the builder (XNNPACK-lowered zoo model), built once per session."""
+    from bundles.builder import BuildRequest, build_bundle
+
+    out = _BUNDLES / f"{model}-{backend}-{cases}.bpte"
+    build_bundle(BuildRequest(model=model, output=out, backend=backend, target="adb+tcp://127.0.0.1:5555", cases=cases))
+    return out
+
+
+def runner_binaries(folder: Path) -> dict[str, Path]:
+    from doubles.android_runner import make_runner_binary
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "executor-runner": make_runner_binary(folder / "executor_runner", "executor-runner"),
+        "qnn-executor-runner": make_runner_binary(folder / "qnn_executor_runner", "qnn-executor-runner"),
+    }
+
+
+def fake_qnn_sdk(root: Path, arch: str = "75") -> Path:
+    """A QNN SDK tree with placeholder libraries (the real SDK cannot be installed here)."""
+    android = root / "lib" / "aarch64-android"
+    android.mkdir(parents=True, exist_ok=True)
+    for name in ("libQnnHtp.so", "libQnnSystem.so", f"libQnnHtpV{arch}Stub.so", "libQnnHtpPrepare.so"):
+        (android / name).write_bytes(b"\x7fELF placeholder " + name.encode())
+    skel = root / "lib" / f"hexagon-v{arch}" / "unsigned"
+    skel.mkdir(parents=True, exist_ok=True)
+    (skel / f"libQnnHtpV{arch}Skel.so").write_bytes(b"\x7fELF hexagon placeholder")
+    return root

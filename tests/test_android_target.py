@@ -1,0 +1,142 @@
+"""The Android target end to end against the emulated device, through both clients.
+
+Bundles are real (zoo models lowered to XNNPACK by the builder); the runner
+stand-ins run them through the host ExecuTorch runtime "on the device".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bundles.bpte import read_bundle
+from doubles.adbd import FakeAdbd
+from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries, zoo_bundle
+from targets import open_target
+from targets.android.profiles import sort_qnn_outputs
+from targets.base import CaseStatus, RunOptions
+
+WORKSPACE = "/data/local/tmp/bundle run's; $(x)"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ANDROID_USER_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def device(tmp_path):
+    d = FakeAdbd(tmp_path / "device")
+    d.start()
+    yield d
+    d.stop()
+    assert d.live_processes() == []
+
+
+@pytest.fixture(scope="module")
+def runners(tmp_path_factory):
+    return runner_binaries(tmp_path_factory.mktemp("runners"))
+
+
+@pytest.fixture(scope="module")
+def bundle_path():
+    return zoo_bundle("mlp", 2)
+
+
+def _assert_outputs_match_expected(bundle, run):
+    for case in run.cases:
+        assert case.status == CaseStatus.OK, (case.error, case.log_excerpt)
+        expected = bundle.suite(case.method).test_cases[case.case_index].expected_outputs
+        assert len(case.outputs) == len(expected)
+        for got, want in zip(case.outputs, expected):
+            assert got.shape == list(want.sizes) and got.scalar_type == want.scalar_type
+            np.testing.assert_allclose(got.to_array(), want.to_array(), rtol=1e-3, atol=1e-3)
+        assert case.log_path and "Test_result: PASS" in open(case.log_path).read()
+
+
+def test_adb_tcp_executor_runner_all_cases_then_nothing_pushed(device, home, runners, bundle_path, tmp_path):
+    bundle = read_bundle(bundle_path)
+    cfg = {"runner": str(runners["executor-runner"]), "workspace": WORKSPACE}
+    target = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg)
+    run = target.run(bundle, bundle_path, RunOptions(work_dir=tmp_path / "w1", case_timeout_s=120))
+    assert [(c.method, c.case_index) for c in run.cases] == [("forward", 0), ("forward", 1)]
+    _assert_outputs_match_expected(bundle, run)
+    assert all(c.device_verdict == {"result": "PASS"} for c in run.cases)
+    assert run.info["pushed"].count("model.bpte") == 2 and "executor_runner" in run.info["pushed"]
+    pushes = len(device.stats.pushes)
+    again = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
+        bundle, bundle_path, RunOptions(work_dir=tmp_path / "w2", case_timeout_s=120, cases=[1]))
+    assert again.cases[0].status == CaseStatus.OK
+    assert again.info["pushed"] == [] and len(device.stats.pushes) == pushes
+    assert device.stats.auth_prompts == 1  # the saved key is trusted from then on
+
+
+@pytest.mark.skipif(not adb_available(), reason="the adb binary is not installed")
+def test_adb_server_executor_runner(device, home, runners, bundle_path, tmp_path):
+    server = PrivateAdbServer(tmp_path / "adbhome").start()
+    try:
+        bundle = read_bundle(bundle_path)
+        cfg = {"runner": str(runners["executor-runner"]), "workspace": WORKSPACE, "server_port": server.port}
+        # the target runs `adb connect` itself for a HOST:PORT serial
+        run = open_target(f"adb://127.0.0.1:{device.port}", cfg).run(
+            bundle, bundle_path, RunOptions(work_dir=tmp_path / "w", case_timeout_s=120))
+        _assert_outputs_match_expected(bundle, run)
+        assert run.info["transport"].startswith("adb CLI")
+    finally:
+        server.stop()
+
+
+def test_qnn_profile_extracts_pte_and_inputs(device, home, runners, bundle_path, tmp_path):
+    bundle = read_bundle(bundle_path)
+    sdk = fake_qnn_sdk(tmp_path / "qnn", "75")
+    cfg = {"runner": str(runners["qnn-executor-runner"]), "profile": "qnn-executor-runner",
+           "qnn_sdk_root": str(sdk), "soc_model": "SM8650"}
+    run = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
+        bundle, bundle_path, RunOptions(work_dir=tmp_path / "w", case_timeout_s=120))
+    assert run.info["htp_arch"] == "75"
+    for case in run.cases:
+        assert case.status == CaseStatus.OK, (case.error, case.log_excerpt)
+        want = bundle.suite("forward").test_cases[case.case_index].expected_outputs[0]
+        np.testing.assert_allclose(case.outputs[0].to_array(), want.to_array(), rtol=1e-3, atol=1e-3)
+    pushed = set(run.info["pushed"])
+    assert {"libQnnHtp.so", "libQnnSystem.so", "libQnnHtpV75Stub.so", "libQnnHtpPrepare.so",
+            "libQnnHtpV75Skel.so", "model.pte", "input_list.txt", "qnn_executor_runner"} <= pushed
+    # one process ran every case
+    runs = [c for c in device.stats.shell_commands if "qnn_executor_runner --model_path" in c]
+    assert len(runs) == 1 and "--input_list_path input_list.txt" in runs[0]
+    listing = open(tmp_path / "w/android/qnn/forward/input_list.txt").read().splitlines()
+    assert listing == ["inputs/input_0_0.raw", "inputs/input_1_0.raw"]
+
+
+def test_qnn_output_files_sort_numerically():
+    names = [f"output_{i}_{j}.raw" for i in (10, 2, 1) for j in (10, 0, 2)] + ["junk.txt"]
+    grouped = sort_qnn_outputs(names)
+    assert list(grouped) == [1, 2, 10]
+    assert grouped[10] == ["output_10_0.raw", "output_10_2.raw", "output_10_10.raw"]
+
+
+def test_qnn_without_sdk_is_a_clear_error(device, home, runners, bundle_path, tmp_path, monkeypatch):
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    from bundles.errors import TargetError
+
+    target = open_target(f"adb+tcp://127.0.0.1:{device.port}",
+                         {"runner": str(runners["qnn-executor-runner"]), "profile": "qnn-executor-runner", "htp_arch": "75"})
+    with pytest.raises(TargetError, match="QNN_SDK_ROOT"):
+        target.run(read_bundle(bundle_path), bundle_path, RunOptions(work_dir=tmp_path / "w"))
+
+
+def test_bad_config_is_rejected():
+    from bundles.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="under /data/local/tmp/"):
+        open_target("adb+tcp://127.0.0.1:5555", {"workspace": "/sdcard/x"})
+    with pytest.raises(ConfigError, match="unknown setting"):
+        open_target("adb+tcp://127.0.0.1:5555", {"runer": "x"})
+    with pytest.raises(ConfigError, match="profile"):
+        open_target("adb://X", {"profile": "nope"})
+    t = open_target("adb://SERIAL1?host=10.1.1.1&port=5038", {})
+    assert t.transport.server_host == "10.1.1.1" and t.transport.server_port == 5038
+    assert t.transport.serial == "SERIAL1"

@@ -1,0 +1,89 @@
+"""host:// target on the real runtime: every zoo model and dtype passes, crashes
+and hangs of the runtime are contained, nothing is left running."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bundles.bpte import read_bundle
+from runner.session import RunRequest, execute_run
+from targets.base import CaseStatus, RunOptions
+
+ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]
+MATRIX = [(m, d, "host://xnnpack") for m in ZOO for d in ("fp32", "fp16", "int8")] + [
+    (m, "fp32", "host://portable") for m in ZOO
+]
+
+
+@pytest.mark.parametrize("model,dtype,target", MATRIX, ids=[f"{m}-{d}-{t.split('//')[1]}" for m, d, t in MATRIX])
+def test_zoo_passes_on_host(bundle_cache, tmp_path, model, dtype, target):
+    path = bundle_cache(model, dtype=dtype, cases=4, target=target)
+    report = execute_run(RunRequest(bundle_path=path, target=target, report_dir=tmp_path))
+    assert report["summary"]["verdict"] == "PASS", [
+        (c["case"], o["name"], o["failed"]) for c in report["cases"] for o in c["outputs"] if o["verdict"] != "PASS"
+    ]
+    assert report["summary"]["cases"] == 4
+    out = report["cases"][0]["outputs"][0]
+    stats = out["stats"]
+    # a real comparison happened: finite error statistics and non-trivial reference values
+    assert stats["reference_stats"]["numel"] > 0 and stats["error_max"] is not None
+    assert out["expected"]["dtype"] == ("float16" if dtype == "fp16" else "float32")
+    if dtype == "int8":
+        assert out["criteria"]["scale"] and out["criteria"]["sqnr_min_db"]
+        assert 20 <= stats["sqnr"] < 90  # quantized, so not bit-exact with the float reference
+    assert (tmp_path / "report.json").is_file()
+
+
+def test_every_case_runs_once_program_loaded_once(bundle_cache, tmp_path):
+    from targets import open_target
+
+    path = bundle_cache("mlp", cases=6)
+    bundle = read_bundle(path)
+    run = open_target("host://xnnpack").run(bundle, path, RunOptions(work_dir=tmp_path))
+    assert [(c.method, c.case_index) for c in run.cases] == [("forward", i) for i in range(6)]
+    assert all(c.status == CaseStatus.OK for c in run.cases)
+    assert len(list(tmp_path.glob("host-runtime-*.log"))) == 1  # one child process, one load
+    # outputs differ per case: the case's own inputs were used
+    assert len({c.outputs[0].data for c in run.cases}) == 6
+
+
+def _children_alive() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"targets.host_worker" in cmd:
+                out.append(pid)
+    return out
+
+
+def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
+    path = bundle_cache("mlp", cases=5)
+    monkeypatch.setenv("BUNDLERUN_FAULT", "crash@forward:1;hang@forward:3")
+    report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path, case_timeout_s=8))
+    verdicts = [c["verdict"] for c in report["cases"]]
+    assert verdicts == ["PASS", "ERROR", "PASS", "TIMEOUT", "PASS"]
+    crash = report["cases"][1]
+    assert crash["error_kind"] == "crash" and "SIGSEGV" in crash["error"]
+    assert report["cases"][3]["error_kind"] == "hang"
+    assert report["summary"]["exit_code"] == 2
+    assert not _children_alive()
+
+
+def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):
+    from bundles.bpte import write_bundle
+
+    bundle = read_bundle(bundle_cache("mlp", cases=2))
+    for case in bundle.suite("forward").test_cases:
+        out = case.expected_outputs[0]
+        out.sizes, out.data = [1, 5], out.data[: 5 * 4]
+    bad = write_bundle(bundle, tmp_path / "bad.bpte")
+    report = execute_run(RunRequest(bundle_path=bad, target="host://xnnpack", report_dir=tmp_path / "r"))
+    assert report["summary"]["exit_code"] == 2
+    assert report["cases"][0]["error_kind"] == "bad-bundle" and "[1, 5]" in report["cases"][0]["error"]

@@ -1,0 +1,112 @@
+"""HTML report: self-contained, plots embedded, renders in a real headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import browser  # noqa: E402
+import report_samples as rs  # noqa: E402
+
+from runner import history  # noqa: E402
+from runner.accuracy import dataset_summary  # noqa: E402
+from runner.reports import write_reports  # noqa: E402
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+def _report_with_history(tmp_path):
+    """A failing run with saved outputs, a dataset section, and five earlier runs in history."""
+    db = tmp_path / "history.sqlite"
+    bundle = rs.make_bundle(cases=6, model="digits-mlp", dtype="int8")
+    bundle_path = rs.write_stub_bundle(bundle, tmp_path / "digits.bpte")
+    labels = np.arange(60) % 10
+    rng = np.random.default_rng(0)
+    for k, noise in enumerate((1e-4, 2e-4, 1e-4, 5e-4, 3e-3)):
+        run = rs.target_run(bundle, noise=noise, seed=k)
+        ref = rng.standard_normal((60, 10))
+        ref[np.arange(60), labels] += 3
+        act = ref + rng.standard_normal((60, 10)) * (0.2 + k * 0.3)
+        history.record_report(db, rs.make_report(bundle, run, bundle_path, label=f"commit{k}",
+                                                 dataset=dataset_summary(act, ref, labels, "digits", 10)))
+    run = rs.target_run(bundle, noise=4e-3, seed=9, errors={5: "timeout"})
+    ref = rng.standard_normal((60, 10))
+    ref[np.arange(60), labels] += 3
+    act = ref + rng.standard_normal((60, 10)) * 1.5
+    report = rs.make_report(bundle, run, bundle_path, label="commit5", dataset=dataset_summary(act, ref, labels, "digits", 10))
+    history.record_report(db, report)
+    return report, bundle_path, rs.saved_outputs(run), db
+
+
+def test_html_is_self_contained_with_plots(tmp_path):
+    report, bundle_path, outputs, db = _report_with_history(tmp_path)
+    files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
+    assert set(files) == {"junit", "markdown", "html"}
+    page = files["html"].read_text()
+    # nothing is fetched from anywhere: no external src/href, no scripts
+    assert not re.search(r'(src|href)=["\']?(https?:|//|file:)', page)
+    assert "<script" not in page
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    # histogram + scatter for the output, trends for sqnr, mae, top1
+    assert len(images) == 5
+    for data in images:
+        assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Dataset accuracy: digits" in page and "TIMEOUT" in page and "History" in page
+
+
+def test_html_without_outputs_shows_stats_only(tmp_path):
+    report = rs.quick_report(noise=1e-3)
+    files = write_reports(report, tmp_path, formats=("html",))
+    page = files["html"].read_text()
+    assert "statistics only" in page and "data:image/png" not in page
+    assert report["cases"][0]["outputs"][0]["name"] in page
+
+
+def test_markdown_goes_to_github_step_summary(tmp_path, monkeypatch):
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("previous step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    report = rs.quick_report(noise=5e-2)
+    files = write_reports(report, tmp_path / "out", formats=("markdown",))
+    text = summary.read_text()
+    assert text.startswith("previous step\n")  # appended, not replaced
+    assert "**FAIL**" in text and "elementwise" in text
+    assert files["markdown"].read_text() in text
+
+
+@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
+def test_html_renders_in_headless_chromium(tmp_path):
+    report, bundle_path, outputs, db = _report_with_history(tmp_path)
+    files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "html_report.png"
+    check = browser.check_page(files["html"].resolve().as_uri(), shot)
+    assert check.console_errors == []
+    assert check.title.startswith("bundlerun: digits-mlp on host://xnnpack")
+    assert len(check.images) == 5
+    for img in check.images:
+        assert img["complete"] and img["naturalWidth"] > 100 and img["naturalHeight"] > 100, img
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width >= 1000 and height > 900  # the full page, longer than one screen
+
+
+@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
+def test_browser_check_sees_broken_images_and_errors(tmp_path):
+    """The checker itself must be able to fail: a broken image and a console error are seen."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head><link rel='icon' href='data:,'><title>bad</title></head><body>"
+        "<img alt='broken' src='data:image/png;base64,AAAA'>"
+        "<script>console.error('boom')</script></body></html>"
+    )
+    check = browser.check_page(page.as_uri(), tmp_path / "bad.png")
+    assert any("boom" in e for e in check.console_errors)
+    assert check.images[0]["naturalWidth"] == 0

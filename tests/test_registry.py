@@ -1,0 +1,387 @@
+"""The tolerance registry: data file vs DESIGN §5, every level of the chain, the trail."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundles.errors import ConfigError
+from bundles.registry import BUILTIN_PATH, LEVELS, TIERS, Layer, Registry, explicit_entry, normalize_op, tier_for
+from bundles.tolerances import ToleranceContext, explain, resolve_criteria
+
+DATA = tomllib.loads(BUILTIN_PATH.read_text())
+EPS16 = 9.77e-4
+
+
+@pytest.fixture
+def builtin() -> Registry:
+    return Registry.builtin(BUILTIN_PATH)
+
+
+def ctx(**kw) -> ToleranceContext:
+    kw.setdefault("backend", "xnnpack")
+    kw.setdefault("target", "host://xnnpack")
+    kw.setdefault("dtype", "fp32")
+    kw.setdefault("host_arch", "x86_64")
+    return ToleranceContext(**kw)
+
+
+def _model_override(model: str, backend: str) -> list[dict]:
+    return [m for m in DATA["model_overrides"] if model in m["models"] and m["backend"] == backend]
+
+
+def _op_rule(name: str) -> dict:
+    return next(r for r in DATA["op_rules"] if r["name"] == name)
+
+
+# ------------------------------------------------------------------ data file = DESIGN §5
+
+
+def test_data_file_covers_every_backend_and_variant():
+    backends = DATA["backends"]
+    assert set(backends) == {"xnnpack", "portable", "arm", "cortex-m", "qnn", "vulkan", "mlx", "metal", "coreml", "nxp"}
+    assert set(backends["arm"]["variants"]) == {"tosa-int", "tosa-fp", "ethos-u55", "ethos-u65", "ethos-u85", "vgf"}
+    assert set(backends["qnn"]["variants"]) == {"htp", "gpu"}
+
+
+def test_data_file_numbers_match_design_section_5():
+    g, b = DATA["global"], DATA["backends"]
+    assert (g["default"]["atol"], g["default"]["rtol"]) == (1e-3, 1e-3)  # shared harness
+    assert b["xnnpack"]["tiers"]["int8"]["qtol"] == 1
+    assert _op_rule("xnnpack-int8-conv")["qtol"] == 2
+    assert _op_rule("fp16-exp-gelu")["eps"] == EPS16 and set(_op_rule("fp16-exp-gelu")["ops"]) == {"exp", "gelu"}
+    assert _op_rule("xnnpack-groupwise-linear-bf16")["atol"] == 8e-2
+    assert _op_rule("xnnpack-groupwise-linear-fp16")["atol"] == 1e-2
+    assert b["xnnpack"]["tiers"]["int8.vs-float"]["sqnr_min_db"] == 20.0
+    # arm
+    assert (b["arm"]["default"]["atol"], b["arm"]["default"]["rtol"]) == (1e-3, 1e-3)
+    assert b["arm"]["tiers"]["int8"]["qtol"] == 1
+    vs = b["arm"]["tiers"]["int8.vs-float"]
+    assert (vs["rel_frobenius_max"], vs["cosine_min"]) == (0.15, 0.9)
+    assert b["arm"]["variants"]["tosa-fp"]["tiers"]["fp32"]["qtol"] == 0
+    for v in ("tosa-int", "ethos-u55", "ethos-u85", "vgf"):
+        assert b["arm"]["variants"][v]["tiers"]["int8"]["qtol"] == 1
+    mv2 = _model_override("mobilenet_v2", "arm")
+    assert any(m.get("atol") == 0.25 and m.get("qtol") == 1 and m["dtypes"] == ["int8"] for m in mv2)
+    assert any(m.get("atol") == 1e-3 and m["dtypes"] == ["fp32"] for m in mv2)
+    conf = _model_override("conformer", "arm")[0]
+    assert (conf["atol"], conf["rtol"]) == (0.45, 0.4)
+    assert _model_override("mobilenet_v3", "arm")[0]["atol"] == 0.5
+    deit = _model_override("deit_tiny", "arm")
+    assert {m["atol"] for m in deit} == {1.5, 8e-2}
+    assert _model_override("lstm", "arm")[0]["atol"] == 0.3
+    assert _model_override("resnet18", "arm")[0]["atol"] == 6e-1
+    adj = DATA["adjustments"][0]
+    assert adj["atol_scale"] == 1.1 and "aarch64" in adj["host_arch"]
+    # cortex-m
+    assert b["cortex-m"]["default"]["atol"] == 1e-3 and b["cortex-m"]["tiers"]["int8"]["qtol"] == 1
+    assert _op_rule("cortex-m-conv-softmax")["qtol"] == 2
+    assert {m["qtol"] for m in DATA["model_overrides"] if m["backend"] == "cortex-m"} == {10, 20}
+    assert {"wav2letter", "yolo11"} <= set(_model_override("wav2letter", "cortex-m")[0]["models"])
+    assert b["cortex-m"]["firmware"] == {"atol": 5.0, "rtol": 1.0}
+    # qnn, vulkan, mlx, metal, coreml, nxp
+    assert (b["qnn"]["default"]["atol"], b["qnn"]["default"]["rtol"]) == (1e-1, 1e-1)
+    assert (b["qnn"]["tiers"]["int8"]["atol"], b["qnn"]["tiers"]["int8"]["rtol"]) == (1e-1, 1)
+    assert b["qnn"]["tiers"]["int8.vs-float"]["cosine_min"] == 0.95
+    assert (b["vulkan"]["default"]["atol"], b["vulkan"]["default"]["rtol"]) == (1e-3, 1e-1)
+    assert b["vulkan"]["tiers"]["fp16"] == {"atol": 1e-2, "rtol": 1e-2} and b["vulkan"]["tiers"]["int8"]["atol"] == 1e-2
+    assert (b["mlx"]["default"]["atol"], b["mlx"]["tiers"]["fp16"]["atol"], b["mlx"]["tiers"]["bf16"]["atol"]) == (1e-5, 1e-3, 1e-2)
+    assert b["mlx"]["tiers"]["int8"] == {"atol": 1e-1, "rtol": 1e-1} and b["mlx"]["integer_outputs_exact"] is True
+    assert b["metal"]["default"]["atol"] == 1e-5 and b["metal"]["tiers"]["bf16"]["atol"] == 1e-2
+    assert (_op_rule("metal-int4-fp32")["atol"], _op_rule("metal-int4-bf16")["atol"]) == (5e-2, 1e-1)
+    assert b["coreml"]["default"] == {"atol": 1e-2, "rtol": 1e-2} and b["coreml"]["tiers"]["int8"]["atol"] == 5e-2
+    assert b["coreml"]["tiers"]["int8.vs-float"]["sqnr_min_db"] == 20.0
+    assert b["nxp"]["default"] == {"atol": 1e-8, "rtol": 1e-5} and b["nxp"]["tiers"]["int8"]["qtol"] == 1
+
+
+def test_every_entry_cites_its_origin():
+    lines = BUILTIN_PATH.read_text().splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        if not line.startswith("["):
+            continue
+        prev = lines[i - 1].strip() if i else ""
+        if prev and not prev.startswith("#"):
+            continue  # a sub-table continuing the entry right above it
+        j = i - 1
+        block = []
+        while j >= 0 and lines[j].startswith("#"):
+            block.append(lines[j])
+            j -= 1
+        if not any("origin:" in c for c in block):
+            missing.append(line)
+    assert not missing, f"entries without an origin comment: {missing}"
+
+
+def test_builtin_data_validates_and_every_backend_tier_variant_resolves(builtin):
+    count = 0
+    for backend in builtin.backends():
+        for variant in [None, *builtin.variants(backend)]:
+            for dtype in ("fp32", "fp16", "bf16", "int8", "int16"):
+                for reference in ("eager-fp32", "quantized"):
+                    c = resolve_criteria(ctx(backend=backend, target=variant or "x://y", dtype=dtype, reference=reference,
+                                             scale=0.01), registry=builtin)
+                    values = [getattr(c, k) for k in ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")]
+                    assert any(v is not None for v in values), (backend, variant, dtype, reference)
+                    assert all(v is None or (math.isfinite(v) and v >= 0) for v in values)
+                    count += 1
+    assert count == (10 + 6 + 2) * 5 * 2
+
+
+# ------------------------------------------------------------------ foundation semantics kept
+
+
+def test_int8_against_float_reference_uses_signal_quality_not_elementwise(builtin):
+    c = resolve_criteria(ctx(dtype="int8", reference="eager-fp32", scale=0.02, ops=["aten.convolution.default"]), registry=builtin)
+    assert (c.atol, c.rtol, c.qtol) == (None, None, None)
+    assert (c.sqnr_min_db, c.cosine_min) == (20.0, 0.98)
+    assert c.trail["atol"][-1]["value"] is None and "unset" in c.trail["atol"][-1]["source"]
+
+
+def test_int8_against_quantized_reference_counts_steps_and_conv_gets_two(builtin):
+    plain = resolve_criteria(ctx(dtype="int8", reference="quantized", scale=0.02, ops=["aten.linear.default"]), registry=builtin)
+    assert (plain.atol, plain.rtol, plain.qtol, plain.scale) == (1e-3, 1e-3, 1, 0.02)
+    assert plain.effective_atol == pytest.approx(1e-3 + 0.02)
+    conv = resolve_criteria(ctx(dtype="int8", reference="quantized", scale=0.02, ops=["aten.convolution.default"]), registry=builtin)
+    assert conv.qtol == 2 and "xnnpack-int8-conv" in conv.trail["qtol"][-1]["source"]
+
+
+def test_tiers_keep_reference_kind():
+    assert tier_for("int8", "eager-fp32") == "int8.vs-float"
+    assert tier_for("int8", "quantized") == "int8"
+    assert tier_for("fp16", "quantized") == "fp16"
+    assert set(TIERS) >= {"int8.vs-float", "int16.vs-float", "int16"}
+
+
+# ------------------------------------------------------------------ every level of the chain
+
+SYNTH = {
+    "global": {"default": {"atol": 1.0, "rtol": 0.5}, "tiers": {"fp16": {"atol": 2.5}}},
+    "backends": {
+        "bk": {
+            "default": {"atol": 2.0},
+            "tiers": {"fp32": {"atol": 3.0}},
+            "variants": {"va": {"targets": ["zz://va*"], "tiers": {"fp32": {"atol": 4.0}}}},
+        },
+        "other": {},
+    },
+    "op_rules": [{"name": "r", "backends": ["bk"], "dtypes": ["fp32"], "ops": ["gelu"], "atol": 5.0}],
+    "model_overrides": [{"models": ["m-x"], "backend": "bk", "dtypes": ["fp32"], "atol": 6.0}],
+}
+
+
+def _synth(**drop) -> Registry:
+    import copy
+
+    data = copy.deepcopy(SYNTH)
+    b = data["backends"]["bk"]
+    if drop.get("model"):
+        data["model_overrides"] = []
+    if drop.get("op"):
+        data["op_rules"] = []
+    if drop.get("variant"):
+        b["variants"]["va"].pop("tiers")
+    if drop.get("tier"):
+        b.pop("tiers")
+    if drop.get("backend_default"):
+        b.pop("default")
+    return Registry([Layer("synth.toml", data, "built-in")])
+
+
+FULL = dict(backend="bk", target="zz://va1", dtype="fp32", model="M_X", ops=["aten.gelu.default"])
+
+
+@pytest.mark.parametrize(
+    "drop, overrides, atol, level",
+    [
+        ({}, {"atol": 7.0}, 7.0, "explicit override"),
+        ({}, None, 6.0, "model + target override"),
+        ({"model": 1}, None, 5.0, "op rule"),
+        ({"model": 1, "op": 1}, None, 4.0, "backend + variant + dtype tier"),
+        ({"model": 1, "op": 1, "variant": 1}, None, 3.0, "backend + dtype tier"),
+        ({"model": 1, "op": 1, "variant": 1, "tier": 1}, None, 2.0, "backend default"),
+        ({"model": 1, "op": 1, "variant": 1, "tier": 1, "backend_default": 1}, None, 1.0, "global default"),
+    ],
+)
+def test_each_level_of_the_chain_wins_over_the_less_specific_ones(drop, overrides, atol, level):
+    res = explain(ctx(**FULL), overrides, _synth(**drop))
+    assert res.criteria.atol == atol
+    trail = res.criteria.trail["atol"]
+    assert trail[-1]["source"].startswith(level) and trail[-1]["value"] == atol
+    # winning entry last; every less specific entry that set atol is there before it, in chain order
+    assert [t["value"] for t in trail] == sorted(t["value"] for t in trail)
+    assert trail[0]["file"] == "synth.toml" and trail[0]["source"].startswith("global default")
+    assert res.criteria.rtol == 0.5 and res.criteria.trail["rtol"][-1]["source"].startswith("global default")
+    assert res.variant == "va"
+
+
+def test_levels_list_is_the_documented_chain():
+    assert LEVELS[0] == "global default" and LEVELS[-1] == "explicit override"
+    assert LEVELS.index("op rule") < LEVELS.index("model + target override")
+
+
+def test_global_tier_is_the_fallback_when_backend_has_no_entry_for_the_tier():
+    res = explain(ctx(backend="other", target="x://", dtype="fp16"), None, _synth())
+    assert res.criteria.atol == 2.5
+    assert "global.tiers.fp16 (other has no fp16 entry)" in res.criteria.trail["atol"][-1]["source"]
+
+
+def test_model_override_respects_backend_and_dtype(builtin):
+    base = dict(target="fvp://corstone-300/ethos-u55-128", reference="quantized", scale=0.1)
+    mv2 = resolve_criteria(ctx(backend="arm", dtype="int8", model="mobilenet_v2", **base), registry=builtin)
+    assert mv2.atol == 0.25 and "mobilenet_v2" in mv2.trail["atol"][-1]["source"]
+    other = resolve_criteria(ctx(backend="arm", dtype="int8", model="resnet50", **base), registry=builtin)
+    assert other.atol == 1e-3
+    cm = resolve_criteria(ctx(backend="cortex-m", target="fvp://corstone-300/cortex-m55", dtype="int8",
+                              model="mv3", reference="quantized", scale=0.1), registry=builtin)
+    assert cm.qtol == 20
+    fp = resolve_criteria(ctx(backend="arm", target="tosa://fp", dtype="fp16", model="deit_tiny"), registry=builtin)
+    assert fp.atol == 8e-2
+
+
+def test_variant_from_target_url(builtin):
+    assert builtin.variant_for("arm", "tosa://int") == "tosa-int"
+    assert builtin.variant_for("arm", "tosa://fp") == "tosa-fp"
+    assert builtin.variant_for("arm", "fvp://corstone-300/ethos-u55-128") == "ethos-u55"
+    assert builtin.variant_for("arm", "fvp://corstone-300/ethos-u65-256") == "ethos-u65"
+    assert builtin.variant_for("arm", "fvp://corstone-320/ethos-u85-256") == "ethos-u85"
+    assert builtin.variant_for("arm", "vgf") == "vgf"
+    assert builtin.variant_for("qnn", "adb://SERIAL") == "htp"  # default variant
+    assert builtin.variant_for("qnn", "adb://SERIAL?backend=gpu") == "gpu"
+    assert builtin.variant_for("xnnpack", "host://xnnpack") is None
+
+
+# ------------------------------------------------------------------ op rules, adjustments, special outputs
+
+
+def test_fp16_exp_gelu_rule_is_data_dependent(builtin):
+    expected = np.array([[3.0, -0.5], [0.25, 1.0]], dtype=np.float16)
+    c = resolve_criteria(ctx(dtype="fp16", ops=["aten.gelu.default"], expected=expected), registry=builtin)
+    assert c.atol == pytest.approx(max(2 * EPS16, 3.0 * 6 * EPS16))
+    assert "fp16-exp-gelu" in c.trail["atol"][-1]["source"]
+    # rtol 6*eps is tighter than the fp16 tier's 1e-2: a loosen-only rule leaves it
+    assert c.rtol == 1e-2
+    bigger = resolve_criteria(ctx(dtype="fp16", ops=["exp"], expected=expected * 4), registry=builtin)
+    assert bigger.atol == pytest.approx(12.0 * 6 * EPS16)
+    small = resolve_criteria(ctx(dtype="fp16", ops=["exp"], expected=expected / 100), registry=builtin)
+    assert small.atol == 1e-2  # 2*eps floor is tighter than the tier: not applied
+    none = resolve_criteria(ctx(dtype="fp16", ops=["aten.add.Tensor"], expected=expected), registry=builtin)
+    assert none.atol == 1e-2
+
+
+def test_fp16_rule_alone_gives_the_published_formula():
+    data = {"backends": {"bk": {}}, "op_rules": [
+        {"name": "f", "ops": ["gelu"], "dtypes": ["fp16"], "rule": "fp16-eps", "eps": EPS16}]}
+    reg = Registry([Layer("f.toml", data, "built-in")])
+    ref = np.array([0.1, -2.0, 0.5])
+    c = resolve_criteria(ctx(backend="bk", dtype="fp16", ops=["gelu"], expected=ref), registry=reg)
+    allowed = np.maximum(2 * EPS16, np.abs(ref) * 6 * EPS16)
+    assert c.atol == pytest.approx(allowed.max()) and c.rtol == pytest.approx(6 * EPS16)
+
+
+def test_aarch64_host_scales_tosa_atol_only(builtin):
+    base = dict(backend="arm", dtype="int8", reference="quantized", scale=0.1, model="lstm")
+    x86 = resolve_criteria(ctx(target="tosa://int", **base), registry=builtin)
+    arm64 = resolve_criteria(ctx(target="tosa://int", **{**base, "host_arch": "aarch64"}), registry=builtin)
+    assert x86.atol == 0.3 and arm64.atol == pytest.approx(0.33)
+    assert "aarch64-host-tosa" in arm64.trail["atol"][-1]["source"]
+    fvp = resolve_criteria(ctx(target="fvp://corstone-300/ethos-u55-128", **{**base, "host_arch": "aarch64"}), registry=builtin)
+    assert fvp.atol == 0.3
+
+
+def test_distribution_adjustment_from_data():
+    data = {"global": {"default": {"atol": 0.01, "rtol": 0.01}}, "backends": {"bk": {}},
+            "adjustments": [{"name": "randn-outliers", "distributions": ["randn"], "atol_scale": 2.0}]}
+    reg = Registry([Layer("a.toml", data, "built-in")])
+    assert resolve_criteria(ctx(backend="bk", input_distribution="randn"), registry=reg).atol == pytest.approx(0.02)
+    assert resolve_criteria(ctx(backend="bk", input_distribution="rand"), registry=reg).atol == pytest.approx(0.01)
+    # explicit overrides are never adjusted
+    assert resolve_criteria(ctx(backend="bk", input_distribution="randn"), {"atol": 0.5}, registry=reg).atol == 0.5
+
+
+def test_bool_outputs_are_exact(builtin):
+    c = resolve_criteria(ctx(dtype="int8", output_dtype="bool"), registry=builtin)
+    assert c.exact and c.atol is None and c.sqnr_min_db is None
+    assert c.trail["exact"][0]["source"] == "bool outputs are exact"
+
+
+def test_integer_outputs_count_integer_steps(builtin):
+    c = resolve_criteria(ctx(dtype="int8", reference="quantized", output_dtype="int8", scale=0.05, zero_point=3), registry=builtin)
+    assert c.scale == 1.0 and c.qtol == 1 and c.effective_atol == pytest.approx(1.001)
+    assert "integer steps" in c.trail["scale"][-1]["source"]
+    mlx = resolve_criteria(ctx(backend="mlx", target="apple://mlx", output_dtype="int64"), registry=builtin)
+    assert mlx.exact
+
+
+def test_float_output_without_scale_drops_qtol(builtin):
+    c = resolve_criteria(ctx(dtype="int8", reference="quantized"), registry=builtin)
+    assert c.qtol is None and "not applicable" in c.trail["qtol"][-1]["source"]
+
+
+def test_groupwise_quantization_rule_matches_scheme(builtin):
+    c = resolve_criteria(ctx(dtype="bf16", ops=["aten.linear.default"], quantization="8da4w-groupwise-32"), registry=builtin)
+    assert c.atol == 8e-2
+    plain = resolve_criteria(ctx(dtype="bf16", ops=["aten.linear.default"]), registry=builtin)
+    assert plain.atol == 1e-1
+
+
+# ------------------------------------------------------------------ explicit overrides, layers, env
+
+
+def test_explicit_override_selectors():
+    assert explicit_entry({"out0.atol": 0.5, "out1.atol": 9.0}, "forward", "out0", 0) == {"atol": 0.5}
+    assert explicit_entry({"forward.*.qtol": 3}, "forward", "out4", 4) == {"qtol": 3}
+    assert explicit_entry({"other.out0.qtol": 3}, "forward", "out0", 0) == {}
+    assert explicit_entry({"rtol": None}, "forward", "out0", 0) == {"unset": ["rtol"]}
+    with pytest.raises(ConfigError, match="did you mean 'rtol'"):
+        explicit_entry({"rtoll": 1}, "forward", "out0", 0)
+    with pytest.raises(ConfigError, match="negative"):
+        explicit_entry({"atol": -1}, "forward", "out0", 0)
+
+
+def test_project_layer_wins_and_is_named_in_the_trail(builtin, tmp_path):
+    project = {"backends": {"xnnpack": {"tiers": {"int8": {"qtol": 3}}}}, "override": {"outputs": ["out1"], "atol": 0.2}}
+    reg = builtin.with_overlay(project, str(tmp_path / "bundlerun.toml"))
+    c0 = resolve_criteria(ctx(dtype="int8", reference="quantized", scale=0.1), registry=reg)
+    assert c0.qtol == 3 and c0.trail["qtol"][-1]["file"].endswith("bundlerun.toml")
+    assert c0.trail["qtol"][-2]["file"] == str(BUILTIN_PATH)
+    assert c0.atol == 1e-3
+    c1 = resolve_criteria(ctx(dtype="int8", reference="quantized", scale=0.1, output_index=1, output_name="out1"), registry=reg)
+    assert c1.atol == 0.2 and c1.trail["atol"][-1]["source"] == "explicit override: override (project config)"
+
+
+def test_env_var_replaces_builtin_data(tmp_path, monkeypatch):
+    from bundles.registry import default_registry
+
+    text = BUILTIN_PATH.read_text().replace("[backends.xnnpack.default]\natol = 1e-3", "[backends.xnnpack.default]\natol = 0.125")
+    assert "atol = 0.125" in text
+    alt = tmp_path / "alt.toml"
+    alt.write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BUNDLERUN_TOLERANCES", str(alt))
+    c = resolve_criteria(ctx())
+    assert c.atol == 0.125 and c.trail["atol"][-1]["file"] == str(alt)
+    monkeypatch.delenv("BUNDLERUN_TOLERANCES")
+    assert resolve_criteria(ctx()).atol == 1e-3
+    assert default_registry().layers[0].file == str(BUILTIN_PATH)
+
+
+def test_unknown_context_values_are_clear_errors(builtin):
+    with pytest.raises(ConfigError, match="did you mean 'xnnpack'"):
+        resolve_criteria(ctx(backend="xnnpak"), registry=builtin)
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        resolve_criteria(ctx(dtype="fp8"), registry=builtin)
+    with pytest.raises(ConfigError, match="did you mean 'tosa-int'"):
+        resolve_criteria(ctx(backend="arm", dtype="fp32", variant="tosa-itn"), registry=builtin)
+
+
+def test_normalize_op_names():
+    assert normalize_op("aten.convolution.default") == "convolution"
+    assert normalize_op("aten::gelu") == "gelu"
+    assert normalize_op("torch.ops.aten._softmax.default") == "_softmax"
+    assert normalize_op("executorch_exir_dialects_edge__ops_aten_gelu_default") == "gelu"
