@@ -44,6 +44,7 @@ class BuildRequest:
     reference: str | None = None  # default eager-fp32
     distribution: str | None = None  # override the model's input distribution
     calibration_cases: int = 16
+    calibration: list[list[np.ndarray]] | None = None  # real samples for PTQ (else generated inputs)
     overrides: dict[str, Any] = field(default_factory=dict)  # criterion -> value, for every output
     dataset: dict[str, Any] | None = None  # {"name", "samples": [[array,...], ...], "labels": [...]}
     require_delegation: bool = False  # fail if any operator stays outside the delegate
@@ -153,7 +154,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         case_arrays = [list(sample) for sample in req.dataset["samples"]]
     else:
         case_arrays = generate_cases(specs, req.cases, req.seed, "cases")
-    calibration = generate_cases(specs, req.calibration_cases, req.seed, "calibration")
+    calibration = req.calibration or generate_cases(specs, req.calibration_cases, req.seed, "calibration")
     to_torch = lambda arrays: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)  # noqa: E731
 
     say(f"lowering for {backend} ({req.dtype})")

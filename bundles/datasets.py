@@ -46,6 +46,9 @@ class Dataset:
     num_classes: int
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    # Samples to calibrate int8 builds on, disjoint from the evaluated ones (None: the
+    # builder draws from the model's declared input distribution).
+    calibration: list[list[np.ndarray]] | None = None
 
     def head(self, n: int | None) -> "Dataset":
         """The first n samples (the built-in split is already shuffled)."""
@@ -53,7 +56,7 @@ class Dataset:
             return self
         if n < 1:
             raise DatasetError("--samples must be at least 1")
-        return Dataset(self.name, self.samples[:n], self.labels[:n], self.num_classes, self.source, self.info)
+        return Dataset(self.name, self.samples[:n], self.labels[:n], self.num_classes, self.source, self.info, self.calibration)
 
     def manifest_entry(self) -> dict[str, Any]:
         """What the builder embeds (the manifest's `dataset` field) plus the samples it bundles."""
@@ -174,8 +177,12 @@ def digits_model(recipe: dict[str, Any] = DIGITS_RECIPE):
     return model.eval()
 
 
+DIGITS_CALIBRATION = 128
+
+
 def digits_dataset(recipe: dict[str, Any] = DIGITS_RECIPE) -> Dataset:
-    _, _, x_test, y_test = digits_split(recipe)
+    """The held-out split; int8 builds calibrate on the first training samples."""
+    x_train, _, x_test, y_test = digits_split(recipe)
     return Dataset(
         name="digits",
         samples=[[x.reshape(1, -1)] for x in x_test],
@@ -183,6 +190,7 @@ def digits_dataset(recipe: dict[str, Any] = DIGITS_RECIPE) -> Dataset:
         num_classes=10,
         source="sklearn.datasets.load_digits (held-out split)",
         info={"recipe": recipe_hash(recipe), "split_seed": recipe["split_seed"]},
+        calibration=[[x.reshape(1, -1)] for x in x_train[:DIGITS_CALIBRATION]],
     )
 
 
@@ -343,4 +351,9 @@ def fit_to_inputs(dataset: Dataset, inputs: Sequence[InputSpec]) -> Dataset:
     bad = [lab for lab in dataset.labels if lab < 0]
     if bad:
         raise DatasetError(f"dataset {dataset.name} has negative labels (e.g. {bad[0]})")
-    return Dataset(dataset.name, fitted, dataset.labels, dataset.num_classes, dataset.source, dataset.info)
+    calibration = None
+    if dataset.calibration:
+        calibration = fit_to_inputs(
+            Dataset(dataset.name + " calibration", dataset.calibration, [0] * len(dataset.calibration), 1), inputs
+        ).samples
+    return Dataset(dataset.name, fitted, dataset.labels, dataset.num_classes, dataset.source, dataset.info, calibration)

@@ -26,12 +26,9 @@ EXIT_INFRA = 2
 
 
 def _version() -> str:
-    from importlib import metadata
+    from runner._version import __version__
 
-    try:
-        return metadata.version("bundlerun")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return __version__
 
 
 class LazyGroup(click.Group):
@@ -254,7 +251,7 @@ def _post_run(report: dict, report_dir: Path, bundle_path: Path, project: dict, 
     history = _optional("runner.history")
     if not no_history and history is not None and hasattr(history, "resolve_db_path"):
         db = history.resolve_db_path(history_db, project)
-        report["run"]["history_id"] = history.record_report(db, report)
+        report["run"]["history_id"] = history.record_report(db, report, report_path=report_dir / "report.json")
         changed = True
     if baseline:
         regression = _optional("runner.regression")
@@ -304,8 +301,10 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
                      methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet)
     if not quiet:
         print_summary(report)
-        for reg in report.get("regressions") or []:
-            click.echo(f"REGRESSION {reg}")
+        if report.get("regressions"):
+            from runner.regression import format_regressions
+
+            click.echo(format_regressions(report["regressions"]))
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
     sys.exit(report["summary"]["exit_code"])
 

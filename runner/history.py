@@ -366,13 +366,20 @@ def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
     return report
 
 
-def resolve_run(db_path: str | Path | None, ref: str, exclude_uuid: str | None = None) -> dict[str, Any]:
+def resolve_run(
+    db_path: str | Path | None,
+    ref: str,
+    exclude_uuid: str | None = None,
+    prefer: dict[str, str | None] | None = None,
+) -> dict[str, Any]:
     """A baseline/compare reference -> report dict.
 
     REF is a path to a report.json (or a directory holding one), a history run
     id (`12` or `#12`), a run uuid or unique uuid prefix (6+ hex digits), or a
     label (the newest run with that label). `exclude_uuid` skips the run being
-    judged, which may already be recorded under the same label.
+    judged, which may already be recorded under the same label. `prefer`
+    ({"model", "target", "dtype"}) makes a label pick the newest run of the same
+    model/target/dtype first (`validate zoo --baseline v1` compares like with like).
     """
     path = Path(ref)
     if path.is_dir() and (path / "report.json").is_file():
@@ -398,9 +405,13 @@ def resolve_run(db_path: str | Path | None, ref: str, exclude_uuid: str | None =
                 raise HistoryError(f"run id prefix {ref!r} is ambiguous ({len(rows)} runs)")
             row = rows[0] if rows else None
         if row is None:
-            row = conn.execute(
-                "SELECT id FROM runs WHERE label = ? AND run_uuid != ? ORDER BY id DESC LIMIT 1", (ref, exclude_uuid or "")
-            ).fetchone()
+            base_sql, base_args = "SELECT id FROM runs WHERE label = ? AND run_uuid != ?", [ref, exclude_uuid or ""]
+            wanted = [(k, v) for k, v in (prefer or {}).items() if k in ("model", "target", "dtype") and v]
+            if wanted:
+                sql = base_sql + "".join(f" AND {k} = ?" for k, _ in wanted) + " ORDER BY id DESC LIMIT 1"
+                row = conn.execute(sql, base_args + [v for _, v in wanted]).fetchone()
+            if row is None:
+                row = conn.execute(base_sql + " ORDER BY id DESC LIMIT 1", base_args).fetchone()
     finally:
         conn.close()
     if row is None:

@@ -123,8 +123,21 @@ def _dataset_section(ds: dict[str, Any]) -> str:
         f"<p>top-1 difference (target − reference): <b>{(ds.get('top1_diff') or 0) * 100:+.2f} points</b>, "
         f"{conf}% CI {ci_text} ({_e(ds.get('ci_method'))}); agreement (same argmax as the reference) "
         f"<b>{_pct(ds.get('agreement'))}</b>; target alone right on {_e(disc.get('target_only_correct', '–'))}, "
-        f"reference alone right on {_e(disc.get('reference_only_correct', '–'))} samples.</p>"
+        f"reference alone right on {_e(disc.get('reference_only_correct', '–'))} samples."
+        + (f" int8 calibration: {_e(ds['calibration'])}." if ds.get("calibration") else "")
+        + "</p>"
+        + _confusion(ds)
     )
+
+
+def _confusion(ds: dict[str, Any]) -> str:
+    labels, preds, n = ds.get("labels"), ds.get("predictions"), ds.get("num_classes")
+    if not labels or not preds or not n or len(labels) != len(preds) or n > 100:
+        return ""
+    from runner import plots
+
+    png = plots.confusion(labels, preds, int(n), f"{ds.get('name')}: target predictions")
+    return "<div class='plots'>" + _img(png, "confusion matrix", "confusion matrix of the target's top-1") + "</div>"
 
 
 def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:

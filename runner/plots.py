@@ -116,3 +116,30 @@ def trend_plot(points: Sequence[Any], metric: str, title: str) -> bytes:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     return _png(fig)
+
+
+def confusion(labels: Sequence[int], predictions: Sequence[int], num_classes: int, title: str) -> bytes:
+    """Confusion matrix (rows: label, columns: prediction); samples that errored (-1) are left out."""
+    lab = np.asarray(labels, dtype=np.int64)
+    pred = np.asarray(predictions, dtype=np.int64)
+    keep = (pred >= 0) & (pred < num_classes) & (lab >= 0) & (lab < num_classes)
+    mat = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(mat, (lab[keep], pred[keep]), 1)
+    size = min(5.0, 2.5 + 0.25 * num_classes)
+    fig = _figure(size + 0.8, size)
+    ax = fig.add_subplot()
+    im = ax.imshow(mat, cmap="Blues")
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    if num_classes <= 20:
+        peak = mat.max() or 1
+        for i in range(num_classes):
+            for j in range(num_classes):
+                if mat[i, j]:
+                    ax.text(j, i, str(mat[i, j]), ha="center", va="center", fontsize=7,
+                            color="white" if mat[i, j] > peak / 2 else "#222")
+        ax.set_xticks(range(num_classes))
+        ax.set_yticks(range(num_classes))
+    ax.set_xlabel("predicted on target")
+    ax.set_ylabel("label")
+    ax.set_title(title, fontsize=10)
+    return _png(fig)

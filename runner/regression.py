@@ -233,7 +233,9 @@ def check_baseline(
     from runner.history import resolve_run
 
     current_uuid = (current_report.get("run") or {}).get("id")
-    baseline = resolve_run(db_path, ref, exclude_uuid=current_uuid)
+    bundle = current_report.get("bundle") or {}
+    prefer = {"model": bundle.get("model"), "dtype": bundle.get("dtype"), "target": (current_report.get("target") or {}).get("url")}
+    baseline = resolve_run(db_path, ref, exclude_uuid=current_uuid, prefer=prefer)
     regressions = find_regressions(baseline, current_report, RegressionRules.from_config(config))
     current_report.setdefault("baseline", {}).update(
         {

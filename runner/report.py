@@ -23,12 +23,9 @@ OUTPUTS_FILE = "outputs.npz"
 
 
 def tool_version() -> str:
-    from importlib import metadata
+    from runner._version import __version__
 
-    try:
-        return metadata.version("bundlerun")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return __version__
 
 
 def file_sha256(path: Path) -> str:

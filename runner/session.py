@@ -111,6 +111,12 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]
         "cases": cases,
         "dataset": None,
     }
+    if bundle.manifest and bundle.manifest.get("dataset"):
+        from runner.accuracy import dataset_from_outputs
+
+        report["dataset"] = dataset_from_outputs(bundle, {
+            f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
+        })
     if req.save_outputs:
         report["outputs_file"] = str(save_outputs(run, req.report_dir))
     write_report(report, req.report_dir)

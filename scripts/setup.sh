@@ -14,6 +14,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and pinned, so no other requirement can pull a CUDA build
 .venv/bin/python -m pip install -q "torch==2.13.0"
+# Default editable mode on purpose: tosa-tools ships a top-level `runner` package too, and the
+# editable finder is what makes `runner` resolve to bundlerun (a .pth path entry would lose).
 .venv/bin/python -m pip install -q -e ".[arm,test]"
 
 if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then

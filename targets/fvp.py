@@ -43,7 +43,7 @@ from targets.base import (
     raw_outputs_from_files,
     selected_cases,
 )
-from targets.runner_log import RunnerLog, IncrementalLogParser
+from targets.runner_log import FAULT_RE, IncrementalLogParser, RunnerLog
 
 FVP_300_U55 = "FVP_Corstone_SSE-300_Ethos-U55"
 FVP_300_U65 = "FVP_Corstone_SSE-300_Ethos-U65"
@@ -254,7 +254,7 @@ class ProcessOutcome:
     host_timeout: bool
     elapsed_s: float
     log_path: Path
-    killed_early: bool = False  # finished per the log, but the FVP did not exit by itself
+    killed_early: bool = False  # finished or crashed per the log, and the FVP did not exit by itself
 
 
 def run_fvp_process(
@@ -266,8 +266,8 @@ def run_fvp_process(
     env: dict[str, str] | None = None,
 ) -> ProcessOutcome:
     """Run the FVP in its own process group; stream stdout+stderr into the log file
-    and the parser; kill the whole group on the wall-clock bound, or when the log
-    says the session is over but the FVP lingers."""
+    and the parser; kill the whole group on the wall-clock bound, when the log says
+    the session is over but the FVP lingers, or when the runner crashed and went quiet."""
     parser = IncrementalLogParser()
     start = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +287,7 @@ def run_fvp_process(
         except OSError as exc:
             raise TargetError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from None
         finished_at: list[float] = []
+        last_data = [start]
 
         def pump() -> None:
             fd = proc.stdout.fileno()
@@ -297,6 +298,7 @@ def run_fvp_process(
                     break
                 if not chunk:
                     break
+                last_data[0] = time.monotonic()
                 sink.write(chunk)
                 sink.flush()
                 parser.feed(chunk)
@@ -318,6 +320,12 @@ def run_fvp_process(
                     _kill_group(proc)
                     break
                 if finished_at and now - finished_at[0] > exit_grace_s:
+                    killed_early = True
+                    _kill_group(proc)
+                    break
+                # A crashed runner (fault handler loop, or et_pal_abort's trap on a
+                # UART build) never ends the simulation: stop once it has gone quiet.
+                if parser.crashed and now - last_data[0] > exit_grace_s:
                     killed_early = True
                     _kill_group(proc)
                     break
@@ -379,7 +387,7 @@ def classify_log(outcome: ProcessOutcome, timelimit: int, wall_timeout_s: float)
             "host-timeout",
             excerpt or tail,
         )
-    hard = [f for f in log.fatal if re.search(r"hard ?fault", f, re.IGNORECASE)]
+    hard = [f for f in log.fatal if FAULT_RE.search(f)]
     if hard:
         return Classification(CaseStatus.ERROR, f"target crashed: {hard[0].strip()}", "hard-fault", excerpt)
     if log.boots > 1:
@@ -499,6 +507,35 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
+def _number(cfg: dict[str, Any], variant: Variant, name: str, default: float) -> float:
+    value = _lookup(cfg, variant, name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"[targets.fvp] {name} must be a number of seconds, not {value!r}") from None
+    if number <= 0:
+        raise ConfigError(f"[targets.fvp] {name} must be positive, not {value!r}")
+    return number
+
+
+@dataclass
+class _Plan:
+    """Everything one run's FVP sessions share."""
+
+    fvp: Path
+    elf: Path
+    work: Path
+    logs: Path
+    timelimit: int
+    grace_s: float
+    exit_grace_s: float
+    fast: bool
+    extra: list[str]
+    model_addr: str | None
+
+
 class FVPTarget:
     """Runs bundles on a Corstone FVP; see the module docstring."""
 
@@ -514,127 +551,126 @@ class FVPTarget:
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         cfg = self._settings(options)
-        mode = str(_lookup(cfg, self.variant, "mode") or "semihosting").lower()
+        v = self.variant
+        mode = str(_lookup(cfg, v, "mode") or "semihosting").lower()
         if mode not in ("semihosting", "uart"):
             raise ConfigError(f"[targets.fvp] mode must be 'semihosting' or 'uart', not {mode!r}")
-        fvp, searched = find_fvp(self.variant, cfg)
+        fvp, searched = find_fvp(v, cfg)
         if fvp is None:
             raise TargetError(
-                f"{self.variant.fvp} not found (searched: {', '.join(searched) or 'PATH is empty'}); "
+                f"{v.fvp} not found (searched: {', '.join(searched) or 'PATH is empty'}); "
                 "install the Corstone FVP (examples/arm/setup.sh) or set [targets.fvp] fvp_path"
             )
-        elf, elf_searched = find_runner_elf(self.variant, cfg, uart=mode == "uart")
+        elf, elf_searched = find_runner_elf(v, cfg, uart=mode == "uart")
         if elf is None:
             what = "UART" if mode == "uart" else "semihosting BundleIO"
+            key = "uart_runner_elf" if mode == "uart" else "runner_elf"
             raise TargetError(
-                f"no {what} arm_executor_runner ELF for {self.variant.key} "
+                f"no {what} arm_executor_runner ELF for {v.key} "
                 f"(searched: {', '.join(elf_searched) or 'nothing configured'}); build one with "
-                f"firmware_scripts/arm/build_runner.sh --target={self.variant.build_target} and set "
-                "[targets.fvp] runner_elf or pass --runner-elf"
+                f"firmware_scripts/arm/build_runner.sh --target={v.build_target} and set "
+                f"[targets.fvp] {key} or pass --target-opt {key}=PATH"
             )
-        work = Path(options.work_dir) / "fvp"
-        work.mkdir(parents=True, exist_ok=True)
-        timelimit = int(float(_lookup(cfg, self.variant, "timelimit") or options.case_timeout_s))
-        grace = float(cfg.get("host_timeout_grace_s", 30.0))
-        self._exit_grace_s = float(cfg.get("exit_grace_s", 5.0))
-        fast = _bool(_lookup(cfg, self.variant, "fast") or False)
-        extra = _lookup(cfg, self.variant, "extra_args") or []
+        extra = _lookup(cfg, v, "extra_args") or []
         if isinstance(extra, str):  # --target-opt extra_args="ethosu.foo=1 cpu0.bar=2"
             import shlex
 
             extra = shlex.split(extra)
-        extra = [str(x) for x in extra]
+        plan = _Plan(
+            fvp=fvp,
+            elf=elf,
+            work=Path(options.work_dir) / "fvp",
+            logs=Path(options.work_dir) / "logs",
+            timelimit=max(1, int(_number(cfg, v, "timelimit", options.case_timeout_s))),
+            grace_s=_number(cfg, v, "host_timeout_grace_s", 30.0),
+            exit_grace_s=_number(cfg, v, "exit_grace_s", 5.0),
+            fast=_bool(_lookup(cfg, v, "fast") or False),
+            extra=[str(x) for x in extra],
+            model_addr=_lookup(cfg, v, "model_addr") or None,
+        )
+        plan.work.mkdir(parents=True, exist_ok=True)
         info = {
             "fvp": str(fvp),
             "runner_elf": str(elf),
-            "variant": self.variant.key,
+            "variant": v.key,
             "mode": mode,
-            "timelimit_s": timelimit,
-            "fast": fast,
+            "timelimit_s": plan.timelimit,
+            "fast": plan.fast,
             "fvp_version": fvp_version(fvp),
         }
         run = TargetRun(target=self.url, cases=[], info=info)
-        pairs = selected_cases(bundle, options)
-        runner = self._run_semihosting if mode == "semihosting" else self._run_uart
-        runner(bundle, bundle_path, options, cfg, fvp, elf, work, timelimit, grace, fast, extra, pairs, run)
+        for method, index in selected_cases(bundle, options):
+            if mode == "semihosting":
+                result = self._semihosting_case(bundle, method, index, plan)
+            else:
+                result = self._uart_case(bundle, method, index, plan, first=not run.cases)
+            if result.log_path:
+                run.logs[f"{method}[{index}]"] = result.log_path
+            run.cases.append(result)
+            if options.progress:
+                options.progress(result)
         return run
 
     # -- semihosting: one FVP session per test case ---------------------------------
 
-    def _run_semihosting(self, bundle, bundle_path, options, cfg, fvp, elf, work, timelimit, grace, fast, extra, pairs, run):
+    def _semihosting_case(self, bundle: Bundle, method: str, index: int, plan: _Plan) -> CaseResult:
         cmd_line = f"executor_runner -m {BUNDLE_NAME} -i {DUMMY_INPUT} -o {OUTPUT_BASENAME}"
-        if len(cmd_line) >= SEMIHOSTING_CMDLINE_MAX:  # cannot happen with the fixed names; kept as a guard
-            raise TargetError(f"semihosting command line is {len(cmd_line)} chars; the FVP truncates past 256")
-        for method, index in pairs:
-            case_dir = work / f"{_safe(method)}-{index}"
-            case_dir.mkdir(parents=True, exist_ok=True)
-            for stale in output_files(case_dir):
-                stale.unlink()
-            (case_dir / BUNDLE_NAME).write_bytes(serialize_bundle(bundle.single_case(method, index)))
-            (case_dir / DUMMY_INPUT).write_bytes(b"\0\0\0\0")
-            cmd = fvp_command(
-                self.variant, fvp, elf, timelimit, semihosting_cwd=case_dir.resolve(), cmd_line=cmd_line, fast=fast, extra=extra
-            )
-            log_path = Path(options.work_dir) / "logs" / f"fvp-{_safe(method)}-{index}.log"
-            result = self._session(cmd, case_dir, log_path, timelimit, grace, method, index)
-            run.logs[f"{method}[{index}]"] = str(log_path)
-            if result.status is CaseStatus.OK:
-                outs, err = raw_outputs_from_files(output_files(case_dir), expected_layout(bundle, method, index))
-                if err:
-                    kind = "wrong-size-output" if "bytes, expected" in err else "missing-output"
-                    result.status, result.error, result.error_kind = CaseStatus.ERROR, err, kind
-                    result.log_excerpt = result.log_excerpt or [ln for ln in _tail(log_path)]
-                else:
-                    result.outputs = outs
-            self._emit(run, result, options)
+        assert len(cmd_line) < SEMIHOSTING_CMDLINE_MAX  # relative names keep it short by construction
+        case_dir = plan.work / f"{_safe(method)}-{index}"
+        case_dir.mkdir(parents=True, exist_ok=True)
+        for stale in output_files(case_dir):  # the runner never removes old outputs
+            stale.unlink()
+        (case_dir / BUNDLE_NAME).write_bytes(serialize_bundle(bundle.single_case(method, index)))
+        (case_dir / DUMMY_INPUT).write_bytes(b"\0\0\0\0")
+        cmd = fvp_command(
+            self.variant, plan.fvp, plan.elf, plan.timelimit,
+            semihosting_cwd=case_dir.resolve(), cmd_line=cmd_line, fast=plan.fast, extra=plan.extra,
+        )
+        result, log = self._session(cmd, case_dir, plan.logs / f"fvp-{_safe(method)}-{index}.log", plan, method, index)
+        if result.status is CaseStatus.OK:
+            outs, err = raw_outputs_from_files(output_files(case_dir), expected_layout(bundle, method, index))
+            if err:
+                kind = "wrong-size-output" if "bytes, expected" in err else "missing-output"
+                result.status, result.error, result.error_kind = CaseStatus.ERROR, err, kind
+                about_outputs = [ln.raw for ln in log.lines if ln.level and "output" in ln.message.lower()]
+                result.log_excerpt = (about_outputs or [ln.raw for ln in log.lines[-10:]])[-15:]
+            else:
+                result.outputs = outs
+        return result
 
     # -- UART: bundle in the ELF or placed with --data ------------------------------
 
-    def _run_uart(self, bundle, bundle_path, options, cfg, fvp, elf, work, timelimit, grace, fast, extra, pairs, run):
-        model_addr = _lookup(cfg, self.variant, "model_addr")
-        linked = not model_addr
-        for n, (method, index) in enumerate(pairs):
-            if linked and (n > 0 or index != 0 or method != bundle.method_test_suites[0].method_name):
-                run.cases.append(
-                    CaseResult(
-                        method,
-                        index,
-                        CaseStatus.SKIP,
-                        error="the UART runner has the bundle linked in and runs its case 0 only; "
-                        "set [targets.fvp] model_addr (--data) or use semihosting mode for every case",
-                        error_kind="unsupported",
-                    )
-                )
-                continue
-            case_dir = work / f"uart-{_safe(method)}-{index}"
-            case_dir.mkdir(parents=True, exist_ok=True)
-            data = None
-            if not linked:
-                placed = case_dir / BUNDLE_NAME
-                placed.write_bytes(serialize_bundle(bundle.single_case(method, index)))
-                data = f"{placed.resolve()}@{model_addr}"
-            cmd = fvp_command(self.variant, fvp, elf, timelimit, fast=fast, data=data, extra=extra)
-            log_path = Path(options.work_dir) / "logs" / f"fvp-uart-{_safe(method)}-{index}.log"
-            result = self._session(cmd, case_dir, log_path, timelimit, grace, method, index)
-            run.logs[f"{method}[{index}]"] = str(log_path)
-            if result.status is CaseStatus.OK:
-                log: RunnerLog = result.extra.pop("_log")
-                layout = expected_layout(bundle, method, index)
-                outs, err = self._uart_outputs(log, layout)
-                if err:
-                    result.status, result.error, result.error_kind = CaseStatus.ERROR, err, "missing-output"
-                else:
-                    result.outputs = outs
-            result.extra.pop("_log", None)
-            self._emit(run, result, options)
+    def _uart_case(self, bundle: Bundle, method: str, index: int, plan: _Plan, first: bool) -> CaseResult:
+        linked = plan.model_addr is None
+        if linked and (not first or index != 0 or method != bundle.method_test_suites[0].method_name):
+            return CaseResult(
+                method, index, CaseStatus.SKIP,
+                error="the UART runner has the bundle linked in and runs its case 0 only; "
+                "set [targets.fvp] model_addr (--data) or use semihosting mode for every case",
+                error_kind="unsupported",
+            )
+        case_dir = plan.work / f"uart-{_safe(method)}-{index}"
+        case_dir.mkdir(parents=True, exist_ok=True)
+        data = None
+        if not linked:
+            placed = case_dir / BUNDLE_NAME
+            placed.write_bytes(serialize_bundle(bundle.single_case(method, index)))
+            data = f"{placed.resolve()}@{plan.model_addr}"
+        cmd = fvp_command(self.variant, plan.fvp, plan.elf, plan.timelimit, fast=plan.fast, data=data, extra=plan.extra)
+        result, log = self._session(cmd, case_dir, plan.logs / f"fvp-uart-{_safe(method)}-{index}.log", plan, method, index)
+        if result.status is CaseStatus.OK:
+            outs, err = self._uart_outputs(log, expected_layout(bundle, method, index))
+            if err:
+                result.status, result.error, result.error_kind = CaseStatus.ERROR, err, "missing-output"
+            else:
+                result.outputs = outs
+        return result
 
     @staticmethod
     def _uart_outputs(log: RunnerLog, layout) -> tuple[list[RawTensor], str | None]:
         """ETDump block (bit exact) when present, else the printed lines (lossy)."""
-        try:
-            from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
-        except ImportError as exc:  # pragma: no cover - shipped together
-            return [], f"cannot decode UART outputs: {exc}"
+        from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
+
         try:
             if log.etdump_b64:
                 return list(outputs_from_etdump_b64(log.etdump_b64, layout, log.debug_buffer_b64)), None
@@ -646,19 +682,18 @@ class FVPTarget:
 
     # -- shared ----------------------------------------------------------------------
 
-    def _session(self, cmd, cwd, log_path, timelimit, grace, method, index) -> CaseResult:
-        wall = timelimit + grace
-        outcome = run_fvp_process(cmd, cwd, log_path, wall, exit_grace_s=getattr(self, "_exit_grace_s", 5.0))
-        verdict = device_verdict(outcome.log)
-        bad = classify_log(outcome, timelimit, wall)
+    def _session(self, cmd, cwd, log_path, plan: _Plan, method, index) -> tuple[CaseResult, RunnerLog]:
+        wall = plan.timelimit + plan.grace_s
+        outcome = run_fvp_process(cmd, cwd, log_path, wall, exit_grace_s=plan.exit_grace_s)
+        bad = classify_log(outcome, plan.timelimit, wall)
         result = CaseResult(
             method,
             index,
             CaseStatus.OK,
             log_path=str(log_path),
             elapsed_s=outcome.elapsed_s,
-            device_verdict=verdict,
-            extra={"fvp_returncode": outcome.returncode, "_log": outcome.log},
+            device_verdict=device_verdict(outcome.log),
+            extra={"fvp_returncode": outcome.returncode},
         )
         if outcome.log.partial_last_line:
             result.extra["partial_last_line"] = outcome.log.partial_last_line
@@ -668,25 +703,11 @@ class FVPTarget:
             result.status, result.error, result.error_kind, result.log_excerpt = bad.status, bad.error, bad.kind, bad.excerpt
         else:
             result.log_excerpt = outcome.log.excerpt(limit=20)
-        return result
-
-    @staticmethod
-    def _emit(run: TargetRun, result: CaseResult, options: RunOptions) -> None:
-        result.extra.pop("_log", None)
-        run.cases.append(result)
-        if options.progress:
-            options.progress(result)
+        return result, outcome.log
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
-def _tail(path: Path, n: int = 15) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
 
 
 def create(url, config: dict) -> FVPTarget:

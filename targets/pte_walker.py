@@ -19,6 +19,7 @@ imported by `load_program`, which runs in the worker child.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -149,7 +150,7 @@ def read_delegates(pte: bytes) -> list[DelegateSummary]:
                 specs = {string(c, 0): raw(c, 1) for c in vector(delegate, 2)}
                 out.append(DelegateSummary(method, string(delegate, 0), specs))
         return out
-    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+    except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
         raise WalkError("bad-program", f"cannot read the program's delegates: {exc}") from None
 
 
@@ -179,15 +180,6 @@ def torch_dtype(code: int):
         return getattr(torch, _TORCH_DTYPES[int(code)])
     except KeyError:
         raise WalkError("unsupported-op", f"unsupported ExecuTorch scalar type code {int(code)}") from None
-
-
-def scalar_type_of(dtype) -> int:
-    import torch
-
-    for code, name in _TORCH_DTYPES.items():
-        if getattr(torch, name) == dtype:
-            return code
-    raise WalkError("unsupported-op", f"unsupported torch dtype {dtype}")
 
 
 def tensor_to_numpy(t) -> np.ndarray:
@@ -294,7 +286,7 @@ class _Frame:
             elif isinstance(v, S.Bool):
                 self.values[i] = bool(v.bool_val)
             elif isinstance(v, S.Double):
-                self.values[i] = float(v.double_val) if not isinstance(v.double_val, str) else float(v.double_val)
+                self.values[i] = float(v.double_val)  # may be the text 'inf' / '-inf' / 'nan'
             elif isinstance(v, S.String):
                 self.values[i] = v.string_val
             elif isinstance(v, S.Null):
@@ -378,6 +370,20 @@ def _convert_arg(value: Any, arg_type: Any) -> Any:
         return torch.strided
     if type_str == "Device":
         return torch.device("cpu")
+    return value
+
+
+def _unaliased(value: Any, inputs: list[Any]) -> Any:
+    """A functional op may return (a view of) its input; the values table needs
+    its own storage, or a later out-variant kernel writing this value in place
+    would also change the input."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unaliased(v, inputs) for v in value)
+    if not hasattr(value, "untyped_storage") or not inputs:
+        return value
+    ptr = value.untyped_storage().data_ptr()
+    if any(t.untyped_storage().data_ptr() == ptr for t in inputs):
+        return value.clone()
     return value
 
 
@@ -499,8 +505,6 @@ class ProgramWalker:
             pc += 1
 
     def _kernel_call(self, method: str, frame: _Frame, call) -> None:
-        import torch
-
         kernel = self._kernel(method, frame.plan, call.op_index)
         schema_args = kernel.schema.arguments
         n = len(schema_args)
@@ -526,6 +530,8 @@ class ProgramWalker:
             raise
         except Exception as exc:  # noqa: BLE001 - a kernel failure is this case's error
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, NotImplementedError) or "Could not run" in msg:
+                raise WalkError("unsupported-op", f"operator {kernel.name} has no CPU kernel in torch: {msg}") from None
             raise WalkError("kernel-error", f"{kernel.name} failed: {msg}") from None
         targets = out_indices if kernel.out_names else ret_indices
         results = list(result) if isinstance(result, (tuple, list)) and len(targets) != 1 else [result]
@@ -533,8 +539,10 @@ class ProgramWalker:
             raise WalkError("bad-program", f"{kernel.name}: {len(results)} results for {len(targets)} outputs")
         if kernel.out_names and not kernel.functional:
             return  # the out tensors were written in place (and possibly resized)
+        flat = [x for v in positional + list(keyword.values()) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        inputs = [v for v in flat if hasattr(v, "untyped_storage")]
         for index, value in zip(targets, results):
-            frame.set(index, value)
+            frame.set(index, _unaliased(value, inputs))
         # Return slots alias the out args; keep them pointing at the same values.
         for ret, out in zip(ret_indices, out_indices):
             if ret != out:

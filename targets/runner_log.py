@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 EOT = 0x04
+_EOL_RE = re.compile(rb"\r\n|\r|\n")
 
 # Current:  I [executorch:arm_executor_runner.cpp:612 main()] msg
 # Older:    I [executorch:arm_executor_runner.cpp:675] msg
@@ -38,11 +39,17 @@ _STAT_RE = re.compile(
 )
 _RESULT_RE = re.compile(r"Test_result:\s*(?P<verdict>PASS|FAIL)")
 _ECHO_RE = re.compile(r'^echo\s+"(?P<b64>[^"]*)"\s*\|\s*base64\s+-d\s*>\s*(?P<name>\S+)')
+# CPU faults: "Hard fault" (ExecuTorch's own log check) and the Arm platform's
+# fault handlers ("Exception caught by function BusFault_Handler").
+FAULT_RE = re.compile(r"hard ?fault|Exception caught by function \w+_Handler|\b(Bus|Usage|MemManage|Secure)Fault\b", re.IGNORECASE)
 _FATAL_RES = (
-    re.compile(r"hard ?fault", re.IGNORECASE),
+    FAULT_RE,
     re.compile(r"assert(?:ion)?\b.*\bfailed|assert failed|^Assertion", re.IGNORECASE),
     re.compile(r"CPU time has been exceeded"),
     re.compile(r"^\[critical\]"),
+)
+_FATAL_ANY = re.compile(
+    "|".join(f"(?i:{r.pattern})" if r.flags & re.IGNORECASE else f"(?:{r.pattern})" for r in _FATAL_RES[1:])
 )
 _BOOT_RUNNER = "Running executor with parameter:"
 _MODEL_START_RE = re.compile(r"^(PTE @ |PTE in 0x|Model in (0x)?[0-9A-Fa-f]+)")
@@ -196,9 +203,14 @@ class _State:
             log.etdump_complete = False
             return
 
+        if ln.level is None and stripped.startswith("Output["):
+            out = _OUTPUT_RE.match(stripped)
+            if out:
+                self._output(out)
+                return
         if ln.level in ("E", "F"):
             log.errors.append(ln)
-        if any(r.search(raw) for r in _FATAL_RES):
+        if FAULT_RE.search(raw) or _FATAL_ANY.search(raw):
             log.fatal.append(raw)
         if "CPU time has been exceeded" in raw:
             log.cpu_time_exceeded = True
@@ -210,18 +222,6 @@ class _State:
             log.banners += 1
 
         if ln.level is None:
-            out = _OUTPUT_RE.match(stripped)
-            if out:
-                i, j = int(out.group("i")), int(out.group("j"))
-                entries = log.printed_outputs.setdefault(i, [])
-                kind_value = _output_value(out.group("kind"), out.group("value"))
-                if j == len(entries):
-                    entries.append(kind_value)
-                elif j < len(entries):  # repeated inference: keep the latest
-                    entries[j] = kind_value
-                else:  # gap (lost line): pad so indices stay aligned
-                    entries.extend([("missing", float("nan"))] * (j - len(entries)))
-                    entries.append(kind_value)
             return
 
         # Runner (ET_LOG) lines.
@@ -245,7 +245,8 @@ class _State:
                 log.verdict_tolerances = {"rtol": _number(tol.group("rtol")), "atol": _number(tol.group("atol"))}
         status = _STATUS_RE.search(msg)
         if status:
-            log.verification_status = int(status.group("status"), 0)
+            text = status.group("status")
+            log.verification_status = int(text, 16) if text.lower().startswith("0x") else int(text)
             log.bundle_verdict = "FAIL"
         stat = _STAT_RE.match(msg)
         if stat:
@@ -256,6 +257,18 @@ class _State:
             log.model_run_ok = msg.split(":", 1)[1].strip().startswith("1")
         if msg.startswith("Writing output to file:"):
             log.output_files.append(msg.split(":", 1)[1].strip())
+
+    def _output(self, out: re.Match) -> None:
+        i, j = int(out.group("i")), int(out.group("j"))
+        entries = self.log.printed_outputs.setdefault(i, [])
+        kind_value = _output_value(out.group("kind"), out.group("value"))
+        if j == len(entries):
+            entries.append(kind_value)
+        elif j < len(entries):  # repeated inference: keep the latest
+            entries[j] = kind_value
+        else:  # gap (lost line): pad so indices stay aligned
+            entries.extend([("missing", float("nan"))] * (j - len(entries)))
+            entries.append(kind_value)
 
     def snapshot(self) -> RunnerLog:
         log = copy.copy(self.log)
@@ -271,9 +284,12 @@ class _State:
         return log
 
 
+_CTRL_RE = re.compile(r"[\x00-\x08\x0a-\x1a\x1c-\x1f]")
+
+
 def _clean(text: str) -> str:
-    # NULs and other C0 controls (except tab) are line noise from a UART.
-    return "".join(ch for ch in text if ch == "\t" or ch >= " " or ch == "\x1b")
+    # NULs, EOT and other C0 controls (except tab and ESC) are line noise from a UART.
+    return _CTRL_RE.sub("", text)
 
 
 class IncrementalLogParser:
@@ -290,24 +306,18 @@ class IncrementalLogParser:
             chunk = chunk.encode("utf-8", errors="replace")
         if EOT in chunk:
             self._state.log.eot_seen = True
-        self._buf.extend(chunk)
+        buf = self._buf
+        scan_from = max(0, len(buf) - 1)  # only new bytes (and a held-back CR) can end a line
+        buf.extend(chunk)
         out: list[LogLine] = []
         start = 0
-        buf = self._buf
-        n = len(buf)
-        i = 0
-        while i < n:
-            b = buf[i]
-            if b == 0x0A or b == 0x0D:
-                if b == 0x0D and i + 1 >= n:
-                    break  # maybe CRLF split across chunks
-                end = i
-                i += 2 if (b == 0x0D and buf[i + 1] == 0x0A) else 1
-                out.append(self._line(bytes(buf[start:end])))
-                start = i
-                continue
-            i += 1
-        del self._buf[:start]
+        for m in _EOL_RE.finditer(buf, scan_from):
+            if m.group() == b"\r" and m.end() == len(buf):
+                break  # maybe CRLF split across chunks: wait for the next byte
+            out.append(self._line(bytes(buf[start : m.start()])))
+            start = m.end()
+        if start:
+            del buf[:start]
         return out
 
     def _line(self, data: bytes) -> LogLine:

@@ -262,15 +262,14 @@ def open_port(settings: SerialSettings):
     """Open the port exclusively with a bounded read timeout; classify failures."""
     import serial
 
+    kwargs: dict[str, Any] = {"baudrate": settings.baudrate, "timeout": settings.read_timeout_s}
+    if "://" not in settings.port_url:  # a device node: lock it, bound writes too
+        kwargs.update(exclusive=settings.exclusive, write_timeout=max(1.0, settings.read_timeout_s))
+    elif not settings.port_url.startswith("rfc2217://"):  # pyserial's RFC 2217 client has no write timeout
+        kwargs.update(write_timeout=max(1.0, settings.read_timeout_s))
     try:
-        return serial.serial_for_url(
-            settings.port_url,
-            baudrate=settings.baudrate,
-            timeout=settings.read_timeout_s,
-            write_timeout=max(1.0, settings.read_timeout_s),
-            exclusive=settings.exclusive if "://" not in settings.port_url else None,
-        )
-    except (serial.SerialException, OSError, ValueError) as exc:
+        return serial.serial_for_url(settings.port_url, **kwargs)
+    except (serial.SerialException, OSError, ValueError, NotImplementedError) as exc:
         text = str(exc)
         if "exclusively lock" in text or "Device or resource busy" in text or getattr(exc, "errno", None) == 16:
             holders = port_holders(settings.port_url)
@@ -280,7 +279,9 @@ def open_port(settings: SerialSettings):
             raise PortFault("port-missing", f"serial port {settings.port_url} does not exist (board unplugged?)") from None
         if "Connection refused" in text or "timed out" in text:
             raise PortFault("port-missing", f"cannot connect to {settings.port_url}: {text.splitlines()[0]}") from None
-        raise PortFault("port-open", f"cannot open serial port {settings.port_url}: {text.splitlines()[0] if text else exc!r}") from None
+        hint = " (add your user to the 'dialout' group?)" if "Permission denied" in text else ""
+        first = text.splitlines()[0] if text else repr(exc)
+        raise PortFault("port-open", f"cannot open serial port {settings.port_url}: {first}{hint}") from None
 
 
 def reset_board(port, settings: SerialSettings, values: dict[str, str], log_path: Path) -> None:
@@ -427,7 +428,7 @@ def classify(capture: Capture, log, layout, settings: SerialSettings) -> tuple[C
     unexpected = [f for f in log.fatal if not (_VERIFY_ABORT in f and log.bundle_verdict == "FAIL")]
     fatal_levels = [e.raw for e in log.errors if e.level == "F" and not (_VERIFY_ABORT in e.raw and log.bundle_verdict == "FAIL")]
     if unexpected or fatal_levels:
-        first = (unexpected or fatal_levels)[0].strip()
+        first = _from_marker((unexpected or fatal_levels)[0])
         kind = "hard-fault" if re.search(r"hard ?fault", first, re.I) else "crash"
         return CaseStatus.ERROR, kind, f"the runner aborted: {first[:200]}", [], extra
 
@@ -641,6 +642,12 @@ class SerialTarget:
             device_verdict=device_verdict_of(log),
             extra={**base.extra, **extra},
         )
+
+
+def _from_marker(raw: str) -> str:
+    """A fatal line without the UART noise that may precede it on the same line."""
+    m = re.search(r"[DIEF] \[executorch:|hard ?fault|assert", raw, re.I)
+    return (raw[m.start():] if m else raw).strip()
 
 
 def _safe(name: str) -> str:

@@ -251,3 +251,23 @@ def test_adb_cli_states_unauthorized_offline_absent(adb_server, tmp_path):
         for dev in (locked, dead):
             adb_server.adb("disconnect", f"127.0.0.1:{dev.port}")
             dev.stop()
+
+
+def test_devices_command_lists_states(adb_server, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from runner.commands.devices import command
+
+    d = FakeAdbd(tmp_path / "dev")
+    d.start()
+    try:
+        serial = adb_server.connect(d.port)
+        res = CliRunner().invoke(command, ["-P", str(adb_server.port), "--json"])
+        assert res.exit_code == 0, res.output
+        import json
+
+        entries = {e["serial"]: e for e in json.loads(res.output)}
+        assert entries[serial]["state"] == "device" and entries[serial]["model"] == "Emulated_SoC_sm8650"
+    finally:
+        adb_server.adb("disconnect", f"127.0.0.1:{d.port}")
+        d.stop()

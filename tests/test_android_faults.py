@@ -130,7 +130,9 @@ def test_cut_push_and_pull_are_retried_and_complete(device, home, runners, bundl
     device.set_faults(cut_push_after=size // 2, cut_push_times=1, cut_pull_after=8, cut_pull_times=1)
     case = _run(device, runners, bundle_path, tmp_path, retries=2).cases[0]
     assert case.status == CaseStatus.OK, (case.error, case.log_excerpt)
-    assert case.extra["attempts"] == 3
+    assert case.extra["attempts"] == 3  # two transport retries out of the budget of 2
+    runs = [c for c in device.stats.shell_commands if "executor_runner --model_path" in c]
+    assert len(runs) == 1  # the cut pull was retried alone; the case did not run again
     want = bundle.suite("forward").test_cases[0].expected_outputs[0].to_array()
     np.testing.assert_allclose(case.outputs[0].to_array(), want, rtol=1e-3, atol=1e-3)
     assert _wait_idle(device) == []
@@ -155,3 +157,15 @@ def test_wrong_output_size_and_numerical_failure(device, home, runners, bundle_p
     assert case.status == CaseStatus.OK and case.device_verdict["result"] == "FAIL"
     assert case.extra["attempts"] == 1
     assert np.abs(case.outputs[0].to_array() - exp.to_array()).max() > 4.0
+
+
+def test_logcat_is_saved_with_the_case_log(device, home, runners, bundle_path, tmp_path):
+    # a runner built with the Android PAL logs to logcat; the target clears it before
+    # the run and saves `logcat -d` after, and classifies from it too
+    device.set_faults(runner={"segv": True})
+    (device.root / ".logcat").write_text("stale line from an earlier app\n")
+    case = _run(device, runners, bundle_path, tmp_path, logcat=True).cases[0]
+    text = open(case.log_path).read()
+    assert "--- logcat ---" in text and "stale line" not in text
+    assert any(c.startswith("( logcat -c") for c in device.stats.shell_commands)
+    assert case.error_kind == "crash"

@@ -57,6 +57,7 @@ def _assert_outputs_match_expected(bundle, run):
         assert case.log_path and "Test_result: PASS" in open(case.log_path).read()
 
 
+@pytest.mark.slow
 def test_adb_tcp_executor_runner_all_cases_then_nothing_pushed(device, home, runners, bundle_path, tmp_path):
     bundle = read_bundle(bundle_path)
     cfg = {"runner": str(runners["executor-runner"]), "workspace": WORKSPACE}

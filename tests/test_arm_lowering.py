@@ -151,3 +151,11 @@ def test_cortex_m55_lowering(small):
 def test_dtype_must_match_profile(small, url, dtype):
     with pytest.raises(BuildError, match="--dtype"):
         _lower(small, url, dtype)
+
+
+def test_cortex_m_backend_needs_a_cortex_m_target(small):
+    with pytest.raises(BuildError, match="cortex-m55"):
+        from bundles.backends.base import LoweringRequest
+
+        model, examples, calibration = small
+        arm.lower(LoweringRequest(model, examples, calibration, "int8", "cortex-m", "tosa://int"))

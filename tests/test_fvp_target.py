@@ -390,6 +390,10 @@ def test_build_runner_composes_executorch_flags(bundle_path, tmp_path):
                            f"--python={sys.executable}", "--dry-run"], capture_output=True, text=True, timeout=120)
     assert uart.returncode == 0, uart.stderr
     assert f"--pte={bundle_path.resolve()}" in uart.stdout and "-DET_ATOL=" in uart.stdout and "-DET_DUMP_OUTPUTS=ON" in uart.stdout
+    (et / "backends/cortex_m/test").mkdir(parents=True)
+    (et / "backends/cortex_m/test/build_test_runner.sh").write_text("#!/bin/sh\n")
+    m55 = subprocess.run([script, f"--et-root={et}", "--target=cortex-m55", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert m55.returncode == 0 and m55.stdout.split() == [str(et / "backends/cortex_m/test/build_test_runner.sh"), "--target=cortex-m55"]
     bad = subprocess.run([script, f"--et-root={et}", "--target=ethos-u55-512", "--dry-run"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown --target" in bad.stderr
 
@@ -434,3 +438,31 @@ def test_uart_fvp_lingering_after_eot_is_stopped(bundle, bundle_path, fvp_env):
     assert case.status is CaseStatus.OK and case.extra.get("fvp_killed_after_finish") is True
     np.testing.assert_allclose(case.outputs[0].to_array(), _expected(bundle, 0), atol=1e-6, rtol=0)
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("url", [
+    "fvp://corstone-300/ethos-u55-128", "fvp://corstone-300/ethos-u65-256", "fvp://corstone-320/ethos-u85-256",
+    "fvp://corstone-300/cortex-m55", "fvp://corstone-320/cortex-m85",
+])
+@pytest.mark.parametrize("mode", ["semihosting", "uart"])
+def test_every_variant_command_is_accepted_by_its_fvp(url, mode, bundle, bundle_path, fvp_env):
+    # 'garbage' makes the double stop right after validating the command line, so an
+    # option the platform does not know would show up as fvp-failed instead.
+    run = _run(url, bundle, bundle_path, fvp_env, scenario="garbage", cases=[0], mode=mode, fast=True,
+               model_addr="0x70000000" if mode == "uart" else None)
+    (case,) = run.cases
+    assert case.error_kind == "no-runner-output", case.error
+    argv = _args(fvp_env)[0]
+    assert Path(argv[0]).name == parse_variant(parse_target_url(url).netloc, parse_target_url(url).path).fvp
+    assert any("semihosting-cmd_line" in a for a in argv) == (mode == "semihosting")
+
+
+def test_uart_numerical_failure_stops_once_the_runner_aborts(bundle, bundle_path, fvp_env):
+    t0 = time.monotonic()
+    run = _run(U55, bundle, bundle_path, fvp_env, scenario="numerical", mode="uart", model_addr="0x70000000",
+               cases=[0], timelimit=120, exit_grace_s=1)
+    (case,) = run.cases
+    assert case.status is CaseStatus.OK, case.error  # outputs were printed before the verdict
+    assert case.device_verdict["verdict"] == "FAIL" and case.extra.get("fvp_killed_after_finish")
+    np.testing.assert_allclose(case.outputs[0].to_array() - _expected(bundle, 0), 0.5, atol=2e-6)
+    assert time.monotonic() - t0 < 60  # did not sit out the 120 s --timelimit

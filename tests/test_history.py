@@ -65,6 +65,12 @@ def test_resolve_run_by_id_uuid_label_and_path(tmp_path):
     path.write_text(json.dumps(r1))
     assert history.resolve_run(db, str(path))["run"]["id"] == r1["run"]["id"]
     assert history.resolve_run(None, str(path.parent))["run"]["id"] == r1["run"]["id"]
+    other = rs.quick_report(label="v1", model="tiny-cnn")
+    history.record_report(db, other)
+    assert history.resolve_run(db, "v1")["run"]["id"] == other["run"]["id"]
+    # a label prefers the newest run of the same model, and never the run being judged
+    assert history.resolve_run(db, "v1", prefer={"model": "mlp"})["run"]["id"] == r2["run"]["id"]
+    assert history.resolve_run(db, "v1", exclude_uuid=r2["run"]["id"], prefer={"model": "mlp"})["run"]["id"] == r1["run"]["id"]
     with pytest.raises(history.HistoryError, match="no run 'nope'"):
         history.resolve_run(db, "nope")
     with pytest.raises(history.HistoryError, match="does not exist"):

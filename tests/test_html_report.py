@@ -53,8 +53,8 @@ def test_html_is_self_contained_with_plots(tmp_path):
     assert not re.search(r'(src|href)=["\']?(https?:|//|file:)', page)
     assert "<script" not in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    # histogram + scatter for the output, trends for sqnr, mae, top1
-    assert len(images) == 5
+    # confusion matrix, histogram + scatter for the output, trends for sqnr, mae, top1
+    assert len(images) == 6
     for data in images:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Dataset accuracy: digits" in page and "TIMEOUT" in page and "History" in page
@@ -89,7 +89,8 @@ def test_html_renders_in_headless_chromium(tmp_path):
     check = browser.check_page(files["html"].resolve().as_uri(), shot)
     assert check.console_errors == []
     assert check.title.startswith("bundlerun: digits-mlp on host://xnnpack")
-    assert len(check.images) == 5
+    assert len(check.images) == 6
+    assert {i["alt"] for i in check.images} >= {"confusion matrix", "error histogram forward/out0", "trend top1"}
     for img in check.images:
         assert img["complete"] and img["naturalWidth"] > 100 and img["naturalHeight"] > 100, img
     png = shot.read_bytes()

@@ -85,6 +85,23 @@ Info: /OSCI/SystemC: Simulation stopped by user.
 [warning ][main@0][1300 ns] Simulation stopped by user
 """
 
+# Arm ML platform forum: Corstone-300 FVP application hitting a bus fault.
+REAL_BUS_FAULT = """\
+    Ethos-U rev 136b7d75 --- Nov 25 2021 12:05:57
+    (C) COPYRIGHT 2019-2021 Arm Limited
+    ALL RIGHTS RESERVED
+
+INFO - Processor internal clock: 32000000Hz
+WARN - MPS3_SCC->CFG_ACLK reads 0. Assuming default clock of 32000000
+sh: xterm: command not found
+INFO - CPU: Cortex-M55 r1p0
+INFO - Ethos-U device initialised
+INFO - Arm Corstone-300 (SSE-300) platform initialised
+Exception caught by function BusFault_Handler
+CTRL : 0x0000000c
+IPSR : 0x00000005
+"""
+
 _P = "I [executorch:arm_executor_runner.cpp:{} {}()] {}"
 
 
@@ -182,6 +199,12 @@ def test_hang_without_runner_output():
     assert log.cpu_time_exceeded and not log.program_complete
     assert log.boots == 1  # the FVP banner is the only sign of a start
     assert "[warning ][main@0][1300 ns] Simulation stopped by user" in [ln.raw for ln in log.lines]
+
+
+def test_platform_fault_handler_is_fatal():
+    log = parse_runner_log(REAL_BUS_FAULT)
+    assert log.fatal == ["Exception caught by function BusFault_Handler"]
+    assert log.crashed and not any(ln.level for ln in log.lines)  # 'INFO - ' is not an ET_LOG line
 
 
 def test_bundleio_pass_markers_and_stats():
@@ -344,3 +367,20 @@ def test_parse_line_non_runner():
     assert ln.level is None and ln.file is None and ln.message.startswith("Info:")
     ln = parse_line("D [executorch:method.cpp:1234 execute()] Executing method: forward")
     assert (ln.level, ln.file, ln.line, ln.func) == ("D", "method.cpp", 1234, "execute")
+
+
+def test_large_logs_stream_in_linear_time():
+    import os
+    import time
+
+    payload = os.urandom(1_500_000)
+    lines = [f"Output[0][{j}]: (float) {j * 0.25:f}" for j in range(50_000)]
+    text = ("\n".join(lines) + "\n#[RUN THIS]\n" f'echo "{base64.b64encode(payload).decode()}" | base64 -d >etdump.bin\n#[END]\n').encode()
+    parser = IncrementalLogParser()
+    t0 = time.monotonic()
+    for k in range(0, len(text), 4096):  # UART-sized chunks; one 2 MB line among them
+        parser.feed(text[k : k + 4096])
+    log = parser.result()
+    assert time.monotonic() - t0 < 10
+    assert len(log.printed_outputs[0]) == 50_000 and log.printed_outputs[0][-1] == ("float", 49_999 * 0.25)
+    assert base64.b64decode(log.etdump_b64) == payload

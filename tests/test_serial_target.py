@@ -8,6 +8,9 @@ ETDump is written by ExecuTorch's ETDump writer and read by its deserializer.
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import numpy as np
 import pytest
 
@@ -170,8 +173,159 @@ def test_url_and_config_parsing():
             open_target(url, cfg)
 
 
-def test_no_output_is_a_timeout_over_loop_url(tmp_path, zoo_bundle):
+@pytest.mark.parametrize("reset", ["none", "dtr", "rts", "dtr+rts", "command"])
+def test_silent_port_is_a_timeout_over_loop_url(reset, tmp_path, zoo_bundle):
     """pyserial's loop:// echoes only what we send: no runner ever answers."""
-    run = run_serial("serial://x?port=loop://&reset=none", {}, zoo_bundle, tmp_path, cases=[0], case_timeout_s=0.6)
+    cfg = {"reset": reset, "reset_command": "reset\\n", "reset_pulse_s": 0.01}
+    run = run_serial("serial://x?port=loop://", cfg, zoo_bundle, tmp_path, cases=[0], case_timeout_s=0.5)
     (case,) = run.cases
-    assert case.status == CaseStatus.TIMEOUT and case.error_kind == "no-output"
+    assert case.status == CaseStatus.TIMEOUT
+    if reset == "command":  # our own echo: bytes, but no runner line -> the baud-rate hint
+        assert case.error_kind == "timeout" and "baud" in case.error
+        assert open(case.log_path, "rb").read() == b"reset\n"
+    else:
+        assert case.error_kind == "no-output"
+
+
+def test_probe_reset_and_single_flash(pty_board, zoo_bundle, oracle, tmp_path):
+    """reset = "exec" (a probe tool) and a flash command without {case_bundle}: case 0 only."""
+    pty_board.configure(fault="none")
+    cfg = {
+        "reset": "exec",
+        "reset_exec": pty_board.reset_command(),
+        "flash": pty_board.flash_command().replace("{case_bundle}", "{bundle}"),
+    }
+    run = run_serial(pty_board.url, cfg, zoo_bundle, tmp_path)
+    assert [c.status for c in run.cases] == [CaseStatus.OK, CaseStatus.SKIP, CaseStatus.SKIP]
+    assert run.cases[1].error_kind == "needs-flash"
+    _check_exact(type(run)(run.target, run.cases[:1]), oracle)
+    assert run.info["per_case_flash"] is False and "flash" in run.logs
+    assert (tmp_path / "serial" / "forward-case0.reset.log").read_text().startswith("$ ")
+
+
+def test_cli_run_judges_serial_outputs(pty_board, zoo_bundle, tmp_path, cli):
+    """`bundlerun run --target serial://...` end to end: exit 0, every output judged PASS."""
+    import json
+
+    pty_board.configure(fault="none")
+    report = tmp_path / "report"
+    res = cli(
+        "run", str(zoo_bundle), "--report", str(report), "--target", pty_board.url, "--no-history", "--quiet",
+        "--timeout", "30",
+        "--target-opt", "reset=command", "--target-opt", "reset_command=reset\\n",
+        "--target-opt", f"flash={pty_board.flash_command()}",
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((report / "report.json").read_text())
+    assert len(data["cases"]) == 3
+    for case in data["cases"]:
+        assert case["status"] == "ok" and case["device_verdict"]["verdict"] == "PASS"
+        assert case["outputs"] and all(o["verdict"] == "PASS" for o in case["outputs"])
+
+
+def _pty_serial_class():
+    import serial
+
+    class PtyWithoutModemLines(serial.Serial):
+        """A pty has no modem-control lines (a USB-serial adapter does): DTR/RTS/BREAK
+        requests that RFC 2217 clients send are accepted and dropped, CTS/DSR read idle."""
+
+        def _update_dtr_state(self):
+            pass
+
+        def _update_rts_state(self):
+            pass
+
+        def _update_break_state(self):
+            pass
+
+        cts = dsr = ri = cd = property(lambda self: False)
+
+    return PtyWithoutModemLines
+
+
+def _PtyWithoutModemLines(device, **kw):
+    return _pty_serial_class()(device, **kw)
+
+
+class Rfc2217Bridge:
+    """pyserial's own RFC 2217 server side (`serial.rfc2217.PortManager`) in front of
+    the board's pty, one client at a time, like `examples/rfc2217_server.py`."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.stop = threading.Event()
+        self.error = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import serial
+        import serial.rfc2217
+
+        self.server.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except (socket.timeout, OSError):
+                continue
+            ser = _PtyWithoutModemLines(self.device, timeout=0.05)
+            lock = threading.Lock()
+
+            class Conn:
+                def write(self, data):
+                    with lock:
+                        conn.sendall(data)
+
+            manager = serial.rfc2217.PortManager(ser, Conn())
+            alive = threading.Event()
+            alive.set()
+
+            def pump():
+                while alive.is_set():
+                    try:
+                        data = ser.read(ser.in_waiting or 1)
+                        if data:
+                            Conn().write(b"".join(manager.escape(data)))
+                    except (OSError, serial.SerialException):
+                        break
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            try:
+                conn.settimeout(0.2)
+                while not self.stop.is_set():
+                    try:
+                        data = conn.recv(1024)
+                    except socket.timeout:
+                        continue
+                    if not data:
+                        break
+                    ser.write(b"".join(manager.filter(data)))
+            except OSError as exc:
+                self.error = exc
+            finally:
+                alive.clear()
+                reader.join(timeout=2)
+                ser.close()
+                conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.server.close()
+
+
+def test_rfc2217_path_validates(pty_board, zoo_bundle, oracle, tmp_path):
+    """rfc2217:// through pyserial's RFC 2217 client and server (DTR/RTS negotiated, then our reset line)."""
+    pty_board.configure(fault="none")
+    bridge = Rfc2217Bridge(pty_board.port)
+    try:
+        url = f"rfc2217://127.0.0.1:{bridge.port}"
+        run = run_serial(url, pty_board.target_config(), zoo_bundle, tmp_path, cases=[1])
+    finally:
+        bridge.close()
+    assert run.info["port"] == url
+    _check_exact(run, oracle)

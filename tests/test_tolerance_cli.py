@@ -23,28 +23,19 @@ pytestmark = pytest.mark.slow  # two real PTQ builds + runs on host://xnnpack (~
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
+def work(bundle_cache, tmp_path_factory):
     """Two real bundles built and run once: tiny-cnn int8 (quantized reference) and mlp int8 (vs float)."""
-    from bundles.builder import BuildRequest, build_bundle
     from runner.session import RunRequest, execute_run
 
     root = tmp_path_factory.mktemp("tolcli")
-    old = os.getcwd()
-    os.chdir(root)  # no project config around: the built-in registry only
-    try:
-        out = {}
-        for key, model, reference in (("cnn", "tiny-cnn", "quantized"), ("mlp", "mlp", "eager-fp32")):
-            path = root / f"{key}.bpte"
-            build_bundle(BuildRequest(model=model, output=path, target="host://xnnpack", dtype="int8", cases=3,
-                                      reference=reference))
-            run_dir = root / f"run-{key}"
-            report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=run_dir,
-                                            save_outputs=True))
-            assert report["summary"]["verdict"] == "PASS", report["summary"]
-            out[key] = (path, run_dir)
-        yield root, out
-    finally:
-        os.chdir(old)
+    out = {}
+    for key, model, reference in (("cnn", "tiny-cnn", "quantized"), ("mlp", "mlp", "eager-fp32")):
+        path = bundle_cache(model, dtype="int8", cases=3, target="host://xnnpack", reference=reference)
+        run_dir = root / f"run-{key}"
+        report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=run_dir, save_outputs=True))
+        assert report["summary"]["verdict"] == "PASS", report["summary"]
+        out[key] = (path, run_dir)
+    return root, out
 
 
 def _manifest(path: Path) -> Manifest:

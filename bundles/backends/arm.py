@@ -331,13 +331,15 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
             "compile_spec": {"cpu": target.cpu},
             "delegated_partitions": 0,
             "cortex_m_kernels": kernels,
-            "undelegated_ops": summary["undelegated_ops"],
+            "undelegated_ops": [o for o in summary["undelegated_ops"] if o != "alloc"],
         },
     )
 
 
 def lower(req: LoweringRequest) -> LoweringResult:
     target = parse_arm_target(req.target)
+    if req.backend == "cortex-m" and target.kind != "cortex-m":
+        raise BuildError(f"backend cortex-m builds for fvp://corstone-300/cortex-m55 (or cortex-m85), not {req.target}")
     _check_dtype(target, req.dtype)
     if target.kind == "cortex-m":
         return _lower_cortex_m(req, target)

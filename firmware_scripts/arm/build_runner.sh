@@ -104,6 +104,15 @@ if ((${#extra[@]})); then
     cmd+=("--extra_build_flags=${extra[*]}")
 fi
 
+# Cortex-M (no NPU) semihosting runners: ExecuTorch builds them with the cortex-m
+# kernels and its own op list via backends/cortex_m/test/build_test_runner.sh
+# (compiled ET_ATOL=5.0 ET_RTOL=1.0; bundlerun judges on the host anyway).
+cortex_script="${et_root}/backends/cortex_m/test/build_test_runner.sh"
+if [[ "$target" == cortex-m* && "$mode" == semihosting && -f "$cortex_script" ]]; then
+    output="${et_root}/arm_test/arm_semihosting_executor_runner_corstone-300"
+    cmd=("$cortex_script" "--target=${target}")
+fi
+
 if $dry_run; then
     printf '%q ' "${cmd[@]}"
     echo

@@ -10,7 +10,7 @@ interval, and the agreement rate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,15 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     dataset = fit_to_inputs(dataset, model.inputs)
     slug = f"{model.name}-{req.dtype}-{dataset.name}"
     bundle_path = report_dir / f"{slug}.bpte"
+    extra: dict[str, Any] = {}
+    calibrated_on = "model input distribution"
+    if dataset.calibration and "calibration" in {f.name for f in fields(BuildRequest)}:
+        # Real samples give PTQ the real activation ranges (random inputs clip the logits).
+        extra["calibration"] = dataset.calibration
+        calibrated_on = f"{len(dataset.calibration)} {dataset.name} training samples"
     build = build_bundle(
         BuildRequest(
+            **extra,
             model=req.model,
             output=bundle_path,
             backend=req.backend,
@@ -94,6 +101,8 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
         outputs = {k: npz[k] for k in npz.files}
     report["dataset"] = dataset_from_outputs(bundle, outputs, req.confidence)
     report["dataset"]["source"] = dataset.source
+    if req.dtype in ("int8", "int16"):
+        report["dataset"]["calibration"] = calibrated_on
     db = None if req.no_history else history.resolve_history_path(req.history, req.config)
     if db is not None:
         report["run"]["history_id"] = history.record_report(db, report, report_dir / "report.json")
@@ -168,13 +177,19 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     scheme = target.split("://", 1)[0]
     targets = config.get("targets", {}) or {}
     section = {**(targets.get(scheme.split("+")[0], {}) or {}), **(targets.get(scheme, {}) or {})}
+    from bundles.manifest import CRITERIA_FIELDS
+
     tol: dict[str, float] = {}
     for item in tolerances:
         key, sep, value = item.partition("=")
         try:
-            tol[key] = float(value) if sep else float("nan")
+            if not sep or key not in CRITERIA_FIELDS:
+                raise ValueError
+            tol[key] = float(value)
         except ValueError:
-            raise click.BadParameter(f"--tolerance {item!r}: expected KEY=NUMBER") from None
+            raise click.BadParameter(
+                f"--tolerance {item!r}: expected KEY=NUMBER with KEY one of {', '.join(CRITERIA_FIELDS)}"
+            ) from None
     slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
     req = AccuracyRequest(
         model=model, dataset=dataset, target=target, dtype=dtype, samples=samples, backend=backend,

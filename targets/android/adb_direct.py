@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import stat as stat_mod
-import time
 from pathlib import Path
 
 from targets.android.transport import (

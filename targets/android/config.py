@@ -33,6 +33,7 @@ class AndroidTargetConfig:
     auth_timeout_s: float = 30.0
     transfer_timeout_s: float = 300.0
     command_timeout_s: float = 60.0  # housekeeping shell commands
+    cache_max_mb: float = 2048.0  # device cache bound; least recently used entries go first
     retries: int | None = None  # None: RunOptions.retries
     cpu_threads: int | None = None
     num_executions: int = 1

@@ -54,6 +54,7 @@ class DeviceCache:
     pushed: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     _verified: set[str] = field(default_factory=set)
+    used: set[str] = field(default_factory=set)  # device paths this run relied on
 
     @property
     def cache_dir(self) -> str:
@@ -65,6 +66,7 @@ class DeviceCache:
     def ensure(self, artifacts: list[Artifact]) -> dict[str, str]:
         """Make every artifact present and intact on the device; name -> device path."""
         paths = {a.name: self.remote_path(a) for a in artifacts}
+        self.used.update(paths.values())
         todo = [a for a in artifacts if self.remote_path(a) not in self._verified]
         if not todo:
             return paths
@@ -103,6 +105,33 @@ class DeviceCache:
                     self.command_timeout_s, f"installing {art.name}")
         self.pushed.append(art.name)
         self._verified.add(remote)
+
+    def prune(self, max_bytes: int, keep: set[str]) -> list[str]:
+        """Bound the device cache: entries used by this run are touched (newest) and kept;
+        the least recently used others go until the cache fits in `max_bytes`."""
+        used_dirs = sorted({posixpath.dirname(p) for p in keep})
+        if used_dirs:
+            check_shell(self.transport, "touch " + " ".join(shlex.quote(d) for d in used_dirs),
+                        self.command_timeout_s, "marking cache entries")
+        cache = shlex.quote(self.cache_dir)
+        res = shell(self.transport, f"cd {cache} 2>/dev/null && ls -1t | while read -r d; do du -sk \"$d\"; done",
+                    self.command_timeout_s)
+        entries = []  # newest first: (kB, name)
+        for line in res.output.splitlines():
+            size, _, name = line.partition("\t")
+            if size.strip().isdigit() and len(name) == 64:
+                entries.append((int(size), name))
+        total, removed = 0, []
+        keep_names = {posixpath.basename(d) for d in used_dirs}
+        for kb, name in entries:
+            total += kb * 1024
+            if total > max_bytes and name not in keep_names:
+                removed.append(name)
+        if removed:
+            targets = " ".join(shlex.quote(posixpath.join(self.cache_dir, n)) for n in removed)
+            check_shell(self.transport, f"rm -rf {targets}", self.command_timeout_s, "pruning the cache")
+            self._verified = {p for p in self._verified if posixpath.basename(posixpath.dirname(p)) not in removed}
+        return removed
 
     def prepare_run_dir(self, run_dir: str, links: dict[str, str], subdirs: list[str]) -> None:
         """A clean run folder: old outputs removed, symlinks to the cached files."""

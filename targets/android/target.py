@@ -31,6 +31,22 @@ class _Exec:
     command: str
 
 
+@dataclass
+class _Budget:
+    """Transport retries left for one case (or one qnn process); shared by a whole-case
+    retry and a pull-only retry, so the total stays bounded by `retries`."""
+
+    left: int
+    used: int = 0
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        self.used += 1
+        return True
+
+
 def _excerpt(log: str, limit: int = 20) -> list[str]:
     lines = [l for l in log.splitlines() if l.strip()]
     hits = [l for l in lines if _LOG_HINT.search(l)]
@@ -93,20 +109,21 @@ class AndroidTarget:
         except TransportError:
             pass
 
-    def _logcat(self, arg: str) -> str:
+    def _logcat(self, arg: str) -> str | None:
+        """`logcat -c` / `logcat -d` when enabled (runners built with the Android PAL log there)."""
         if not self.cfg.logcat:
-            return ""
+            return None
         try:
             return shell(self.transport, f"logcat {arg}", self.cfg.command_timeout_s).output
-        except TransportError:
-            return ""
+        except TransportError as exc:
+            return f"(logcat unavailable: {exc})"
 
-    def _save_log(self, path: Path, ex: _Exec | None, extra: str = "") -> str:
+    def _save_log(self, path: Path, ex: _Exec | None, extra: str | None = None) -> str:
         text = ""
         if ex is not None:
             status = "timed out" if ex.timed_out else f"exit status {ex.exit_status}"
             text = f"$ {ex.command}\n{ex.output}\n[{status} after {ex.elapsed_s:.2f} s]\n"
-        if extra:
+        if extra is not None:
             text += f"--- logcat ---\n{extra}\n"
         atomic_write_bytes(path, text.encode("utf-8", "replace"))
         return str(path)
@@ -150,16 +167,24 @@ class AndroidTarget:
             else:
                 base = self._base_artifacts("executor_runner", [])
             self._with_retries(retries, lambda: cache.ensure(base))
-        except TransportError as exc:
+        except TransportError as exc:  # device/link problem: every case gets the classified error
+            self.transport.close()
             results = [self._setup_failure(m, i, exc, logs_dir) for m, i in pairs]
             self._emit(results, options)
             return TargetRun(self.url, results, info={**info, "error": str(exc)}, setup_s=time.monotonic() - t0)
+        except TargetError:  # configuration problem (no runner, no QNN SDK): nothing can run
+            self.transport.close()
+            raise
         setup_s = time.monotonic() - t0
         try:
             if self.cfg.profile == "qnn-executor-runner":
                 results = self._run_qnn(bundle, pairs, base, cache, options, retries, logs_dir)
             else:
                 results = self._run_executor_runner(bundle, pairs, base, cache, options, retries, logs_dir)
+            try:
+                info["pruned"] = cache.prune(int(self.cfg.cache_max_mb * 1024 * 1024), cache.used)
+            except TransportError as exc:  # housekeeping only: never fails the run
+                info["prune_error"] = str(exc)
         finally:
             self.transport.close()
         info.update(pushed=list(cache.pushed), reused=sorted(set(cache.reused)))
@@ -179,10 +204,7 @@ class AndroidTarget:
                 if not exc.transient or attempt >= retries:
                     raise
                 attempt += 1
-                try:
-                    self.transport.reconnect()
-                except TransportError:
-                    pass
+                self._reconnect_quietly()
 
     def _setup_failure(self, method: str, index: int, exc: TransportError, logs_dir: Path) -> CaseResult:
         path = logs_dir / "logs" / "setup.log"
@@ -204,28 +226,41 @@ class AndroidTarget:
             case_file = logs_dir / "bundles" / f"{_safe(method)}-{index}.bpte"
             atomic_write_bytes(case_file, serialize_bundle(bundle.single_case(method, index)))
             log_path = logs_dir / "logs" / f"{_safe(method)}-{index}.log"
-            attempt = 0
+            budget = _Budget(retries)
             while True:
                 try:
                     result = self._one_case(bundle, method, index, base + [Artifact(case_file, "model.bpte")],
-                                            cache, run_dir, options, log_path, logs_dir)
+                                            cache, run_dir, options, log_path, logs_dir, budget)
                     break
                 except TransportError as exc:
-                    if exc.transient and attempt < retries:
-                        attempt += 1
-                        try:
-                            self.transport.reconnect()
-                        except TransportError:
-                            pass
+                    if exc.transient and budget.take():
+                        self._reconnect_quietly()
                         continue
                     result = self._case_error(method, index, exc, str(log_path) if log_path.exists() else None)
                     break
-            result.extra["attempts"] = attempt + 1
+            result.extra["attempts"] = budget.used + 1
             results.append(result)
             self._emit([result], options)
         return results
 
-    def _one_case(self, bundle, method, index, arts, cache, run_dir, options, log_path, logs_dir) -> CaseResult:
+    def _reconnect_quietly(self) -> None:
+        try:
+            self.transport.reconnect()
+        except TransportError:
+            pass
+
+    def _pull(self, remote: str, local: Path, budget: _Budget) -> None:
+        """Pull with its own retries: the outputs are still on the device, so a cut
+        transfer does not need the case to run again."""
+        while True:
+            try:
+                return self.transport.pull(remote, local, self.cfg.transfer_timeout_s)
+            except TransportError as exc:
+                if not (exc.transient and budget.take()):
+                    raise
+                self._reconnect_quietly()
+
+    def _one_case(self, bundle, method, index, arts, cache, run_dir, options, log_path, logs_dir, budget) -> CaseResult:
         paths = cache.ensure(arts)
         cache.prepare_run_dir(run_dir, paths, ["out"])
         env = {"LD_LIBRARY_PATH": ".", **self.cfg.env}
@@ -233,8 +268,9 @@ class AndroidTarget:
         args = profiles.executor_runner_args(self.cfg, method, "out/output", etdump)
         self._logcat("-c")
         ex = self._exec(profiles.runner_command(run_dir, "executor_runner", args, env), options.case_timeout_s, run_dir)
-        logcat = self._logcat("-d")
-        log = self._save_log(log_path, ex, logcat)
+        logcat_text = self._logcat("-d")
+        log = self._save_log(log_path, ex, logcat_text)
+        logcat = logcat_text or ""
         verdict = profiles.parse_device_verdict(ex.output + logcat)
         excerpt = _excerpt(ex.output + "\n" + logcat)
         if ex.timed_out:
@@ -253,7 +289,7 @@ class AndroidTarget:
         for k in tensor_slots:
             local = local_dir / f"output-{k}.bin"
             try:
-                self.transport.pull(posixpath.join(run_dir, "out", f"output-{k}.bin"), local, self.cfg.transfer_timeout_s)
+                self._pull(posixpath.join(run_dir, "out", f"output-{k}.bin"), local, budget)
             except TransportError as exc:
                 if exc.kind != "missing-file":
                     raise
@@ -277,29 +313,26 @@ class AndroidTarget:
         atomic_write_bytes(pte, bytes(bundle.program))
         for method in dict.fromkeys(m for m, _ in pairs):
             cases = [i for m, i in pairs if m == method]
-            attempt = 0
+            budget = _Budget(retries)
             while True:
                 try:
-                    res = self._qnn_method(bundle, method, methods.index(method), cases, base, pte, cache, options, logs_dir)
+                    res = self._qnn_method(bundle, method, methods.index(method), cases, base, pte, cache, options,
+                                           logs_dir, budget)
                     break
                 except TransportError as exc:
-                    if exc.transient and attempt < retries:
-                        attempt += 1
-                        try:
-                            self.transport.reconnect()
-                        except TransportError:
-                            pass
+                    if exc.transient and budget.take():
+                        self._reconnect_quietly()
                         continue
                     log = logs_dir / "logs" / f"{_safe(method)}-qnn.log"
                     res = [self._case_error(method, i, exc, str(log) if log.exists() else None) for i in cases]
                     break
             for r in res:
-                r.extra["attempts"] = attempt + 1
+                r.extra["attempts"] = budget.used + 1
             results += res
             self._emit(res, options)
         return results
 
-    def _qnn_method(self, bundle, method, method_index, cases, base, pte, cache, options, logs_dir) -> list[CaseResult]:
+    def _qnn_method(self, bundle, method, method_index, cases, base, pte, cache, options, logs_dir, budget) -> list[CaseResult]:
         suite = bundle.suite(method)
         qdir = logs_dir / "qnn" / _safe(method)
         qdir.mkdir(parents=True, exist_ok=True)
@@ -330,8 +363,9 @@ class AndroidTarget:
         self._logcat("-c")
         ex = self._exec(profiles.runner_command(run_dir, "qnn_executor_runner", args, env),
                         options.case_timeout_s * max(1, len(cases)), run_dir)
-        logcat = self._logcat("-d")
-        log = self._save_log(log_path, ex, logcat)
+        logcat_text = self._logcat("-d")
+        log = self._save_log(log_path, ex, logcat_text)
+        logcat = logcat_text or ""
         excerpt = _excerpt(ex.output + "\n" + logcat)
         per_case = ex.elapsed_s / max(1, len(cases))
         if ex.timed_out:
@@ -358,7 +392,7 @@ class AndroidTarget:
             files = []
             for name in names[: len(layout)]:
                 local = local_dir / name
-                self.transport.pull(posixpath.join(run_dir, "outputs", name), local, self.cfg.transfer_timeout_s)
+                self._pull(posixpath.join(run_dir, "outputs", name), local, budget)
                 files.append(local)
             outputs, err = raw_outputs_from_files(files, layout)
             if err:

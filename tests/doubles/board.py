@@ -10,7 +10,8 @@ build with ET_BUNDLE_IO + ET_LOG_DUMP_OUTPUT + ETDump/ET_DUMP_OUTPUTS.
 
 Conventions (a pty cannot carry DTR/RTS, so):
   reset   the host writes `RESET_COMMAND` (b"reset\\n"); target config
-          `reset = "command"`, `reset_command = "reset\\n"`.
+          `reset = "command"`, `reset_command = "reset\\n"`. Or, like a probe's
+          reset line, `python board.py reset --state DIR` (`reset = "exec"`).
   flash   `python -m tests.doubles.board flash --state DIR BUNDLE` copies BUNDLE
           to DIR/flash.bpte (programs only; the board runs after the next reset,
           like `pyocd load` without a reset).
@@ -221,6 +222,8 @@ class Board:
         self.listener: socket.socket | None = None
         self.conn: socket.socket | None = None
         self.inbuf = b""
+        self.reset_flag = False
+        self.dropping = False
 
     # -- transport
     def open(self) -> str:
@@ -234,6 +237,7 @@ class Board:
         tty.setraw(slave)  # no echo / line discipline before the host configures it
         name = os.ttyname(slave)
         os.close(slave)
+        os.set_blocking(master, False)  # a UART never blocks the firmware; see _write
         self.master = master
         return name
 
@@ -262,6 +266,8 @@ class Board:
             return b""
         try:
             return os.read(self.master, 4096)
+        except BlockingIOError:
+            return b""
         except OSError as exc:
             if exc.errno == errno.EIO:  # no process has the slave open right now
                 time.sleep(0.02)
@@ -269,6 +275,8 @@ class Board:
             raise
 
     def _write(self, data: bytes) -> None:
+        if self.reset_flag or self.dropping:  # reset pending / line dead: nothing more from this boot
+            return
         if self.tcp:
             if self.conn is not None:
                 try:
@@ -276,18 +284,34 @@ class Board:
                 except OSError:
                     pass
             return
+        # Like a UART without flow control: if nobody drains the line for a while
+        # (host closed the port), the rest is lost; a reset request aborts the write.
         view = memoryview(data)
+        stalled_since = None
         while view:
             try:
                 n = os.write(self.master, view)
             except BlockingIOError:
-                time.sleep(0.001)
-                continue
+                n = 0
             except OSError:
                 return
-            view = view[n:]
+            if n:
+                view = view[n:]
+                stalled_since = None
+                continue
+            if self.reset_requested():
+                self.reset_flag = True
+                return
+            now = time.monotonic()
+            stalled_since = stalled_since or now
+            if now - stalled_since > 1.0:
+                self.dropping = True  # nobody is listening: the rest of this boot is lost
+                return
+            time.sleep(0.002)
 
     def reset_requested(self) -> bool:
+        if self.reset_flag:
+            return True
         data = self._read(0)
         if data:
             self.inbuf += data
@@ -348,17 +372,22 @@ class Board:
         return "done"
 
     def serve(self) -> None:
-        boots_pending = 0
+        pending = False
         while True:
-            if boots_pending == 0:
+            if not pending:
                 data = self._read(0.05)
                 if data:
                     self.inbuf += data
-                if RESET_COMMAND not in self.inbuf:
+                request = self.state / "reset-request"
+                if request.exists():  # the probe's reset line (`board.py reset`)
+                    request.unlink()
+                elif RESET_COMMAND not in self.inbuf:
                     continue
-                self.inbuf = self.inbuf.split(RESET_COMMAND)[-1]
-                boots_pending = 1
-            boots_pending -= 1
+                else:
+                    self.inbuf = self.inbuf.split(RESET_COMMAND)[-1]
+            pending = False
+            self.reset_flag = False
+            self.dropping = False
             cfg = load_config(self.state)
             flash = self.state / "flash.bpte"
             if not flash.exists():
@@ -370,13 +399,12 @@ class Board:
                 self._write(f"F [executorch:{SRC}:1 main()] Hard fault: {type(exc).__name__}\n".encode())
                 continue
             outcome = self.emit(lines, cfg)
-            if outcome == "unplugged":
-                return
             if outcome == "reboot":
                 # Watchdog reset: the whole boot prints again, this time to the end.
-                self.emit(lines, {**cfg, "fault": "none"})
-            elif outcome == "reset":
-                boots_pending = 1
+                outcome = self.emit(lines, {**cfg, "fault": "none"})
+            if outcome == "unplugged":
+                return
+            pending = outcome == "reset"
 
 
 def flash(state: Path, bundle: Path) -> int:
@@ -393,6 +421,14 @@ def flash(state: Path, bundle: Path) -> int:
     return 0
 
 
+def probe_reset(state: Path) -> int:
+    """The double's 'debug probe reset' (reset = "exec"): pulls the reset line."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "reset-request").touch()
+    print("reset: done")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="board")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -402,9 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     fp = sub.add_parser("flash")
     fp.add_argument("--state", type=Path, required=True)
     fp.add_argument("bundle", type=Path)
+    rp = sub.add_parser("reset")
+    rp.add_argument("--state", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "flash":
         return flash(args.state, args.bundle)
+    if args.cmd == "reset":
+        return probe_reset(args.state)
     # Warm the runtime before announcing the port, so resets answer at board speed.
     import executorch.extension.pybindings.portable_lib  # noqa: F401
 
@@ -438,6 +478,11 @@ class BoardProcess:
         self.port: str | None = None
 
     def __enter__(self) -> "BoardProcess":
+        self.start()
+        return self.wait_ready()
+
+    def start(self) -> "BoardProcess":
+        """Spawn without waiting (start several boards, then `wait_ready` each)."""
         import subprocess
 
         self.state.mkdir(parents=True, exist_ok=True)
@@ -448,6 +493,9 @@ class BoardProcess:
         self.proc = subprocess.Popen(
             args, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
         )
+        return self
+
+    def wait_ready(self) -> "BoardProcess":
         ready, _, _ = select.select([self.proc.stdout], [], [], self.startup_timeout_s)
         line = self.proc.stdout.readline() if ready else b""
         if not line:
@@ -465,6 +513,9 @@ class BoardProcess:
 
     def configure(self, **cfg) -> None:
         (self.state / "board.json").write_text(json.dumps(cfg))
+
+    def reset_command(self) -> str:
+        return f"{sys.executable} {Path(__file__).resolve()} reset --state {self.state}"
 
     def flash_command(self) -> str:
         return f"{sys.executable} {Path(__file__).resolve()} flash --state {self.state} {{case_bundle}}"

@@ -29,6 +29,7 @@ import base64
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import subprocess
@@ -160,7 +161,13 @@ class Fvp:
                 except ValueError:
                     self.fail(f"ERROR: invalid --timelimit value '{v}'")
             elif a == "--data":
-                self.data.append(value())
+                spec = value()
+                path, sep, addr = spec.split("=", 1)[-1].rpartition("@")
+                if not sep or not re.fullmatch(r"0x[0-9a-fA-F]+|\d+", addr):
+                    self.fail(f"ERROR: --data expects [INST=]FILE@ADDRESS, got '{spec}'")
+                if not Path(path).is_file():
+                    self.fail(f"ERROR: Could not open data file '{path}'")
+                self.data.append(spec)
             elif a in ("-q", "--quiet", "--stat"):
                 pass
             elif a == "--cyclelimit":
@@ -290,7 +297,20 @@ class Fvp:
             self.stop()
         self.execute(model, cwd=cwd, out_base=out_base)
 
+    def uart_stream(self):
+        """Where UART0 goes: stdout for out_file=-, a file, or (no out_file) the
+        telnet terminal nobody is connected to."""
+        target = self.board_p("uart0.out_file")
+        if target == "-":
+            return sys.stdout
+        if target:
+            return open(target, "a", buffering=1)
+        import io
+
+        return io.StringIO()
+
     def uart_main(self) -> None:
+        self.runner_stream = self.uart_stream()
         model = None
         for spec in self.data:
             path = spec.split("=", 1)[-1].rsplit("@", 1)[0]
@@ -331,7 +351,13 @@ class Fvp:
         if sc == "hang":
             self.hang()
 
-        outputs, expected, status = run_case0(model, method)
+        try:
+            outputs, expected, status = run_case0(model, method)
+        except Exception as exc:  # e.g. an Ethos-U command stream: the host runtime has no EthosUBackend
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.log("E", "method_loaded", f"Host runtime of the FVP double cannot run this program: {first}", "runner_init")
+            self.log("F", "start", f"In function run_model(), assert failed (status == Error::Ok): Execution of method {method} failed with status 0x1", "run_model")
+            self.stop()
         if sc == "numerical":
             outputs = [_perturb(o) for o in outputs]
             status = None  # verdict recomputed on what the "device" produced
@@ -340,7 +366,7 @@ class Fvp:
         for i, arr in enumerate(outputs):
             if out_base is None:
                 if os.environ.get("BUNDLERUN_FVP_LOG_OUTPUT", "1") != "0":
-                    _print_output_lines(i, arr)
+                    _print_output_lines(i, arr, self.runner_stream)
                 continue
             name = f"{out_base}-{i}.bin"
             if sc == "missing-outputs":
@@ -378,7 +404,9 @@ class Fvp:
             self.print_etdump(model, method)
         if not ok:
             self.log("F", "fatal", "In function main(), assert failed (model_ok == true): Problem running model")
-            self.stop()  # et_pal_abort -> _exit(-1) under semihosting
+            if cwd is not None:
+                self.stop()  # et_pal_abort -> _exit(-1) under semihosting
+            self.run_out_timelimit()  # et_pal_abort -> __builtin_trap(): the CPU stops, the FVP runs on
         self.log("I", "complete", "Program complete, exiting.")
         if cwd is not None:
             self.stop()  # semihosting _exit(0)
@@ -389,17 +417,18 @@ class Fvp:
 
     def print_etdump(self, model: bytes, method: str) -> None:
         etdump, debug = run_case0_etdump(model, method)
+        uart = lambda text: self.out(text, self.runner_stream)  # noqa: E731
         self.log("I", "etdump_size", f"[base64] buffer size: {len(base64.b64encode(etdump))}", "write_etdump")
-        self.out("#[RUN THIS]")
+        uart("#[RUN THIS]")
         if debug:
-            self.out("# Writing debug_buffer.bin [base64]")
-            self.out(f'echo "{base64.b64encode(debug).decode()}" | base64 -d >debug_buffer.bin')
-        self.out("# Writing etdump.bin [base64]")
-        self.out(f'echo "{base64.b64encode(etdump).decode()}" | base64 -d >etdump.bin')
-        self.out("# Generate cpu cycle table with:")
+            uart("# Writing debug_buffer.bin [base64]")
+            uart(f'echo "{base64.b64encode(debug).decode()}" | base64 -d >debug_buffer.bin')
+        uart("# Writing etdump.bin [base64]")
+        uart(f'echo "{base64.b64encode(etdump).decode()}" | base64 -d >etdump.bin')
+        uart("# Generate cpu cycle table with:")
         flag = "--debug_buffer_path debug_buffer.bin" if debug else ""
-        self.out(f"python3 -m devtools.inspector.inspector_cli --etdump_path etdump.bin {flag} --source_time_scale cycles --target_time_scale cycles")
-        self.out("#[END]")
+        uart(f"python3 -m devtools.inspector.inspector_cli --etdump_path etdump.bin {flag} --source_time_scale cycles --target_time_scale cycles")
+        uart("#[END]")
 
     def hang(self, spawn: bool = True) -> "NoReturn":  # noqa: F821
         """A wedged simulator: ignores SIGTERM, ignores --timelimit, and has a child."""
@@ -538,7 +567,7 @@ def _cpp_verify(outputs, expected, rtol: float, atol: float) -> bool:
     return True
 
 
-def _print_output_lines(i: int, arr) -> None:
+def _print_output_lines(i: int, arr, stream) -> None:
     kind = {"f": "float", "i": "int", "b": "bool"}.get(arr.dtype.kind)
     if arr.dtype.kind == "i" and arr.dtype.itemsize == 1:
         kind = "char"
@@ -552,8 +581,8 @@ def _print_output_lines(i: int, arr) -> None:
             lines.append(f"Output[{i}][{j}]: (bool) {'true ' if v else 'false'} (0x{int(v):x})")
         else:
             lines.append(f"Output[{i}][{j}]: ({kind}) {v}")
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
 
 
 def main() -> None:
@@ -561,6 +590,9 @@ def main() -> None:
     if name not in PLATFORMS:
         sys.stderr.write(f"fvp_double: unknown platform {name!r}; install under one of {', '.join(PLATFORMS)}\n")
         sys.exit(2)
+    if "--version" in sys.argv[1:]:  # a version probe, not a simulation: nothing to record
+        sys.stdout.write(VERSION_TEXT)
+        sys.exit(0)
     args_file = os.environ.get("BUNDLERUN_FVP_ARGSFILE")
     if args_file:
         with open(args_file, "a") as f:

@@ -1,0 +1,53 @@
+"""`bundlerun run` against the emulated device, configured from bundlerun.toml [targets.adb]."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from doubles.adbd import FakeAdbd
+from doubles.android_env import runner_binaries, zoo_bundle
+
+BUNDLERUN = Path(sys.executable).with_name("bundlerun")
+
+
+@pytest.fixture
+def device(tmp_path):
+    d = FakeAdbd(tmp_path / "device")
+    d.start()
+    yield d
+    d.stop()
+    assert d.live_processes() == []
+
+
+def _bundlerun(args, cwd, home):
+    env = dict(os.environ, HOME=str(home))
+    env.pop("ANDROID_USER_HOME", None)
+    return subprocess.run([str(BUNDLERUN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_run_passes_then_a_crash_exits_2(device, tmp_path):
+    bundle = zoo_bundle("mlp", 2)
+    runner = runner_binaries(tmp_path / "bin")["executor-runner"]
+    (tmp_path / "bundlerun.toml").write_text(
+        f'[targets.adb]\nrunner = "{runner}"\nworkspace = "/data/local/tmp/ci farm"\n')
+    url = f"adb+tcp://127.0.0.1:{device.port}"
+    res = _bundlerun(["run", str(bundle), "--target", url, "--cases", "1", "--report", "r1", "--no-history", "--quiet"],
+                     tmp_path, tmp_path / "home")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "r1" / "report.json").read_text())
+    assert report["target"]["info"]["workspace"] == "/data/local/tmp/ci farm"
+    assert (device.root / "data/local/tmp/ci farm/run/out/output-0.bin").exists()
+
+    device.set_faults(runner={"segv": True})
+    res = _bundlerun(["run", str(bundle), "--target", url, "--cases", "0", "--report", "r2", "--no-history", "--quiet"],
+                     tmp_path, tmp_path / "home")
+    assert res.returncode == 2, res.stdout + res.stderr
+    text = (tmp_path / "r2" / "report.json").read_text()
+    assert "crash" in text and "SIGSEGV" in text
