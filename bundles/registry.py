@@ -74,9 +74,16 @@ def _fail(where: str, message: str) -> None:
     raise ConfigError(f"{where}: {message}")
 
 
-def _suggest(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+def suggest(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for a typo or an abbreviation, else ''."""
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
+    if not close and len(str(word)) >= 3:
+        close = [n for n in names if n.startswith(str(word))][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_suggest = suggest
 
 
 def _check_keys(where: str, table: Any, allowed: set[str]) -> None:
@@ -609,13 +616,16 @@ class _Resolver:
                          + (f"; graph scale {ctx.scale:g}" if ctx.scale is not None else ""), None)
             if self.reg.backend_setting(ctx.backend, "integer_outputs_exact", False) and not self.exact:
                 criteria.exact = True
-                self._record("exact", True, f"backend default: backends.{ctx.backend}.integer_outputs_exact", self.reg.layers[0].file)
+                layer = [l for l, b in self.reg._backend_tables(ctx.backend) if "integer_outputs_exact" in b][-1]
+                self._record("exact", True, f"backend default: backends.{ctx.backend}.integer_outputs_exact", layer.file)
         elif ctx.scale is not None:
             self._record("scale", ctx.scale, "output quantization parameters from the lowered graph", None)
         elif criteria.qtol:
             # A float output without a quantization scale has no step to count.
             criteria.qtol = None
             self._record("qtol", None, "no quantization scale for this float output: qtol not applicable", None)
+        if ctx.zero_point is not None:
+            self._record("zero_point", ctx.zero_point, "output quantization parameters from the lowered graph", None)
         criteria.trail = self.trail
         return Resolution(criteria, self.steps, self.tier, self.variant, self.host_arch)
 

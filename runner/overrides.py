@@ -37,9 +37,7 @@ class Override:
 
 def parse_override(text: str) -> Override:
     """One `--override` string -> Override; a one-line ConfigError when malformed."""
-    import difflib
-
-    from bundles.registry import check_number
+    from bundles.registry import check_number, suggest
 
     lhs, sep, rhs = str(text).partition("=")
     lhs, rhs = lhs.strip(), rhs.strip()
@@ -50,8 +48,7 @@ def parse_override(text: str) -> Override:
         raise ConfigError(f"override {text!r}: expected [method.]output.criterion=value")
     key = parts[-1]
     if key not in KEYS:
-        close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = suggest(key, KEYS)
         raise ConfigError(f"override {text!r}: unknown criterion {key!r}{hint}; known: {', '.join(KEYS)}")
     method = parts[0] if len(parts) == 3 else "*"
     output = parts[-2] if len(parts) >= 2 else "*"

@@ -57,6 +57,12 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
     recorded = report.get("bundle") or {}
     explicit = bundle_path is not None
     path = Path(bundle_path or recorded.get("path") or "")
+    if not explicit and not path.is_absolute():
+        # a relative path was relative to where `run` was started: try the usual places
+        for base in (Path.cwd(), directory, directory.parent):
+            if (base / path).is_file():
+                path = base / path
+                break
     if not path.is_file():
         raise BundlerunError(f"bundle {path} of the run in {directory} is gone; pass it with --bundle")
     sha = recorded.get("sha256")

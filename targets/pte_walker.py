@@ -265,11 +265,22 @@ def _resolve_kernel(name: str, overload: str) -> _Kernel:
 
 
 class _Frame:
-    """The values table of one method execution."""
+    """The values table of one method execution, over the program's planned memory.
+
+    Like the runtime, every memory-planned tensor is a view into its arena
+    (`non_const_buffer_sizes`, at its allocation offset). This matters: ExecuTorch
+    removes view_copy ops by giving the view the *same* memory as its source, so
+    only shared memory makes a reshape after e.g. a mean visible to the next op.
+    Results are copied into the planned memory, never rebound.
+    """
 
     def __init__(self, loaded: LoadedProgram, plan):
+        import torch
+
         self.loaded = loaded
         self.plan = plan
+        sizes = list(plan.non_const_buffer_sizes or [])
+        self.arenas = {m: torch.zeros(int(n), dtype=torch.uint8) for m, n in enumerate(sizes) if m > 0}
         self.values: list[Any] = [None] * len(plan.values)
         self._init_values()
 
@@ -295,13 +306,35 @@ class _Frame:
                 self.values[i] = list(v.items)
             # IntList / TensorList / OptionalTensorList hold value indices: resolved on use.
 
-    @staticmethod
-    def _init_tensor(v, program):
+    def _planned_view(self, v, sizes: list[int]):
+        """A logical-shape view of tensor `v`'s planned memory."""
+        import torch
+
+        info = v.allocation_info
+        arena = self.arenas.get(int(info.memory_id))
+        if arena is None:
+            raise WalkError("bad-program", f"tensor planned in memory arena {info.memory_id}, which the plan does not size")
+        dtype = torch_dtype(v.scalar_type)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        offset = int(info.memory_offset_low) + (int(info.memory_offset_high) << 32)
+        end = offset + int(np.prod(sizes, dtype=np.int64)) * itemsize
+        if end > arena.numel():
+            raise WalkError("bad-program", f"tensor at offset {offset} runs past planned arena {info.memory_id}")
+        flat = arena[offset:end]
+        flat = flat.view(dtype) if offset % itemsize == 0 else flat.clone().view(dtype)
+        order = [int(d) for d in v.dim_order] or list(range(len(sizes)))
+        view = flat.view([int(sizes[d]) for d in order])
+        if order != list(range(len(sizes))):
+            view = view.permute([order.index(k) for k in range(len(order))])
+        return view
+
+    def _init_tensor(self, v, program):
         import torch
 
         dtype = torch_dtype(v.scalar_type)
         sizes = [int(s) for s in v.sizes]
-        if v.data_buffer_idx > 0 and v.allocation_info is None:
+        constant = None
+        if v.data_buffer_idx > 0:
             info = v.extra_tensor_info
             if info is not None and int(info.location) == 1:  # EXTERNAL: weights in a .ptd
                 raise WalkError("unsupported-op", "program keeps constant tensors in an external data file (.ptd)")
@@ -309,8 +342,19 @@ class _Frame:
             numel = int(np.prod(sizes, dtype=np.int64))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             flat = torch.frombuffer(bytearray(bytes(storage[:nbytes])), dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
-            return _from_physical(flat, sizes, v.dim_order)
-        return torch.zeros(sizes, dtype=dtype)
+            constant = _from_physical(flat, sizes, v.dim_order)
+        if v.allocation_info is None:
+            return constant if constant is not None else torch.zeros(sizes, dtype=dtype)
+        view = self._planned_view(v, sizes)
+        if constant is not None:  # a mutable buffer: planned memory starts with its initial data
+            view.copy_(constant)
+        return view
+
+    def _is_planned(self, index: int) -> bool:
+        from executorch.exir import schema as S
+
+        v = self.plan.values[index].val
+        return isinstance(v, S.Tensor) and v.allocation_info is not None
 
     def get(self, index: int, type_hint: Any = None) -> Any:
         from executorch.exir import schema as S
@@ -325,7 +369,8 @@ class _Frame:
         return self.values[index]
 
     def set(self, index: int, value: Any) -> None:
-        """Store a result; a TensorList value's results go into its item slots."""
+        """Store a result: into planned memory for planned tensors, into the item
+        slots for a TensorList, as a Python value otherwise."""
         import torch
         from executorch.exir import schema as S
 
@@ -339,8 +384,19 @@ class _Frame:
                     self.set(j, item)
             return
         current = self.values[index]
+        if value is current:
+            return
         if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
-            self.values[index] = value.to(current.dtype) if value.dtype != current.dtype else value
+            value = value.to(current.dtype)
+            if not self._is_planned(index):
+                self.values[index] = value
+                return
+            if tuple(value.shape) != tuple(current.shape):  # dynamic shape: same memory, new shape
+                current = self._planned_view(v, list(value.shape))
+                self.values[index] = current
+            if value.untyped_storage().data_ptr() == current.untyped_storage().data_ptr():
+                value = value.clone()  # a view of the same arena: copy_ may not overlap
+            current.copy_(value)
         elif isinstance(value, torch.Tensor) and value.dim() == 0 and not isinstance(current, torch.Tensor):
             self.values[index] = value.item()
         else:
@@ -373,17 +429,14 @@ def _convert_arg(value: Any, arg_type: Any) -> Any:
     return value
 
 
-def _unaliased(value: Any, inputs: list[Any]) -> Any:
-    """A functional op may return (a view of) its input; the values table needs
-    its own storage, or a later out-variant kernel writing this value in place
-    would also change the input."""
+def _fresh_like(value: Any) -> Any:
+    """A contiguous tensor (or list of them) shaped like an out argument."""
+    import torch
+
     if isinstance(value, (list, tuple)):
-        return type(value)(_unaliased(v, inputs) for v in value)
-    if not hasattr(value, "untyped_storage") or not inputs:
-        return value
-    ptr = value.untyped_storage().data_ptr()
-    if any(t.untyped_storage().data_ptr() == ptr for t in inputs):
-        return value.clone()
+        return [_fresh_like(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype)
     return value
 
 
@@ -463,7 +516,7 @@ class ProgramWalker:
                     "bad-input",
                     f"input {pos} has dtype {_TORCH_DTYPES.get(got, got)}, the program expects {_TORCH_DTYPES.get(code, code)}",
                 )
-            frame.values[index] = numpy_to_tensor(arr, code)
+            frame.set(index, numpy_to_tensor(arr, code))
         else:
             frame.values[index] = value.item() if isinstance(value, np.ndarray) else value
 
@@ -490,7 +543,7 @@ class ProgramWalker:
             elif isinstance(ins, S.DelegateCall):
                 self._delegate_call(frame, ins)
             elif isinstance(ins, S.MoveCall):
-                frame.set(ins.move_to, frame.get(ins.move_from))
+                frame.values[ins.move_to] = frame.get(ins.move_from)  # EValue copy: aliases, as in the runtime
             elif isinstance(ins, S.JumpFalseCall):
                 cond = frame.get(ins.cond_value_index)
                 if hasattr(cond, "item"):
@@ -513,12 +566,16 @@ class ProgramWalker:
         positional: list[Any] = []
         keyword: dict[str, Any] = {}
         out_indices: list[int] = []
+        fresh_outs: list[Any] = []
         for arg, index in zip(schema_args, call.args[:n]):
             if arg.is_out:
                 out_indices.append(index)
                 if kernel.functional:
                     continue
-            value = _convert_arg(frame.get(index), arg.type)
+                value = _fresh_like(frame.get(index))  # written, then copied into planned memory
+                fresh_outs.append(value)
+            else:
+                value = _convert_arg(frame.get(index), arg.type)
             if arg.kwarg_only:
                 keyword[arg.name] = value
             else:
@@ -534,16 +591,26 @@ class ProgramWalker:
                 raise WalkError("unsupported-op", f"operator {kernel.name} has no CPU kernel in torch: {msg}") from None
             raise WalkError("kernel-error", f"{kernel.name} failed: {msg}") from None
         targets = out_indices if kernel.out_names else ret_indices
-        results = list(result) if isinstance(result, (tuple, list)) and len(targets) != 1 else [result]
-        if len(results) != len(targets) and not (kernel.out_names and not kernel.functional):
-            raise WalkError("bad-program", f"{kernel.name}: {len(results)} results for {len(targets)} outputs")
         if kernel.out_names and not kernel.functional:
-            return  # the out tensors were written in place (and possibly resized)
-        flat = [x for v in positional + list(keyword.values()) for x in (v if isinstance(v, (list, tuple)) else [v])]
-        inputs = [v for v in flat if hasattr(v, "untyped_storage")]
+            results = fresh_outs  # the out-variant wrote into fresh tensors
+        else:
+            results = list(result) if isinstance(result, (tuple, list)) and len(targets) != 1 else [result]
+            if len(results) != len(targets):
+                raise WalkError("bad-program", f"{kernel.name}: {len(results)} results for {len(targets)} outputs")
         for index, value in zip(targets, results):
-            frame.set(index, _unaliased(value, inputs))
-        # Return slots alias the out args; keep them pointing at the same values.
+            frame.set(index, value)
+        if kernel.out_names:
+            self._alias_returns(frame, out_indices, ret_indices)
+
+    @staticmethod
+    def _alias_returns(frame: _Frame, out_indices: list[int], ret_indices: list[int]) -> None:
+        """The return slots of an out-variant call are its out args: one value per
+        out, or a single list value holding all of them (multi-output ops)."""
+        outs = [frame.get(i) for i in out_indices]
+        if len(ret_indices) == 1 and len(out_indices) > 1:
+            if ret_indices[0] not in out_indices:
+                frame.set(ret_indices[0], outs)
+            return
         for ret, out in zip(ret_indices, out_indices):
             if ret != out:
                 frame.set(ret, frame.get(out))
@@ -585,4 +652,4 @@ class ProgramWalker:
             if array.size != want:
                 raise WalkError("backend-error", f"{delegate.id} output has {array.size} elements, the program expects {want} ({sizes})")
             flat = numpy_to_tensor(np.asarray(array).reshape(-1), code)
-            frame.values[index] = _from_physical(flat.to(torch_dtype(code)), sizes, dim_order)
+            frame.set(index, _from_physical(flat.to(torch_dtype(code)), sizes, dim_order))

@@ -336,7 +336,6 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
     data = bytearray()
     start = time.monotonic()
     last_data = start
-    boot_seen = 0
     while True:
         now = time.monotonic()
         if now >= deadline:
@@ -363,11 +362,11 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
             last_data = now
             if sink is not None:
                 sink(chunk)
-            for ln in parser.feed(chunk):
-                if any(marker in ln.raw for marker in _BOOT_MARKERS):
-                    boot_seen += 1
-                    if boot_seen > 1:
-                        return Capture(bytes(data), "reboot", None, now - start)
+            lines = parser.feed(chunk)
+            if any(marker in ln.raw for ln in lines for marker in _BOOT_MARKERS):
+                # The parser pairs a semihosting "Running executor..." with its "PTE @".
+                if parser.result().boots > 1:
+                    return Capture(bytes(data), "reboot", None, now - start)
             if parser.finished:
                 return Capture(bytes(data), "finished", None, now - start)
         elif parser.crashed and now - last_data >= settings.settle_s:
@@ -461,9 +460,10 @@ def classify(capture: Capture, log, layout, settings: SerialSettings) -> tuple[C
 class SerialTarget:
     """`Target` for a UART-attached runner (board or FVP telnet terminal)."""
 
-    def __init__(self, url: str, settings: SerialSettings):
+    def __init__(self, url: str, settings: SerialSettings, config: dict[str, Any] | None = None):
         self.url = url
         self.settings = settings
+        self._config = dict(config or {})  # kept to re-merge RunOptions.config at run time
 
     def _values(self, bundle_path: Path, case_bundle: Path | None, work: Path) -> dict[str, str]:
         s = self.settings
@@ -483,7 +483,7 @@ class SerialTarget:
             # RunOptions.config may carry CLI flags for this target; URL query still wins.
             from targets import parse_target_url
 
-            s = settings_from(parse_target_url(self.url), {**self._base_config, **merged})
+            s = settings_from(parse_target_url(self.url), {**self._config, **merged})
         work = Path(options.work_dir) / "serial"
         work.mkdir(parents=True, exist_ok=True)
         per_case_flash = bool(s.flash and "{case_bundle}" in s.flash)
@@ -538,8 +538,6 @@ class SerialTarget:
             "per_case_flash": per_case_flash,
         }
         return TargetRun(target=self.url, cases=cases, info=info, logs=logs, setup_s=setup_s or None)
-
-    _base_config: dict[str, Any] = {}
 
     def _run_case(
         self,
@@ -656,7 +654,4 @@ def _safe(name: str) -> str:
 
 def create(url, config: dict) -> SerialTarget:
     """Entry point for targets.open_target (schemes serial, serial+socket, rfc2217)."""
-    settings = settings_from(url, config)
-    target = SerialTarget(url.raw, settings)
-    target._base_config = dict(config or {})
-    return target
+    return SerialTarget(url.raw, settings_from(url, config), config)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from doubles.adbd import FakeAdbd
-from doubles.android_env import runner_binaries, zoo_bundle
+from doubles.android_env import runner_binaries
 
 BUNDLERUN = Path(sys.executable).with_name("bundlerun")
 
@@ -32,8 +32,8 @@ def _bundlerun(args, cwd, home):
 
 
 @pytest.mark.slow
-def test_run_passes_then_a_crash_exits_2(device, tmp_path):
-    bundle = zoo_bundle("mlp", 2)
+def test_run_passes_then_a_crash_exits_2(device, tmp_path, bundle_cache):
+    bundle = bundle_cache("mlp", backend="xnnpack", cases=2, target="adb+tcp://127.0.0.1:5555")
     runner = runner_binaries(tmp_path / "bin")["executor-runner"]
     (tmp_path / "bundlerun.toml").write_text(
         f'[targets.adb]\nrunner = "{runner}"\nworkspace = "/data/local/tmp/ci farm"\n')

@@ -10,7 +10,7 @@ import pytest
 
 from bundles.bpte import read_bundle, write_bundle
 from doubles.adbd import FakeAdbd
-from doubles.android_env import PrivateAdbServer, adb_available, runner_binaries, zoo_bundle
+from doubles.android_env import PrivateAdbServer, adb_available, runner_binaries
 from targets import open_target
 from targets.base import CaseStatus, RunOptions
 
@@ -43,8 +43,8 @@ def runners(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bundle_path():
-    return zoo_bundle("mlp", 2)
+def bundle_path(bundle_cache):
+    return bundle_cache("mlp", backend="xnnpack", cases=2, target="adb+tcp://127.0.0.1:5555")
 
 
 def _run(device, runners, bundle_path, tmp_path, *, url=None, cases=(0,), timeout=120.0, retries=1, **cfg):
@@ -117,10 +117,11 @@ def test_offline_and_unauthorized_devices(tmp_path, home, runners, bundle_path):
 
 
 def test_transfer_cut_exhausts_bounded_retries(device, home, runners, bundle_path, tmp_path):
-    device.set_faults(cut_push_after=200, cut_push_times=10)
+    device.set_faults(cut_push_after=1000, cut_push_times=10)  # past the ~200-byte runner stand-in
     case = _run(device, runners, bundle_path, tmp_path, retries=2).cases[0]
     assert case.status == CaseStatus.ERROR and case.error_kind == "transport"
-    assert device.stats.connections == 3  # first try + 2 retries, then it gives up
+    attempts = [p for p in device.stats.pushes if p.endswith("/.model.bpte.partial")]
+    assert len(attempts) == 3 and case.extra["attempts"] == 3  # first try + 2 retries, then it gives up
 
 
 @pytest.mark.slow
@@ -169,3 +170,24 @@ def test_logcat_is_saved_with_the_case_log(device, home, runners, bundle_path, t
     assert "--- logcat ---" in text and "stale line" not in text
     assert any(c.startswith("( logcat -c") for c in device.stats.shell_commands)
     assert case.error_kind == "crash"
+
+
+@pytest.mark.skipif(not adb_available(), reason="the adb binary is not installed")
+def test_cut_push_and_no_space_over_adb_server(device, home, runners, bundle_path, tmp_path):
+    server = PrivateAdbServer(tmp_path / "adbhome").start()
+    url = f"adb://127.0.0.1:{device.port}"
+    try:
+        # the link drops while the bundle is pushed: the adb server loses the device,
+        # the target reconnects it and retries; then the (fast) crash is reported
+        device.set_faults(cut_push_after=2000, cut_push_times=1, runner={"segv": True})
+        case = _run(device, runners, bundle_path, tmp_path / "a", url=url, retries=2, server_port=server.port).cases[0]
+        assert case.error_kind == "crash" and case.extra["attempts"] == 2
+        device.set_faults(free_bytes=100)
+        (tmp_path / "b").mkdir()
+        import shutil
+
+        shutil.rmtree(device.root / "data/local/tmp/bundlerun")
+        case = _run(device, runners, bundle_path, tmp_path / "b", url=url, server_port=server.port).cases[0]
+        assert case.error_kind == "no-space" and "remote write failed: No space left on device" in case.error
+    finally:
+        server.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from bundles.bpte import read_bundle
 from doubles.adbd import FakeAdbd
-from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries, zoo_bundle
+from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries
 from targets import open_target
 from targets.android.profiles import sort_qnn_outputs
 from targets.base import CaseStatus, RunOptions
@@ -42,8 +42,8 @@ def runners(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bundle_path():
-    return zoo_bundle("mlp", 2)
+def bundle_path(bundle_cache):
+    return bundle_cache("mlp", backend="xnnpack", cases=2, target="adb+tcp://127.0.0.1:5555")
 
 
 def _assert_outputs_match_expected(bundle, run):
@@ -141,3 +141,25 @@ def test_bad_config_is_rejected():
     t = open_target("adb://SERIAL1?host=10.1.1.1&port=5038", {})
     assert t.transport.server_host == "10.1.1.1" and t.transport.server_port == 5038
     assert t.transport.serial == "SERIAL1"
+
+
+def test_device_cache_is_bounded_lru(device, home, runners, bundle_path, tmp_path):
+    import os
+    import time
+
+    cache = device.root / "data/local/tmp/bundlerun/cache"
+    stale = []
+    for i in range(3):  # three old 300 kB entries, 0 the least recently used
+        d = cache / (f"{i}" * 64)
+        d.mkdir(parents=True)
+        (d / "old.bpte").write_bytes(b"x" * 300_000)
+        os.utime(d, (time.time() - 3600 + i * 60,) * 2)
+        stale.append(d)
+    device.set_faults(runner={"segv": True})  # the run itself does not matter here
+    cfg = {"runner": str(runners["executor-runner"]), "cache_max_mb": 0.5}
+    run = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
+        read_bundle(bundle_path), bundle_path, RunOptions(work_dir=tmp_path / "w", cases=[0]))
+    # this run's files (touched, newest) + the newest stale entry fit in 0.5 MB; the older two go
+    assert sorted(run.info["pruned"]) == [stale[0].name, stale[1].name]
+    assert not stale[0].exists() and not stale[1].exists() and stale[2].exists()
+    assert len(list(cache.iterdir())) == 3  # runner, case bundle, newest stale entry

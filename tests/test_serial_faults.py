@@ -146,3 +146,33 @@ def test_unplugged_board_is_port_lost(zoo_bundle, tmp_path):
     finally:
         for b in boards:
             b.close()
+
+
+def test_capture_stop_rules_over_loop_port():
+    """capture_uart on pyserial's loop:// (what is written is read back): the stop rules."""
+    import serial
+
+    from targets.serial_port import SerialSettings, capture_uart
+
+    def cap(payload: bytes, timeout: float = 5.0, **kw):
+        port = serial.serial_for_url("loop://", timeout=0.05)
+        try:
+            port.write(payload)
+            return capture_uart(port, SerialSettings(port_url="loop://", **kw), time.monotonic() + timeout)
+        finally:
+            port.close()
+
+    line = "I [executorch:arm_executor_runner.cpp:{} main()] {}\r\n".format
+    semihost_boot = (line(1, "Running executor with parameter:") + line(2, "PTE @ 0x7 [----BP08]")).encode()
+    done = line(3, "Program complete, exiting.").encode()
+    # One semihosting boot prints both start markers: not a reboot.
+    assert cap(semihost_boot + done).status == "finished"
+    assert cap(semihost_boot + semihost_boot + done).status == "reboot"
+    # EOT alone ends a UART-only run; the bytes after it are not waited for.
+    assert cap(semihost_boot + b"\x04").status == "finished"
+    # A fatal line, then silence for settle_s: the capture stops early.
+    c = cap(semihost_boot + line(4, "Hard fault").encode().replace(b"I [", b"F ["), settle_s=0.3)
+    assert c.status == "aborted" and c.elapsed_s < 2
+    # Unfinished: bounded by the deadline.
+    c = cap(semihost_boot, timeout=0.5)
+    assert c.status == "timeout" and 0.5 <= c.elapsed_s < 1.5

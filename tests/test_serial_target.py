@@ -223,15 +223,21 @@ def test_cli_run_judges_serial_outputs(pty_board, zoo_bundle, tmp_path, cli):
         assert case["outputs"] and all(o["verdict"] == "PASS" for o in case["outputs"])
 
 
-def _pty_serial_class():
+def _pty_serial_class(on_dtr_pulse):
     import serial
 
     class PtyWithoutModemLines(serial.Serial):
-        """A pty has no modem-control lines (a USB-serial adapter does): DTR/RTS/BREAK
-        requests that RFC 2217 clients send are accepted and dropped, CTS/DSR read idle."""
+        """A pty has no modem-control lines (a USB-serial adapter does): RTS/BREAK
+        requests from RFC 2217 clients are dropped, CTS/DSR read idle, and a DTR
+        pulse (asserted, then released) is wired to the board's reset, as on many
+        dev boards."""
+
+        _dtr_was = None
 
         def _update_dtr_state(self):
-            pass
+            if self._dtr_was and not self._dtr_state:
+                on_dtr_pulse()
+            self._dtr_was = self._dtr_state
 
         def _update_rts_state(self):
             pass
@@ -244,16 +250,17 @@ def _pty_serial_class():
     return PtyWithoutModemLines
 
 
-def _PtyWithoutModemLines(device, **kw):
-    return _pty_serial_class()(device, **kw)
+def _PtyWithoutModemLines(device, on_dtr_pulse, **kw):
+    return _pty_serial_class(on_dtr_pulse)(device, **kw)
 
 
 class Rfc2217Bridge:
     """pyserial's own RFC 2217 server side (`serial.rfc2217.PortManager`) in front of
     the board's pty, one client at a time, like `examples/rfc2217_server.py`."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, on_dtr_pulse=lambda: None):
         self.device = device
+        self.on_dtr_pulse = on_dtr_pulse
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.stop = threading.Event()
@@ -271,7 +278,7 @@ class Rfc2217Bridge:
                 conn, _ = self.server.accept()
             except (socket.timeout, OSError):
                 continue
-            ser = _PtyWithoutModemLines(self.device, timeout=0.05)
+            ser = _PtyWithoutModemLines(self.device, self.on_dtr_pulse, timeout=0.05)
             lock = threading.Lock()
 
             class Conn:
@@ -319,13 +326,22 @@ class Rfc2217Bridge:
 
 
 def test_rfc2217_path_validates(pty_board, zoo_bundle, oracle, tmp_path):
-    """rfc2217:// through pyserial's RFC 2217 client and server (DTR/RTS negotiated, then our reset line)."""
+    """rfc2217:// through pyserial's RFC 2217 client and server; reset by a DTR pulse over the wire."""
     pty_board.configure(fault="none")
-    bridge = Rfc2217Bridge(pty_board.port)
+    pulses = []
+
+    def dtr_reset():  # the bridge's DTR line drives the board's reset pin
+        pulses.append(1)
+        (pty_board.state / "reset-request").touch()
+
+    bridge = Rfc2217Bridge(pty_board.port, dtr_reset)
     try:
         url = f"rfc2217://127.0.0.1:{bridge.port}"
-        run = run_serial(url, pty_board.target_config(), zoo_bundle, tmp_path, cases=[1])
+        cfg = pty_board.target_config()
+        del cfg["reset"]  # rfc2217 defaults to a DTR pulse
+        run = run_serial(url, cfg, zoo_bundle, tmp_path, cases=[1, 2])
     finally:
         bridge.close()
-    assert run.info["port"] == url
+    assert run.info["port"] == url and run.info["reset"] == "dtr"
+    assert len(pulses) == 2
     _check_exact(run, oracle)

@@ -19,7 +19,7 @@ from bundles.manifest import Manifest
 from bundles.registry import BUILTIN_PATH, Registry
 from bundles.tolerances import ToleranceContext, resolve_criteria
 
-pytestmark = pytest.mark.slow  # two real PTQ builds + runs on host://xnnpack (~1.5 min)
+slow = pytest.mark.slow  # tests using `work`: two real PTQ builds + runs on host://xnnpack (~1 min)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,7 @@ def _rejudge(run_dir, overrides=(), out=None):
 # ------------------------------------------------------------------ qtol with a real int8 output
 
 
+@slow
 def test_qtol_uses_the_output_scale_of_the_lowered_graph(work, tmp_path):
     _, bundles = work
     path, run_dir = bundles["cnn"]
@@ -103,6 +104,7 @@ def test_qtol_uses_the_output_scale_of_the_lowered_graph(work, tmp_path):
 # ------------------------------------------------------------------ embedded vs installed
 
 
+@slow
 def test_verdict_uses_embedded_criteria_not_the_installed_registry(work, tmp_path, monkeypatch):
     _, bundles = work
     path, run_dir = bundles["cnn"]
@@ -136,6 +138,7 @@ def test_verdict_uses_embedded_criteria_not_the_installed_registry(work, tmp_pat
 # ------------------------------------------------------------------ SQNR and cosine on a real int8 output
 
 
+@slow
 def test_sqnr_and_cosine_against_the_float_model(work):
     _, bundles = work
     path, run_dir = bundles["mlp"]
@@ -164,6 +167,7 @@ def test_sqnr_and_cosine_against_the_float_model(work):
 # ------------------------------------------------------------------ explain == build
 
 
+@slow
 @pytest.mark.parametrize("key, ops", [("cnn", ["convolution", "relu"]), ("mlp", ["linear", "tanh"])])
 def test_explain_agrees_with_what_build_embedded(work, key, ops):
     from runner.commands.tolerance import command
@@ -205,6 +209,7 @@ def test_explain_table_shows_the_chain():
 # ------------------------------------------------------------------ run --override, judge CLI
 
 
+@slow
 def test_run_override_is_recorded_in_the_report(work, tmp_path):
     from runner.session import RunRequest, execute_run
 
@@ -218,6 +223,7 @@ def test_run_override_is_recorded_in_the_report(work, tmp_path):
     assert crit["trail"]["atol"][-2]["source"].startswith("backend + dtype tier")
 
 
+@slow
 def test_judge_cli_writes_a_new_report_and_keeps_the_old(work, tmp_path):
     from runner.commands.judge import command
 
@@ -240,6 +246,7 @@ def test_judge_cli_writes_a_new_report_and_keeps_the_old(work, tmp_path):
 # ------------------------------------------------------------------ suggest
 
 
+@slow
 def test_suggest_from_saved_runs_proposes_a_block_that_round_trips(work, tmp_path, monkeypatch):
     from runner.commands.tolerance import command
 
@@ -278,6 +285,7 @@ def test_suggest_from_saved_runs_proposes_a_block_that_round_trips(work, tmp_pat
     assert c.qtol == 3 and c.trail["qtol"][-1]["file"].endswith("bundlerun.toml")
 
 
+@slow
 def test_suggest_runs_a_bundle_on_a_target(work):
     from runner.commands.tolerance import command
 
@@ -293,3 +301,84 @@ def test_suggest_runs_a_bundle_on_a_target(work):
     assert sq["proposed"] > sq["measured"] - 20 * math.log10(2) - 0.1
     cos = rows["cosine_min"]
     assert cos["proposed"] <= 1 - 2 * (1 - cos["measured"]) + 1e-12
+
+
+# ------------------------------------------------------------------ check: embedded vs installed drift
+
+
+@slow
+def test_check_reports_drift_between_embedded_and_installed(work, tmp_path, monkeypatch):
+    from runner.commands.tolerance import command
+
+    _, bundles = work
+    path, _ = bundles["cnn"]
+    monkeypatch.chdir(tmp_path)
+    same = CliRunner().invoke(command, ["check", str(path), "--op", "convolution", "--json"])
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.output)["drift"] is False
+    changed = tmp_path / "tolerances.toml"
+    changed.write_text(BUILTIN_PATH.read_text().replace(
+        "[backends.xnnpack.tiers.int8]\natol = 1e-3", "[backends.xnnpack.tiers.int8]\natol = 2e-3"))
+    monkeypatch.setenv("BUNDLERUN_TOLERANCES", str(changed))
+    drift = CliRunner().invoke(command, ["check", str(path), "--op", "convolution", "--json"])
+    assert drift.exit_code == 1
+    rows = [r for r in json.loads(drift.output)["rows"] if not r["same"]]
+    assert [(r["criterion"], r["embedded"], r["installed"]) for r in rows] == [("atol", 1e-3, 2e-3)]
+
+
+# ------------------------------------------------------------------ calibration arithmetic (no build)
+
+
+def _obs(criteria, pairs):
+    from runner.calibrate import Observations, OutputObservations
+
+    o = OutputObservations("forward", 0, "out0", criteria, [(np.asarray(a, float), np.asarray(r, float)) for a, r in pairs])
+    return Observations(None, {("forward", 0): o}, 1)
+
+
+def test_propose_margins_and_headroom_on_known_errors():
+    from bundles.manifest import Criteria
+    from runner.calibrate import propose, toml_block
+
+    ref = np.linspace(-1, 1, 101)
+    noise = np.where(np.arange(101) == 7, 0.004, 0.001)  # one outlier of 0.004
+    crit = Criteria(atol=0.002, rtol=0.0, sqnr_min_db=20.0)
+    [p] = propose(_obs(crit, [(ref + noise, ref)]), margin=2.0)
+    rows = {r["criterion"]: r for r in p.rows}
+    assert rows["atol"]["measured"] == pytest.approx(0.004)
+    assert rows["atol"]["headroom"] == pytest.approx(2.0)  # 0.004 / 0.002: fails today
+    assert rows["atol"]["proposed"] == pytest.approx(0.008)
+    sqnr = 20 * np.log10(np.linalg.norm(ref + noise) / np.linalg.norm(noise))
+    assert rows["sqnr_min_db"]["measured"] == pytest.approx(sqnr)
+    assert rows["sqnr_min_db"]["headroom"] == pytest.approx(20.0 / sqnr)
+    assert rows["sqnr_min_db"]["proposed"] <= sqnr - 20 * np.log10(2.0)
+    assert "rtol" not in {k for k, r in rows.items() if r["proposed"] is not None}  # one element-wise knob
+    block = toml_block(_obs(crit, [(ref + noise, ref)]), [p], 2.0)
+    parsed = tomllib.loads(block)["tolerances"]["override"]
+    assert parsed["outputs"] == ["out0"] and parsed["atol"] == pytest.approx(0.008)
+
+
+def test_qtol_is_the_default_knob_for_quantized_outputs_and_rounds_up_to_steps():
+    from bundles.manifest import Criteria
+    from runner.calibrate import default_keys, propose
+
+    crit = Criteria(atol=0.0, rtol=0.0, qtol=1, scale=0.5)
+    assert default_keys(crit) == ["qtol"]
+    ref = np.zeros(8)
+    act = ref.copy()
+    act[2] = 1.1  # 2.2 steps
+    [p] = propose(_obs(crit, [(act, ref)]), margin=1.5)
+    rows = {r["criterion"]: r for r in p.rows}
+    assert rows["qtol"]["measured"] == pytest.approx(2.2) and rows["qtol"]["proposed"] == 4.0  # ceil(3.3)
+    assert rows["qtol"]["headroom"] == pytest.approx(2.2)
+
+
+def test_suggest_rejects_two_elementwise_knobs_and_bad_margin(tmp_path):
+    from runner.commands.tolerance import command
+
+    r = CliRunner().invoke(command, ["suggest", "--from", str(tmp_path), "--criteria", "atol,rtol"])
+    assert "one element-wise criterion at a time" in str(r.exception)
+    r = CliRunner().invoke(command, ["suggest", "--from", str(tmp_path), "--margin", "0.5"])
+    assert "at least 1.0" in str(r.exception)
+    r = CliRunner().invoke(command, ["suggest", "--from", str(tmp_path), "--criteria", "sqnr"])
+    assert "did you mean 'sqnr_min_db'" in str(r.exception)

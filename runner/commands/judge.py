@@ -54,9 +54,12 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     from runner.report import OUTPUTS_FILE, write_report
     from runner.saved_run import load_saved_run
 
+    from runner.overrides import parse_overrides
+
+    parsed = parse_overrides(overrides)  # bad input fails before anything is read
     saved = load_saved_run(report_dir, bundle_path)
     ctx = load_context(saved.bundle)
-    records = apply_overrides(ctx, saved.bundle, overrides)
+    records = apply_overrides(ctx, saved.bundle, parsed)
     cases, warnings = judge_run(saved.bundle, saved.run, ctx)
     old = saved.report
     report = copy.deepcopy(old)

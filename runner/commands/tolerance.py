@@ -163,10 +163,9 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
         wanted = [c.strip() for c in criteria_names.split(",") if c.strip()]
         for c in wanted:
             if c not in CRITERIA:
-                import difflib
+                from bundles.registry import suggest as did_you_mean
 
-                close = difflib.get_close_matches(c, CRITERIA, n=1)
-                raise ConfigError(f"unknown criterion {c!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                raise ConfigError(f"unknown criterion {c!r}{did_you_mean(c, CRITERIA)}; known: {', '.join(CRITERIA)}")
         if len([c for c in wanted if c in ("atol", "rtol", "qtol")]) > 1:
             raise ConfigError("calibrate one element-wise criterion at a time (atol, rtol or qtol): "
                               "each proposal holds the others at their current values")
@@ -197,3 +196,92 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
                           "-" if ratio is None else f"[{style}]{ratio:.3g}[/]", _fmt(row["proposed"]))
         console.print(table)
     click.echo(toml_block(obs, proposals, margin))
+
+
+# --------------------------------------------------------------------------- check
+
+
+def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) -> list[tuple]:
+    """(method, index, ToleranceContext, embedded Criteria) per output, rebuilt from the manifest
+    and the bundle's expected outputs the way `build` made them."""
+    import numpy as np
+
+    from bundles.errors import BundleFormatError
+    from bundles.manifest import Manifest
+    from bundles.tolerances import ToleranceContext
+
+    if bundle.manifest is None:
+        raise BundleFormatError("bundle has no bundlerun manifest: nothing was resolved at build time")
+    m = Manifest.from_dict(bundle.manifest)
+    b = m.build
+    inputs = b.get("inputs") or [{}]
+    out = []
+    for method in m.methods.values():
+        suite = bundle.suite(method.name)
+        for j, spec in enumerate(method.outputs):
+            expected = np.stack([tc.expected_outputs[j].to_array() for tc in suite.test_cases]) if suite.test_cases else None
+            c = spec.criteria
+            integer = spec.dtype not in ("float16", "float32", "float64", "bfloat16", "bool")
+            ctx = ToleranceContext(
+                backend=b.get("backend", ""), target=b.get("target", ""), dtype=b.get("dtype", "fp32"),
+                model=m.model.get("id"), method=method.name, output_index=j, output_name=spec.name,
+                output_dtype=spec.dtype, ops=list(b.get("ops") or []) + list(extra_ops),
+                reference=b.get("reference") or "eager-fp32",
+                input_distribution=str(inputs[0].get("distribution") or "randn"),
+                host_arch=m.versions.get("host"), scale=None if integer else c.scale, zero_point=c.zero_point,
+                expected=expected, quantization=b.get("quantization"),
+            )
+            out.append((method.name, j, ctx, c))
+    return out
+
+
+@command.command()
+@click.argument("bundle_path", type=click.Path(path_type=Path))
+@click.option("--op", "ops", multiple=True, help="aten op of the model, when the manifest does not record them.")
+@click.option("--no-project", is_flag=True, help="Ignore bundlerun.toml / [tool.bundlerun].")
+@click.option("--json", "as_json", is_flag=True)
+def check(bundle_path, ops, no_project, as_json):
+    """Compare BUNDLE's embedded criteria with what the installed registry resolves now.
+
+    The verdict always uses the embedded numbers; this shows the drift (exit 1 when any
+    criterion differs), e.g. after upgrading bundlerun or editing bundlerun.toml.
+    """
+    import json
+
+    from bundles.bpte import read_bundle
+    from bundles.registry import CRITERIA, Registry, default_registry
+    from bundles.tolerances import resolve_criteria
+
+    bundle = read_bundle(bundle_path)
+    registry = Registry.builtin() if no_project else default_registry()
+    rows, drift = [], False
+    build = (bundle.manifest or {}).get("build", {})
+    for method, j, ctx, embedded in contexts_from_bundle(bundle, ops):
+        now = resolve_criteria(ctx, build.get("overrides") or None, registry)
+        for key in (*CRITERIA, "scale", "exact"):
+            a, b = getattr(embedded, key), getattr(now, key)
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-12 * max(abs(a), abs(b)))
+            if a is None and b is None or (key == "exact" and not a and not b):
+                continue
+            drift |= not same
+            rows.append({"output": f"{method}.{ctx.output_name}", "criterion": key, "embedded": a, "installed": b,
+                         "same": same, "installed_source": (now.trail.get(key) or [{}])[-1].get("source")})
+    notes = [] if build.get("ops") or ops else ["the manifest records no model ops: op rules were not replayed (pass --op)"]
+    if as_json:
+        click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{bundle_path}: embedded vs installed registry", title_justify="left")
+        for col in ("output", "criterion", "embedded", "installed now", "", "installed source"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["output"], r["criterion"], _fmt(r["embedded"]), _fmt(r["installed"]),
+                          "[green]same[/]" if r["same"] else "[red]differs[/]", r["installed_source"] or "-")
+        console = Console()
+        console.print(table)
+        for n in notes:
+            console.print(f"[yellow]note:[/] {n}")
+        console.print("verdicts use the embedded criteria" + ("; rebuild to adopt the installed ones" if drift else ""))
+    raise SystemExit(1 if drift else 0)

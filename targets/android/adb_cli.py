@@ -164,7 +164,10 @@ class AdbCliTransport:
     # -- operations
     def _fail(self, what: str, res: subprocess.CompletedProcess) -> TransportError:
         text = (res.stderr + res.stdout).decode("utf-8", "replace").strip()
-        last = text.splitlines()[-1] if text else f"exit status {res.returncode}"
+        lines = text.splitlines()
+        errors = [l for l in lines if "error:" in l or "failed" in l.lower()]
+        last = (errors or lines or [f"exit status {res.returncode}"])[-1]
+        last = last.split("error: ", 1)[-1]
         return TransportError(f"{what}: {last}", classify_message(text), text)
 
     def raw_shell(self, command: str, timeout_s: float) -> str:

@@ -37,7 +37,7 @@ class AndroidTargetConfig:
     retries: int | None = None  # None: RunOptions.retries
     cpu_threads: int | None = None
     num_executions: int = 1
-    print_output: str = "none"
+    print_output: str | None = None  # --print_output none|summary|all; omitted by default (older runners lack it)
     bundleio_rtol: float = 0.01
     bundleio_atol: float = 0.01
     etdump: bool = False
@@ -80,7 +80,7 @@ class AndroidTargetConfig:
         if not ws.startswith(WORKSPACE_ROOT) or ".." in ws.split("/"):
             raise ConfigError(f"[targets.adb] workspace {self.workspace!r} must be a folder under {WORKSPACE_ROOT}")
         self.workspace = ws
-        if self.print_output not in ("none", "summary", "all"):
+        if self.print_output not in (None, "none", "summary", "all"):
             raise ConfigError("[targets.adb] print_output must be none, summary or all")
         if self.qnn_sdk_root is None and os.environ.get("QNN_SDK_ROOT"):
             self.qnn_sdk_root = Path(os.environ["QNN_SDK_ROOT"])

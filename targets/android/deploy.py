@@ -118,9 +118,9 @@ class DeviceCache:
                     self.command_timeout_s)
         entries = []  # newest first: (kB, name)
         for line in res.output.splitlines():
-            size, _, name = line.partition("\t")
-            if size.strip().isdigit() and len(name) == 64:
-                entries.append((int(size), name))
+            parts = line.split(None, 1)
+            if len(parts) == 2 and parts[0].isdigit() and len(parts[1].strip()) == 64:
+                entries.append((int(parts[0]), parts[1].strip()))
         total, removed = 0, []
         keep_names = {posixpath.basename(d) for d in used_dirs}
         for kb, name in entries:

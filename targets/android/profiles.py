@@ -29,9 +29,10 @@ def executor_runner_args(cfg: AndroidTargetConfig, method: str, output_prefix: s
         "--bundleio_rtol", repr(float(cfg.bundleio_rtol)),
         "--bundleio_atol", repr(float(cfg.bundleio_atol)),
         "--num_executions", str(int(cfg.num_executions)),
-        "--print_output", cfg.print_output,
         "--output_file", output_prefix,
     ]
+    if cfg.print_output:
+        args += ["--print_output", cfg.print_output]
     if cfg.cpu_threads is not None:
         args += ["--cpu_threads", str(int(cfg.cpu_threads))]
     if etdump:

@@ -62,6 +62,10 @@ def classify_run(ex: _Exec) -> tuple[str, str] | None:
     m = re.search(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)', out)
     if m:
         return "missing-library", f"the runner could not load a library: {m.group(1)}"
+    m = re.search(r"ERROR: unknown command line flag '([^']+)'", out)
+    if m:
+        return "runner-flags", (f"the runner does not know --{m.group(1)}: it was built without that feature "
+                                "(rebuild with firmware_scripts/android/build_executor_runner.sh, or drop the option)")
     rc = ex.exit_status
     if rc == 0:
         return None

@@ -1,4 +1,4 @@
-"""Shared pieces for the Android tests: a private adb server, zoo bundles, runner "binaries".
+"""Shared pieces for the Android tests: a private adb server, runner "binaries", a QNN SDK tree.
 
 The adb server runs on its own port with a temporary HOME, so tests never touch
 the user's keys or server; `stop()` kills it and checks it is gone.
@@ -6,12 +6,10 @@ the user's keys or server; `stop()` kills it and checks it is gone.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,19 +68,6 @@ class PrivateAdbServer:
 
 def adb_available() -> bool:
     return shutil.which("adb") is not None
-
-
-_BUNDLES = Path(tempfile.mkdtemp(prefix="bundlerun-android-bundles-"))
-
-
-@functools.lru_cache(maxsize=None)
-def zoo_bundle(model: str = "mlp", cases: int = 2, backend: str = "xnnpack") -> Path:
-    """A real bundle from the builder (XNNPACK-lowered zoo model), built once per session."""
-    from bundles.builder import BuildRequest, build_bundle
-
-    out = _BUNDLES / f"{model}-{backend}-{cases}.bpte"
-    build_bundle(BuildRequest(model=model, output=out, backend=backend, target="adb+tcp://127.0.0.1:5555", cases=cases))
-    return out
 
 
 def runner_binaries(folder: Path) -> dict[str, Path]:
