@@ -491,6 +491,12 @@ class _Resolver:
                 self.apply("backend default", f"backends.{b}.default", layer.file, bt["default"])
         tier_tables = [(l, bt["tiers"][self.tier]) for l, bt in self.reg._backend_tables(b) if self.tier in bt.get("tiers", {})]
         if tier_tables:
+            for layer in self.reg.layers:  # shown by `explain`: a backend's tier entry replaces the global one
+                entry = layer.data.get("global", {}).get("tiers", {}).get(self.tier)
+                if entry is not None:
+                    values = {k: entry[k] for k in CRITERIA if k in entry} | {k: None for k in entry.get("unset", [])}
+                    self.steps.append(Step("backend + dtype tier", f"global.tiers.{_q(self.tier)}", layer.file, values,
+                                           skipped={k: f"replaced by backends.{b}.tiers.{_q(self.tier)}" for k in values}))
             for layer, entry in tier_tables:
                 self.apply("backend + dtype tier", f"backends.{b}.tiers.{_q(self.tier)}", layer.file, entry)
         else:

@@ -189,6 +189,8 @@ run_options = [
                  help="bundlerun.toml to use (default: searched upward from the current directory)."),
     click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE",
                  help="Target setting, e.g. runner_elf=path (overrides [targets.<scheme>] in config)."),
+    click.option("--runner-elf", type=click.Path(path_type=Path), default=None,
+                 help="fvp:// targets: the arm_executor_runner ELF (same as --target-opt runner_elf=PATH)."),
 ]
 
 
@@ -289,13 +291,15 @@ def _optional(module: str):
 @click.option("--quiet", is_flag=True, help="No progress bar or table; just the report.")
 @_apply(run_options)
 def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, setup_timeout, save_outputs, overrides,
-        label, baseline, history_db, no_history, config_path, target_opts):
+        label, baseline, history_db, no_history, config_path, target_opts, runner_elf):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundles.bpte import read_bundle
     from runner.report import print_summary
 
     read_bundle(bundle)  # bad input fails here, before anything starts
     report_dir = report_dir or Path("out") / bundle.stem
+    if runner_elf:
+        target_opts = (*target_opts, f"runner_elf={runner_elf}")
     report = _do_run(bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
                      baseline, history_db, no_history, config_path, target_opts,
                      methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet)
@@ -322,7 +326,7 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
 @_apply(run_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts):
+             config_path, target_opts, runner_elf):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
@@ -334,6 +338,8 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     from bundles.zoo import names as zoo_names
     from runner.report import print_summary
 
+    if runner_elf:
+        target_opts = (*target_opts, f"runner_elf={runner_elf}")
     expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
     results = []
     for model in expanded:

@@ -22,7 +22,9 @@ import numpy as np
 from bundles.manifest import Criteria
 
 CHUNK = 1 << 16  # elements per float64 chunk (512 KiB): the work buffers stay in L2
-LOSSY_TEXT_ATOL = 5e-7  # `Output[i][j]: %f` prints 6 decimals: rounding is at most half a unit
+# `Output[i][j]: %f` prints 6 decimals (<= 5e-7 off) and the text is stored back in float32, which can
+# add up to another half ulp where the ulp is below 1e-6 (measured 9.5e-7 for values in [8, 16)).
+LOSSY_TEXT_ATOL = 1e-6
 
 
 @dataclass

@@ -191,3 +191,10 @@ def test_cut_push_and_no_space_over_adb_server(device, home, runners, bundle_pat
         assert case.error_kind == "no-space" and "remote write failed: No space left on device" in case.error
     finally:
         server.stop()
+
+
+def test_runner_without_a_flag_is_explained(device, home, runners, bundle_path, tmp_path):
+    device.set_faults(runner={"missing_flags": ["etdump_path"]})
+    case = _run(device, runners, bundle_path, tmp_path, etdump=True).cases[0]
+    assert case.status == CaseStatus.ERROR and case.error_kind == "runner-flags"
+    assert "--etdump_path" in case.error

@@ -385,3 +385,11 @@ def test_normalize_op_names():
     assert normalize_op("aten::gelu") == "gelu"
     assert normalize_op("torch.ops.aten._softmax.default") == "_softmax"
     assert normalize_op("executorch_exir_dialects_edge__ops_aten_gelu_default") == "gelu"
+
+
+def test_backend_tier_replaces_the_global_tier_and_explain_says_so(builtin, tmp_path):
+    reg = builtin.with_overlay({"backends": {"xnnpack": {"tiers": {"fp16": {"atol": 0.02}}}}}, str(tmp_path / "p.toml"))
+    res = explain(ctx(dtype="fp16"), None, reg)
+    assert res.criteria.atol == 0.02 and res.criteria.rtol == 1e-3  # global fp16 rtol 1e-2 not merged in
+    replaced = [s for s in res.steps if s.source == "global.tiers.fp16"]
+    assert replaced and replaced[0].applied == {} and "replaced by backends.xnnpack.tiers.fp16" in replaced[0].skipped["atol"]

@@ -305,8 +305,21 @@ class AndroidTarget:
         if err:
             return CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind="output-size",
                               log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
-        return CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt, log_path=log,
-                          elapsed_s=ex.elapsed_s, device_verdict=verdict)
+        result = CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt, log_path=log,
+                            elapsed_s=ex.elapsed_s, device_verdict=verdict)
+        if etdump:
+            result.extra["etdump"] = self._pull_optional(posixpath.join(run_dir, etdump), local_dir / "model.etdump", budget)
+        return result
+
+    def _pull_optional(self, remote: str, local: Path, budget: _Budget) -> str | None:
+        """An artifact the run may or may not have produced (ETDump): None when absent."""
+        try:
+            self._pull(remote, local, budget)
+        except TransportError as exc:
+            if exc.kind != "missing-file":
+                raise
+            return None
+        return str(local)
 
     # -- qnn-executor-runner: plain .pte + raw inputs, all cases in one process per method
     def _run_qnn(self, bundle, pairs, base, cache, options, retries, logs_dir) -> list[CaseResult]:

@@ -15,7 +15,7 @@ qnn_executor_runner  --model_path (plain .pte) --input_list_path --output_folder
 
 The numerics come from the host ExecuTorch runtime (pybindings). Faults are read
 from the device's fault file (tests/doubles/adbd.py FAULT_FILE): segv, hang,
-missing_lib, short_output, exit_code.
+missing_lib, short_output, exit_code, missing_flags.
 
 `make_runner_binary(path, profile)` writes the "binary" a test pushes: a script
 whose interpreter is this Python, importing this module.
@@ -101,13 +101,16 @@ def _tensor_bytes(t) -> bytes:
 
 
 def executor_runner(argv: list[str]) -> int:
-    flags = _parse_flags(argv, {
+    known = {
         "model_path": "model.pte", "data_path": "", "inputs": "", "output_file": "", "print_output": "summary",
         "num_executions": "1", "method_name": "", "etdump_path": "model.etdump", "cpu_threads": "-1",
         "bundleio_rtol": "0.01", "bundleio_atol": "0.01",
-    })
+    }
+    for name in _faults().get("missing_flags", []):  # a runner built without e.g. the event tracer
+        known.pop(name, None)
+    flags = _parse_flags(argv, known)
     if isinstance(flags, str):
-        _log("E", flags)
+        sys.stderr.write(flags + "\n")  # gflags' own message, before any ET_LOG
         return 1
     if flags["print_output"] not in ("none", "summary", "all"):
         _log("E", f"Unknown --print_output mode '{flags['print_output']}'. Expected 'none', 'summary', or 'all'.")
