@@ -38,12 +38,12 @@ class BuildRequest:
     output: Path
     backend: str | None = None  # default: from the target
     target: str = "host://xnnpack"
-    dtype: str = "fp32"
+    dtype: str | None = None  # default: from the target (int8 for integer Arm targets, else fp32)
     cases: int = 8
     seed: int = 0
     reference: str | None = None  # default eager-fp32
     distribution: str | None = None  # override the model's input distribution
-    calibration_cases: int = 16
+    calibration_cases: int = 64  # 16 left mlp int8 at 20.3 dB SQNR (randn outliers clipped); 64 gives 30.9 dB
     calibration: list[list[np.ndarray]] | None = None  # real samples for PTQ (else generated inputs)
     overrides: dict[str, Any] = field(default_factory=dict)  # criterion -> value, for every output
     dataset: dict[str, Any] | None = None  # {"name", "samples": [[array,...], ...], "labels": [...]}
@@ -68,6 +68,15 @@ def default_backend(target: str) -> str:
     if scheme in ("tosa", "fvp"):
         return "arm"
     return "xnnpack"
+
+
+def default_dtype(target: str, backend: str) -> str:
+    """int8 where the target only runs integer programs (tosa://int, Ethos-U, Cortex-M)."""
+    if backend in ("arm", "cortex-m"):
+        from bundles.backends.arm import default_dtype as arm_default
+
+        return arm_default(target)
+    return "fp32"
 
 
 def _versions() -> dict[str, str]:
@@ -137,11 +146,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     import torch
 
     say = req.progress or (lambda _msg: None)
+    backend = req.backend or default_backend(req.target)
+    if req.dtype is None:
+        req.dtype = default_dtype(req.target, backend)
     if req.dtype not in DTYPES:
         raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
     if req.cases < 1:
         raise BuildError("--cases must be at least 1")
-    backend = req.backend or default_backend(req.target)
     reference = req.reference or "eager-fp32"
     if reference not in REFERENCES:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")

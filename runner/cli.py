@@ -117,7 +117,8 @@ def _build(model: str, output: Path, **kw):
 build_options = [
     click.option("--backend", type=click.Choice(["xnnpack", "portable", "arm", "cortex-m", "vulkan", "qnn"]),
                  default=None, help="Lowering backend (default: from --target)."),
-    click.option("--dtype", default="fp32", show_default=True, help="fp32, fp16, bf16, int8 (PTQ) or int16."),
+    click.option("--dtype", default=None,
+                 help="fp32, fp16, bf16, int8 (PTQ) or int16 (default: int8 for integer Arm targets, else fp32)."),
     click.option("--cases", "num_cases", type=int, default=8, show_default=True, help="Test cases to bundle."),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input generator."),
     click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None,
@@ -317,7 +318,8 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
 @click.argument("models", nargs=-1, required=True)
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=Path("out/validate"), show_default=True)
 @click.option("--backend", default=None, help="Lowering backend (default: from --target).")
-@click.option("--dtype", "dtypes", default="fp32", show_default=True, help="Comma list: fp32,fp16,int8.")
+@click.option("--dtype", "dtypes", default=None,
+              help="Comma list, e.g. fp32,fp16,int8 (default: int8 for integer Arm targets, else fp32).")
 @click.option("--cases", "num_cases", type=int, default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
@@ -343,7 +345,11 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
     results = []
     for model in expanded:
-        for dtype in [d.strip() for d in dtypes.split(",") if d.strip()]:
+        for dtype in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]:
+            if dtype is None:
+                from bundles.builder import default_backend, default_dtype
+
+                dtype = default_dtype(target, backend or default_backend(target))
             slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
             out = report_dir / slug
             bundle_path = out / f"{slug}.bpte"

@@ -94,10 +94,10 @@ def test_qnn_profile_extracts_pte_and_inputs(device, home, runners, bundle_path,
     bundle = read_bundle(bundle_path)
     sdk = fake_qnn_sdk(tmp_path / "qnn", "75")
     cfg = {"runner": str(runners["qnn-executor-runner"]), "profile": "qnn-executor-runner",
-           "qnn_sdk_root": str(sdk), "soc_model": "SM8650"}
+           "qnn_sdk_root": str(sdk)}  # the HTP arch comes from the device's ro.soc.model
     run = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
         bundle, bundle_path, RunOptions(work_dir=tmp_path / "w", case_timeout_s=120))
-    assert run.info["htp_arch"] == "75"
+    assert run.info["htp_arch"] == "75" and run.info["device_model"] == "Emulated_SoC_sm8650"
     for case in run.cases:
         assert case.status == CaseStatus.OK, (case.error, case.log_excerpt)
         want = bundle.suite("forward").test_cases[case.case_index].expected_outputs[0]

@@ -44,7 +44,7 @@ def quantize_pt2e(exported, quantizer: Any, calibration_inputs: list[tuple]):
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     try:
-        prepared = prepare_pt2e(exported.module(), quantizer)
+        prepared = prepare_pt2e(exported.module(check_guards=False), quantizer)
         for sample in calibration_inputs:
             prepared(*sample)
         return convert_pt2e(prepared)
@@ -103,7 +103,8 @@ def graph_ops(exported) -> list[str]:
 def op_name(target: Any) -> str:
     """'aten.convolution.default' / aten::addmm.out -> 'convolution' / 'addmm';
     other namespaces keep theirs ('quantized_decomposed.quantize_per_tensor')."""
-    text = (getattr(target, "__name__", None) or str(target)).replace("::", ".")
+    text = str(target) if hasattr(target, "_schema") else (getattr(target, "__name__", None) or str(target))
+    text = text.replace("::", ".")
     parts = text.split(".")
     if len(parts) < 2:
         return text

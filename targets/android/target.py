@@ -163,6 +163,7 @@ class AndroidTarget:
         logs_dir = self._log_dir(options)
         try:
             self._with_retries(retries, self.transport.connect)
+            info["device_model"] = self._device_prop("ro.product.model")
             if self.cfg.profile == "qnn-executor-runner":
                 htp = profiles.resolve_htp_arch(self.cfg, None if (self.cfg.htp_arch or self.cfg.soc_model)
                                                 else self._device_prop("ro.soc.model"))

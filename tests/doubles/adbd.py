@@ -270,15 +270,16 @@ class FakeAdbd:
         faults: dict | None = None,
         product: str = "bundlerun_emu",
         model: str = "Emulated_SoC_sm8650",
+        soc: str = "SM8650",
     ):
         self.root = Path(root).resolve()
+        self.product, self.model, self.soc = product, model, soc
         (self.root / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
         (self.root / "system" / "bin").mkdir(parents=True, exist_ok=True)
         self._install_logcat()
         self.require_auth = require_auth
         self.accept_new_keys = accept_new_keys
         self.faults: dict = dict(faults or {})
-        self.product, self.model = product, model
         self.stats = DeviceStats()
         self._keys: list[tuple[int, int]] = []
         self._sock: socket.socket | None = None
@@ -299,6 +300,17 @@ class FakeAdbd:
             'case "$1" in -c) : > "$LOG";; *) cat "$LOG" 2>/dev/null;; esac\n'
         )
         logcat.chmod(0o755)
+        getprop = self.root / "system" / "bin" / "getprop"
+        getprop.write_text(
+            "#!/bin/sh\n# emulated getprop: the properties bundlerun reads\n"
+            'case "$1" in\n'
+            f'  ro.product.model) echo "{self.model}";;\n'
+            f'  ro.soc.model) echo "{self.soc}";;\n'
+            '  ro.build.version.release) echo 14;;\n'
+            '  *) echo;;\n'
+            "esac\n"
+        )
+        getprop.chmod(0o755)
 
     def authorized_keys(self) -> list[tuple[int, int]]:
         return list(self._keys)
