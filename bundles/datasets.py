@@ -19,11 +19,9 @@ model in the zoo; torch is imported only when the model is built.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -273,21 +271,10 @@ def _folder_dataset(folder: Path) -> Dataset:
 
 
 def _factory_dataset(ref: str) -> Dataset:
-    path_text, _, fn_name = ref.rpartition(":")
-    path = Path(path_text)
-    if not path.is_file():
-        raise DatasetError(f"dataset factory file {path} not found (expected path.py:function)")
-    mod_name = f"bundlerun_dataset_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise DatasetError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
+    from bundles.model_source import load_callable
+
+    fn = load_callable(ref, DatasetError, "dataset factory")
     try:
-        spec.loader.exec_module(module)
-        fn = getattr(module, fn_name, None)
-        if not callable(fn):
-            raise DatasetError(f"{path} has no callable {fn_name!r}")
         produced = fn()
     except DatasetError:
         raise
@@ -307,7 +294,8 @@ def _factory_dataset(ref: str) -> Dataset:
             rows.append([np.asarray(s.numpy() if hasattr(s, "numpy") else s)])
     if len(rows) != len(labels):
         raise DatasetError(f"dataset factory {ref}: {len(rows)} samples but {len(labels)} labels")
-    return Dataset(f"{path.stem}.{fn_name}", rows, labels, max(labels) + 1 if labels else 0, f"factory:{ref}")
+    path_text, _, fn_name = ref.rpartition(":")
+    return Dataset(f"{Path(path_text).stem}.{fn_name}", rows, labels, max(labels) + 1 if labels else 0, f"factory:{ref}")
 
 
 def load_dataset(ref: str) -> Dataset:

@@ -7,6 +7,7 @@ The factory returns `(module, example_inputs)`; an optional third element
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 import traceback
@@ -37,24 +38,25 @@ class ResolvedModel:
     inputs: list[InputSpec]
 
 
-def _load_factory(ref: str):
+def load_callable(ref: str, error: type[Exception] = ModelSourceError, what: str = "model factory"):
+    """Import `path.py:function` from a file and return the function; one-line errors."""
     path_text, _, fn_name = ref.rpartition(":")
     path = Path(path_text)
     if not path.is_file():
-        raise ModelSourceError(f"model factory file {path} not found (expected path.py:function)")
-    mod_name = f"bundlerun_user_{abs(hash(str(path.resolve())))}"
+        raise error(f"{what} file {path} not found (expected path.py:function)")
+    mod_name = f"bundlerun_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
-        raise ModelSourceError(f"cannot import {path}")
+        raise error(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's file raised while importing
-        raise ModelSourceError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+        raise error(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
-        raise ModelSourceError(f"{path} has no callable {fn_name!r}")
+        raise error(f"{path} has no callable {fn_name!r}")
     return fn
 
 
@@ -78,7 +80,7 @@ def _specs_from_examples(examples: tuple, distribution: str | list[str] | None) 
 def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
     """Instantiate the model named by `ref`; `distribution` overrides the declared one."""
     if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
-        fn = _load_factory(ref)
+        fn = load_callable(ref)
         try:
             produced = fn()
         except Exception as exc:

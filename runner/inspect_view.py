@@ -39,7 +39,6 @@ def _fmt(value: Any) -> str:
 
 
 def inspect_bundle(path: Path, as_json: bool = False) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     bundle = read_bundle(path)

@@ -164,7 +164,6 @@ def wide_console(stderr: bool = False):
 
 def print_summary(report: dict[str, Any], console=None) -> None:
     """Rich table: one row per output, worst case first, then the failure detail."""
-    from rich.console import Console
     from rich.table import Table
 
     console = console or wide_console()

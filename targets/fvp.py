@@ -33,6 +33,7 @@ from typing import Any
 
 from bundles.bpte import Bundle, serialize_bundle
 from bundles.errors import ConfigError, TargetError
+from targets.process import kill_process_group
 from targets.base import (
     CaseResult,
     CaseStatus,
@@ -343,17 +344,7 @@ def run_fvp_process(
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=3)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
+    kill_process_group(proc)
 
 
 def _reap_group(proc: subprocess.Popen) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 
 from bundles.bpte import Bundle, write_bundle
 from bundles.errors import ConfigError
+from targets.process import kill_process_group
 from targets.base import CaseResult, CaseStatus, RawTensor, RunOptions, TargetRun, expected_layout, selected_cases
 
 RESET_MODES = ("none", "dtr", "rts", "dtr+rts", "command", "exec")
@@ -189,16 +189,7 @@ def run_command(argv: list[str], timeout_s: float, log_path: Path, what: str) ->
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=3)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    kill_process_group(proc)
 
 
 def _tail(path: Path) -> str:
