@@ -239,6 +239,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             host_arch=platform.machine(),
             scale=qp[0] if qp else None,
             zero_point=qp[1] if qp else None,
+            quantization=lowering.quantization,
             expected=np.stack([tc.expected_outputs[j].to_array() for tc in test_cases]),
         )
         criteria = resolve_criteria(ctx, req.overrides)
@@ -266,6 +267,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             "seed": req.seed,
             "cases": len(test_cases),
             "lowering": lowering.info,
+            "ops": lowering.ops,
             "overrides": dict(req.overrides),
         },
         versions=_versions(),

@@ -449,7 +449,10 @@ class _Resolver:
         step = Step(level, path, file, values)
         for key in entry.get("unset", []):
             step.applied[key] = None
-            self.values[key] = None
+            if key == "exact":
+                self.exact = False
+            else:
+                self.values[key] = None
             self._record(key, None, f"{source} (unset)", file)
         for key in CRITERIA:
             if key not in entry:
@@ -688,7 +691,7 @@ def default_registry(project: bool = True) -> Registry:
     key: tuple = (str(base_path), _mtime(base_path))
     overlay: tuple[dict, str] | None = None
     if project:
-        from runner.config import find_config_files, load_project_config
+        from bundles.project_config import find_config_files, load_project_config
 
         files = find_config_files()
         key += tuple((str(f), _mtime(f)) for f in files)

@@ -198,7 +198,7 @@ run_options = [
 def _target_config(url: str, config_path: Path | None, target_opts: tuple[str, ...]) -> tuple[dict, dict]:
     project = {}
     try:
-        from runner.config import load_project_config
+        from bundles.project_config import load_project_config
     except ModuleNotFoundError:
         load_project_config = None
     if load_project_config is not None:

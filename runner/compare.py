@@ -375,11 +375,20 @@ def judge_output(
         ))
     if elementwise and stats.mismatch_count:
         name = "exact" if exact else "elementwise"
+        worst_diff = abs(stats.worst_actual - stats.worst_expected)
+        parts = [f"atol {_fmt(criteria.atol or 0.0)}"]
+        if criteria.qtol:
+            parts.append(f"qtol {_fmt(criteria.qtol)} x scale {_fmt(criteria.scale if criteria.scale is not None else 1.0)}")
+        if lossy:
+            parts.append(f"text rounding {_fmt(LOSSY_TEXT_ATOL)}")
+        if rtol:
+            parts.append(f"rtol {_fmt(rtol)} x |ref| {_fmt(abs(stats.worst_expected))}")
         failed.append(FailedCriterion(
-            name, stats.error_max, atol if not rtol else f"{_fmt(atol)} + {_fmt(rtol)}*|ref|",
+            name, worst_diff, stats.worst_allowed,
             f"{stats.mismatch_count} of {stats.actual_stats.numel} elements out of bounds; worst at "
             f"{stats.worst_index}: actual {_fmt(stats.worst_actual)} expected {_fmt(stats.worst_expected)} "
-            f"allowed |diff| <= {_fmt(stats.worst_allowed)}",
+            f"|diff| {_fmt(worst_diff)} > allowed {_fmt(stats.worst_allowed)}"
+            + ("" if exact else f" = {' + '.join(parts)}"),
         ))
     if not elementwise:
         stats.mismatch_count = None

@@ -39,7 +39,7 @@ def file_sha256(path: Path) -> str:
 def bundle_section(path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:
     build = (manifest or {}).get("build", {})
     return {
-        "path": str(path),
+        "path": str(path.resolve()),
         "sha256": file_sha256(path),
         "size": path.stat().st_size,
         "has_manifest": manifest is not None,

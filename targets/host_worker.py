@@ -47,6 +47,11 @@ def _quiet_imports():
     try:
         import torch
         from executorch.extension.pybindings import portable_lib
+
+        try:  # quantized_decomposed::* out-variants for programs with undelegated (de)quantize
+            import executorch.kernels.quantized  # noqa: F401
+        except ImportError:
+            pass
     finally:
         sys.stdout = real_stdout
     return torch, portable_lib

@@ -198,3 +198,10 @@ def test_runner_without_a_flag_is_explained(device, home, runners, bundle_path, 
     case = _run(device, runners, bundle_path, tmp_path, etdump=True).cases[0]
     assert case.status == CaseStatus.ERROR and case.error_kind == "runner-flags"
     assert "--etdump_path" in case.error
+
+
+def test_transport_errors_land_in_the_case_log(device, home, runners, bundle_path, tmp_path):
+    device.set_faults(cut_push_after=1000, cut_push_times=10)
+    case = _run(device, runners, bundle_path, tmp_path, retries=0).cases[0]
+    assert case.error_kind == "transport" and case.log_path
+    assert "--- transport:" in open(case.log_path).read()

@@ -8,7 +8,7 @@ import pytest
 
 from bundles.errors import ConfigError
 from bundles.tolerances import ToleranceContext, resolve_criteria
-from runner.config import find_config_files, load_project_config
+from bundles.project_config import find_config_files, load_project_config
 
 
 @pytest.fixture(autouse=True)

@@ -8,4 +8,7 @@ from bundles.backends.xnnpack import lower_with
 
 
 def lower(req: LoweringRequest) -> LoweringResult:
+    if req.dtype in ("int8", "int16"):
+        # registers the quantize/dequantize out-variants to_executorch needs without a delegate
+        import executorch.kernels.quantized  # noqa: F401
     return lower_with(req, [])

@@ -169,7 +169,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     import json
     import sys
 
-    from runner.config import load_project_config
+    from bundles.project_config import load_project_config
 
     if not 0 < confidence < 1:
         raise click.BadParameter("--confidence must be between 0 and 1")

@@ -23,7 +23,7 @@ def command(baseline, current, history_db, as_json, sqnr_drop, error_growth, top
     from dataclasses import replace
 
     from runner import history
-    from runner.config import load_project_config
+    from bundles.project_config import load_project_config
     from runner.regression import RegressionRules, comparison_notes, find_regressions, format_regressions
 
     config = load_project_config() or {}

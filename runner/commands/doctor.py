@@ -164,7 +164,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
     """Report which targets this machine can drive (FVPs, toolchain, runners, TOSA, Vela, adb)."""
     project: dict = {}
     try:
-        from runner.config import load_project_config
+        from bundles.project_config import load_project_config
 
         project = load_project_config(config_path, validate_tolerances=False) or {}
     except ImportError:

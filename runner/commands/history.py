@@ -25,7 +25,7 @@ def command(model, target, label, dtype, limit, as_json, history_db):
     import json
 
     from runner import history
-    from runner.config import load_project_config
+    from bundles.project_config import load_project_config
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if db is None:

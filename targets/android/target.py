@@ -59,6 +59,9 @@ def classify_run(ex: _Exec) -> tuple[str, str] | None:
     Exit 1 with a BundleIO FAIL line is a *numerical* verdict of the runner, not an
     error: its outputs are collected and judged on the host like any other."""
     out = ex.output
+    rc = ex.exit_status
+    if rc == 0:
+        return None  # a clean exit wins over scary log lines (e.g. an optional library probe)
     m = re.search(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)', out)
     if m:
         return "missing-library", f"the runner could not load a library: {m.group(1)}"
@@ -66,9 +69,6 @@ def classify_run(ex: _Exec) -> tuple[str, str] | None:
     if m:
         return "runner-flags", (f"the runner does not know --{m.group(1)}: it was built without that feature "
                                 "(rebuild with firmware_scripts/android/build_executor_runner.sh, or drop the option)")
-    rc = ex.exit_status
-    if rc == 0:
-        return None
     if rc in _SIGNALS:
         return "crash", f"the runner crashed with {_SIGNALS[rc]} (exit {rc})"
     if rc in (126, 127):
@@ -218,10 +218,14 @@ class AndroidTarget:
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
         return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind, log_excerpt=excerpt, log_path=str(path))
 
-    def _case_error(self, method: str, index: int, exc: TransportError, log_path: str | None) -> CaseResult:
+    def _case_error(self, method: str, index: int, exc: TransportError, log_path: str | Path) -> CaseResult:
+        """A case lost to the device or the link; what the device said is appended to the case log."""
+        path = Path(log_path)
+        previous = path.read_text(errors="replace") if path.exists() else ""
+        atomic_write_bytes(path, (previous + f"--- {exc.kind}: {exc}\n{exc.output}\n").encode("utf-8", "replace"))
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
         return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind,
-                          log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=log_path)
+                          log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=str(path))
 
     # -- executor-runner: one bundle, one process per case
     def _run_executor_runner(self, bundle, pairs, base, cache, options, retries, logs_dir) -> list[CaseResult]:
@@ -241,7 +245,7 @@ class AndroidTarget:
                     if exc.transient and budget.take():
                         self._reconnect_quietly()
                         continue
-                    result = self._case_error(method, index, exc, str(log_path) if log_path.exists() else None)
+                    result = self._case_error(method, index, exc, log_path)
                     break
             result.extra["attempts"] = budget.used + 1
             results.append(result)
@@ -342,7 +346,7 @@ class AndroidTarget:
                         self._reconnect_quietly()
                         continue
                     log = logs_dir / "logs" / f"{_safe(method)}-qnn.log"
-                    res = [self._case_error(method, i, exc, str(log) if log.exists() else None) for i in cases]
+                    res = [self._case_error(method, i, exc, log) for i in cases]
                     break
             for r in res:
                 r.extra["attempts"] = budget.used + 1
