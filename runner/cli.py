@@ -20,6 +20,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "history": "runner.commands.history",
     "compare": "runner.commands.compare",
     "trend": "runner.commands.trend",
+    "devices": "runner.commands.devices",
 }
 
 EXIT_INFRA = 2
