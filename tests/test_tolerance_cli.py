@@ -93,7 +93,7 @@ def test_qtol_uses_the_output_scale_of_the_lowered_graph(work, tmp_path):
     failed = bad["cases"][0]["outputs"][0]["failed"][0]
     assert failed["criterion"] == "elementwise"
     assert failed["measured"] == pytest.approx(outside * crit.scale, rel=1e-3)
-    assert "worst at [0, 3]" in failed["detail"] and "allowed |diff| <= " in failed["detail"]
+    assert "worst at [0, 3]" in failed["detail"] and "> allowed " in failed["detail"] and "qtol 2 x scale" in failed["detail"]
     # one step less of qtol and the 1.5-step error fails
     tight = _rejudge(tmp_path / "p15", ["out0.qtol=1"])
     assert tight["summary"]["verdict"] == "FAIL"
