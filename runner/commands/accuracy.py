@@ -147,7 +147,7 @@ def print_accuracy(report: dict[str, Any]) -> None:
 @click.option("--dataset", "dataset", required=True, help="digits, a folder (samples + labels.txt/.npy) or path.py:fn.")
 @click.option("--samples", type=int, default=None, help="Use the first N samples (default: all).")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target URL.")
-@click.option("--dtype", default="fp32", show_default=True, help="fp32, fp16, int8 (PTQ), ...")
+@click.option("--dtype", default=None, help="fp32, fp16, int8 (PTQ), ... (default: int8 for integer Arm targets, else fp32)")
 @click.option("--backend", default=None, help="Lowering backend (default: from --target).")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
               help="Report folder (default out/accuracy/<model>-<dtype>).")
@@ -190,6 +190,10 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
             raise click.BadParameter(
                 f"--tolerance {item!r}: expected KEY=NUMBER with KEY one of {', '.join(CRITERIA_FIELDS)}"
             ) from None
+    if dtype is None:
+        from bundles.builder import default_backend, default_dtype
+
+        dtype = default_dtype(target, backend or default_backend(target))
     slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
     req = AccuracyRequest(
         model=model, dataset=dataset, target=target, dtype=dtype, samples=samples, backend=backend,
