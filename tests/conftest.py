@@ -46,3 +46,26 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private HOME: adb keys and ~/.android never touch the user's."""
+    h = tmp_path / "home"
+    h.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(h))
+    monkeypatch.delenv("ANDROID_USER_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
+    return h
+
+
+@pytest.fixture
+def device(tmp_path):
+    """The emulated Android device (real ADB protocol); nothing may survive a test."""
+    from doubles.adbd import FakeAdbd
+
+    d = FakeAdbd(tmp_path / "device")
+    d.start()
+    yield d
+    d.stop()
+    assert d.live_processes() == []

@@ -17,22 +17,8 @@ from targets.android.adb_direct import AdbShellTransport, default_key_path
 NASTY = "/data/local/tmp/we ird'; touch /data/local/tmp/INJECTED; echo \"x"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.delenv("ANDROID_USER_HOME", raising=False)
-    return h
 
 
-@pytest.fixture
-def device(tmp_path):
-    d = FakeAdbd(tmp_path / "device")
-    d.start()
-    yield d
-    d.stop()
-    assert d.live_processes() == []
 
 
 @pytest.fixture

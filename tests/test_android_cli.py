@@ -10,19 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from doubles.adbd import FakeAdbd
 from doubles.android_env import runner_binaries
 
 BUNDLERUN = Path(sys.executable).with_name("bundlerun")
 
 
-@pytest.fixture
-def device(tmp_path):
-    d = FakeAdbd(tmp_path / "device")
-    d.start()
-    yield d
-    d.stop()
-    assert d.live_processes() == []
 
 
 def _bundlerun(args, cwd, home):

@@ -15,19 +15,8 @@ from targets import open_target
 from targets.base import CaseStatus, RunOptions
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ANDROID_USER_HOME", raising=False)
-    return tmp_path / "home"
 
 
-@pytest.fixture
-def device(tmp_path):
-    d = FakeAdbd(tmp_path / "device")
-    d.start()
-    yield d
-    d.stop()
 
 
 def _wait_idle(device, seconds=10.0):

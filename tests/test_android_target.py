@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from bundles.bpte import read_bundle
-from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries
 from targets import open_target
 from targets.android.profiles import sort_qnn_outputs
@@ -19,21 +18,8 @@ from targets.base import CaseStatus, RunOptions
 WORKSPACE = "/data/local/tmp/bundle run's; $(x)"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ANDROID_USER_HOME", raising=False)
-    monkeypatch.delenv("ANDROID_SERIAL", raising=False)
-    return tmp_path / "home"
 
 
-@pytest.fixture
-def device(tmp_path):
-    d = FakeAdbd(tmp_path / "device")
-    d.start()
-    yield d
-    d.stop()
-    assert d.live_processes() == []
 
 
 @pytest.fixture(scope="module")
