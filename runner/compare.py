@@ -122,6 +122,18 @@ class _MedianBracket:
         return float(np.partition(self.flat, self.k)[self.k])
 
 
+_POOL = None
+
+
+def _median_pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bundlerun-median")
+    return _POOL
+
+
 def _lower_median(flat: np.ndarray) -> float:
     """torch.median semantics: the lower of the two middle values (NaN-free input)."""
     bracket = _MedianBracket(flat)
@@ -184,6 +196,10 @@ def error_statistics(
     actual = _as_numeric(np.asarray(actual))
     expected = _as_numeric(np.asarray(expected))
     a_flat, r_flat = actual.reshape(-1), expected.reshape(-1)
+    if actual.shape == expected.shape and a_flat.size > (1 << 20):
+        large = _large_finite_statistics(actual, expected, atol, rtol, elementwise)
+        if large is not None:
+            return large
     a_lo, a_hi, nan_a, inf_a = _range_and_specials(a_flat)
     r_lo, r_hi, nan_r, inf_r = _range_and_specials(r_flat)
     specials = nan_a or nan_r or inf_a or inf_r
@@ -194,7 +210,7 @@ def error_statistics(
     )
     n = a_flat.size
     if actual.shape != expected.shape or specials or n == 0:
-        # means and medians were not computed by the fused loop below
+        # means and medians are not computed by the streaming pass
         for side, arr, has_nan in (("reference_stats", expected, nan_r), ("actual_stats", actual, nan_a)):
             if arr.size and not has_nan:
                 flat = arr.reshape(-1)
@@ -207,36 +223,66 @@ def error_statistics(
         return stats
     if specials:
         return _nonfinite_statistics(stats, a_flat, r_flat, actual.shape, atol, rtol, elementwise)
+    med_a, med_r = _MedianBracket(a_flat), _MedianBracket(r_flat)
+    sums = _stream(a_flat, r_flat, atol, rtol, elementwise, (med_a, med_r))
+    stats.actual_stats.median, stats.reference_stats.median = med_a.result(), med_r.result()
+    _finish(stats, a_flat, r_flat, actual.shape, sums, max(abs(r_lo), abs(r_hi)), atol, rtol, elementwise)
+    return stats
 
-    sum_a = sum_r = sum_e = sum_ae = sum_ee = sum_aa = sum_rr = sum_ar = 0.0
+
+def _large_finite_statistics(actual, expected, atol, rtol, elementwise) -> OutputStats | None:
+    """Large same-shape tensors: ranges and medians (selection) run on a second thread
+    while this one streams the error sums — numpy releases the GIL in both, so a
+    2-core box does them side by side. NaN/Inf show up as non-finite sums; then
+    None is returned and the caller takes the exact slow path."""
+    a_flat, r_flat = actual.reshape(-1), expected.reshape(-1)
+
+    def side_work():
+        return [(float(f.min()), float(f.max()), _lower_median(f)) for f in (a_flat, r_flat)]
+
+    future = _median_pool().submit(side_work)
+    sums = _stream(a_flat, r_flat, atol, rtol, elementwise, None)
+    (a_lo, a_hi, a_med), (r_lo, r_hi, r_med) = future.result()
+    if not all(math.isfinite(v) for v in (sums["sum_a"], sums["sum_r"], sums["sum_ee"], sums["sum_aa"], sums["sum_rr"],
+                                            a_lo, a_hi, r_lo, r_hi)):
+        return None
+    n = a_flat.size
+    stats = OutputStats(
+        reference_stats=TensorStats(list(expected.shape), n, r_med, sums["sum_r"] / n, r_hi, r_lo),
+        actual_stats=TensorStats(list(actual.shape), n, a_med, sums["sum_a"] / n, a_hi, a_lo),
+    )
+    _finish(stats, a_flat, r_flat, actual.shape, sums, max(abs(r_lo), abs(r_hi)), atol, rtol, elementwise)
+    return stats
+
+
+def _stream(a_flat, r_flat, atol: float, rtol: float, elementwise: bool, brackets) -> dict[str, Any]:
+    """One pass over float64 chunks held in preallocated buffers (fresh 512 KiB
+    temporaries per chunk would be mmap'd and page-faulted every time)."""
+    n = a_flat.size
+    sum_a = sum_r = sum_ae = sum_ee = sum_aa = sum_rr = 0.0
     max_ae = 0.0
-    max_r = max(abs(r_lo), abs(r_hi))
     mismatches = 0
     worst_excess, worst_pos = -math.inf, 0
-    # Preallocated float64 work buffers: fresh 2 MiB temporaries per chunk would be
-    # mmap'd and page-faulted every time.
     size = min(CHUNK, n)
     a_buf, r_buf, e_buf, ae_buf, x_buf = (np.empty(size) for _ in range(5))
     m_buf = np.empty(size, dtype=bool)
-    med_a, med_r = _MedianBracket(a_flat), _MedianBracket(r_flat)
     for start in range(0, n, CHUNK):
         stop = min(start + CHUNK, n)
         k = stop - start
         a, r, e, ae, x, m = a_buf[:k], r_buf[:k], e_buf[:k], ae_buf[:k], x_buf[:k], m_buf[:k]
-        med_a.add(a_flat[start:stop])
-        med_r.add(r_flat[start:stop])
+        if brackets is not None:
+            brackets[0].add(a_flat[start:stop])
+            brackets[1].add(r_flat[start:stop])
         np.copyto(a, a_flat[start:stop], casting="unsafe")
         np.copyto(r, r_flat[start:stop], casting="unsafe")
         np.subtract(a, r, out=e)
         np.abs(e, out=ae)
         sum_a += float(np.add.reduce(a))
         sum_r += float(np.add.reduce(r))
-        sum_e += float(np.add.reduce(e))
         sum_ae += float(np.add.reduce(ae))
         sum_ee += _dot(e, e)
         sum_aa += _dot(a, a)
         sum_rr += _dot(r, r)
-        sum_ar += _dot(a, r)
         chunk_max = float(np.maximum.reduce(ae))
         max_ae = max(max_ae, chunk_max)
         if elementwise:
@@ -257,16 +303,23 @@ def error_statistics(
             i = int(np.argmax(ae))
             if chunk_max > worst_excess:
                 worst_excess, worst_pos = chunk_max, start + i
-    stats.actual_stats.mean = sum_a / n
-    stats.reference_stats.mean = sum_r / n
-    stats.actual_stats.median = med_a.result()
-    stats.reference_stats.median = med_r.result()
-    _fill_errors(stats, n, sum_e, sum_ae, sum_ee, sum_aa, sum_rr, sum_ar, max_ae, max_r)
-    _fill_worst(stats, a_flat, r_flat, actual.shape, worst_pos, atol, rtol)
+    return {"sum_a": sum_a, "sum_r": sum_r, "sum_ae": sum_ae, "sum_ee": sum_ee, "sum_aa": sum_aa,
+            "sum_rr": sum_rr, "max_ae": max_ae, "mismatches": mismatches, "worst_pos": worst_pos}
+
+
+def _finish(stats, a_flat, r_flat, shape, sums: dict[str, Any], max_r: float, atol, rtol, elementwise) -> None:
+    n = a_flat.size
+    # Derived instead of two more passes; neither is near cancellation in float64.
+    sum_e = sums["sum_a"] - sums["sum_r"]
+    sum_ar = (sums["sum_aa"] + sums["sum_rr"] - sums["sum_ee"]) / 2
+    stats.actual_stats.mean = sums["sum_a"] / n
+    stats.reference_stats.mean = sums["sum_r"] / n
+    _fill_errors(stats, n, sum_e, sums["sum_ae"], sums["sum_ee"], sums["sum_aa"], sums["sum_rr"], sum_ar,
+                 sums["max_ae"], max_r)
+    _fill_worst(stats, a_flat, r_flat, shape, sums["worst_pos"], atol, rtol)
     if elementwise:
-        stats.mismatch_count = mismatches
-        stats.mismatch_fraction = mismatches / n
-    return stats
+        stats.mismatch_count = sums["mismatches"]
+        stats.mismatch_fraction = sums["mismatches"] / n
 
 
 def _fill_errors(stats: OutputStats, n: int, sum_e, sum_ae, sum_ee, sum_aa, sum_rr, sum_ar, max_ae, max_r) -> None:

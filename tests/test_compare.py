@@ -18,7 +18,7 @@ def _reference(actual, expected):
     return ErrorStatistics.from_tensors(torch.from_numpy(actual), torch.from_numpy(expected))
 
 
-@pytest.mark.parametrize("shape", [(1, 10), (3, 17, 5), (1001,), (2, 2)])
+@pytest.mark.parametrize("shape", [(1, 10), (3, 17, 5), (1001,), (2, 2), (2, 600_001)])  # last: threaded large path
 def test_shared_fields_match_executorch(shape):
     rng = np.random.default_rng(sum(shape))
     expected = rng.standard_normal(shape).astype(np.float32)
@@ -134,3 +134,14 @@ def test_lossy_text_outputs_tolerate_six_decimal_rounding():
     c = Criteria(atol=0.0, rtol=0.0)
     assert judge_output(printed, expected, c, "float32", "float32", lossy=False).verdict == "FAIL"
     assert judge_output(printed, expected, c, "float32", "float32", lossy=True).verdict == "PASS"
+
+
+def test_large_tensor_with_nan_takes_the_exact_path():
+    rng = np.random.default_rng(5)
+    expected = rng.standard_normal(1_500_000).astype(np.float32)
+    actual = expected.copy()
+    actual[123_456] = np.nan
+    actual[7] += 1.0
+    s = error_statistics(actual, expected, atol=1e-3, rtol=0.0)
+    assert s.nan_actual == 1 and s.nonfinite_mismatch == 1
+    assert s.mismatch_count == 2 and s.error_max == pytest.approx(1.0, rel=1e-6)
