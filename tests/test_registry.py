@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import re
+
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest

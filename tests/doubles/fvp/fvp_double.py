@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 BOARD_300 = {
     "num_macs_key": "ethosu.num_macs",
