@@ -4,6 +4,7 @@ numpy-heavy modules and rich load inside the commands, so `--help` and
 
 from __future__ import annotations
 
+
 import importlib
 import os
 import sys
@@ -334,7 +335,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
     """
-    from rich.console import Console
+    from runner.report import wide_console
     from rich.table import Table
 
     from bundles.errors import BundlerunError
@@ -372,7 +373,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     for slug, verdict, _code, where in results:
         color = {"PASS": "green", "FAIL": "red"}.get(verdict, "yellow")
         table.add_row(slug, f"[{color}]{verdict}[/]", where)
-    Console().print(table)
+    wide_console().print(table)
     codes = [r[2] for r in results]
     sys.exit(1 if 1 in codes else (2 if 2 in codes else 0))
 

@@ -8,6 +8,7 @@ and adb. Every probe is bounded by a timeout and never raises.
 
 from __future__ import annotations
 
+
 from pathlib import Path
 
 import click
@@ -175,7 +176,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
 
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
+    from runner.report import wide_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -187,4 +188,4 @@ def command(config_path: Path | None, as_json: bool) -> None:
     marks = {True: "[green]ok[/green]", False: "[red]missing[/red]", None: "[yellow]-[/yellow]"}
     for row in rows:
         table.add_row(escape(row["component"]), marks[row["ok"]], escape(row["detail"]), escape(row["where"]))
-    Console().print(table)
+    wide_console().print(table)

@@ -9,6 +9,7 @@ criteria with a margin as a ready-to-paste `bundlerun.toml` block.
 
 from __future__ import annotations
 
+
 from pathlib import Path
 
 import click
@@ -89,10 +90,10 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
                                "criteria": crit.to_dict()}, indent=2))
         return
 
-    from rich.console import Console
+    from runner.report import wide_console
     from rich.table import Table
 
-    console = Console()
+    console = wide_console()
     console.print(
         f"[bold]{backend}[/] variant [bold]{res.variant or '-'}[/], dtype tier [bold]{res.tier}[/] "
         f"(reference {reference}), model {model or '-'}, host {res.host_arch}, inputs {distribution}"
@@ -181,10 +182,10 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     if as_json:
         click.echo(json.dumps({"margin": margin, "runs": obs.runs, "outputs": [p.to_dict() for p in proposals]}, indent=2))
         return
-    from rich.console import Console
+    from runner.report import wide_console
     from rich.table import Table
 
-    console = Console()
+    console = wide_console()
     for p in proposals:
         table = Table(title=f"{p.method}.{p.output}: {p.cases} case(s) from {obs.runs} run(s)", title_justify="left")
         for col in ("criterion", "current", "measured (worst)", "headroom", "proposed"):
@@ -270,7 +271,7 @@ def check(bundle_path, ops, no_project, as_json):
     if as_json:
         click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
     else:
-        from rich.console import Console
+        from runner.report import wide_console
         from rich.table import Table
 
         table = Table(title=f"{bundle_path}: embedded vs installed registry", title_justify="left")
@@ -279,7 +280,7 @@ def check(bundle_path, ops, no_project, as_json):
         for r in rows:
             table.add_row(r["output"], r["criterion"], _fmt(r["embedded"]), _fmt(r["installed"]),
                           "[green]same[/]" if r["same"] else "[red]differs[/]", r["installed_source"] or "-")
-        console = Console()
+        console = wide_console()
         console.print(table)
         for n in notes:
             console.print(f"[yellow]note:[/] {n}")
