@@ -79,16 +79,22 @@ def default_dtype(target: str, backend: str) -> str:
     return "fp32"
 
 
-def _versions() -> dict[str, str]:
+def package_versions(dists: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions of `dists` ('unknown' when absent), for provenance records."""
     from importlib import metadata
 
-    out = {"python": platform.python_version(), "host": platform.machine()}
-    for dist in ("bundlerun", "torch", "executorch"):
+    out = {}
+    for dist in dists:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "unknown"
     return out
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "host": platform.machine(),
+            **package_versions(("bundlerun", "torch", "executorch"))}
 
 
 def _flatten_outputs(result: Any) -> list[Any]:

@@ -40,15 +40,9 @@ def _load(bundle_path: str):
 
 
 def _tool_versions() -> dict[str, str]:
-    from importlib import metadata
+    from bundles.builder import package_versions
 
-    out = {}
-    for dist in ("tosa-tools", "executorch", "torch"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "unknown"
-    return out
+    return package_versions(("tosa-tools", "executorch", "torch"))
 
 
 def main(argv: list[str] | None = None) -> int:
