@@ -24,12 +24,8 @@ from bundles.errors import BuildError
 from bundles.inputs import generate_cases
 from bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
 from bundles.model_source import ResolvedModel, resolve_model
+from bundles.registry import REFERENCES
 from bundles.tolerances import ToleranceContext, resolve_criteria
-
-REFERENCES = ("eager-fp32", "quantized")
-
-# Target URL -> backend when --backend is not given.
-_DEFAULT_BACKEND = {"host": {"portable": "portable"}, "tosa": "arm", "fvp": "arm"}
 
 
 @dataclass

@@ -84,7 +84,7 @@ def _parse_cases(text: str | None) -> list[int] | None:
     return out
 
 
-def _parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
+def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
     from bundles.manifest import CRITERIA_FIELDS
 
     out: dict[str, float] = {}
@@ -152,7 +152,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
-        reference=reference, distribution=distribution, overrides=_parse_tolerances(tolerances),
+        reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
         require_delegation=require_delegation,
     )
     m = result.manifest
@@ -197,14 +197,10 @@ run_options = [
 ]
 
 
-def _target_config(url: str, config_path: Path | None, target_opts: tuple[str, ...]) -> tuple[dict, dict]:
-    project = {}
-    try:
-        from bundles.project_config import load_project_config
-    except ModuleNotFoundError:
-        load_project_config = None
-    if load_project_config is not None:
-        project = load_project_config(config_path) or {}
+def target_config_section(url: str, config_path: Path | None, target_opts: tuple[str, ...]) -> tuple[dict, dict]:
+    from bundles.project_config import load_project_config
+
+    project = load_project_config(config_path) or {}
     scheme = url.split("://", 1)[0]
     family = scheme.split("+")[0]
     targets = project.get("targets", {}) or {}
@@ -219,12 +215,13 @@ def _target_config(url: str, config_path: Path | None, target_opts: tuple[str, .
 
 
 def _do_run(bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-            baseline, history_db, no_history, config_path, target_opts, methods=None, cases=None, quiet=False) -> dict:
+            baseline, history_db, no_history, config_path, target_opts, methods=None, cases=None, quiet=False,
+            bundle=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runner.session import RunRequest, execute_run
+    from runner.session import RunRequest, execute_run, finish_run
 
-    section, project = _target_config(target, config_path, target_opts)
+    section, project = target_config_section(target, config_path, target_opts)
     console = _progress_console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=quiet)
@@ -242,47 +239,8 @@ def _do_run(bundle_path: Path, report_dir: Path, target, case_timeout, setup_tim
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, target_config=section, progress=on_case, on_start=on_start,
-        ))
-    _post_run(report, report_dir, bundle_path, project, baseline, history_db, no_history)
-    return report
-
-
-def _post_run(report: dict, report_dir: Path, bundle_path: Path, project: dict, baseline, history_db, no_history) -> None:
-    """Derived reports, history and baseline checks; each optional module is used when present."""
-    from runner.report import write_report
-
-    changed = False
-    db = None
-    history = _optional("runner.history")
-    if not no_history and history is not None and hasattr(history, "resolve_db_path"):
-        db = history.resolve_db_path(history_db, project)
-        report["run"]["history_id"] = history.record_report(db, report, report_path=report_dir / "report.json")
-        changed = True
-    if baseline:
-        regression = _optional("runner.regression")
-        if regression is None or not hasattr(regression, "check_baseline"):
-            raise click.UsageError("--baseline needs the regression module, which this build lacks")
-        regressions = regression.check_baseline(baseline, report, db, project)
-        report["regressions"] = regressions
-        if regressions and report["summary"]["exit_code"] == 0:
-            report["summary"]["exit_code"] = 1
-            report["summary"]["verdict"] = "REGRESSION"
-        changed = True
-    if changed:
-        write_report(report, report_dir)
-    reports = _optional("runner.reports")
-    if reports is not None and hasattr(reports, "write_reports"):
-        files = reports.write_reports(report, report_dir, bundle=bundle_path, history_db=db)
-        report.setdefault("files", {}).update({k: str(v) for k, v in files.items()})
-
-
-def _optional(module: str):
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
+        ), bundle=bundle)
+    return finish_run(report, report_dir, bundle or bundle_path, project, baseline, history_db, no_history)
 
 
 @cli.command()
@@ -299,13 +257,13 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
     from bundles.bpte import read_bundle
     from runner.report import print_summary
 
-    read_bundle(bundle)  # bad input fails here, before anything starts
+    parsed = read_bundle(bundle)  # bad input fails here, before anything starts
     report_dir = report_dir or Path("out") / bundle.stem
     if runner_elf:
         target_opts = (*target_opts, f"runner_elf={runner_elf}")
     report = _do_run(bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
                      baseline, history_db, no_history, config_path, target_opts,
-                     methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet)
+                     methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet, bundle=parsed)
     if not quiet:
         print_summary(report)
         if report.get("regressions"):
@@ -357,7 +315,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
             bundle_path = out / f"{slug}.bpte"
             try:
                 _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
-                       reference=reference, distribution=distribution, overrides=_parse_tolerances(tolerances))
+                       reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances))
             except BundlerunError as exc:
                 click.echo(f"{slug}: build failed: {exc}", err=True)
                 results.append((slug, "ERROR", 2, str(exc)))

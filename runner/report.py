@@ -4,7 +4,6 @@ written atomically even when every case errored."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bundles.fileio import atomic_write_bytes, atomic_write_text
+from bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
 from targets.base import TargetRun
 
 REPORT_SCHEMA = "bundlerun.report/1"
@@ -26,14 +25,6 @@ def tool_version() -> str:
     from runner._version import __version__
 
     return __version__
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def bundle_section(path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:

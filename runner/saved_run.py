@@ -33,7 +33,8 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
     import numpy as np
 
     from bundles import scalar_types as st
-    from runner.report import OUTPUTS_FILE, REPORT_FILE, file_sha256
+    from bundles.fileio import file_sha256
+    from runner.report import OUTPUTS_FILE, REPORT_FILE
 
     directory = Path(directory)
     report_file = directory / REPORT_FILE if directory.is_dir() else directory

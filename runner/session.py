@@ -36,6 +36,7 @@ class RunRequest:
     label: str | None = None
     target_config: dict[str, Any] = field(default_factory=dict)
     retries: int = 1
+    confidence: float = 0.95  # of the dataset accuracy intervals, for bundles with labels
     progress: Callable[[CaseResult], None] | None = None
     on_start: Callable[[int], None] | None = None  # number of cases about to run
 
@@ -116,8 +117,37 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]
 
         report["dataset"] = dataset_from_outputs(bundle, {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
-        })
+        }, req.confidence)
     if req.save_outputs:
         report["outputs_file"] = str(save_outputs(run, req.report_dir))
     write_report(report, req.report_dir)
+    return report
+
+
+def finish_run(
+    report: dict[str, Any],
+    report_dir: Path,
+    bundle: Any,
+    project: dict[str, Any],
+    baseline: str | None = None,
+    history_db: Path | str | None = None,
+    no_history: bool = False,
+) -> dict[str, Any]:
+    """After a run (plain or accuracy): record it in the history, check it against a
+    baseline (a regression makes the exit code 1), write JUnit/Markdown/HTML, and
+    rewrite report.json with all of that in it."""
+    from runner import history
+    from runner.regression import check_baseline
+    from runner.reports import write_reports
+
+    db = None if no_history else history.resolve_db_path(history_db, project)
+    if db is not None:
+        report["run"]["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
+    if baseline:
+        report["regressions"] = check_baseline(baseline, report, db, project)
+        if report["regressions"] and report["summary"]["exit_code"] == 0:
+            report["summary"]["exit_code"] = 1
+    files = write_reports(report, Path(report_dir), bundle=bundle, history_db=db)
+    report["files"] = {k: str(v) for k, v in files.items()}
+    write_report(report, report_dir)
     return report

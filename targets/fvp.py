@@ -318,17 +318,17 @@ def run_fvp_process(
                 now = time.monotonic()
                 if now >= deadline:
                     host_timeout = True
-                    _kill_group(proc)
+                    kill_process_group(proc)
                     break
                 if finished_at and now - finished_at[0] > exit_grace_s:
                     killed_early = True
-                    _kill_group(proc)
+                    kill_process_group(proc)
                     break
                 # A crashed runner (fault handler loop, or et_pal_abort's trap on a
                 # UART build) never ends the simulation: stop once it has gone quiet.
                 if parser.crashed and now - last_data[0] > exit_grace_s:
                     killed_early = True
-                    _kill_group(proc)
+                    kill_process_group(proc)
                     break
         _reap_group(proc)
         reader.join(timeout=5)
@@ -343,14 +343,10 @@ def run_fvp_process(
     )
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    kill_process_group(proc)
-
-
 def _reap_group(proc: subprocess.Popen) -> None:
     """The FVP exited (or was killed): make sure nothing it started survives."""
     if proc.returncode is None:
-        _kill_group(proc)
+        kill_process_group(proc)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -92,14 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from bundles.bpte import read_bundle
+    from bundles.bpte import parse_bundle
     from bundles.scalar_types import BFLOAT16
 
     t0 = time.perf_counter()
     try:
-        bundle = read_bundle(args.bundle)
-        torch, portable_lib = _quiet_imports()
         buf = Path(args.bundle).read_bytes()
+        bundle = parse_bundle(buf, args.bundle)
+        torch, portable_lib = _quiet_imports()
         bundled = portable_lib._load_bundled_program_from_buffer(buf)
         module = portable_lib._load_for_executorch_from_bundled_program(bundled)
     except Exception as exc:  # reported as a classified load failure

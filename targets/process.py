@@ -8,9 +8,10 @@ import signal
 import subprocess
 
 
-def kill_process_group(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
-    """SIGTERM the whole group, then SIGKILL after `grace_s`; always reaps `proc`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def kill_process_group(proc: subprocess.Popen, grace_s: float = 3.0, *, term_first: bool = True) -> None:
+    """SIGTERM the whole group, then SIGKILL after `grace_s` (straight to SIGKILL when
+    `term_first` is False, for a hung runtime that has nothing to flush); always reaps `proc`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL) if term_first else (signal.SIGKILL,):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):

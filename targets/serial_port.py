@@ -177,19 +177,15 @@ def run_command(argv: list[str], timeout_s: float, log_path: Path, what: str) ->
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_process_group(proc)
             return CommandResult(False, "timeout", f"{what} command timed out after {timeout_s:g}s", log_path)
         except BaseException:
-            _kill_group(proc)
+            kill_process_group(proc)
             raise
     if rc != 0:
         tail = _tail(log_path)
         return CommandResult(False, "failed", f"{what} command exited with {rc}{': ' + tail if tail else ''}", log_path)
     return CommandResult(True, None, "", log_path)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    kill_process_group(proc)
 
 
 def _tail(path: Path) -> str:

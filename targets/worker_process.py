@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from targets.base import CaseResult, CaseStatus, RawTensor, RunOptions
+from targets.process import kill_process_group
 
 MAX_RESTARTS = 3
 
@@ -43,19 +44,6 @@ def _signal_name(returncode: int) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _tail(path: Path, lines: int = 12) -> list[str]:
@@ -121,7 +109,7 @@ class WorkerSupervisor:
         try:
             return self._drive(proc, pairs, log_path, results)
         finally:
-            _kill_group(proc)
+            kill_process_group(proc, 10.0, term_first=False)
             if proc.stdout:
                 proc.stdout.close()
 

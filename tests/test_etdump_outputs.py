@@ -31,6 +31,7 @@ from targets.etdump_outputs import (
     outputs_from_printed,
     parse_etdump_block,
 )
+from doubles.board import etdump_block
 from targets.runner_log import parse_runner_log
 
 
@@ -126,19 +127,7 @@ def test_b64_forms_and_runner_block(multi_bundle, device_run):
     by_fields = outputs_from_etdump_b64(e64, layout, d64)
     # The block exactly as arm_executor_runner's write_etdump() prints it, cut into a UART log.
     block = "\n".join(
-        [
-            "I [executorch:arm_executor_runner.cpp:1102 write_etdump()] [base64] buffer size: 100",
-            "#[RUN THIS]",
-            "# Writing debug_buffer.bin [base64]",
-            f'echo "{d64}" | base64 -d >debug_buffer.bin',
-            "# Writing etdump.bin [base64]",
-            f'echo "{e64}" | base64 -d >etdump.bin',
-            "# Generate cpu cycle table with:",
-            "python3 -m devtools.inspector.inspector_cli --etdump_path etdump.bin --debug_buffer_path "
-            "debug_buffer.bin --source_time_scale cycles --target_time_scale cycles",
-            "#[END]",
-            "I [executorch:arm_executor_runner.cpp:1048 main()] Program complete, exiting.",
-        ]
+        etdump_block(e64, d64) + ["I [executorch:arm_executor_runner.cpp:1048 main()] Program complete, exiting."]
     )
     by_block = outputs_from_etdump_b64(block, layout)
     log = parse_runner_log(block.replace("\n", "\r\n").encode())

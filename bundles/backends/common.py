@@ -4,7 +4,7 @@ graph inspection. Recipes call these instead of repeating them."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 from bundles.errors import BuildError
 
@@ -145,7 +145,3 @@ def lower_and_emit(exported, partitioners: list[Any]) -> tuple[Any, dict[str, An
     except Exception as exc:
         raise BuildError(f"to_executorch failed: {type(exc).__name__}: {_first_line(exc)}") from None
     return program, summary
-
-
-def cast_inputs(inputs: tuple, dtype_of: Callable[[Any], Any]) -> tuple:
-    return tuple(x.to(dtype_of(x)) if hasattr(x, "is_floating_point") and x.is_floating_point() else x for x in inputs)

@@ -10,7 +10,7 @@ interval, and the agreement rate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +41,10 @@ class AccuracyRequest:
 
 def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
-    import numpy as np
-
     from bundles.builder import BuildRequest, build_bundle
     from bundles.datasets import fit_to_inputs, load_dataset
     from bundles.model_source import resolve_model
-    from runner import history
-    from runner.accuracy import dataset_from_outputs
-    from runner.report import write_report
-    from runner.reports import write_reports
-    from runner.session import RunRequest, execute_run
+    from runner.session import RunRequest, execute_run, finish_run
 
     say = req.progress or (lambda _m: None)
     report_dir = Path(req.report_dir)
@@ -60,15 +54,12 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     dataset = fit_to_inputs(dataset, model.inputs)
     slug = f"{model.name}-{req.dtype}-{dataset.name}"
     bundle_path = report_dir / f"{slug}.bpte"
-    extra: dict[str, Any] = {}
-    calibrated_on = "model input distribution"
-    if dataset.calibration and "calibration" in {f.name for f in fields(BuildRequest)}:
-        # Real samples give PTQ the real activation ranges (random inputs clip the logits).
-        extra["calibration"] = dataset.calibration
-        calibrated_on = f"{len(dataset.calibration)} {dataset.name} training samples"
+    # Real samples give PTQ the real activation ranges (random inputs clip the logits).
+    calibrated_on = (f"{len(dataset.calibration)} {dataset.name} training samples" if dataset.calibration
+                     else "model input distribution")
     build = build_bundle(
         BuildRequest(
-            **extra,
+            calibration=dataset.calibration or None,
             model=req.model,
             output=bundle_path,
             backend=req.backend,
@@ -92,29 +83,13 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
             save_outputs=True,
             label=req.label,
             target_config=dict(req.target_config),
+            confidence=req.confidence,
         )
     )
-    from bundles.bpte import read_bundle
-
-    bundle = read_bundle(build.path)
-    with np.load(report_dir / "outputs.npz", allow_pickle=False) as npz:
-        outputs = {k: npz[k] for k in npz.files}
-    report["dataset"] = dataset_from_outputs(bundle, outputs, req.confidence)
     report["dataset"]["source"] = dataset.source
     if req.dtype in ("int8", "int16"):
         report["dataset"]["calibration"] = calibrated_on
-    db = None if req.no_history else history.resolve_history_path(req.history, req.config)
-    if db is not None:
-        report["run"]["history_id"] = history.record_report(db, report, report_dir / "report.json")
-    if req.baseline:
-        from runner.regression import check_baseline
-
-        regs = check_baseline(req.baseline, report, db, req.config)
-        report["regressions"] = regs
-        if regs and report["summary"]["exit_code"] == 0:
-            report["summary"]["exit_code"] = 1
-    write_report(report, report_dir)
-    report["files"] = {k: str(v) for k, v in write_reports(report, report_dir, bundle=bundle, outputs=outputs, history_db=db).items()}
+    finish_run(report, report_dir, build.path, req.config, req.baseline, req.history, req.no_history)
     return report
 
 
@@ -169,27 +144,12 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     import json
     import sys
 
-    from bundles.project_config import load_project_config
+    from runner.cli import parse_tolerances, target_config_section
 
     if not 0 < confidence < 1:
         raise click.BadParameter("--confidence must be between 0 and 1")
-    config = load_project_config() or {}
-    scheme = target.split("://", 1)[0]
-    targets = config.get("targets", {}) or {}
-    section = {**(targets.get(scheme.split("+")[0], {}) or {}), **(targets.get(scheme, {}) or {})}
-    from bundles.manifest import CRITERIA_FIELDS
-
-    tol: dict[str, float] = {}
-    for item in tolerances:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep or key not in CRITERIA_FIELDS:
-                raise ValueError
-            tol[key] = float(value)
-        except ValueError:
-            raise click.BadParameter(
-                f"--tolerance {item!r}: expected KEY=NUMBER with KEY one of {', '.join(CRITERIA_FIELDS)}"
-            ) from None
+    section, config = target_config_section(target, None, ())
+    tol = parse_tolerances(tolerances)
     if dtype is None:
         from bundles.builder import default_backend, default_dtype
 

@@ -11,13 +11,13 @@ dlopen and LD_LIBRARY_PATH=.). All device paths are shell-quoted.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bundles.fileio import file_sha256
 from targets.android.transport import Transport, TransportError, check_shell, shell
 
 _HASH_CACHE: dict[tuple[str, int, int], str] = {}
@@ -27,11 +27,7 @@ def local_sha256(path: Path) -> str:
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     if key not in _HASH_CACHE:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        _HASH_CACHE[key] = h.hexdigest()
+        _HASH_CACHE[key] = file_sha256(path)
     return _HASH_CACHE[key]
 
 

@@ -21,12 +21,10 @@ Faults (dict given to the constructor or set on `.faults` later):
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import queue
 import re
-import signal
 import socket
 import stat as stat_mod
 import struct
@@ -35,6 +33,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from targets.process import kill_process_group
 
 A_CNXN, A_AUTH, A_OPEN, A_OKAY, A_CLSE, A_WRTE = (
     struct.unpack("<I", c)[0] for c in (b"CNXN", b"AUTH", b"OPEN", b"OKAY", b"CLSE", b"WRTE")
@@ -359,7 +359,7 @@ class FakeAdbd:
                 self._thread.join(timeout=5)
         self.drop_connections()
         for proc in list(self.stats.live_processes.values()):
-            _kill_group(proc)
+            kill_process_group(proc, 5.0, term_first=False)
 
     def __enter__(self) -> "FakeAdbd":
         self.start()
@@ -448,7 +448,7 @@ class FakeAdbd:
             start_new_session=True,
         )
         self.stats.live_processes[proc.pid] = proc
-        stream.on_host_close.append(lambda: _kill_group(proc))
+        stream.on_host_close.append(lambda: kill_process_group(proc, 5.0, term_first=False))
         prefix = str(self.root).encode()
         try:
             while True:
@@ -458,7 +458,7 @@ class FakeAdbd:
                 stream.write(chunk.replace(prefix, b""))
             proc.wait()
         finally:
-            _kill_group(proc)
+            kill_process_group(proc, 5.0, term_first=False)
             proc.stdout.close()
             self.stats.live_processes.pop(proc.pid, None)
 
@@ -593,26 +593,6 @@ def _drain_send(stream: _Stream) -> None:
         if ident == b"DONE":
             return
         stream.read_exact(size)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 if __name__ == "__main__":  # manual use: python -m tests.doubles.adbd SANDBOX

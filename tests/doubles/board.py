@@ -51,6 +51,22 @@ def _log(level: str, line: int, func: str, msg: str) -> str:
     return f"{level} [executorch:{SRC}:{line} {func}()] {msg}"
 
 
+def etdump_block(e64: str, d64: str) -> list[str]:
+    """The ETDump block exactly as arm_executor_runner's write_etdump() prints it."""
+    return [
+        _log("I", 1102, "write_etdump", f"[base64] buffer size: {max(len(e64), len(d64))}"),
+        "#[RUN THIS]",
+        "# Writing debug_buffer.bin [base64]",
+        f'echo "{d64}" | base64 -d >debug_buffer.bin',
+        "# Writing etdump.bin [base64]",
+        f'echo "{e64}" | base64 -d >etdump.bin',
+        "# Generate cpu cycle table with:",
+        "python3 -m devtools.inspector.inspector_cli --etdump_path etdump.bin --debug_buffer_path "
+        "debug_buffer.bin --source_time_scale cycles --target_time_scale cycles",
+        "#[END]",
+    ]
+
+
 def load_config(state: Path) -> dict:
     try:
         cfg = json.loads((state / "board.json").read_text())
@@ -174,18 +190,7 @@ def run_firmware(bundle_bytes: bytes, cfg: dict) -> list[str]:
             debug = Path(debug_path).read_bytes()
         e64 = base64.b64encode(etdump).decode()
         d64 = base64.b64encode(debug).decode()
-        lines += [
-            _log("I", 1102, "write_etdump", f"[base64] buffer size: {max(len(e64), len(d64))}"),
-            "#[RUN THIS]",
-            "# Writing debug_buffer.bin [base64]",
-            f'echo "{d64}" | base64 -d >debug_buffer.bin',
-            "# Writing etdump.bin [base64]",
-            f'echo "{e64}" | base64 -d >etdump.bin',
-            "# Generate cpu cycle table with:",
-            "python3 -m devtools.inspector.inspector_cli --etdump_path etdump.bin --debug_buffer_path "
-            "debug_buffer.bin --source_time_scale cycles --target_time_scale cycles",
-            "#[END]",
-        ]
+        lines += etdump_block(e64, d64)
     if not ok:
         lines.append(_log("F", 1046, "main", "In function main(), assert failed (model_ok == true): Problem running model"))
         return lines  # et_pal_abort(): __builtin_trap, nothing more on the UART
