@@ -14,23 +14,28 @@ check case 0) can be produced without the ExecuTorch toolchain.
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import flatbuffers
-from flatbuffers import encode, number_types as N, packer
-from flatbuffers.table import Table
 
 from bundles import scalar_types as st
-from bundles.errors import BundleFormatError
+from bundles.errors import BundleFormatError, ManifestError
 from bundles.fileio import atomic_write_bytes
+from bundles.flatbuf import FlatReader, FlatTable
+from bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
 PROGRAM_ALIGN = 32
 TENSOR_DATA_ALIGN = 16
+MAX_MANIFEST_BYTES = 16 << 20
+TRAILING_SLACK = 32  # fewer zero bytes after the data are alignment padding (docs/security.md)
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')  # JSON strings, removed before counting brackets
 
 # ValueUnion discriminants in declaration order (NONE = 0).
 _TENSOR, _INT, _BOOL, _DOUBLE = 1, 2, 3, 4
@@ -93,6 +98,7 @@ class Bundle:
     method_test_suites: list[MethodTestSuite]
     manifest: dict[str, Any] | None = None
     version: int = SCHEMA_VERSION
+    warnings: list[str] = field(default_factory=list)  # set by load_bundle (e.g. an unsealed bundle)
 
     def suite(self, method_name: str) -> MethodTestSuite:
         for suite in self.method_test_suites:
@@ -112,70 +118,38 @@ class Bundle:
         """
         suite = self.suite(method_name)
         case = suite.test_cases[case_index]
-        return replace(
-            self,
-            method_test_suites=[MethodTestSuite(method_name, [case])],
-        )
+        single = replace(self, method_test_suites=[MethodTestSuite(method_name, [case])])
+        if isinstance(self.manifest, dict) and isinstance(self.manifest.get("methods"), dict):
+            from bundles.integrity import seal
+
+            manifest = dict(self.manifest)
+            manifest["methods"] = {k: v for k, v in manifest["methods"].items() if k == method_name}
+            single = replace(single, manifest=manifest)
+            if manifest.get("integrity") is not None:
+                single = seal(single)
+        return single
 
 
-def _vector_bytes(tab: Table, slot: int) -> bytes:
-    off = tab.Offset(4 + 2 * slot)
-    if not off:
-        return b""
-    start = tab.Vector(off)
-    length = tab.VectorLen(off)
-    if start + length > len(tab.Bytes):
-        raise BundleFormatError("bundle is truncated (a byte vector runs past the end of the file)")
-    return bytes(tab.Bytes[start : start + length])
-
-
-def _vector_tables(tab: Table, slot: int) -> list[Table]:
-    off = tab.Offset(4 + 2 * slot)
-    if not off:
-        return []
-    start = tab.Vector(off)
-    out = []
-    for i in range(tab.VectorLen(off)):
-        pos = tab.Indirect(start + 4 * i)
-        out.append(Table(tab.Bytes, pos))
-    return out
-
-
-def _vector_scalars(tab: Table, slot: int, flags: Any, size: int) -> list[int]:
-    off = tab.Offset(4 + 2 * slot)
-    if not off:
-        return []
-    start = tab.Vector(off)
-    return [tab.Get(flags, start + i * size) for i in range(tab.VectorLen(off))]
-
-
-def _scalar(tab: Table, slot: int, flags: Any, default: Any) -> Any:
-    off = tab.Offset(4 + 2 * slot)
-    return tab.Get(flags, tab.Pos + off) if off else default
-
-
-def _read_value(tab: Table) -> BundledValue:
-    kind = _scalar(tab, 0, N.Uint8Flags, 0)
-    off = tab.Offset(6)
-    if not off:
-        raise BundleFormatError("bundle has a Value without content")
-    inner = Table(tab.Bytes, 0)
-    tab.Union(inner, off)
+def _read_value(tab: FlatTable, what: str) -> BundledValue:
+    kind = int(tab.scalar(0, "u8", 0))
+    inner = tab.table(1, what)
+    if inner is None:
+        raise tab.reader.fail(f"{what} has no content")
     if kind == _TENSOR:
         return BundledValue(
             kind="tensor",
-            scalar_type=_scalar(inner, 0, N.Int8Flags, 0),
-            sizes=_vector_scalars(inner, 1, N.Int32Flags, 4),
-            data=_vector_bytes(inner, 2),
-            dim_order=_vector_scalars(inner, 3, N.Uint8Flags, 1),
+            scalar_type=int(inner.scalar(0, "i8", 0)),
+            sizes=[int(s) for s in inner.scalars(1, "i32", f"{what} sizes")],
+            data=inner.bytes(2, f"{what} data"),
+            dim_order=[int(d) for d in inner.scalars(3, "u8", f"{what} dim_order")],
         )
     if kind == _INT:
-        return BundledValue(kind="int", scalar=_scalar(inner, 0, N.Int64Flags, 0))
+        return BundledValue(kind="int", scalar=int(inner.scalar(0, "i64", 0)))
     if kind == _BOOL:
-        return BundledValue(kind="bool", scalar=bool(_scalar(inner, 0, N.BoolFlags, False)))
+        return BundledValue(kind="bool", scalar=bool(inner.scalar(0, "bool", False)))
     if kind == _DOUBLE:
-        return BundledValue(kind="double", scalar=_scalar(inner, 0, N.Float64Flags, 0.0))
-    raise BundleFormatError(f"bundle has a Value of unknown union type {kind}")
+        return BundledValue(kind="double", scalar=float(inner.scalar(0, "f64", 0.0)))
+    raise tab.reader.fail(f"{what} has unknown value type {kind}")
 
 
 def _check_identifier(buf: bytes, source: str) -> None:
@@ -194,60 +168,141 @@ def _check_identifier(buf: bytes, source: str) -> None:
     )
 
 
-def parse_bundle(buf: bytes, source: str = "bundle") -> Bundle:
-    """Parse `.bpte` bytes; every malformed input raises BundleFormatError."""
-    _check_identifier(buf, source)
+def _brief(values: list[int], limit: int = MAX_DIMS) -> str:
+    """A list for a one-line message: at most `limit` items, then how many more."""
+    shown = ", ".join(map(str, values[:limit]))
+    return f"[{shown}, ... ({len(values)} in all)]" if len(values) > limit else f"[{shown}]"
+
+
+def _check_tensor(value: BundledValue, source: str, where: str) -> None:
+    """Sizes, dtype, data length and dim order agree (docs/security.md: only contiguous data)."""
     try:
-        root = encode.Get(packer.uoffset, buf, 0)
-        if root >= len(buf):
-            raise BundleFormatError(f"{source}: bundle is truncated (root table beyond end of file)")
-        tab = Table(buf, root)
-        version = _scalar(tab, 0, N.Uint32Flags, 0)
-        suites = []
-        for suite_tab in _vector_tables(tab, 1):
-            name_off = suite_tab.Offset(4)
-            method = suite_tab.String(name_off + suite_tab.Pos).decode() if name_off else ""
-            cases = [
-                BundledTestCase(
-                    inputs=[_read_value(v) for v in _vector_tables(case_tab, 0)],
-                    expected_outputs=[_read_value(v) for v in _vector_tables(case_tab, 1)],
-                )
-                for case_tab in _vector_tables(suite_tab, 1)
-            ]
-            suites.append(MethodTestSuite(method, cases))
-        program = _vector_bytes(tab, 2)
-        manifest_off = tab.Offset(10)
-        manifest = None
-        if manifest_off:
-            manifest = json.loads(tab.String(manifest_off + tab.Pos).decode("utf-8"))
-    except BundleFormatError:
-        raise
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
-        raise BundleFormatError(f"{source}: bundle is corrupted or truncated ({type(exc).__name__}: {exc})") from None
-    if not program:
-        raise BundleFormatError(f"{source}: bundle holds no program")
-    if len(program) < 8 or program[4:6] != b"ET":
-        raise BundleFormatError(f"{source}: the embedded program is not an ExecuTorch program (corrupted bundle)")
-    for suite in suites:
-        for case in suite.test_cases:
-            for value in case.inputs + case.expected_outputs:
-                if value.kind == "tensor":
-                    try:
-                        expected = st.itemsize(value.scalar_type)
-                    except st.UnsupportedScalarType as exc:
-                        raise BundleFormatError(f"{source}: {exc}") from None
-                    numel = 1
-                    for s in value.sizes:
-                        numel *= s
-                    if numel * expected != len(value.data):
-                        raise BundleFormatError(
-                            f"{source}: method {suite.method_name!r} has a tensor of shape {value.sizes} "
-                            f"with {len(value.data)} bytes of data (expected {numel * expected}); corrupted bundle"
-                        )
+        itemsize = st.itemsize(value.scalar_type)
+    except st.UnsupportedScalarType as exc:
+        raise BundleFormatError(f"{source}: {where}: {exc}") from None
+    if len(value.sizes) > MAX_DIMS or any(s < 0 for s in value.sizes):
+        raise BundleFormatError(f"{source}: {where} has impossible sizes {_brief(value.sizes)}; corrupted bundle")
+    numel = math.prod(value.sizes)
+    if numel * itemsize != len(value.data):
+        raise BundleFormatError(
+            f"{source}: {where} is a tensor of shape {value.sizes} with {len(value.data)} bytes of data "
+            f"(expected {numel * itemsize}); corrupted bundle"
+        )
+    if value.dim_order and sorted(value.dim_order) != list(range(len(value.sizes))):
+        raise BundleFormatError(f"{source}: {where} has dim_order {_brief(value.dim_order)}, not a permutation of its "
+                                f"{len(value.sizes)} dimensions; corrupted bundle")
+    if value.dim_order and value.dim_order != list(range(len(value.sizes))):
+        raise BundleFormatError(f"{source}: {where} has non-contiguous dim_order {_brief(value.dim_order)}; bundlerun reads "
+                                "tensor data in contiguous (0, 1, ...) order only, so it would misread it")
+
+
+def _decode_manifest(text: str, source: str) -> dict[str, Any]:
+    """JSON object with no duplicate keys and bounded nesting (checked before json recurses)."""
+    depth = deepest = 0
+    for ch in re.findall(r"[\[\]{}]", _STRINGS.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise ManifestError(f"{source}: invalid bundlerun manifest: nested deeper than {MAX_DEPTH} levels")
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ManifestError(f"{source}: invalid bundlerun manifest: duplicate key {key[:60]!r}")
+            out[key] = value
+        return out
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{source}: the bundlerun manifest is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: invalid bundlerun manifest: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _parse(reader: FlatReader, source: str, in_memory: bool = False) -> Bundle:
+    root = reader.root("bundle")
+    version = int(root.scalar(0, "u32", 0))
+    if version != SCHEMA_VERSION:
+        raise BundleFormatError(f"{source}: BundledProgram schema version {version} is not supported "
+                                f"(bundlerun reads version {SCHEMA_VERSION}); corrupted or from another ExecuTorch")
+    suites = []
+    for k, suite_tab in enumerate(root.tables(1, "test suite")):
+        method = suite_tab.string(0, f"test suite {k} method name", MAX_NAME)
+        if not method:
+            raise BundleFormatError(f"{source}: test suite {k} has no method name; corrupted bundle")
+        cases = []
+        for i, case_tab in enumerate(suite_tab.tables(1, f"method {method!r} test cases")):
+            where = f"method {method!r} case {i}"
+            cases.append(BundledTestCase(
+                inputs=[_read_value(v, f"{where} input {j}")
+                        for j, v in enumerate(case_tab.tables(0, f"{where} inputs"))],
+                expected_outputs=[_read_value(v, f"{where} expected output {j}")
+                                  for j, v in enumerate(case_tab.tables(1, f"{where} expected outputs"))],
+            ))
+        suites.append(MethodTestSuite(method, cases))
+    program = root.bytes(2, "program")
+    text = root.string(3, "bundlerun manifest", MAX_MANIFEST_BYTES)
+    if text is None and root.vtable_size > 4 + 2 * 3:
+        # FlatBuffers writers trim trailing absent fields from a vtable: a declared but
+        # empty manifest slot is a zeroed offset, not a stock bundle (docs/security.md).
+        raise BundleFormatError(f"{source}: the bundlerun manifest field is declared but empty; corrupted bundle")
+    manifest = None if text is None else _decode_manifest(text, source)
+    trailing = reader.buf[reader.high :]
+    if not in_memory and (len(trailing) >= TRAILING_SLACK or trailing.strip(b"\0")):
+        raise BundleFormatError(f"{source}: {len(trailing)} bytes follow the end of the bundle data "
+                                "(appended or corrupted); rebuild the bundle")
     return Bundle(program=program, method_test_suites=suites, manifest=manifest, version=version)
 
 
+def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) -> Bundle:
+    """Parse `.bpte` bytes structurally: every malformed input raises BundleError.
+
+    This is the flatbuffer layer only (also used on per-case bundles sent to
+    devices); `read_bundle`/`load_bundle` add the manifest, consistency and
+    integrity checks that every reader must run (bundles/integrity.py).
+    `in_memory`: the bytes are a memory image (a bundle linked into firmware), where
+    whatever follows the bundle is other data, as the device runtime sees it.
+    """
+    _check_identifier(buf, source)
+    try:
+        bundle = _parse(FlatReader(buf, source), source, in_memory)
+    except BundleFormatError:
+        raise
+    except (struct.error, IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError,
+            MemoryError, UnicodeDecodeError) as exc:
+        raise BundleFormatError(f"{source}: bundle is corrupted or truncated ({type(exc).__name__}: {exc})"[:400]) from None
+    if not bundle.program:
+        raise BundleFormatError(f"{source}: bundle holds no program")
+    if len(bundle.program) < 8 or bundle.program[4:6] != b"ET":
+        raise BundleFormatError(f"{source}: the embedded program is not an ExecuTorch program (corrupted bundle)")
+    for suite in bundle.method_test_suites:
+        for i, case in enumerate(suite.test_cases):
+            for label, values in (("input", case.inputs), ("expected output", case.expected_outputs)):
+                for j, value in enumerate(values):
+                    if value.kind == "tensor":
+                        _check_tensor(value, source, f"method {suite.method_name!r} case {i} {label} {j}")
+    return bundle
+
+
+def load_bundle(buf: bytes, source: str = "bundle") -> Bundle:
+    """Parse and validate (manifest schema, consistency with the program, integrity): what
+    every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`."""
+    from bundles.integrity import validate_bundle
+
+    bundle = parse_bundle(buf, source)
+    try:
+        return validate_bundle(bundle, source)
+    except BundleFormatError:
+        raise
+    except (struct.error, IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise BundleFormatError(f"{source}: bundle is corrupted ({type(exc).__name__}: {exc})"[:400]) from None
+
+
 def read_bundle(path: str | Path) -> Bundle:
+    """Read and validate a `.bpte` file (see `load_bundle`)."""
     path = Path(path)
     try:
         buf = path.read_bytes()
@@ -257,7 +312,7 @@ def read_bundle(path: str | Path) -> Bundle:
         raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
     except OSError as exc:
         raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_bundle(buf, str(path))
+    return load_bundle(buf, str(path))
 
 
 def _aligned_bytes(builder: flatbuffers.Builder, data: bytes, alignment: int) -> int:
@@ -354,5 +409,9 @@ def serialize_bundle(bundle: Bundle) -> bytes:
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> Path:
-    """Serialize and write atomically (temp file + rename)."""
-    return atomic_write_bytes(path, serialize_bundle(bundle))
+    """Seal (record program, case and manifest sha256 in a bundlerun manifest), serialize
+    and write atomically (temp file + rename). Sealing here means every bundle bundlerun
+    writes, at build time or edited through this API, is checked by every later reader."""
+    from bundles.integrity import seal
+
+    return atomic_write_bytes(path, serialize_bundle(seal(bundle)))

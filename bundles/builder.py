@@ -46,6 +46,7 @@ class BuildRequest:
     require_delegation: bool = False  # fail if any operator stays outside the delegate
     resolved_model: ResolvedModel | None = None  # pass an already-built model (accuracy flows)
     progress: Callable[[str], None] | None = None
+    registry: Any = None  # tolerance registry (the session's); None: built-in + the cwd's project config
 
 
 @dataclass
@@ -53,26 +54,6 @@ class BuildResult:
     path: Path
     manifest: Manifest
     info: dict[str, Any]
-
-
-def default_backend(target: str) -> str:
-    scheme, _, rest = target.partition("://")
-    if scheme == "host":
-        return "portable" if rest.startswith("portable") else "xnnpack"
-    if scheme == "fvp" and "cortex-m" in rest:
-        return "cortex-m"
-    if scheme in ("tosa", "fvp"):
-        return "arm"
-    return "xnnpack"
-
-
-def default_dtype(target: str, backend: str) -> str:
-    """int8 where the target only runs integer programs (tosa://int, Ethos-U, Cortex-M)."""
-    if backend in ("arm", "cortex-m"):
-        from bundles.backends.arm import default_dtype as arm_default
-
-        return arm_default(target)
-    return "fp32"
 
 
 def package_versions(dists: tuple[str, ...]) -> dict[str, str]:
@@ -148,9 +129,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     import torch
 
     say = req.progress or (lambda _msg: None)
-    backend = req.backend or default_backend(req.target)
+    if not req.backend:
+        raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
+    backend = req.backend
     if req.dtype is None:
-        req.dtype = default_dtype(req.target, backend)
+        from bundles.backends.base import default_dtype
+
+        req.dtype = default_dtype(backend, req.target)
     if req.dtype not in DTYPES:
         raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
     if req.cases < 1:
@@ -244,7 +229,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             quantization=lowering.quantization,
             expected=np.stack([tc.expected_outputs[j].to_array() for tc in test_cases]),
         )
-        criteria = resolve_criteria(ctx, req.overrides)
+        criteria = resolve_criteria(ctx, req.overrides, req.registry)
         outputs.append(
             OutputSpec(
                 name=f"out{j}",

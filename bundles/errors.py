@@ -14,8 +14,24 @@ class BundlerunError(Exception):
     exit_code = 2
 
 
-class BundleFormatError(BundlerunError):
-    """The file is not a readable BundleIO program."""
+class BundleError(BundlerunError):
+    """A bundle is unreadable, inconsistent or tampered with: never run, never judged.
+
+    Every reader (`inspect`, `run`, `judge`, targets) gets this one class from
+    `bundles.bpte.read_bundle`; the message is one line naming the file and the cause.
+    """
+
+
+# The historical name: every `except BundleFormatError` also catches the subclasses below.
+BundleFormatError = BundleError
+
+
+class ManifestError(BundleError):
+    """The embedded manifest breaks its schema (type, range, unknown key, no criterion)."""
+
+
+class IntegrityError(BundleError):
+    """The program, a test case or the manifest changed after the bundle was sealed."""
 
 
 class ModelSourceError(BundlerunError):
@@ -27,7 +43,13 @@ class BuildError(BundlerunError):
 
 
 class TargetError(BundlerunError):
-    """A target could not be reached, configured or driven."""
+    """A target could not be reached, configured or driven. `kind` is the report's
+    error_kind for every case it stops (targets.failures): a missing tool by default,
+    "unsupported" when this target cannot run this bundle."""
+
+    def __init__(self, message: str, kind: str = "tool-missing"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class ConfigError(BundlerunError):

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-MANIFEST_SCHEMA = "bundlerun.manifest/1"
+from bundles.manifest_schema import CRITERIA_FIELDS, MANIFEST_SCHEMA, validate_manifest
 
-CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
+__all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "Criteria", "Manifest", "MethodManifest", "OutputSpec",
+           "TensorSpec", "validate_manifest"]
 
 
 @dataclass
@@ -52,8 +53,15 @@ class Criteria:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def has_any(self) -> bool:
+        """False when nothing would be checked: such an output must not be judged at all."""
+        return self.elementwise or self.exact or any(
+            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max"))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Criteria":
+        """From a dict already checked by `validate_manifest` (unknown keys are rejected there)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -121,9 +129,10 @@ class Manifest:
     created: str = ""
     schema: str = MANIFEST_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
+    integrity: dict[str, Any] | None = None  # sha256 of program, cases, manifest (bundles/integrity.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema": self.schema,
             "model": self.model,
             "build": self.build,
@@ -133,12 +142,15 @@ class Manifest:
             "created": self.created,
             "extra": self.extra,
         }
+        if self.integrity is not None:
+            out["integrity"] = self.integrity
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
-        schema = data.get("schema", "")
-        if not str(schema).startswith("bundlerun.manifest/"):
-            raise ValueError(f"unknown manifest schema {schema!r}")
+    def from_dict(cls, data: dict[str, Any], source: str = "bundle") -> "Manifest":
+        """Strictly validated (ManifestError, one line) before anything is built from it."""
+        validate_manifest(data, source)
+        schema = data["schema"]
         return cls(
             schema=schema,
             model=data.get("model", {}),
@@ -148,6 +160,7 @@ class Manifest:
             dataset=data.get("dataset"),
             created=data.get("created", ""),
             extra=data.get("extra", {}),
+            integrity=data.get("integrity"),
         )
 
     def output_spec(self, method: str, index: int) -> OutputSpec | None:

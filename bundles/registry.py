@@ -685,6 +685,14 @@ def _mtime(path: Path) -> float:
         return -1.0
 
 
+def project_registry(project: dict | None) -> Registry:
+    """Built-in data + the [tolerances] of an already-loaded project config (the run session's),
+    so one command resolves with one config file."""
+    base = Registry.builtin(Path(os.environ.get(ENV_PATH) or BUILTIN_PATH))
+    section = (project or {}).get("tolerances")
+    return base.with_overlay(section, str((project or {}).get("_file", "project config"))) if section else base
+
+
 def default_registry(project: bool = True) -> Registry:
     """Built-in data (honouring $BUNDLERUN_TOLERANCES) + the project's [tolerances], if any."""
     base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_PATH)

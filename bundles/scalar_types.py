@@ -91,6 +91,8 @@ def is_floating(code: int) -> bool:
 def to_array(code: int, shape: tuple[int, ...] | list[int], data: bytes | memoryview) -> np.ndarray:
     """Decode raw little-endian tensor bytes (as written by the runtime) into an array."""
     dtype = numpy_dtype(code)
+    if any(int(s) < 0 for s in shape):  # numpy would infer a -1 dimension instead of refusing it
+        raise ValueError(f"{name(code)} tensor has a negative size in its shape {list(shape)[:16]}")
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected:
         raise ValueError(

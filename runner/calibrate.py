@@ -88,13 +88,16 @@ def collect_from_run_dirs(run_dirs: list[Path], bundle_path: Path | None = None)
     return Observations(manifest, outputs, len(run_dirs))
 
 
-def run_and_collect(bundle_path: Path, target: str, case_timeout: float = 120.0) -> Observations:
-    """Run the bundle now through the runner's run machinery, then read it back."""
-    from runner.session import RunRequest, execute_run
+def run_and_collect(bundle_path: Path, target: str, case_timeout: float = 120.0, session=None) -> Observations:
+    """Run the bundle now through the session's run machinery (its [targets] config included,
+    no history record), then read it back."""
+    from runner.session import RunRequest, Session
 
+    session = session or Session.load()
     with tempfile.TemporaryDirectory(prefix="bundlerun-suggest-") as tmp:
-        execute_run(RunRequest(bundle_path=Path(bundle_path), target=target, report_dir=Path(tmp),
-                               case_timeout_s=case_timeout, save_outputs=True))
+        Session(project=session.project, target_opts=session.target_opts, no_history=True).run(
+            RunRequest(bundle_path=Path(bundle_path), target=target, report_dir=Path(tmp),
+                       case_timeout_s=case_timeout, save_outputs=True))
         return collect_from_run_dirs([Path(tmp)], Path(bundle_path))
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
+
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
     "tolerance": "runner.commands.tolerance",
@@ -25,6 +27,7 @@ LAZY_COMMANDS: dict[str, str] = {
 }
 
 EXIT_INFRA = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: one Ctrl-C stops the whole command, finished cases kept
 
 
 def _version() -> str:
@@ -34,6 +37,15 @@ def _version() -> str:
 
 
 class LazyGroup(click.Group):
+    def format_epilog(self, ctx, formatter):
+        """The target table, generated from each target module's declaration."""
+        from targets import url_help
+
+        formatter.write_paragraph()
+        formatter.write_text("Targets (--target URL; host://xnnpack is the default):")
+        formatter.write("\n".join("  " + line for line in url_help().splitlines()) + "\n")
+        super().format_epilog(ctx, formatter)
+
     def list_commands(self, ctx):
         names = set(super().list_commands(ctx))
         for name, module in LAZY_COMMANDS.items():
@@ -59,11 +71,6 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     """Build BundleIO programs with embedded tolerances, run them on a target, judge every output.
 
-    \b
-    Targets: host://xnnpack (default), host://portable, tosa://int, tosa://fp,
-             fvp://corstone-300/ethos-u55-128, fvp://corstone-320/ethos-u85-256,
-             serial:///dev/ttyACM0?baud=115200, serial+socket://HOST:PORT,
-             adb://SERIAL, adb+tcp://HOST:PORT
     Exit codes: 0 all passed, 1 numerical failure, 2 could not run (infrastructure, timeout, bad input).
     """
     ctx.ensure_object(dict)
@@ -107,9 +114,19 @@ def _progress_console():
     return Console(stderr=True)
 
 
+def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -> tuple[str, str]:
+    """The backend the target declares as its default, and that backend's default dtype for it."""
+    from bundles.backends.base import default_dtype
+    from targets import default_backend
+
+    backend = backend or default_backend(target)
+    return backend, dtype or default_dtype(backend, target)
+
+
 def _build(model: str, output: Path, **kw):
     from bundles.builder import BuildRequest, build_bundle
 
+    kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
     console = _progress_console()
     with console.status(f"building {model}") as status:
         result = build_bundle(BuildRequest(model=model, output=output, progress=lambda m: status.update(m), **kw))
@@ -117,8 +134,8 @@ def _build(model: str, output: Path, **kw):
 
 
 build_options = [
-    click.option("--backend", type=click.Choice(["xnnpack", "portable", "arm", "cortex-m", "vulkan", "qnn"]),
-                 default=None, help="Lowering backend (default: from --target)."),
+    click.option("--backend", type=click.Choice(sorted(BACKENDS)), default=None,
+                 help="Lowering backend (default: the one --target declares)."),
     click.option("--dtype", default=None,
                  help="fp32, fp16, bf16, int8 (PTQ) or int16 (default: int8 for integer Arm targets, else fp32)."),
     click.option("--cases", "num_cases", type=int, default=8, show_default=True, help="Test cases to bundle."),
@@ -197,31 +214,23 @@ run_options = [
 ]
 
 
-def target_config_section(url: str, config_path: Path | None, target_opts: tuple[str, ...]) -> tuple[dict, dict]:
-    from bundles.project_config import load_project_config
+def make_session(config_path: Path | None, target_opts: tuple[str, ...], history_db=None, no_history: bool = False,
+                 baseline: str | None = None, runner_elf: Path | None = None):
+    """The one Session of a command (config read once)."""
+    from runner.session import Session
 
-    project = load_project_config(config_path) or {}
-    scheme = url.split("://", 1)[0]
-    family = scheme.split("+")[0]
-    targets = project.get("targets", {}) or {}
-    section = dict(targets.get(family, {}) or {})
-    section.update(targets.get(scheme, {}) or {})
-    for item in target_opts:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"--target-opt {item!r}: expected KEY=VALUE")
-        section[key] = value
-    return section, project
+    if runner_elf:
+        target_opts = (*target_opts, f"runner_elf={runner_elf}")
+    return Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db, no_history=no_history,
+                        baseline=baseline)
 
 
-def _do_run(bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-            baseline, history_db, no_history, config_path, target_opts, methods=None, cases=None, quiet=False,
-            bundle=None) -> dict:
+def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides,
+            label, methods=None, cases=None, quiet=False, bundle=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runner.session import RunRequest, execute_run, finish_run
+    from runner.session import RunRequest
 
-    section, project = target_config_section(target, config_path, target_opts)
     console = _progress_console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=quiet)
@@ -235,12 +244,11 @@ def _do_run(bundle_path: Path, report_dir: Path, target, case_timeout, setup_tim
             progress.advance(task["id"])
 
     with progress:
-        report = execute_run(RunRequest(
+        return session.run(RunRequest(
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
-            overrides=list(overrides), label=label, target_config=section, progress=on_case, on_start=on_start,
+            overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
         ), bundle=bundle)
-    return finish_run(report, report_dir, bundle or bundle_path, project, baseline, history_db, no_history)
 
 
 @cli.command()
@@ -259,10 +267,8 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
 
     parsed = read_bundle(bundle)  # bad input fails here, before anything starts
     report_dir = report_dir or Path("out") / bundle.stem
-    if runner_elf:
-        target_opts = (*target_opts, f"runner_elf={runner_elf}")
-    report = _do_run(bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-                     baseline, history_db, no_history, config_path, target_opts,
+    session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
+    report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
                      methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet, bundle=parsed)
     if not quiet:
         print_summary(report)
@@ -300,28 +306,26 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     from bundles.zoo import names as zoo_names
     from runner.report import print_summary
 
-    if runner_elf:
-        target_opts = (*target_opts, f"runner_elf={runner_elf}")
+    session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
     expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
     results = []
     for model in expanded:
         for dtype in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]:
             if dtype is None:
-                from bundles.builder import default_backend, default_dtype
-
-                dtype = default_dtype(target, backend or default_backend(target))
+                dtype = resolve_backend_dtype(target, backend, None)[1]
             slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
             out = report_dir / slug
             bundle_path = out / f"{slug}.bpte"
             try:
                 _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
-                       reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances))
+                       reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
+                       registry=session.registry)
             except BundlerunError as exc:
                 click.echo(f"{slug}: build failed: {exc}", err=True)
                 results.append((slug, "ERROR", 2, str(exc)))
                 continue
-            report = _do_run(bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-                             baseline, history_db, no_history, config_path, target_opts)
+            report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
+                             label)
             print_summary(report)
             s = report["summary"]
             results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
@@ -346,9 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_INFRA)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(EXIT_INFRA)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("bundlerun: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except SystemExit:
         raise
     except Exception as exc:
@@ -357,10 +361,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if isinstance(exc, BundlerunError):
-            click.echo(f"bundlerun: error: {exc}", err=True)
-        else:
-            click.echo(f"bundlerun: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
-                       err=True)
+            click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{exc}", err=True)
+            sys.exit(exc.exit_code)
+        click.echo(f"bundlerun: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
+                   err=True)
         sys.exit(EXIT_INFRA)
 
 

@@ -385,11 +385,13 @@ def resolve_run(
     if path.is_dir() and (path / "report.json").is_file():
         path = path / "report.json"
     if path.suffix == ".json" or path.is_file():
+        from runner.report_model import ReportError, read_report
+
+        if not path.exists():
+            raise HistoryError(f"baseline report {ref} does not exist")
         try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            raise HistoryError(f"baseline report {ref} does not exist") from None
-        except (OSError, ValueError) as exc:
+            return read_report(path).to_json()
+        except ReportError as exc:
             raise HistoryError(f"cannot read report {ref}: {exc}") from None
     if db_path is None or not Path(db_path).exists():
         raise HistoryError(f"{ref!r} is not a report file and there is no history database to look it up in")

@@ -46,16 +46,19 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    from runner.report import wide_console
+    from runner.report import plain, wide_console
 
     console = wide_console()
-    console.print(f"[bold]{path}[/]: BundleIO v{bundle.version}, program {summary['program_identifier']} "
+    console.highlighter = None  # bundle text can be long: rich's regex highlighter is quadratic on it
+    for warning in bundle.warnings:
+        console.print(f"[yellow]warning:[/] {plain(warning)}")
+    console.print(f"[bold]{plain(path)}[/]: BundleIO v{bundle.version}, program {plain(summary['program_identifier'])} "
                   f"({summary['program_size']} bytes), file {summary['size']} bytes")
     table = Table(title="methods", title_justify="left")
     for col in ("method", "cases", "inputs", "expected outputs"):
         table.add_column(col)
     for m in summary["methods"]:
-        table.add_row(m["method"], str(m["cases"]), ", ".join(m["inputs"]), ", ".join(m["outputs"]))
+        table.add_row(plain(m["method"]), str(m["cases"]), plain(", ".join(m["inputs"])), plain(", ".join(m["outputs"])))
     console.print(table)
     if bundle.manifest is None:
         console.print("[yellow]no bundlerun manifest[/]: made by ExecuTorch's BundledProgram API; "
@@ -64,26 +67,28 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     manifest = Manifest.from_dict(bundle.manifest)
     b = manifest.build
     console.print(
-        f"model [bold]{manifest.model.get('id')}[/] ({manifest.model.get('source')}), backend {b.get('backend')}, "
-        f"dtype {b.get('dtype')}, built for {b.get('target')}, reference {b.get('reference')}, "
-        f"quantization {b.get('quantization') or '-'}, seed {b.get('seed')}, inputs "
-        + ", ".join(f"{i['dtype']}{i['shape']} ~ {i['distribution']}" for i in b.get("inputs", []))
+        f"model [bold]{plain(manifest.model.get('id'))}[/] ("
+        + plain(f"{manifest.model.get('source')}), backend {b.get('backend')}, "
+                f"dtype {b.get('dtype')}, built for {b.get('target')}, reference {b.get('reference')}, "
+                f"quantization {b.get('quantization') or '-'}, seed {b.get('seed')}, inputs "
+                + ", ".join(f"{i['dtype']}{i['shape']} ~ {i['distribution']}" for i in b.get("inputs", [])))
     )
-    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items()) + f"; created {manifest.created}")
+    console.print(plain("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())
+                        + f"; created {manifest.created}"))
     crit = Table(title="embedded criteria (judged with these, not the installed registry)", title_justify="left")
     for col in ("output", "dtype", "shape", *CRITERIA_FIELDS, "scale", "zero point"):
         crit.add_column(col)
     for method in manifest.methods.values():
         for out in method.outputs:
             c = out.criteria
-            crit.add_row(f"{method.name}.{out.name}", out.dtype, str(out.shape),
+            crit.add_row(plain(f"{method.name}.{out.name}"), plain(out.dtype), str(out.shape),
                          *[_fmt(getattr(c, k)) for k in CRITERIA_FIELDS], _fmt(c.scale), _fmt(c.zero_point))
     console.print(crit)
     for method in manifest.methods.values():
         for out in method.outputs:
             for key, entries in out.criteria.trail.items():
                 chain = " <- ".join(f"{_fmt(e.get('value'))} [{e.get('source')}]" for e in reversed(entries))
-                console.print(f"  [dim]{method.name}.{out.name}.{key}:[/] {chain}")
+                console.print(f"  [dim]{plain(f'{method.name}.{out.name}.{key}')}:[/] {plain(chain)}")
     if manifest.dataset:
         labels = manifest.dataset.get("labels") or []
-        console.print(f"dataset {manifest.dataset.get('name')}: {len(labels)} labelled samples")
+        console.print(f"dataset {plain(manifest.dataset.get('name'))}: {len(labels)} labelled samples")

@@ -48,12 +48,12 @@ class JudgeContext:
 
 
 def load_context(bundle: Bundle) -> JudgeContext:
+    """The criteria to judge with. The reader already refused an invalid manifest
+    (bundles/manifest_schema.py): no fallback to defaults for a broken one."""
+    warnings = list(getattr(bundle, "warnings", []) or [])
     if bundle.manifest is None:
-        return JudgeContext(None, [NO_MANIFEST_WARNING])
-    try:
-        return JudgeContext(Manifest.from_dict(bundle.manifest))
-    except (ValueError, KeyError, TypeError) as exc:
-        return JudgeContext(None, [f"bundle manifest unreadable ({exc}); judging with default tolerances"])
+        return JudgeContext(None, [NO_MANIFEST_WARNING, *warnings])
+    return JudgeContext(Manifest.from_dict(bundle.manifest), warnings)
 
 
 def _error_case(result: CaseResult, expected_count: int) -> dict[str, Any]:

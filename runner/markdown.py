@@ -16,12 +16,28 @@ from bundles.fileio import atomic_write_text
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
 
 
+_CONTROL = {c: " " for c in [*range(0x00, 0x20), 0x7f]}
+_MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
+
+
+def _md(text: Any) -> str:
+    """Text from a bundle, a device or the user, inert in Markdown: controls (terminal escapes
+    included) blanked, markup characters escaped."""
+    return str(text).translate(_CONTROL).translate(_MD_SPECIAL)
+
+
 def _cell(v: Any, fmt: str = "{:.4g}") -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
         return fmt.format(v)
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return _md(v)
+
+
+def _failed(f: dict[str, Any]) -> str:
+    """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings."""
+    op = "<" if str(f.get("criterion", "")).endswith("_min") or str(f.get("criterion", "")).endswith("_min_db") else ">"
+    return f"{_md(f.get('criterion'))} {_cell(f.get('measured'))} {op} {_cell(f.get('limit'))}"
 
 
 def _pct(v: Any) -> str:
@@ -36,11 +52,11 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
     verdict = summary.get("verdict", "?")
     model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
     lines = [
-        f"## {_ICON.get(verdict, '')} bundlerun: {model} on `{target}`: **{verdict}**",
+        f"## {_ICON.get(verdict, '')} bundlerun: {_md(model)} on {_md(target)}: **{verdict}**",
         "",
-        f"dtype `{bundle.get('dtype') or '?'}`, backend `{bundle.get('backend') or '?'}`, "
-        f"bundle `{str(bundle.get('sha256') or '')[:12]}`"
-        + (f", label `{(report.get('run') or {}).get('label')}`" if (report.get("run") or {}).get("label") else ""),
+        f"dtype {_md(bundle.get('dtype') or '?')}, backend {_md(bundle.get('backend') or '?')}, "
+        f"bundle {_md(str(bundle.get('sha256') or '')[:12])}"
+        + (f", label {_md((report.get('run') or {}).get('label'))}" if (report.get("run") or {}).get("label") else ""),
         "",
     ]
     counts = summary.get("counts") or {}
@@ -56,7 +72,7 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
         ci = ds.get("top1_diff_ci") or [None, None]
         ci_text = f"[{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]" if ci[0] is not None else "–"
         lines += [
-            f"### Dataset accuracy: {ds.get('name')} ({ds.get('evaluated', ds.get('samples'))} samples)",
+            f"### Dataset accuracy: {_md(ds.get('name'))} ({ds.get('evaluated', ds.get('samples'))} samples)",
             "",
             "| | top-1 | top-5 |",
             "|---|---:|---:|",
@@ -92,12 +108,12 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
             out = out or {}
             stats = out.get("stats") or {}
             v = out.get("verdict") or case.get("verdict")
-            why = "; ".join(f"{f.get('criterion')} {_cell(f.get('measured'))} > {_cell(f.get('limit'))}" for f in out.get("failed") or [])
+            why = "; ".join(_failed(f) for f in out.get("failed") or [])
             if not why and case.get("error"):
                 why = case["error"]
             lines.append(
-                f"| {case.get('method', 'forward')}[{case.get('case')}] | {out.get('name', '–')} | {_ICON.get(v, '')} {v} "
-                f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))} | {_cell(stats.get('error_max'))} | {_cell(why)} |"
+                f"| {_md(case.get('method', 'forward'))}[{case.get('case')}] | {_md(out.get('name', '–'))} | {_ICON.get(v, '')} {v} "
+                f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))} | {_cell(stats.get('error_max'))} | {why if out.get('failed') else _cell(why)} |"
             )
         if len(shown) > max_rows:
             lines.append(f"| … | {len(shown) - max_rows} more | | | | | |")

@@ -1,4 +1,4 @@
-"""The JSON report (schema `bundlerun.report/1`, docs/report-schema.md), saved
+"""The JSON report (schema `bundlerun.report/2`, docs/report-schema.md), saved
 outputs, and the terminal view. The JSON file is the artifact of record and is
 written atomically even when every case errored."""
 
@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from runner.report_model import REPORT_FILE, SCHEMA as REPORT_SCHEMA
 from targets.base import TargetRun
 
-REPORT_SCHEMA = "bundlerun.report/1"
-REPORT_FILE = "report.json"
 OUTPUTS_FILE = "outputs.npz"
 
 
@@ -84,10 +83,10 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
 
 
 def read_report(path: Path) -> dict[str, Any]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / REPORT_FILE
-    return json.loads(path.read_text())
+    """A report.json (file or folder), checked and brought to the current schema."""
+    from runner.report_model import read_report as read_typed
+
+    return read_typed(path).to_json()
 
 
 def save_outputs(run: TargetRun, out_dir: Path) -> Path:
@@ -102,6 +101,17 @@ def save_outputs(run: TargetRun, out_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- terminal
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f]}
+
+
+def plain(text: object) -> str:
+    """Text from a bundle, a device or the user, safe for the console: control characters
+    (terminal escapes included) made visible, rich markup escaped."""
+    from rich.markup import escape
+
+    return escape(str(text).translate(_CONTROL))
+
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:
@@ -159,9 +169,9 @@ def print_summary(report: dict[str, Any], console=None) -> None:
 
     console = console or wide_console()
     bundle = report["bundle"]
-    title = f"{bundle.get('model') or Path(bundle['path']).name} on {report['target']['url']}"
+    title = plain(f"{bundle.get('model') or Path(bundle['path']).name} on {report['target']['url']}")
     if bundle.get("dtype"):
-        title += f" ({bundle['backend']}, {bundle['dtype']})"
+        title += plain(f" ({bundle['backend']}, {bundle['dtype']})")
     table = Table(title=title, title_justify="left")
     for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "SQNR dB", "cosine", "mismatches", "criteria"):
         table.add_column(col, justify="right" if col not in ("output", "verdict", "criteria") else "left")
@@ -177,7 +187,7 @@ def print_summary(report: dict[str, Any], console=None) -> None:
         counts = " ".join(f"{k}:{v}" for k, v in sorted(row["counts"].items()))
         mism = stats.get("mismatch_count")
         table.add_row(
-            f"{row['method']}.{row['name']}",
+            plain(f"{row['method']}.{row['name']}"),
             f"[{style.get(row['verdict'], '')}]{row['verdict']}[/]",
             counts,
             str(row["worst_case"]),
@@ -198,16 +208,18 @@ def print_summary(report: dict[str, Any], console=None) -> None:
             break
         shown += 1
         if case["verdict"] in ("ERROR", "TIMEOUT") and case.get("error"):
-            console.print(f"[yellow]{case['verdict']}[/] {case['method']}[{case['case']}]: {case['error']}")
+            console.print(f"[yellow]{case['verdict']}[/] {plain(case['method'])}[{case['case']}]: {plain(case['error'])}",
+                          highlight=False)
             for line in (case.get("log_excerpt") or [])[-3:]:
-                console.print(f"    [dim]{line}[/]")
+                console.print(f"    [dim]{plain(line)}[/]", highlight=False)
         for out in case["outputs"]:
             for failure in out.get("failed") or []:
                 console.print(
-                    f"[red]FAIL[/] {case['method']}[{case['case']}].{out['name']} {failure['criterion']}: {failure['detail']}"
+                    f"[red]FAIL[/] {plain(case['method'])}[{case['case']}].{plain(out['name'])} "
+                    f"{failure['criterion']}: {plain(failure['detail'])}", highlight=False
                 )
     for warning in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {plain(warning)}", highlight=False)
     s = report["summary"]
     console.print(
         f"[bold]{s['verdict']}[/] ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)}) "

@@ -28,8 +28,6 @@ class SavedRun:
 
 def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None) -> SavedRun:
     """Report, bundle and actual outputs of the run saved in `directory`."""
-    import json
-
     import numpy as np
 
     from bundles import scalar_types as st
@@ -40,14 +38,9 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
     report_file = directory / REPORT_FILE if directory.is_dir() else directory
     if directory.is_file():
         directory = directory.parent
-    try:
-        report = json.loads(report_file.read_text())
-    except OSError as exc:
-        raise BundlerunError(f"no report in {directory}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise BundlerunError(f"{report_file}: not a JSON report ({exc})") from None
-    if not str(report.get("schema", "")).startswith("bundlerun.report/"):
-        raise BundlerunError(f"{report_file}: not a bundlerun report (schema {report.get('schema')!r})")
+    from runner.report_model import read_report
+
+    report = read_report(report_file).to_json()
     outputs_file = directory / OUTPUTS_FILE  # the directory's own file first: copies stay self-contained
     if not outputs_file.is_file() and report.get("outputs_file"):
         outputs_file = Path(report["outputs_file"])

@@ -1,4 +1,10 @@
-"""One `bundlerun run`: read the bundle, drive the target, judge, write the report.
+"""One command's run session: config loaded once, bundles run, judged, reported once.
+
+`Session` is what every command that runs bundles uses (`run`, `validate`,
+`accuracy`, `tolerance suggest`): the project config is read once, its
+`[targets]` sections and its `[tolerances]` (as the registry for builds) come
+from that one file, and `Session.run` writes report.json once with history,
+baseline and derived reports folded in.
 
 Whatever happens after the bundle is read (target missing, every case crashing,
 Ctrl-C), a report is written before returning, and every case has a verdict.
@@ -15,11 +21,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bundles.bpte import Bundle, read_bundle
-from bundles.errors import BundlerunError
+from bundles.errors import BundlerunError, ConfigError
 from runner.judge import JudgeContext, judge_run, load_context, summarize
-from runner.report import bundle_section, host_section, save_outputs, target_section, tool_version, write_report
+from runner.report import REPORT_SCHEMA, bundle_section, host_section, save_outputs, target_section, tool_version, write_report
 from targets import open_target
 from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
+from targets.failures import FailureKind
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+class RunInterrupted(BundlerunError):
+    """The user pressed Ctrl-C; the run's report (finished cases kept) is already written."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass
@@ -54,14 +70,22 @@ def apply_overrides(ctx: JudgeContext, bundle: Bundle, overrides: list[str]) -> 
     return apply(ctx, bundle, overrides)
 
 
-def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]:
-    """Run and judge; returns the report dict (already written to req.report_dir)."""
+def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True) -> dict[str, Any]:
+    """Run and judge; returns the report dict (written to req.report_dir unless `write` is False,
+    for a caller that writes it once after adding history and baseline results)."""
     started, t0 = _now(), time.perf_counter()
     bundle = bundle or read_bundle(req.bundle_path)
     ctx = load_context(bundle)
     override_records = apply_overrides(ctx, bundle, req.overrides)
     work_dir = Path(req.report_dir) / "work"
     work_dir.mkdir(parents=True, exist_ok=True)
+    finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
+
+    def progress(result: CaseResult) -> None:
+        finished[(result.method, result.case_index)] = result
+        if req.progress:
+            req.progress(result)
+
     options = RunOptions(
         work_dir=work_dir,
         case_timeout_s=req.case_timeout_s,
@@ -70,30 +94,36 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]
         cases=req.cases,
         retries=req.retries,
         config=dict(req.target_config),
-        progress=req.progress,
+        progress=progress,
     )
     pairs = selected_cases(bundle, options)
     if req.on_start:
         req.on_start(len(pairs))
     run: TargetRun | None = None
+    interrupted = False
     warnings = list(ctx.warnings)
     try:
         target = open_target(req.target, req.target_config)
         run = target.run(bundle, Path(req.bundle_path), options)
     except BundlerunError as exc:
+        kind = FailureKind.BAD_CONFIG if isinstance(exc, ConfigError) else getattr(exc, "kind", FailureKind.TOOL_MISSING)
         run = TargetRun(req.target, [
-            CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind="target") for m, c in pairs
+            CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind=kind) for m, c in pairs
         ])
         warnings.append(f"target failed: {exc}")
     except KeyboardInterrupt:
+        # Finished cases keep their results; the rest are marked interrupted.
+        interrupted = True
         run = TargetRun(req.target, [
-            CaseResult(m, c, CaseStatus.ERROR, error="interrupted", error_kind="interrupted") for m, c in pairs
+            finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error="not finished: the run was interrupted",
+                                               error_kind=FailureKind.INTERRUPTED)
+            for m, c in pairs
         ])
-        warnings.append("run interrupted by the user")
+        warnings.append(f"run interrupted by the user after {len(finished)} of {len(pairs)} cases")
     cases, judge_warnings = judge_run(bundle, run, ctx)
     warnings += [w for w in judge_warnings if w not in warnings]
     report: dict[str, Any] = {
-        "schema": "bundlerun.report/1",
+        "schema": REPORT_SCHEMA,
         "tool": {"name": "bundlerun", "version": tool_version()},
         "run": {
             "id": uuid.uuid4().hex,
@@ -108,7 +138,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]
         "target": target_section(run, req.target),
         "overrides": override_records,
         "warnings": warnings,
-        "summary": summarize(cases),
+        "summary": {**summarize(cases), **({"interrupted": True, "exit_code": EXIT_INTERRUPTED} if interrupted else {})},
         "cases": cases,
         "dataset": None,
     }
@@ -120,7 +150,11 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]
         }, req.confidence)
     if req.save_outputs:
         report["outputs_file"] = str(save_outputs(run, req.report_dir))
-    write_report(report, req.report_dir)
+    from runner.report_model import Report
+
+    report = Report.from_json(report).to_json()  # what we write is what every reader accepts
+    if write:
+        write_report(report, req.report_dir)
     return report
 
 
@@ -142,7 +176,11 @@ def finish_run(
 
     db = None if no_history else history.resolve_db_path(history_db, project)
     if db is not None:
-        report["run"]["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
+        try:
+            report["run"]["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
+        except (OSError, BundlerunError, Exception) as exc:  # noqa: BLE001 - history never changes a verdict
+            report.setdefault("warnings", []).append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
+            db = None
     if baseline:
         report["regressions"] = check_baseline(baseline, report, db, project)
         if report["regressions"] and report["summary"]["exit_code"] == 0:
@@ -151,3 +189,70 @@ def finish_run(
     report["files"] = {k: str(v) for k, v in files.items()}
     write_report(report, report_dir)
     return report
+
+
+@dataclass
+class Session:
+    """The context of one command: project config (read once), target options, history and baseline."""
+
+    project: dict[str, Any] = field(default_factory=dict)
+    target_opts: tuple[str, ...] = ()
+    history_db: Path | str | None = None
+    no_history: bool = False
+    baseline: str | None = None
+    _registry: Any = None
+
+    @classmethod
+    def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
+        from bundles.project_config import load_project_config
+
+        return cls(project=load_project_config(config_path) or {}, **kw)
+
+    @property
+    def registry(self):
+        """The tolerance registry builds use: built-in data + this session's [tolerances]."""
+        if self._registry is None:
+            from bundles.registry import project_registry
+
+            self._registry = project_registry(self.project)
+        return self._registry
+
+    def target_config(self, url: str) -> dict[str, Any]:
+        """[targets.<family>] + [targets.<scheme>] of the project config, then --target-opt KEY=VALUE."""
+        scheme = url.split("://", 1)[0].lower()
+        family = scheme.split("+")[0]
+        from targets import parse_target_url, spec_for
+
+        try:
+            family = spec_for(parse_target_url(url)).name
+        except BundlerunError:
+            pass  # the run reports the bad URL itself
+        tables = self.project.get("targets", {}) or {}
+        section = dict(tables.get(family, {}) or {})
+        if scheme != family:
+            section.update(tables.get(scheme, {}) or {})
+        for item in self.target_opts:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--target-opt {item!r}: expected KEY=VALUE")
+            section[key] = value
+        return section
+
+    def run(self, req: RunRequest, bundle: Bundle | None = None,
+            amend: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Run, judge (`amend` adds to the report), record history, check the baseline, write every
+        report: report.json once."""
+        if not req.target_config:
+            req.target_config = self.target_config(req.target)
+        report = execute_run(req, bundle=bundle, write=False)
+        if amend is not None:
+            amend(report)
+        try:
+            report = finish_run(report, req.report_dir, bundle or req.bundle_path, self.project, self.baseline,
+                                self.history_db, self.no_history)
+        except BaseException:
+            write_report(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
+            raise
+        if report["summary"].get("interrupted"):
+            raise RunInterrupted(f"interrupted; the report of the finished cases is in {Path(req.report_dir) / 'report.json'}")
+        return report

@@ -2,7 +2,10 @@
 # Set up bundlerun in ./.venv on a fresh machine (idempotent).
 #   - Python venv with torch==2.13.0 (CPU), executorch==1.5.1 (+ethos-u extra: tosa-tools, Vela)
 #   - bundlerun installed editable with its test extras
-#   - Debian packages the tests drive for real: adb (Android lane), chromium (HTML report check)
+#   - Debian packages the tests drive for real: adb (Android lane), chromium (HTML report check),
+#     QEMU (qemu-system-arm for the Arm runner, qemu-user for aarch64) and the cross toolchains
+#     that build ExecuTorch's runners from source (gcc-arm-none-eabi, gcc-aarch64-linux-gnu, cmake, ninja)
+#   - mlx[cpu] (the [apple] extra) for mlx://cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -16,12 +19,18 @@ fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # Default editable mode on purpose: tosa-tools ships a top-level `runner` package too, and the
 # editable finder is what makes `runner` resolve to bundlerun (a .pth path entry would lose).
-.venv/bin/python -m pip install -q -e ".[arm,test]"
+.venv/bin/python -m pip install -q -e ".[arm,test,apple]"
 
 if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   missing=()
   command -v adb >/dev/null 2>&1 || missing+=(adb)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v qemu-system-arm >/dev/null 2>&1 || missing+=(qemu-system-arm)
+  command -v qemu-aarch64 >/dev/null 2>&1 || missing+=(qemu-user)
+  command -v arm-none-eabi-g++ >/dev/null 2>&1 || missing+=(gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
+  command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
+  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+  command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
       apt-get update -qq

@@ -1,38 +1,49 @@
-"""Targets, named by URL (like pyserial's serial_for_url).
+"""Targets, named by URL (like pyserial's serial_for_url), each declared by its own module.
 
-    host://xnnpack  host://portable            targets.host
-    tosa://int      tosa://fp                  targets.tosa
-    fvp://corstone-300/ethos-u55-128 ...       targets.fvp
-    serial:///dev/ttyACM0?baud=115200          targets.serial_port
-    serial+socket://HOST:PORT, rfc2217://...   targets.serial_port
-    adb://SERIAL  adb+tcp://HOST:PORT  adb+usb://SERIAL   targets.android
+A target module exposes `SPEC = TargetSpec(...)`: its URL schemes, a one-line
+summary, example URLs, its settings dataclass (strict: an unknown option is an
+error with a did-you-mean), its default backend and a `doctor` probe, plus
+`create(url, config) -> Target`. The CLI help, URL parsing, `doctor` and the
+build's default backend are all generated from these declarations, so a new
+target is one new module plus its line in `BUILTIN_TARGETS` (or an entry point
+in the `bundlerun.targets` group, or a module named in $BUNDLERUN_TARGETS).
 
-Each module exposes `create(url: TargetURL, config: dict) -> Target`. Modules are
-imported only when their scheme is used, so the CLI stays fast.
+Target modules keep heavy imports (torch, executorch, adb-shell) inside functions:
+declarations are read at CLI start-up.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from bundles.errors import TargetError
 
-SCHEMES: dict[str, str] = {
-    "host": "targets.host",
-    "tosa": "targets.tosa",
-    "fvp": "targets.fvp",
-    "serial": "targets.serial_port",
-    "serial+socket": "targets.serial_port",
-    "rfc2217": "targets.serial_port",
-    "adb": "targets.android",
-    "adb+tcp": "targets.android",
-    "adb+usb": "targets.android",
-    "apple": "targets.apple",
-}
-
+BUILTIN_TARGETS: tuple[str, ...] = (
+    "targets.host",
+    "targets.tosa",
+    "targets.arm.fvp",
+    "targets.arm.qemu",
+    "targets.arm.serial",
+    "targets.android",
+    "targets.qemu_user",
+    "targets.mlx",
+)
+ENTRY_POINT_GROUP = "bundlerun.targets"
 DEFAULT_TARGET = "host://xnnpack"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One `doctor` row: is a component of a target here, and where."""
+
+    component: str
+    ok: bool | None  # None: not applicable / nothing configured
+    detail: str
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,29 +60,115 @@ class TargetURL:
     def family(self) -> str:
         return self.scheme.split("+")[0]
 
+    @property
+    def rest(self) -> str:
+        """What follows `scheme://`, without the query: `xnnpack`, `corstone-300/ethos-u55-128`."""
+        return (self.netloc + self.path).strip("/")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target module declares about itself."""
+
+    name: str  # family, also the config section [targets.<name>]
+    schemes: tuple[str, ...]
+    summary: str
+    examples: tuple[str, ...]
+    default_backend: Callable[[TargetURL], str] | str = "xnnpack"
+    settings: type | None = None  # strict settings dataclass, documented by its fields
+    doctor: Callable[[dict[str, Any]], list[Check]] | None = None  # gets the [targets.<name>] section
+    module: str = ""  # filled in at registration
+
+    def backend_for(self, url: TargetURL) -> str:
+        return self.default_backend(url) if callable(self.default_backend) else self.default_backend
+
+
+_SPECS: dict[str, TargetSpec] | None = None  # scheme -> spec, loaded once
+
+
+def _registered_modules() -> list[str]:
+    modules = list(BUILTIN_TARGETS)
+    try:
+        from importlib.metadata import entry_points
+
+        modules += [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    except Exception:  # noqa: BLE001 - a broken third-party distribution must not stop the CLI
+        pass
+    modules += [m.strip() for m in os.environ.get("BUNDLERUN_TARGETS", "").replace(":", ",").split(",") if m.strip()]
+    return list(dict.fromkeys(modules))
+
+
+def target_specs() -> dict[str, TargetSpec]:
+    """Every registered target, by URL scheme."""
+    global _SPECS
+    if _SPECS is None:
+        specs: dict[str, TargetSpec] = {}
+        for name in _registered_modules():
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name == name or name.startswith(f"{exc.name}."):
+                    continue  # listed but absent from this installation
+                raise
+            spec = getattr(module, "SPEC", None)
+            if not isinstance(spec, TargetSpec):
+                raise TargetError(f"target module {name} declares no SPEC = TargetSpec(...)")
+            spec = TargetSpec(**{**spec.__dict__, "module": name})
+            for scheme in spec.schemes:
+                specs.setdefault(scheme, spec)
+        _SPECS = specs
+    return _SPECS
+
+
+def reset_registry() -> None:
+    """Forget the loaded declarations (tests that register a module through the environment)."""
+    global _SPECS
+    _SPECS = None
+
+
+def families() -> list[TargetSpec]:
+    """One spec per target family, in registration order."""
+    return list({spec.name: spec for spec in target_specs().values()}.values())
+
 
 def parse_target_url(url: str) -> TargetURL:
+    examples = ", ".join(s.examples[0] for s in families() if s.examples)
     if "://" not in url:
-        raise TargetError(
-            f"target {url!r} is not a URL; expected e.g. host://xnnpack, tosa://int, "
-            "fvp://corstone-300/ethos-u55-128, serial:///dev/ttyACM0, adb://SERIAL"
-        )
+        raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise TargetError(f"unknown target scheme {scheme!r} in {url!r}; known: {', '.join(sorted(SCHEMES))}")
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    specs = target_specs()
+    if scheme not in specs:
+        from targets.settings import did_you_mean
+
+        raise TargetError(f"unknown target scheme {scheme!r} in {url!r}{did_you_mean(scheme, specs)}; "
+                          f"known: {', '.join(sorted(specs))}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     return TargetURL(raw=url, scheme=scheme, netloc=parts.netloc, path=parts.path, query=query)
+
+
+def spec_for(url: str | TargetURL) -> TargetSpec:
+    parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
+    return target_specs()[parsed.scheme]
+
+
+def default_backend(url: str) -> str:
+    """The lowering backend a bundle built for `url` uses by default (the target declares it)."""
+    parsed = parse_target_url(url)
+    return target_specs()[parsed.scheme].backend_for(parsed)
 
 
 def open_target(url: str, config: dict | None = None):
     """Instantiate the target for `url` with its config section."""
     parsed = parse_target_url(url)
-    module_name = SCHEMES[parsed.scheme]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            raise TargetError(f"target scheme {parsed.scheme!r} is not available in this build of bundlerun") from None
-        raise
+    module = importlib.import_module(target_specs()[parsed.scheme].module)
     return module.create(parsed, dict(config or {}))
+
+
+def url_help() -> str:
+    """The target table of `bundlerun --help`, generated from the declarations."""
+    lines = []
+    for spec in families():
+        lines.append(f"  {', '.join(spec.examples)}")
+        lines.append(f"      {spec.summary}")
+    return "\n".join(lines)

@@ -8,12 +8,17 @@ ok, error (could not run or collect), or timeout.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bundles.bpte import Bundle
+from targets.failures import FailureKind
+
+if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
+    from bundles.bpte import Bundle
 
 
 class CaseStatus(str, enum.Enum):
@@ -39,6 +44,29 @@ class RawTensor:
 
 
 @dataclass
+class DeviceVerdict:
+    """A runner's own BundleIO verdict on test case 0 of the bundle it ran. For
+    information only: its tolerances are compiled in and its rtol scales the
+    actual value; bundlerun's verdict is decided on the host."""
+
+    verdict: str | None  # "PASS" | "FAIL" | None
+    source: str  # which runner said it
+    tolerances: dict[str, float] = field(default_factory=dict)
+    status: int | None = None  # e.g. `Bundle verification failed with status 0x..`
+    error_stats: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "verdict": self.verdict}
+        if self.tolerances:
+            out["tolerances"] = dict(self.tolerances)
+        if self.status is not None:
+            out["status"] = self.status
+        if self.error_stats:
+            out["error_stats"] = dict(self.error_stats)
+        return out
+
+
+@dataclass
 class CaseResult:
     """Outcome of one test case of one method on a target."""
 
@@ -47,12 +75,16 @@ class CaseResult:
     status: CaseStatus
     outputs: list[RawTensor] = field(default_factory=list)
     error: str | None = None  # one-line classification when status != OK
-    error_kind: str | None = None  # e.g. "crash", "hard-fault", "missing-output", "transport"
+    error_kind: FailureKind | None = None  # why there are no judgeable outputs (targets.failures)
     log_excerpt: list[str] = field(default_factory=list)  # the relevant log lines
     log_path: str | None = None  # full log saved beside the report
     elapsed_s: float | None = None  # wall time of the execution itself
-    device_verdict: dict[str, Any] | None = None  # the runner's own BundleIO verdict / error stats
+    device_verdict: dict[str, Any] | None = None  # DeviceVerdict.to_dict(): the runner's own BundleIO check
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # One closed set of failure kinds (targets.failures); older free-text kinds map onto it.
+        self.error_kind = FailureKind.parse(self.error_kind)
 
 
 @dataclass
@@ -94,6 +126,13 @@ class Target(Protocol):
         all can run (missing tool, unreachable device); the runner then marks
         every case ERROR with that message."""
         ...
+
+
+def safe_name(name: str) -> str:
+    """A method or case name made safe for a file name (bundle text is never a path)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80] or "method"
 
 
 def selected_cases(bundle: Bundle, options: RunOptions) -> list[tuple[str, int]]:

@@ -7,15 +7,20 @@ for that case instead of taking the tool down.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.bpte import Bundle
 from bundles.errors import TargetError
-from targets import TargetURL
+from targets import Check, TargetSpec, TargetURL
 from targets.base import RunOptions, TargetRun, selected_cases
+from targets.settings import parse_settings
 from targets.worker_process import WorkerSupervisor, python_module_command
+
+if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
+    from bundles.bpte import Bundle
 
 VARIANTS = ("xnnpack", "portable")
 
@@ -43,9 +48,33 @@ class HostTarget:
         return run
 
 
+@dataclass
+class HostSettings:
+    """[targets.host] / host://VARIANT?threads=N"""
+
+    threads: int = 0  # runtime threads (0: the runtime's default)
+
+
+def _doctor(_section: dict) -> list[Check]:
+    from targets.probes import dist_check
+
+    return [dist_check("executorch", "executorch"), dist_check("torch", "torch")]
+
+
+SPEC = TargetSpec(
+    name="host",
+    schemes=("host",),
+    summary="the ExecuTorch runtime (pybindings) on this machine, in a supervised child process",
+    examples=("host://xnnpack", "host://portable"),
+    default_backend=lambda url: "portable" if url.rest.lower().startswith("portable") else "xnnpack",
+    settings=HostSettings,
+    doctor=_doctor,
+)
+
+
 def create(url: TargetURL, config: dict) -> HostTarget:
-    variant = (url.netloc or url.path.strip("/") or "xnnpack").lower()
+    variant = (url.rest or "xnnpack").lower()
     if variant not in VARIANTS:
         raise TargetError(f"unknown host variant {variant!r} in {url.raw}; use host://xnnpack or host://portable")
-    threads = int(url.query.get("threads", config.get("threads", 0)) or 0)
-    return HostTarget(url.raw, variant, threads)
+    settings = parse_settings(HostSettings, {**config, **url.query}, "targets.host")
+    return HostTarget(url.raw, variant, settings.threads)

@@ -32,6 +32,7 @@ def _fault(method: str, case: int) -> None:
             if kind == "crash":
                 os.kill(os.getpid(), signal.SIGSEGV)
             if kind == "hang":
+                print(f"BUNDLERUN_FAULT: hanging before {where}", file=sys.stderr, flush=True)
                 while True:
                     time.sleep(3600)
 

@@ -1,9 +1,9 @@
 """tosa://int and tosa://fp: the bundle's program on the TOSA reference model.
 
-The program itself is executed (targets.pte_walker walks its execution plan):
+The program itself is executed (targets.program.walker walks its execution plan):
 kernel calls outside the delegate run on torch's reference ops, `TOSABackend`
 delegate calls run their TOSA flatbuffer on `tosa_reference_model`. It runs in
-a child process (targets.tosa_worker under targets.worker_process's supervisor),
+a child process (targets.program.worker under targets.worker_process's supervisor),
 so a crash or hang of the reference model is one case's ERROR/TIMEOUT.
 
 A program lowered for Ethos-U carries a Vela command stream instead of a TOSA
@@ -12,15 +12,20 @@ graph; that cannot run here, and the target says so before starting anything.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.bpte import Bundle
 from bundles.errors import TargetError
-from targets import TargetURL
+from targets import Check, TargetSpec, TargetURL
+from targets.settings import check_keys
 from targets.base import RunOptions, TargetRun, selected_cases
 from targets.worker_process import WorkerSupervisor, python_module_command
+
+if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
+    from bundles.bpte import Bundle
 
 PROFILES = {"int": "TOSA-1.0+INT", "fp": "TOSA-1.0+FP"}
 RUNNABLE_BACKENDS = ("TOSABackend",)
@@ -33,7 +38,7 @@ class TosaTarget:
 
     def preflight(self, bundle: Bundle) -> dict:
         """Refuse programs whose delegates the reference model cannot execute."""
-        from targets.pte_walker import WalkError, read_delegates
+        from targets.program.walker import WalkError, read_delegates
 
         try:
             delegates = read_delegates(bundle.program)
@@ -44,7 +49,7 @@ class TosaTarget:
             raise TargetError(
                 f"{self.url} cannot run this bundle: it was lowered for Ethos-U (EthosUBackend carries a Vela "
                 "command stream, not a TOSA graph); rebuild it with --target tosa://int to run it on the TOSA "
-                "reference model, or run it on its fvp:// target"
+                "reference model, or run it on its fvp:// target", kind="unsupported"
             )
         # Other backends (XNNPACK, ...) are reported per case by the worker as
         # error_kind "unsupported-backend", naming the backend.
@@ -65,7 +70,7 @@ class TosaTarget:
         info = self.preflight(bundle)
         pairs = selected_cases(bundle, options)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
-        supervisor = WorkerSupervisor(python_module_command("targets.tosa_worker", *args), options, "tosa-runtime")
+        supervisor = WorkerSupervisor(python_module_command("targets.program.worker", *args), options, "tosa-runtime")
         start = time.perf_counter()
         cases = supervisor.run(pairs)
         info = {"profile": PROFILES[self.profile], **info, **supervisor.info}
@@ -75,8 +80,25 @@ class TosaTarget:
         return run
 
 
+def _doctor(_section: dict) -> list[Check]:
+    from targets.probes import dist_check
+
+    return [dist_check("tosa-tools", "tosa-tools", "tosa_reference_model", "pip install 'bundlerun[arm]'")]
+
+
+SPEC = TargetSpec(
+    name="tosa",
+    schemes=("tosa",),
+    summary="the bundle's own program, TOSA delegate payloads on the TOSA reference model (tosa-tools)",
+    examples=("tosa://int", "tosa://fp"),
+    default_backend="arm",
+    doctor=_doctor,
+)
+
+
 def create(url: TargetURL, config: dict) -> TosaTarget:
-    profile = (url.netloc or url.path.strip("/")).lower()
+    check_keys("targets.tosa", {**config, **url.query}, ())
+    profile = url.rest.lower()
     if profile not in PROFILES:
         raise TargetError(f"unknown TOSA profile {profile!r} in {url.raw}; use tosa://int or tosa://fp")
     return TosaTarget(url.raw, profile)

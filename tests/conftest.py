@@ -23,9 +23,11 @@ def bundle_cache(tmp_path_factory):
         key = (model, dtype, backend, cases, target, tuple(sorted(kw.items())))
         if key not in built:
             from bundles.builder import BuildRequest, build_bundle
+            from targets import default_backend
 
             name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
-            result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype, backend=backend,
+            result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype,
+                                               backend=backend or default_backend(target),
                                                cases=cases, target=target, **kw))
             built[key] = result.path
         return built[key]

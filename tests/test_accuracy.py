@@ -113,10 +113,11 @@ def _eager_top1(n: int) -> float:
 
 def _accuracy(tmp_path, name, model="digits-mlp", dtype="fp32", baseline=None, label=None, db=None):
     from runner.commands.accuracy import AccuracyRequest, run_accuracy
+    from runner.session import Session
 
     return run_accuracy(AccuracyRequest(
-        model=model, dataset="digits", target="host://xnnpack", dtype=dtype, samples=SAMPLES,
-        report_dir=tmp_path / name, label=label, history=str(db), baseline=baseline,
+        model=model, dataset="digits", target="host://xnnpack", dtype=dtype, samples=SAMPLES, backend="xnnpack",
+        report_dir=tmp_path / name, label=label, session=Session(history_db=str(db), baseline=baseline),
     ))
 
 
@@ -182,7 +183,7 @@ def test_miscompiled_program_is_caught_by_run_baseline(baseline_run, tmp_path):
     factory.write_text(DEGRADED)
     from bundles.builder import BuildRequest, build_bundle
 
-    bad = build_bundle(BuildRequest(model=f"{factory}:degraded", output=tmp_path / "bad.bpte", cases=1))
+    bad = build_bundle(BuildRequest(model=f"{factory}:degraded", output=tmp_path / "bad.bpte", cases=1, backend="xnnpack"))
     good_bundle = read_bundle(good["bundle"]["path"])
     spliced = write_bundle(replace(good_bundle, program=read_bundle(bad.path).program), tmp_path / "miscompiled.bpte")
     env = dict(os.environ, BUNDLERUN_HISTORY=str(db))

@@ -56,7 +56,7 @@ def test_hang_times_out_and_is_killed(device, home, runners, bundle_path, tmp_pa
     device.set_faults(runner={"hang": True})
     t0 = time.monotonic()
     case = _run(device, runners, bundle_path, tmp_path, timeout=3).cases[0]
-    assert case.status == CaseStatus.TIMEOUT and case.error_kind == "timeout"
+    assert case.status == CaseStatus.TIMEOUT and case.error_kind == "host-timeout"
     assert time.monotonic() - t0 < 30
     assert _wait_idle(device) == []
     assert case.log_path and "timed out" in open(case.log_path).read()
@@ -78,7 +78,7 @@ def test_hang_over_adb_server_is_killed_too(device, home, runners, bundle_path, 
 def test_missing_library_is_classified(device, home, runners, bundle_path, tmp_path):
     device.set_faults(runner={"missing_lib": "libvulkan_custom.so"})
     case = _run(device, runners, bundle_path, tmp_path).cases[0]
-    assert case.status == CaseStatus.ERROR and case.error_kind == "missing-library"
+    assert case.status == CaseStatus.ERROR and case.error_kind == "load-failure"
     assert 'library "libvulkan_custom.so" not found' in case.error
     assert any("dlopen failed" in line for line in case.log_excerpt)
 
@@ -87,7 +87,7 @@ def test_no_space_reports_the_device_message(device, home, runners, bundle_path,
     device.set_faults(free_bytes=100)
     run = _run(device, runners, bundle_path, tmp_path, cases=(0, 1), retries=3)
     assert [c.status for c in run.cases] == [CaseStatus.ERROR, CaseStatus.ERROR]
-    assert all(c.error_kind == "no-space" and "No space left on device" in c.error for c in run.cases)
+    assert all(c.error_kind == "device-full" and "No space left on device" in c.error for c in run.cases)
     assert len(device.stats.pushes) == 1  # not retried: a full disk is not transient
     assert run.cases[0].log_path and "No space left" in open(run.cases[0].log_path).read()
 
@@ -98,7 +98,8 @@ def test_offline_and_unauthorized_devices(tmp_path, home, runners, bundle_path):
         d.start()
         try:
             run = _run(d, runners, bundle_path, tmp_path / kind, cases=(0, 1), connect_timeout_s=1, auth_timeout_s=1)
-            assert [c.error_kind for c in run.cases] == [kind, kind]
+            assert [c.error_kind for c in run.cases] == ["transport", "transport"]
+            assert [c.extra["transport_fault"] for c in run.cases] == [kind, kind]
             assert all(c.status == CaseStatus.ERROR for c in run.cases)
             assert d.stats.shell_commands == []
         finally:
@@ -132,7 +133,7 @@ def test_cut_push_and_pull_are_retried_and_complete(device, home, runners, bundl
 def test_wrong_output_size_and_numerical_failure(device, home, runners, bundle_path, tmp_path):
     device.set_faults(runner={"short_output": True})
     case = _run(device, runners, bundle_path, tmp_path / "a").cases[0]
-    assert case.status == CaseStatus.ERROR and case.error_kind == "output-size"
+    assert case.status == CaseStatus.ERROR and case.error_kind == "wrong-output-size"
     assert "expected 40" in case.error
 
     # a bundle whose expected outputs are off: the runner says FAIL (exit 1), the target
@@ -177,7 +178,7 @@ def test_cut_push_and_no_space_over_adb_server(device, home, runners, bundle_pat
 
         shutil.rmtree(device.root / "data/local/tmp/bundlerun")
         case = _run(device, runners, bundle_path, tmp_path / "b", url=url, server_port=server.port).cases[0]
-        assert case.error_kind == "no-space" and "remote write failed: No space left on device" in case.error
+        assert case.error_kind == "device-full" and "remote write failed: No space left on device" in case.error
     finally:
         server.stop()
 
@@ -185,7 +186,7 @@ def test_cut_push_and_no_space_over_adb_server(device, home, runners, bundle_pat
 def test_runner_without_a_flag_is_explained(device, home, runners, bundle_path, tmp_path):
     device.set_faults(runner={"missing_flags": ["etdump_path"]})
     case = _run(device, runners, bundle_path, tmp_path, etdump=True).cases[0]
-    assert case.status == CaseStatus.ERROR and case.error_kind == "runner-flags"
+    assert case.status == CaseStatus.ERROR and case.error_kind == "tool-failed"
     assert "--etdump_path" in case.error
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from bundles.backends import arm
 from bundles.errors import BuildError
-from targets.pte_walker import read_delegates
+from targets.program.walker import read_delegates
 
 
 # --------------------------------------------------------------------------- target parsing (no torch)
@@ -37,8 +37,9 @@ def test_parse_arm_target(url, kind, integer, detail):
         ("tosa://bf16", "tosa://int or tosa://fp"),
         ("fvp://corstone-320/ethos-u55-128", "corstone-300"),
         ("fvp://corstone-300/ethos-u55-100", "no 100-MAC"),
-        ("fvp://corstone-300/cortex-a53", "unknown FVP core"),
+        ("fvp://corstone-300/cortex-a53", "unknown processor"),
         ("host://xnnpack", "tosa:// and fvp://"),
+        ("qemu://virt", "unknown QEMU machine"),
     ],
 )
 def test_parse_arm_target_rejects(url, words):

@@ -44,7 +44,7 @@ def test_build_inspect_run_end_to_end(cli, tmp_path):
     r = cli("run", str(bpte), "--target", "host://xnnpack", "--report", str(report_dir), "--save-outputs", "--no-history")
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((report_dir / "report.json").read_text())
-    assert report["schema"] == "bundlerun.report/1" and report["summary"]["counts"]["PASS"] == 6
+    assert report["schema"] == "bundlerun.report/2" and report["summary"]["counts"]["PASS"] == 6
     saved = np.load(report_dir / "outputs.npz")
     assert sorted(saved.files) == [f"forward/{i}/0" for i in range(6)]
     assert "PASS" in r.stdout

@@ -21,7 +21,7 @@ import pytest
 from bundles import scalar_types as st
 from bundles.bpte import read_bundle
 from targets.base import expected_layout
-from targets.etdump_outputs import (
+from targets.arm.outputs import (
     LOSSY_ROUNDING_ATOL,
     PRINTED_DECIMAL_ROUNDING,
     OutputDecodeError,
@@ -32,7 +32,7 @@ from targets.etdump_outputs import (
     parse_etdump_block,
 )
 from doubles.board import etdump_block
-from targets.runner_log import parse_runner_log
+from targets.arm.log import parse_runner_log
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_non_contiguous_output_is_reordered():
     """A strided (dim-order) tensor in the debug buffer comes back in logical order."""
     from types import SimpleNamespace
 
-    from targets.etdump_outputs import _tensor_bytes
+    from targets.arm.outputs import _tensor_bytes
 
     logical = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
     nhwc = np.ascontiguousarray(logical.transpose(0, 2, 3, 1))  # bytes as a channels-last sink stores them

@@ -21,7 +21,7 @@ from bundles.bpte import read_bundle, serialize_bundle
 from bundles.errors import TargetError
 from targets import open_target, parse_target_url
 from targets.base import CaseStatus, RunOptions
-from targets.fvp import FVP_300_U55, FVP_300_U65, FVP_320, fvp_command, parse_variant
+from targets.arm.fvp import FVP_300_U55, FVP_300_U65, FVP_320, fvp_command, parse_variant
 from doubles.fvp import install_fvp_doubles
 
 U55 = "fvp://corstone-300/ethos-u55-128"
@@ -136,9 +136,9 @@ def test_variants_map_to_the_right_fvp(url, binary, macs):
     [
         ("fvp://corstone-300/ethos-u85-256", "corstone-320"),
         ("fvp://corstone-300/ethos-u55-512", "no 512-MAC"),
-        ("fvp://corstone-310/ethos-u55-128", "unknown FVP platform"),
+        ("fvp://corstone-310/ethos-u55-128", "unknown Corstone platform"),
         ("fvp://corstone-320/cortex-m55", "corstone-300"),
-        ("fvp://corstone-300/npu", "unknown FVP processor"),
+        ("fvp://corstone-300/npu", "unknown processor"),
     ],
 )
 def test_bad_urls_are_one_line_errors(url, needle):
@@ -236,7 +236,7 @@ def test_hard_fault(bundle, bundle_path, fvp_env):
 def test_cpu_time_exceeded_is_timeout(bundle, bundle_path, fvp_env):
     run = _run(U55, bundle, bundle_path, fvp_env, scenario="cpu-time", cases=[0], timelimit=1, host_timeout_grace_s=20)
     (case,) = run.cases
-    assert (case.status, case.error_kind) == (CaseStatus.TIMEOUT, "cpu-time-exceeded")
+    assert (case.status, case.error_kind) == (CaseStatus.TIMEOUT, "cpu-time-limit")
     assert any("CPU time has been exceeded" in line for line in case.log_excerpt)
     assert case.elapsed_s < 15
 
@@ -273,7 +273,7 @@ def test_missing_outputs_even_with_stale_files(bundle, bundle_path, fvp_env):
 def test_wrong_size_outputs(bundle, bundle_path, fvp_env):
     run = _run(U55, bundle, bundle_path, fvp_env, scenario="wrong-size", cases=[0])
     (case,) = run.cases
-    assert (case.status, case.error_kind) == (CaseStatus.ERROR, "wrong-size-output")
+    assert (case.status, case.error_kind) == (CaseStatus.ERROR, "wrong-output-size")
     assert "out-0.bin has 20 bytes, expected 40" in case.error
 
 
@@ -301,7 +301,7 @@ def test_fvp_path_config_and_missing_elf(bundle, bundle_path, fvp_env, monkeypat
 
 
 def test_per_target_elf_table(fvp_env, tmp_path):
-    from targets.fvp import find_runner_elf
+    from targets.arm.fvp import find_runner_elf
 
     u85 = tmp_path / "u85.elf"
     u85.write_bytes(b"\x7fELF")
@@ -411,9 +411,9 @@ def test_check_fvp_and_doctor_see_the_installed_fvps(fvp_env, tmp_path):
     cfg.write_text(f'[targets.fvp]\nrunner_elf = "{fvp_env["elf"]}"\n[targets.fvp."corstone-320/ethos-u85-256"]\nrunner_elf = "{tmp_path}/nope.elf"\n')
     out = CliRunner().invoke(command, ["--config", str(cfg), "--json"])
     assert out.exit_code == 0, out.output
-    rows = {r["component"]: r for r in json.loads(out.output)}
+    rows = {r["component"]: r for r in json.loads(out.output)["checks"]}
     assert all(rows[name]["ok"] and "Fast Models" in rows[name]["detail"] for name in (FVP_300_U55, FVP_300_U65, FVP_320))
-    assert rows["runner ELF runner_elf"]["ok"] and rows["runner ELF runner_elf"]["detail"] == "ELF, machine 0 (not Arm)"
+    assert rows["runner ELF runner_elf"]["ok"] and rows["runner ELF runner_elf"]["detail"] == "ELF, machine 0"
     assert rows["runner ELF corstone-320/ethos-u85-256 runner_elf"]["ok"] is False
     from importlib import metadata
 
@@ -426,7 +426,7 @@ def test_check_fvp_and_doctor_see_the_installed_fvps(fvp_env, tmp_path):
 def test_fvp_rejecting_an_option_is_a_classified_error(bundle, bundle_path, fvp_env):
     run = _run(U55, bundle, bundle_path, fvp_env, cases=[0], extra_args="cpu0.no_such_param=1")
     (case,) = run.cases
-    assert (case.status, case.error_kind) == (CaseStatus.ERROR, "fvp-failed")
+    assert (case.status, case.error_kind) == (CaseStatus.ERROR, "tool-failed")
     assert "cpu0.no_such_param" in case.error and case.error.count("\n") == 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bundles.bpte import read_bundle
+from bundles.errors import BundleError
 from runner.session import RunRequest, execute_run
 from targets.base import CaseStatus, RunOptions
 
@@ -71,7 +72,7 @@ def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     assert verdicts == ["PASS", "ERROR", "PASS", "TIMEOUT", "PASS"]
     crash = report["cases"][1]
     assert crash["error_kind"] == "crash" and "SIGSEGV" in crash["error"]
-    assert report["cases"][3]["error_kind"] == "hang"
+    assert report["cases"][3]["error_kind"] == "host-timeout"
     assert report["summary"]["exit_code"] == 2
     assert not _children_alive()
 
@@ -84,6 +85,7 @@ def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):
         out = case.expected_outputs[0]
         out.sizes, out.data = [1, 5], out.data[: 5 * 4]
     bad = write_bundle(bundle, tmp_path / "bad.bpte")
-    report = execute_run(RunRequest(bundle_path=bad, target="host://xnnpack", report_dir=tmp_path / "r"))
-    assert report["summary"]["exit_code"] == 2
-    assert report["cases"][0]["error_kind"] == "bad-bundle" and "[1, 5]" in report["cases"][0]["error"]
+    # refused when read, before anything runs (bundles/consistency.py reads the program's own outputs)
+    with pytest.raises(BundleError, match=r"expected output 0 is a float32\[1, 5\] tensor, but the program returns a float32\[1, 10\]"):
+        execute_run(RunRequest(bundle_path=bad, target="host://xnnpack", report_dir=tmp_path / "r"))
+    assert not (tmp_path / "r" / "report.json").exists()

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from targets.runner_log import IncrementalLogParser, parse_line, parse_runner_log
+from targets.arm.log import IncrementalLogParser, parse_line, parse_runner_log
 
 # Arm learning path (Corstone-320, runner ~2025): current prefix with function name.
 REAL_LEARNING_PATH = """\
@@ -187,7 +187,7 @@ def test_early_prefix_untyped_outputs_and_timelimit():
     runner = [ln for ln in log.lines if ln.level]
     assert runner[0].file == "arm_executor_runner.cpp" and runner[0].line == 60
     assert runner[0].message == "Model in 0x70000000 $"
-    assert log.printed_outputs[0] == [("float", -0.640891), ("float", 1.319481)]
+    assert log.printed_outputs[0] == [("untagged", -0.640891), ("untagged", 1.319481)]  # takes the bundle dtype
     assert log.cpu_time_exceeded and log.fatal == ["Info: Simulation is stopping. Reason: CPU time has been exceeded."]
     assert log.simulation_stopped == "CPU time has been exceeded."
     assert log.boots == 1 and log.banners == 1
@@ -384,3 +384,85 @@ def test_large_logs_stream_in_linear_time():
     assert time.monotonic() - t0 < 10
     assert len(log.printed_outputs[0]) == 50_000 and log.printed_outputs[0][-1] == ("float", 49_999 * 0.25)
     assert base64.b64decode(log.etdump_b64) == payload
+
+
+def test_report_schema_documents_every_failure_kind():
+    from pathlib import Path
+
+    from targets.failures import FailureKind
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "report-schema.md").read_text()
+    missing = [k.value for k in FailureKind if f"| `{k.value}` |" not in doc]
+    assert not missing, f"docs/report-schema.md lacks {missing}"
+    assert FailureKind.parse("wrong-size-output") is FailureKind.WRONG_OUTPUT_SIZE
+    assert FailureKind.parse("hang") is FailureKind.HOST_TIMEOUT and FailureKind.parse(None) is None
+
+
+# -- the one Arm runner protocol (targets.arm.protocol), on log text in the runner's own formats --
+
+from targets.arm.protocol import SessionEnd, classify, collect_outputs  # noqa: E402
+from targets.failures import FailureKind  # noqa: E402
+
+_M = "I [executorch:arm_executor_runner.cpp:{n} main()] "
+
+
+
+
+
+def test_success_marker_then_simulator_limit_is_a_success():
+    log = parse_runner_log(_M.format(n=1) + "Model run: 1\n" + _M.format(n=2) + "Program complete, exiting.\n"
+                           "Info: Simulation is stopping. Reason: CPU time has been exceeded.\n")
+    assert classify(log, SessionEnd("exited", "FVP", 0)) is None
+    old = parse_runner_log("I [executorch:arm_executor_runner.cpp:9] Model run: 1\nApplication exit code: 0.\nEXITTHESIM\n"
+                           "Info: Simulation is stopping. Reason: CPU time has been exceeded.\n")
+    assert old.program_complete and classify(old, SessionEnd("exited", "FVP", 0)) is None
+    zephyr = parse_runner_log(_M.format(n=1) + "Model run: 1\nSUCCESS: Program complete, exiting.\n")
+    assert zephyr.program_complete
+
+
+def test_error_lines_then_silence_name_the_first_error_even_at_the_wall_clock_bound():
+    log = parse_runner_log(_M.format(n=1) + "Model run: 1\n"
+                           "E [executorch:method.cpp:100 execute()] Memory allocation failed: 2048B requested (adjusted for alignment), 100B available\n"
+                           "E [executorch:method.cpp:120 execute()] second error\n")
+    failure = classify(log, SessionEnd("host-timeout", "QEMU", None, "30s wall clock"))
+    assert failure.kind is FailureKind.ALLOCATION_FAILURE and failure.status.value == "error"
+    assert "2048 B requested, 100 B available" in failure.message
+
+
+def test_missing_operator_and_backend_are_named():
+    log = parse_runner_log("E [executorch:method.cpp:824 resolve_operator()] Missing operator: [3] aten::gelu.out\n"
+                           "F [executorch:arm_executor_runner.cpp:760 runner_init()] In function runner_init(), assert failed\n")
+    failure = classify(log, SessionEnd("exited", "QEMU", 1))
+    assert failure.kind is FailureKind.MISSING_OPERATOR and "aten::gelu.out" in failure.message
+    log = parse_runner_log("E [executorch:method.cpp:88 init()] Backend XnnpackBackend is not registered.\n")
+    assert classify(log, SessionEnd("exited", "adb", 1)).kind is FailureKind.MISSING_BACKEND
+
+
+def test_benign_lines_are_never_the_cause():
+    log = parse_runner_log("E [executorch:method.cpp:1 set_output_data_ptr()] ignoring error from set_output_data_ptr(): 0x2\n"
+                           + _M.format(n=2) + "Program complete, exiting.\n")
+    assert classify(log, SessionEnd("exited", "FVP", 0)) is None
+
+
+def test_timestamped_lines_and_portable_tensor_print():
+    log = parse_runner_log("I 00:00:00.364824 executorch:executor_runner.cpp:76] Model file m.bpte is loaded.\n"
+                           "OutputX 0: tensor(sizes=[2, 2], [1, 2,\n  3, 4])\n")
+    assert log.lines[0].level == "I" and log.lines[0].file == "executor_runner.cpp"
+    assert log.lines[0].message == "Model file m.bpte is loaded."
+    assert [v for _, v in log.printed_outputs[0]] == [1, 2, 3, 4]
+    from bundles import scalar_types as st
+
+    got = collect_outputs(log, [(st.INT, [2, 2])], prefer="printed")
+    assert got.source == "printed" and got.outputs[0].to_array().tolist() == [[1, 2], [3, 4]]
+    # 6 significant digits: never used for a float output
+    assert collect_outputs(log, [(st.FLOAT, [2, 2])], prefer="printed").kind is FailureKind.MISSING_OUTPUT
+
+
+def test_untagged_printed_values_take_the_bundle_dtype_and_sizes_count_what_was_printed():
+    from bundles import scalar_types as st
+
+    log = parse_runner_log("Output[0][0]: 1.500000\nOutput[0][1]: -2.000000\n")
+    got = collect_outputs(log, [(st.FLOAT, [2])], prefer="printed")
+    assert got.outputs[0].to_array().tolist() == [1.5, -2.0] and got.outputs[0].lossy
+    short = collect_outputs(log, [(st.FLOAT, [3])], prefer="printed")
+    assert short.kind is FailureKind.WRONG_OUTPUT_SIZE and "has 2 printed values" in short.message

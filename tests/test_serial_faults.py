@@ -62,7 +62,7 @@ def test_runner_that_never_finishes_is_a_timeout(board, zoo_bundle, tmp_path, no
     run = run_serial(board.url, board.target_config(), zoo_bundle, tmp_path, cases=[0], case_timeout_s=2.0)
     took = time.monotonic() - t0
     (case,) = run.cases
-    assert case.status == CaseStatus.TIMEOUT and case.error_kind == "timeout"
+    assert case.status == CaseStatus.TIMEOUT and case.error_kind == "host-timeout"
     assert 2.0 <= case.elapsed_s < 3.0 and took < 15
     raw = open(case.log_path, "rb").read()
     assert b"Model run: 1" in raw and b"Program complete" not in raw
@@ -107,7 +107,7 @@ def test_port_held_by_another_process_is_port_busy(board, zoo_bundle, tmp_path, 
         assert holder.stdout.readline().strip() == b"held"
         run = run_serial(board.url, board.target_config(), zoo_bundle, tmp_path, cases=[0, 1])
         for case in run.cases:
-            assert case.status == CaseStatus.ERROR and case.error_kind == "port-busy"
+            assert case.status == CaseStatus.ERROR and case.error_kind == "transport" and case.extra["transport_fault"] == "port-busy"
             assert f"pid {holder.pid}" in case.error
             assert case.log_path is None
     finally:
@@ -135,11 +135,12 @@ def test_unplugged_board_is_port_lost(zoo_bundle, tmp_path):
             first, second = run.cases
             assert first.status == CaseStatus.ERROR
             # The retry finds the device gone; the first attempt's port-lost stays on record.
-            kinds = [e["error_kind"] for e in first.extra.get("earlier_attempts", [])] + [first.error_kind]
-            assert kinds[0] == "port-lost" and first.error_kind in ("port-lost", "port-missing")
+            faults = [e["transport_fault"] for e in first.extra.get("earlier_attempts", [])] + [first.extra["transport_fault"]]
+            assert first.error_kind == "transport"
+            assert faults[0] == "port-lost" and faults[-1] in ("port-lost", "port-missing")
             saved = open(first.log_path, "rb").read()
             assert b"PTE @ " in saved and b"Program complete" not in saved
-            assert second.status == CaseStatus.ERROR and second.error_kind == "port-missing"
+            assert second.status == CaseStatus.ERROR and second.extra["transport_fault"] == "port-missing"
             b.proc.wait(timeout=10)  # the board went away by itself
             assert open_fds() - fds == set()
             assert child_pids({x.proc.pid for x in boards}) - kids == set()
@@ -152,7 +153,7 @@ def test_capture_stop_rules_over_loop_port():
     """capture_uart on pyserial's loop:// (what is written is read back): the stop rules."""
     import serial
 
-    from targets.serial_port import SerialSettings, capture_uart
+    from targets.arm.serial import SerialSettings, capture_uart
 
     def cap(payload: bytes, timeout: float = 5.0, **kw):
         port = serial.serial_for_url("loop://", timeout=0.05)

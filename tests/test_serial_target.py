@@ -17,8 +17,8 @@ import pytest
 from bundles.errors import ConfigError
 from targets import open_target, parse_target_url
 from targets.base import CaseStatus
-from targets.etdump_outputs import LOSSY_ROUNDING_ATOL
-from targets.serial_port import settings_from
+from targets.arm.outputs import LOSSY_ROUNDING_ATOL
+from targets.arm.serial import settings_from
 from doubles.board import BoardProcess, firmware_outputs
 from serial_helpers import case_bytes, child_pids, open_fds, run_serial
 
@@ -138,12 +138,12 @@ def test_without_per_case_flash_only_case0_runs(pty_board, zoo_bundle, tmp_path)
 def test_flash_failures_are_classified(pty_board, zoo_bundle, tmp_path):
     pty_board.configure(fault="none")
     run = run_serial(pty_board.url, pty_board.target_config(flash="false {case_bundle}"), zoo_bundle, tmp_path, cases=[0])
-    assert run.cases[0].status == CaseStatus.ERROR and run.cases[0].error_kind == "flash"
+    assert run.cases[0].status == CaseStatus.ERROR and run.cases[0].error_kind == "tool-failed"
     assert "exited with 1" in run.cases[0].error
     run = run_serial(
         pty_board.url, pty_board.target_config(flash="no-such-flasher-xyz {case_bundle}"), zoo_bundle, tmp_path, cases=[0]
     )
-    assert run.cases[0].error_kind == "flash" and "not found" in run.cases[0].error
+    assert run.cases[0].error_kind == "tool-failed" and "not found" in run.cases[0].error
     run = run_serial(
         pty_board.url,
         pty_board.target_config(flash="sh -c 'sleep 30' {case_bundle}", flash_timeout_s=0.5),
@@ -151,7 +151,7 @@ def test_flash_failures_are_classified(pty_board, zoo_bundle, tmp_path):
         tmp_path,
         cases=[0],
     )
-    assert run.cases[0].error_kind == "flash-timeout"
+    assert run.cases[0].error_kind == "tool-failed" and run.cases[0].extra["transport_fault"] == "flash-timeout"
 
 
 def test_url_and_config_parsing():
@@ -181,10 +181,10 @@ def test_silent_port_is_a_timeout_over_loop_url(reset, tmp_path, zoo_bundle):
     (case,) = run.cases
     assert case.status == CaseStatus.TIMEOUT
     if reset == "command":  # our own echo: bytes, but no runner line -> the baud-rate hint
-        assert case.error_kind == "timeout" and "baud" in case.error
+        assert case.error_kind == "host-timeout" and "baud" in case.error
         assert open(case.log_path, "rb").read() == b"reset\n"
     else:
-        assert case.error_kind == "no-output"
+        assert case.error_kind == "host-timeout"
 
 
 def test_probe_reset_and_single_flash(pty_board, zoo_bundle, oracle, tmp_path):
@@ -197,7 +197,7 @@ def test_probe_reset_and_single_flash(pty_board, zoo_bundle, oracle, tmp_path):
     }
     run = run_serial(pty_board.url, cfg, zoo_bundle, tmp_path)
     assert [c.status for c in run.cases] == [CaseStatus.OK, CaseStatus.SKIP, CaseStatus.SKIP]
-    assert run.cases[1].error_kind == "needs-flash"
+    assert run.cases[1].error_kind == "unsupported"
     _check_exact(type(run)(run.target, run.cases[:1]), oracle)
     assert run.info["per_case_flash"] is False and "flash" in run.logs
     assert (tmp_path / "serial" / "forward-case0.reset.log").read_text().startswith("$ ")

@@ -124,15 +124,15 @@ def test_unsupported_op_is_a_per_case_error_naming_it(tmp_path):
     assert len(run.cases) == 2
     for case in run.cases:
         assert case.status is CaseStatus.ERROR
-        assert case.error_kind == "unsupported-op"
+        assert case.error_kind == "missing-operator"
         assert "bundlerun_test::twice.out" in case.error
 
 
 def test_other_delegate_is_refused_naming_the_backend(bundle_cache):
     """In-process (the worker path for per-case error kinds is covered above)."""
-    from targets.pte_walker import ProgramWalker, WalkError, load_program
+    from targets.program.walker import ProgramWalker, WalkError, load_program
     from targets.tosa import TosaTarget
-    from targets.tosa_runtime import delegate_runners
+    from targets.program.tosa_delegate import delegate_runners
 
     path = bundle_cache("mlp", dtype="fp32", backend="xnnpack", cases=2, target="host://xnnpack")
     bundle = read_bundle(path)
@@ -153,7 +153,7 @@ def test_walker_matches_the_executorch_runtime_on_a_portable_program(bundle_cach
     import torch
     from executorch.extension.pybindings import portable_lib
 
-    from targets.pte_walker import ProgramWalker, load_program
+    from targets.program.walker import ProgramWalker, load_program
 
     path = bundle_cache(model, dtype=dtype, backend="portable", cases=2, target="host://portable")
     bundle = read_bundle(path)
@@ -198,7 +198,7 @@ def test_delegate_memory_layout_follows_dim_order():
     read back from NHWC (ExecuTorch's dim_order semantics)."""
     import torch
 
-    from targets.pte_walker import _from_physical, _to_physical
+    from targets.program.walker import _from_physical, _to_physical
 
     logical = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
     physical = _to_physical(logical, [0, 2, 3, 1])
@@ -209,7 +209,7 @@ def test_delegate_memory_layout_follows_dim_order():
 
 
 def test_read_delegates_rejects_garbage():
-    from targets.pte_walker import WalkError, read_delegates
+    from targets.program.walker import WalkError, read_delegates
 
     with pytest.raises(WalkError, match="not an ExecuTorch program"):
         read_delegates(b"\x00" * 64)

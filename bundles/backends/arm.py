@@ -32,31 +32,8 @@ from bundles.backends.common import (
 )
 from bundles.errors import BuildError
 
-# Vela defaults per accelerator family, as in executorch/backends/arm/test/common.py.
-_ETHOSU_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ethos-u55": {
-        "system_config": "Ethos_U55_High_End_Embedded",
-        "memory_mode": "Shared_Sram",
-        "extra_flags": ["--arena-cache-size=2097152"],
-        "macs": (32, 64, 128, 256),
-        "corstone": ("corstone-300",),
-    },
-    "ethos-u65": {
-        "system_config": "Ethos_U65_High_End",
-        "memory_mode": "Dedicated_Sram_384KB",
-        "extra_flags": ["--arena-cache-size=393216"],
-        "macs": (256, 512),
-        "corstone": ("corstone-300",),
-    },
-    "ethos-u85": {
-        "system_config": "Ethos_U85_SYS_DRAM_Mid",
-        "memory_mode": "Shared_Sram",
-        "extra_flags": ["--arena-cache-size=2097152"],
-        "macs": (128, 256, 512, 1024, 2048),
-        "corstone": ("corstone-320",),
-    },
-}
-_CORTEX_M = {"cortex-m55": ("corstone-300", "M55"), "cortex-m85": ("corstone-320", "M85")}
+# QEMU system machines that are a Corstone platform's CPU side (board, core).
+QEMU_MACHINES = {"mps3-an547": ("corstone-300", "cortex-m55")}
 _INT_DTYPES = ("int8", "int16")
 _FP_DTYPES = ("fp32", "fp16")
 
@@ -84,29 +61,25 @@ def parse_arm_target(url: str) -> ArmTarget:
         if rest == "fp":
             return ArmTarget(url, "tosa", False, tosa_spec="TOSA-1.0+FP")
         raise BuildError(f"unknown TOSA target {url!r}; use tosa://int or tosa://fp")
-    if scheme == "fvp":
-        parts = rest.split("/")
-        if len(parts) != 2:
-            raise BuildError(f"FVP target {url!r} must look like fvp://corstone-300/ethos-u55-128")
-        corstone, core = parts
-        m = re.fullmatch(r"(ethos-u(?:55|65|85))-(\d+)", core)
-        if m:
-            family, macs = m.group(1), int(m.group(2))
-            defaults = _ETHOSU_DEFAULTS[family]
-            if macs not in defaults["macs"]:
-                raise BuildError(f"{family} has no {macs}-MAC configuration; choose one of {defaults['macs']}")
-            if corstone not in defaults["corstone"]:
-                raise BuildError(f"{family} runs on {defaults['corstone'][0]}, not {corstone} ({url})")
-            return ArmTarget(url, "ethos-u", True, accelerator=core)
-        if core in _CORTEX_M:
-            want, cpu = _CORTEX_M[core]
-            if corstone != want:
-                raise BuildError(f"{core} runs on {want}, not {corstone} ({url})")
-            return ArmTarget(url, "cortex-m", True, cpu=cpu)
-        raise BuildError(
-            f"unknown FVP core {core!r} in {url!r}; known: ethos-u55-<macs>, ethos-u65-<macs>, "
-            "ethos-u85-<macs>, cortex-m55, cortex-m85"
-        )
+    if scheme in ("fvp", "qemu"):
+        from bundles.arm_platforms import parse_platform
+
+        if scheme == "qemu":  # qemu://mps3-an547 is Corstone-300's CPU side: a Cortex-M55, no NPU
+            if rest not in QEMU_MACHINES:
+                raise BuildError(f"unknown QEMU machine {rest!r} in {url!r}; known: {', '.join(QEMU_MACHINES)}")
+            board, core = QEMU_MACHINES[rest]
+        else:
+            parts = rest.split("/")
+            if len(parts) != 2:
+                raise BuildError(f"FVP target {url!r} must look like fvp://corstone-300/ethos-u55-128")
+            board, core = parts
+        try:
+            platform = parse_platform(board, core)
+        except ValueError as exc:
+            raise BuildError(f"{exc} ({url})") from None
+        if platform.has_npu:
+            return ArmTarget(url, "ethos-u", True, accelerator=platform.accelerator)
+        return ArmTarget(url, "cortex-m", True, cpu=platform.cpu)
     raise BuildError(f"the arm backend builds for tosa:// and fvp:// targets, not {url!r}")
 
 
@@ -132,8 +105,10 @@ def _compile_spec(target: ArmTarget, dtype: str, options: dict[str, Any]):
         return TosaCompileSpec(_tosa_spec_string(target, dtype))
     from executorch.backends.arm.ethosu import EthosUCompileSpec
 
-    family = target.accelerator.rsplit("-", 1)[0]  # type: ignore[union-attr]
-    defaults = _ETHOSU_DEFAULTS[family]
+    from bundles.arm_platforms import NPU_FAMILIES
+
+    fam = NPU_FAMILIES[target.accelerator.rsplit("-", 1)[0]]  # type: ignore[union-attr]
+    defaults = {"system_config": fam.system_config, "memory_mode": fam.memory_mode, "extra_flags": fam.extra_flags}
     try:
         return EthosUCompileSpec(
             target.accelerator,  # type: ignore[arg-type]

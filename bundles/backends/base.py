@@ -20,6 +20,9 @@ BACKENDS: dict[str, str] = {
     "cortex-m": "bundles.backends.arm",
     "vulkan": "bundles.backends.vulkan",
     "qnn": "bundles.backends.qnn",
+    "mlx": "bundles.backends.mlx",
+    "coreml": "bundles.backends.coreml",
+    "metal": "bundles.backends.metal",
 }
 
 DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")
@@ -45,6 +48,14 @@ class LoweringResult:
     ops: list[str] = field(default_factory=list)  # aten ops of the exported model
     quantization: str | None = None  # e.g. "xnnpack-ptq-symmetric-per-channel-int8"
     info: dict[str, Any] = field(default_factory=dict)  # partitioner, delegated node counts, ...
+
+
+def default_dtype(backend: str, target: str) -> str:
+    """The dtype a build uses when none is given: the backend module's `default_dtype(target)`
+    (int8 for integer Arm targets), else fp32."""
+    module = lowering_module(backend)
+    chooser = getattr(module, "default_dtype", None)
+    return chooser(target) if callable(chooser) else "fp32"
 
 
 def lowering_module(backend: str):

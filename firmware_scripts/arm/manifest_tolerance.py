@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bundles.bpte import read_bundle
     from bundles.errors import BundlerunError
-    from targets.fvp import firmware_tolerance
+    from targets.arm.fvp import firmware_tolerance
 
     try:
         bundle = read_bundle(args.bundle)

@@ -27,11 +27,7 @@ class AccuracyRequest:
     report_dir: Path = Path("out/accuracy")
     backend: str | None = None
     label: str | None = None
-    history: str | None = None  # --history flag (None: env/config/default)
-    no_history: bool = False
-    baseline: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    target_config: dict[str, Any] = field(default_factory=dict)
+    session: Any = None  # runner.session.Session: config, target options, history, baseline (default: an empty one)
     case_timeout_s: float = 120.0
     setup_timeout_s: float = 300.0
     confidence: float = 0.95
@@ -44,8 +40,9 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     from bundles.builder import BuildRequest, build_bundle
     from bundles.datasets import fit_to_inputs, load_dataset
     from bundles.model_source import resolve_model
-    from runner.session import RunRequest, execute_run, finish_run
+    from runner.session import RunRequest, Session
 
+    session = req.session or Session()
     say = req.progress or (lambda _m: None)
     report_dir = Path(req.report_dir)
     say(f"loading dataset {req.dataset}")
@@ -70,10 +67,16 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
             resolved_model=model,
             overrides=dict(req.tolerances),
             progress=say,
+            registry=session.registry,
         )
     )
     say(f"running {len(dataset.labels)} samples on {req.target}")
-    report = execute_run(
+    def amend(report: dict[str, Any]) -> None:
+        report["dataset"]["source"] = dataset.source
+        if req.dtype in ("int8", "int16"):
+            report["dataset"]["calibration"] = calibrated_on
+
+    return session.run(
         RunRequest(
             bundle_path=build.path,
             target=req.target,
@@ -82,15 +85,10 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
             setup_timeout_s=req.setup_timeout_s,
             save_outputs=True,
             label=req.label,
-            target_config=dict(req.target_config),
             confidence=req.confidence,
-        )
+        ),
+        amend=amend,
     )
-    report["dataset"]["source"] = dataset.source
-    if req.dtype in ("int8", "int16"):
-        report["dataset"]["calibration"] = calibrated_on
-    finish_run(report, report_dir, build.path, req.config, req.baseline, req.history, req.no_history)
-    return report
 
 
 def print_accuracy(report: dict[str, Any]) -> None:
@@ -144,21 +142,18 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     import json
     import sys
 
-    from runner.cli import parse_tolerances, target_config_section
+    from runner.cli import make_session, parse_tolerances, resolve_backend_dtype
 
     if not 0 < confidence < 1:
         raise click.BadParameter("--confidence must be between 0 and 1")
-    section, config = target_config_section(target, None, ())
+    session = make_session(None, (), history_db, no_history, baseline)
     tol = parse_tolerances(tolerances)
-    if dtype is None:
-        from bundles.builder import default_backend, default_dtype
-
-        dtype = default_dtype(target, backend or default_backend(target))
+    backend, dtype = resolve_backend_dtype(target, backend, dtype)
     slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
     req = AccuracyRequest(
         model=model, dataset=dataset, target=target, dtype=dtype, samples=samples, backend=backend,
-        report_dir=report_dir or Path("out") / "accuracy" / slug, label=label, history=history_db,
-        no_history=no_history, baseline=baseline, config=config, target_config=section, case_timeout_s=case_timeout,
+        report_dir=report_dir or Path("out") / "accuracy" / slug, label=label, session=session,
+        case_timeout_s=case_timeout,
         confidence=confidence, tolerances=tol, progress=lambda m: click.echo(m, err=True),
     )
     report = run_accuracy(req)

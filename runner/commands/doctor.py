@@ -1,9 +1,8 @@
-"""`bundlerun doctor`: what this machine can run, and what is missing.
+"""`bundlerun doctor`: which targets are ready here, and what is missing for the others.
 
-Checks the tools behind each target family without importing torch: the
-Corstone FVPs (`<FVP> --version`), arm-none-eabi-gcc, the configured
-arm_executor_runner ELFs, tosa-tools, Vela, the executorch/torch distributions
-and adb. Every probe is bounded by a timeout and never raises.
+Each registered target module declares its own probe (`TargetSpec.doctor`);
+this command only runs them and prints the rows. No torch import; every probe
+is bounded by a timeout and never raises.
 """
 
 from __future__ import annotations
@@ -13,148 +12,38 @@ from pathlib import Path
 
 import click
 
-FVP_NAMES = ("FVP_Corstone_SSE-300_Ethos-U55", "FVP_Corstone_SSE-300_Ethos-U65", "FVP_Corstone_SSE-320")
-PROBE_TIMEOUT_S = 30.0
-
-
-def _probe(cmd: list[str]) -> tuple[bool, str]:
-    """Run a version command; (ok, first non-empty output line or the failure)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
-    except FileNotFoundError:
-        return False, "not found"
-    except subprocess.TimeoutExpired:
-        return False, f"no answer within {PROBE_TIMEOUT_S:.0f}s"
-    except OSError as exc:
-        return False, exc.strerror or str(exc)
-    text = (proc.stdout or "") + (proc.stderr or "")
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    if proc.returncode != 0:
-        return False, f"exit {proc.returncode}: {first}"[:160]
-    return True, first[:160]
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _fvp_section(project: dict) -> dict:
-    targets = project.get("targets", {}) if isinstance(project, dict) else {}
-    section = targets.get("fvp", {}) if isinstance(targets, dict) else {}
-    return section if isinstance(section, dict) else {}
-
-
 def collect(project: dict) -> list[dict]:
-    """Rows of {component, ok, detail, where}; `ok` None means not applicable."""
-    import shutil
+    """Rows of {target, component, ok, detail, where} from every registered target's own probe;
+    `ok` None means not applicable. Plus the runners in the build cache."""
+    from dataclasses import asdict
 
+    from targets import families
+
+    targets_cfg = project.get("targets", {}) if isinstance(project, dict) else {}
     rows: list[dict] = []
-    fvp_cfg = _fvp_section(project)
-    fvp_dir = fvp_cfg.get("fvp_path")
-    for name in FVP_NAMES:
-        path = None
-        if fvp_dir:
-            p = Path(str(fvp_dir)).expanduser()
-            cand = p / name if p.is_dir() else p
-            if cand.is_file() and (cand.name == name or not p.is_dir()):
-                path = str(cand)
-        path = path or shutil.which(name)
-        if path is None:
-            rows.append({"component": name, "ok": False, "detail": "not on PATH" + (f" nor in {fvp_dir}" if fvp_dir else ""), "where": ""})
+    for spec in families():
+        section = targets_cfg.get(spec.name, {}) if isinstance(targets_cfg, dict) else {}
+        if spec.doctor is None:
             continue
-        ok, detail = _probe([path, "--version"])
-        rows.append({"component": name, "ok": ok, "detail": detail, "where": path})
+        try:
+            checks = spec.doctor(section if isinstance(section, dict) else {})
+        except Exception as exc:  # noqa: BLE001 - a probe must never take doctor down
+            from targets import Check
 
-    gcc = shutil.which("arm-none-eabi-gcc")
-    if gcc:
-        ok, detail = _probe([gcc, "--version"])
-        rows.append({"component": "arm-none-eabi-gcc", "ok": ok, "detail": detail, "where": gcc})
-    else:
-        rows.append({"component": "arm-none-eabi-gcc", "ok": False, "detail": "not on PATH (needed only to build runners)", "where": ""})
-
-    elfs = _configured_elfs(fvp_cfg)
-    if not elfs:
-        rows.append({"component": "runner ELF", "ok": None, "detail": "none configured ([targets.fvp] runner_elf)", "where": ""})
-    for label, value in elfs:
-        p = Path(str(value)).expanduser()
-        exists = p.is_file()
-        detail = _elf_kind(p) if exists else "missing"
-        rows.append({"component": f"runner ELF {label}", "ok": exists, "detail": detail, "where": str(p)})
-
-    for label, dist, module in (
-        ("tosa-tools", "tosa-tools", "tosa_reference_model"),
-        ("Vela", "ethos-u-vela", "ethosu.vela"),
-        ("executorch", "executorch", None),
-        ("torch", "torch", None),
-        ("pyserial", "pyserial", None),
-        ("adb-shell", "adb-shell", None),
-    ):
-        version = _dist_version(dist)
-        importable = True
-        if version and module:
-            import importlib.util
-
-            try:
-                importable = importlib.util.find_spec(module) is not None
-            except (ImportError, ValueError):
-                importable = False
-        rows.append(
-            {
-                "component": label,
-                "ok": bool(version) and importable,
-                "detail": (version or "not installed") + ("" if importable else f" (module {module} missing)"),
-                "where": dist,
-            }
-        )
-
-    adb = shutil.which("adb")
-    if adb:
-        ok, detail = _probe([adb, "version"])
-        rows.append({"component": "adb", "ok": ok, "detail": detail, "where": adb})
-    else:
-        rows.append({"component": "adb", "ok": False, "detail": "not on PATH (adb:// targets; adb+tcp:// works without it)", "where": ""})
+            checks = [Check(spec.name, False, f"probe failed: {type(exc).__name__}: {exc}")]
+        rows.extend({"target": spec.name, **asdict(c)} for c in checks)
     return rows
 
 
-def _configured_elfs(fvp_cfg: dict) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for key in ("runner_elf", "uart_runner_elf"):
-        value = fvp_cfg.get(key)
-        if isinstance(value, str) and value:
-            out.append((key, value))
-        elif isinstance(value, dict):
-            out.extend((f"{key}[{k}]", v) for k, v in value.items() if isinstance(v, str))
-    for key in ("runner_elfs", "uart_runner_elfs"):
-        table = fvp_cfg.get(key)
-        if isinstance(table, dict):
-            out.extend((f"{key}[{k}]", v) for k, v in table.items() if isinstance(v, str))
-    for key, sub in fvp_cfg.items():
-        if isinstance(sub, dict) and key not in ("runner_elf", "uart_runner_elf", "runner_elfs", "uart_runner_elfs"):
-            for name in ("runner_elf", "uart_runner_elf"):
-                if isinstance(sub.get(name), str):
-                    out.append((f"{key} {name}", sub[name]))
+def readiness(rows: list[dict]) -> dict[str, tuple[bool, list[str]]]:
+    """target -> (ready, what is missing): ready when none of its components is missing."""
+    out: dict[str, tuple[bool, list[str]]] = {}
+    for row in rows:
+        ready, missing = out.get(row["target"], (True, []))
+        if row["ok"] is False:
+            ready, missing = False, [*missing, row["component"]]
+        out[row["target"]] = (ready, missing)
     return out
-
-
-def _elf_kind(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(20)
-    except OSError as exc:
-        return f"unreadable: {exc.strerror}"
-    if head[:4] != b"\x7fELF":
-        return "not an ELF file"
-    machine = int.from_bytes(head[18:20], "little")
-    return "ELF, Arm" if machine == 40 else f"ELF, machine {machine} (not Arm)"
 
 
 @click.command(name="doctor")
@@ -174,18 +63,24 @@ def command(config_path: Path | None, as_json: bool) -> None:
     if as_json:
         import json
 
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps({"checks": rows, "targets": {k: {"ready": r, "missing": m}
+                                                          for k, (r, m) in readiness(rows).items()}}, indent=2))
         return
     from runner.report import wide_console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="bundlerun doctor", show_lines=False)
+    table.add_column("target", no_wrap=True)
     table.add_column("component", no_wrap=True)
     table.add_column("status")
     table.add_column("version / detail")
     table.add_column("location", overflow="fold")
     marks = {True: "[green]ok[/green]", False: "[red]missing[/red]", None: "[yellow]-[/yellow]"}
     for row in rows:
-        table.add_row(escape(row["component"]), marks[row["ok"]], escape(row["detail"]), escape(row["where"]))
-    wide_console().print(table)
+        table.add_row(escape(row["target"]), escape(row["component"]), marks[row["ok"]], escape(row["detail"]),
+                      escape(row["where"]))
+    console = wide_console()
+    console.print(table)
+    for name, (ready, missing) in readiness(rows).items():
+        console.print(f"{escape(name)}: " + ("[green]ready[/green]" if ready else f"[red]not ready[/red] (missing {escape(', '.join(missing))})"))

@@ -81,5 +81,10 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
             shutil.copyfile(src, out_dir / OUTPUTS_FILE)
         report["outputs_file"] = str(out_dir / OUTPUTS_FILE)
+        from runner.reports import write_reports
+
+        # every report file of the new verdict, not only report.json
+        files = write_reports(report, out_dir, bundle=saved.bundle)
+        report["files"] = {k: str(v) for k, v in files.items()}
         write_report(report, out_dir)
     return report

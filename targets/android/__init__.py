@@ -7,7 +7,26 @@ Importing this package is cheap; transports import adb-shell lazily.
 from __future__ import annotations
 
 from bundles.errors import TargetError
+from targets import Check, TargetSpec
 from targets.android.config import AndroidTargetConfig
+
+
+def _doctor(_section: dict) -> list[Check]:
+    from targets.probes import dist_check, tool_check
+
+    return [tool_check("adb", ["version"], "adb:// targets; adb+tcp:// works without it"),
+            dist_check("adb-shell", "adb-shell", "adb_shell", "adb+tcp:// and adb+usb:// targets")]
+
+
+SPEC = TargetSpec(
+    name="adb",
+    schemes=("adb", "adb+tcp", "adb+usb"),
+    summary="an Android device through the adb server (adb://) or directly with adb-shell",
+    examples=("adb://SERIAL", "adb+tcp://HOST:5555", "adb+usb://SERIAL"),
+    default_backend="xnnpack",
+    settings=AndroidTargetConfig,
+    doctor=_doctor,
+)
 
 
 def make_transport(url, cfg: AndroidTargetConfig):

@@ -63,10 +63,9 @@ class AndroidTargetConfig:
             raw.setdefault("server_port", query.pop("port"))
         for k, v in query.items():
             raw.setdefault(k.replace("-", "_"), v)
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(f"[targets.adb]: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        from targets.settings import check_keys
+
+        check_keys("targets.adb", raw, (f.name for f in fields(cls)))
         cfg = cls()
         for key, value in raw.items():
             setattr(cfg, key, _coerce(key, value, getattr(cls(), key)))

@@ -216,7 +216,8 @@ class AndroidTarget:
         atomic_write_bytes(path, f"{exc}\n{exc.output}\n".encode("utf-8", "replace"))
         excerpt = [str(exc)] + _excerpt(exc.output, 10)
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
-        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind, log_excerpt=excerpt, log_path=str(path))
+        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind, log_excerpt=excerpt, log_path=str(path),
+                          extra={"transport_fault": exc.kind})
 
     def _case_error(self, method: str, index: int, exc: TransportError, log_path: str | Path) -> CaseResult:
         """A case lost to the device or the link; what the device said is appended to the case log."""
@@ -225,7 +226,8 @@ class AndroidTarget:
         atomic_write_bytes(path, (previous + f"--- {exc.kind}: {exc}\n{exc.output}\n").encode("utf-8", "replace"))
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
         return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind,
-                          log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=str(path))
+                          log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=str(path),
+                          extra={"transport_fault": exc.kind})
 
     # -- executor-runner: one bundle, one process per case
     def _run_executor_runner(self, bundle, pairs, base, cache, options, retries, logs_dir) -> list[CaseResult]:

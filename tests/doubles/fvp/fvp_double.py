@@ -452,7 +452,7 @@ def _first_method(model: bytes) -> str:
     from bundles.bpte import parse_bundle
 
     try:
-        return parse_bundle(model).method_test_suites[0].method_name
+        return parse_bundle(model, in_memory=True).method_test_suites[0].method_name
     except Exception:
         return "forward"
 
@@ -460,7 +460,7 @@ def _first_method(model: bytes) -> str:
 def _expected(model: bytes):
     from bundles.bpte import parse_bundle
 
-    case = parse_bundle(model).method_test_suites[0].test_cases[0]
+    case = parse_bundle(model, in_memory=True).method_test_suites[0].test_cases[0]
     return [v.to_array() for v in case.expected_outputs if v.kind == "tensor"]
 
 
@@ -511,7 +511,7 @@ def run_case0_etdump(model: bytes, method: str) -> tuple[bytes, bytes]:
     from bundles.bpte import parse_bundle
 
     pl = _runtime()
-    bundle = parse_bundle(model)
+    bundle = parse_bundle(model, in_memory=True)  # linked into an "ELF": other data follows, as on a device
     case = bundle.method_test_suites[0].test_cases[0]
     inputs = [torch.from_numpy(v.to_array().copy()) if v.kind == "tensor" else v.scalar for v in case.inputs]
     module = pl._load_for_executorch_from_buffer(bundle.program, enable_etdump=True, debug_buffer_size=1 << 20)

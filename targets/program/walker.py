@@ -46,6 +46,7 @@ class DelegateInvocation:
     compile_specs: dict[str, bytes]
     inputs: list[np.ndarray]  # physical (dim-order) layout, program dtypes
     output_layouts: list[tuple[list[int], list[int], int]]  # (sizes, dim_order, scalar_type) per output
+    named_data: dict[str, bytes] = field(default_factory=dict)  # the program's named data (e.g. MLX constants)
 
 
 class DelegateRunner(Protocol):
@@ -67,6 +68,7 @@ class LoadedProgram:
     program: Any  # executorch.exir.schema.Program
     method_names: list[str]
     delegate_ids: list[str] = field(default_factory=list)
+    named_data: dict[str, bytes] = field(default_factory=dict)  # key -> bytes, from the program's named data segments
 
     def plan(self, method: str):
         for plan in self.program.execution_plan:
@@ -82,11 +84,20 @@ def load_program(pte: bytes) -> LoadedProgram:
     _register_operator_libraries()
 
     try:
-        program = deserialize_pte_binary(bytes(pte)).program
+        pte_file = deserialize_pte_binary(bytes(pte))
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad program
         raise WalkError("bad-program", f"cannot deserialize the program: {exc}") from None
+    program = pte_file.program
     ids = sorted({d.id for plan in program.execution_plan for d in plan.delegates})
-    return LoadedProgram(program, [p.name for p in program.execution_plan], ids)
+    return LoadedProgram(program, [p.name for p in program.execution_plan], ids, _named_data(pte_file))
+
+
+def _named_data(pte_file) -> dict[str, bytes]:
+    """The program's named data (delegate constants such as MLX weights) as key -> bytes."""
+    store = getattr(pte_file, "named_data", None)
+    if store is None:
+        return {}
+    return {key: bytes(store.buffers[entry.buffer_index]) for key, entry in store.pte_data.items()}
 
 
 def _register_operator_libraries() -> None:
@@ -644,7 +655,7 @@ class ProgramWalker:
         for index in out_idx:
             spec = frame.tensor_spec(index)
             layouts.append(([int(s) for s in spec.sizes], [int(d) for d in spec.dim_order], int(spec.scalar_type)))
-        outputs = runner(DelegateInvocation(delegate.id, payload, specs, inputs, layouts))
+        outputs = runner(DelegateInvocation(delegate.id, payload, specs, inputs, layouts, self.loaded.named_data))
         if len(outputs) != len(out_idx):
             raise WalkError("backend-error", f"{delegate.id} returned {len(outputs)} outputs, the program expects {len(out_idx)}")
         for index, array, (sizes, dim_order, code) in zip(out_idx, outputs, layouts):

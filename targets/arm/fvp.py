@@ -14,105 +14,51 @@ with `--data FILE@ADDR`) and takes outputs from the ETDump block, or from the
 6-decimal `Output[i][j]` lines (marked lossy).
 
 The FVP's exit code is unreliable; every run is judged from its log
-(targets.runner_log). The FVP runs in its own process group under a host
+(targets.arm.log). The FVP runs in its own process group under a host
 wall-clock bound on top of its own `--timelimit`; the whole group is killed.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import re
 import shutil
-import signal
 import subprocess
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles.bpte import Bundle, serialize_bundle
+from bundles.arm_platforms import FVP_300_U55, FVP_300_U65, FVP_320, FVP_BINARIES, Platform, parse_platform
 from bundles.errors import ConfigError, TargetError
-from targets.process import kill_process_group
-from targets.base import (
-    CaseResult,
-    CaseStatus,
-    RawTensor,
-    RunOptions,
-    TargetRun,
-    expected_layout,
-    raw_outputs_from_files,
-    selected_cases,
-)
-from targets.runner_log import FAULT_RE, IncrementalLogParser, RunnerLog
+from targets.arm.protocol import case_from_session, clear_outputs
+from targets.arm.simulator import run_session_process, session_end
+from targets import Check, TargetSpec, TargetURL
+from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from targets.failures import FailureKind
 
-FVP_300_U55 = "FVP_Corstone_SSE-300_Ethos-U55"
-FVP_300_U65 = "FVP_Corstone_SSE-300_Ethos-U65"
-FVP_320 = "FVP_Corstone_SSE-320"
-FVP_BINARIES = (FVP_300_U55, FVP_300_U65, FVP_320)
+if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
+    from bundles.bpte import Bundle
+
+__all__ = ["FVP_300_U55", "FVP_300_U65", "FVP_320", "FVP_BINARIES", "fvp_command", "parse_variant", "find_fvp",
+           "fvp_version", "find_runner_elf", "firmware_tolerance", "create"]
 
 SEMIHOSTING_CMDLINE_MAX = 256  # the FVP truncates the semihosting command line past this
 DUMMY_INPUT = "dummy.bin"  # '-i' is mandatory even for a bundle; 4 bytes are enough
 BUNDLE_NAME = "model.bpte"
 OUTPUT_BASENAME = "out"
+SEMIHOSTING_CMD_LINE = f"executor_runner -m {BUNDLE_NAME} -i {DUMMY_INPUT} -o {OUTPUT_BASENAME}"
 
-_VALID_MACS = {"ethos-u55": (32, 64, 128, 256), "ethos-u65": (256, 512), "ethos-u85": (128, 256, 512, 1024, 2048)}
-_OUT_RE = re.compile(r"^out-(\d+)\.bin$")
-# Runner lines that a *numerical* mismatch of case 0 produces on its own: the
-# stock runner asserts model_ok after a failed verification. They are the
-# device's verdict, not an infrastructure error.
-_VERIFY_FAIL_MARKERS = (
-    "don't match expected BundleIO bpte ref data",
-    "Test_result: FAIL",
-    "Bundle verification failed with status",
-    "Problem running model",
-)
+Variant = Platform  # one FVP platform + processor configuration (bundles.arm_platforms)
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One FVP platform + processor configuration."""
-
-    key: str  # "corstone-300/ethos-u55-128"
-    board: str  # "corstone-300" | "corstone-320"
-    processor: str  # "ethos-u55" | "ethos-u65" | "ethos-u85" | "cortex-m55" | "cortex-m85"
-    num_macs: int
-    fvp: str  # binary name
-
-    @property
-    def has_npu(self) -> bool:
-        return self.processor.startswith("ethos-u")
-
-    @property
-    def build_target(self) -> str:
-        """The `--target=` of ExecuTorch's build_executor_runner.sh."""
-        return f"{self.processor}-{self.num_macs}" if self.has_npu else self.processor
-
-
-def parse_variant(netloc: str, path: str) -> Variant:
-    """`corstone-300` + `/ethos-u55-128` -> Variant; a clear error otherwise."""
-    board = netloc.lower()
-    proc = path.strip("/").lower()
-    key = f"{board}/{proc}"
-    examples = "corstone-300/ethos-u55-128, corstone-300/ethos-u65-256, corstone-320/ethos-u85-256, corstone-300/cortex-m55, corstone-320/cortex-m85"
-    if board not in ("corstone-300", "corstone-320"):
-        raise TargetError(f"unknown FVP platform {board!r} in fvp://{key}; expected one of {examples}")
-    if proc in ("cortex-m55", "cortex-m85"):
-        want = "corstone-300" if proc == "cortex-m55" else "corstone-320"
-        if board != want:
-            raise TargetError(f"{proc} lives on {want}, not {board}: use fvp://{want}/{proc}")
-        return Variant(key, board, proc, 128, FVP_300_U55 if proc == "cortex-m55" else FVP_320)
-    m = re.fullmatch(r"(ethos-u55|ethos-u65|ethos-u85)-(\d+)", proc)
-    if not m:
-        raise TargetError(f"unknown FVP processor {proc!r} in fvp://{key}; expected one of {examples}")
-    npu, macs = m.group(1), int(m.group(2))
-    if macs not in _VALID_MACS[npu]:
-        raise TargetError(f"{npu} has no {macs}-MAC configuration; valid: {', '.join(map(str, _VALID_MACS[npu]))}")
-    fvp = {"ethos-u55": FVP_300_U55, "ethos-u65": FVP_300_U65, "ethos-u85": FVP_320}[npu]
-    want = "corstone-320" if npu == "ethos-u85" else "corstone-300"
-    if board != want:
-        raise TargetError(f"{npu} is on {want}, not {board}: use fvp://{want}/{proc}")
-    return Variant(key, board, npu, macs, fvp)
+def parse_variant(netloc: str, path: str) -> Platform:
+    """`corstone-300` + `/ethos-u55-128` -> Platform; a one-line TargetError otherwise."""
+    try:
+        return parse_platform(netloc, path)
+    except ValueError as exc:
+        raise TargetError(f"fvp://{netloc}{path}: {exc}") from None
 
 
 def find_fvp(variant: Variant, config: dict[str, Any]) -> tuple[Path | None, list[str]]:
@@ -246,205 +192,6 @@ def fvp_command(
         c.extend(["--data", data])
     c.extend(["--timelimit", str(int(timelimit))])
     return c
-
-
-@dataclass
-class ProcessOutcome:
-    log: RunnerLog
-    returncode: int | None
-    host_timeout: bool
-    elapsed_s: float
-    log_path: Path
-    killed_early: bool = False  # finished or crashed per the log, and the FVP did not exit by itself
-
-
-def run_fvp_process(
-    cmd: list[str],
-    cwd: Path,
-    log_path: Path,
-    wall_timeout_s: float,
-    exit_grace_s: float = 5.0,
-    env: dict[str, str] | None = None,
-) -> ProcessOutcome:
-    """Run the FVP in its own process group; stream stdout+stderr into the log file
-    and the parser; kill the whole group on the wall-clock bound, when the log says
-    the session is over but the FVP lingers, or when the runner crashed and went quiet."""
-    parser = IncrementalLogParser()
-    start = time.monotonic()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as sink:
-        sink.write(("$ " + " ".join(cmd) + "\n").encode())
-        sink.flush()
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=str(cwd),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
-        except OSError as exc:
-            raise TargetError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from None
-        finished_at: list[float] = []
-        last_data = [start]
-
-        def pump() -> None:
-            fd = proc.stdout.fileno()
-            while True:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                last_data[0] = time.monotonic()
-                sink.write(chunk)
-                sink.flush()
-                parser.feed(chunk)
-                if parser.finished and not finished_at:
-                    finished_at.append(time.monotonic())
-
-        reader = threading.Thread(target=pump, name="fvp-log", daemon=True)
-        reader.start()
-        host_timeout = killed_early = False
-        deadline = start + wall_timeout_s
-        while True:
-            try:
-                proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if now >= deadline:
-                    host_timeout = True
-                    kill_process_group(proc)
-                    break
-                if finished_at and now - finished_at[0] > exit_grace_s:
-                    killed_early = True
-                    kill_process_group(proc)
-                    break
-                # A crashed runner (fault handler loop, or et_pal_abort's trap on a
-                # UART build) never ends the simulation: stop once it has gone quiet.
-                if parser.crashed and now - last_data[0] > exit_grace_s:
-                    killed_early = True
-                    kill_process_group(proc)
-                    break
-        _reap_group(proc)
-        reader.join(timeout=5)
-        proc.stdout.close()
-    return ProcessOutcome(
-        log=parser.result(),
-        returncode=proc.returncode,
-        host_timeout=host_timeout,
-        elapsed_s=time.monotonic() - start,
-        log_path=log_path,
-        killed_early=killed_early,
-    )
-
-
-def _reap_group(proc: subprocess.Popen) -> None:
-    """The FVP exited (or was killed): make sure nothing it started survives."""
-    if proc.returncode is None:
-        kill_process_group(proc)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@dataclass
-class Classification:
-    status: CaseStatus
-    error: str | None = None
-    kind: str | None = None
-    excerpt: list[str] = field(default_factory=list)
-
-
-def classify_log(outcome: ProcessOutcome, timelimit: int, wall_timeout_s: float) -> Classification | None:
-    """The failure a session's log shows, or None when the runner ran to the
-    point where outputs can be collected (a BundleIO FAIL verdict included)."""
-    log = outcome.log
-    excerpt = log.excerpt()
-    if outcome.host_timeout:
-        tail = [ln.raw for ln in log.lines[-10:]]
-        return Classification(
-            CaseStatus.TIMEOUT,
-            f"FVP still running after {wall_timeout_s:.0f}s wall clock (--timelimit {timelimit}); process group killed",
-            "host-timeout",
-            excerpt or tail,
-        )
-    hard = [f for f in log.fatal if FAULT_RE.search(f)]
-    if hard:
-        return Classification(CaseStatus.ERROR, f"target crashed: {hard[0].strip()}", "hard-fault", excerpt)
-    if log.boots > 1:
-        return Classification(CaseStatus.ERROR, f"target rebooted during the run ({log.boots} starts)", "reboot", excerpt)
-    unexpected = [
-        e.raw for e in log.errors if not any(marker in e.message for marker in _VERIFY_FAIL_MARKERS)
-    ]
-    asserts = [
-        f
-        for f in log.fatal
-        if "CPU time has been exceeded" not in f and not any(m in f for m in _VERIFY_FAIL_MARKERS)
-    ]
-    if unexpected or asserts:
-        first = (unexpected or asserts)[0].strip()
-        kind = "runner-fatal" if first.startswith("F") or asserts else "runner-error"
-        return Classification(CaseStatus.ERROR, f"runner error: {first}", kind, excerpt)
-    if log.cpu_time_exceeded and not log.program_complete and log.bundle_verdict is None:
-        return Classification(
-            CaseStatus.TIMEOUT,
-            f"FVP --timelimit {timelimit}s reached: CPU time has been exceeded",
-            "cpu-time-exceeded",
-            excerpt or [ln.raw for ln in log.lines[-10:]],
-        )
-    if not any(ln.level for ln in log.lines):
-        tail = [ln.raw for ln in log.lines[-15:]]
-        if outcome.returncode not in (0, None):
-            said = next((ln.raw.strip() for ln in log.lines if ln.raw.strip().lower().startswith(("error", "fatal"))), None)
-            said = said or next((t.strip() for t in reversed(tail) if t.strip()), "no output")
-            return Classification(
-                CaseStatus.ERROR, f"FVP failed (exit {outcome.returncode}) before the runner started: {said}", "fvp-failed", tail
-            )
-        return Classification(
-            CaseStatus.ERROR,
-            f"no arm_executor_runner log lines in FVP output ({len(log.lines)} other lines; exit code {outcome.returncode})",
-            "no-runner-output",
-            tail,
-        )
-    if not log.program_complete and log.bundle_verdict != "FAIL" and not log.eot_seen:
-        return Classification(
-            CaseStatus.ERROR,
-            "runner stopped before 'Program complete, exiting.'"
-            + (f" (FVP: {log.simulation_stopped})" if log.simulation_stopped else ""),
-            "incomplete",
-            excerpt or [ln.raw for ln in log.lines[-10:]],
-        )
-    return None
-
-
-def device_verdict(log: RunnerLog) -> dict[str, Any] | None:
-    """The runner's own BundleIO verdict (test case 0 of what it ran)."""
-    if log.bundle_verdict is None and not log.error_stats:
-        return None
-    out: dict[str, Any] = {"source": "arm_executor_runner BundleIO", "verdict": log.bundle_verdict}
-    if log.verdict_tolerances:
-        out["tolerances"] = dict(log.verdict_tolerances)
-    if log.verification_status is not None:
-        out["status"] = log.verification_status
-    if log.error_stats:
-        out["error_stats"] = dict(log.error_stats)
-    return out
-
-
-def output_files(case_dir: Path) -> list[Path]:
-    """`out-<i>.bin` sorted numerically (out-10 after out-9)."""
-    found = []
-    for p in case_dir.iterdir():
-        m = _OUT_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
 
 
 STOCK_ET_TOL = 0.01  # arm_executor_runner's ET_ATOL/ET_RTOL default
@@ -601,40 +348,33 @@ class FVPTarget:
     # -- semihosting: one FVP session per test case ---------------------------------
 
     def _semihosting_case(self, bundle: Bundle, method: str, index: int, plan: _Plan) -> CaseResult:
-        cmd_line = f"executor_runner -m {BUNDLE_NAME} -i {DUMMY_INPUT} -o {OUTPUT_BASENAME}"
-        assert len(cmd_line) < SEMIHOSTING_CMDLINE_MAX  # relative names keep it short by construction
+        from bundles.bpte import serialize_bundle
+
+        assert len(SEMIHOSTING_CMD_LINE) < SEMIHOSTING_CMDLINE_MAX  # relative names keep it short by construction
         case_dir = plan.work / f"{_safe(method)}-{index}"
         case_dir.mkdir(parents=True, exist_ok=True)
-        for stale in output_files(case_dir):  # the runner never removes old outputs
-            stale.unlink()
+        clear_outputs(case_dir, OUTPUT_BASENAME)
         (case_dir / BUNDLE_NAME).write_bytes(serialize_bundle(bundle.single_case(method, index)))
         (case_dir / DUMMY_INPUT).write_bytes(b"\0\0\0\0")
         cmd = fvp_command(
             self.variant, plan.fvp, plan.elf, plan.timelimit,
-            semihosting_cwd=case_dir.resolve(), cmd_line=cmd_line, fast=plan.fast, extra=plan.extra,
+            semihosting_cwd=case_dir.resolve(), cmd_line=SEMIHOSTING_CMD_LINE, fast=plan.fast, extra=plan.extra,
         )
-        result, log = self._session(cmd, case_dir, plan.logs / f"fvp-{_safe(method)}-{index}.log", plan, method, index)
-        if result.status is CaseStatus.OK:
-            outs, err = raw_outputs_from_files(output_files(case_dir), expected_layout(bundle, method, index))
-            if err:
-                kind = "wrong-size-output" if "bytes, expected" in err else "missing-output"
-                result.status, result.error, result.error_kind = CaseStatus.ERROR, err, kind
-                about_outputs = [ln.raw for ln in log.lines if ln.level and "output" in ln.message.lower()]
-                result.log_excerpt = (about_outputs or [ln.raw for ln in log.lines[-10:]])[-15:]
-            else:
-                result.outputs = outs
-        return result
+        log_path = plan.logs / f"fvp-{_safe(method)}-{index}.log"
+        return self._session(cmd, case_dir, log_path, plan, method, index, bundle, files_dir=case_dir, prefer="files")
 
     # -- UART: bundle in the ELF or placed with --data ------------------------------
 
     def _uart_case(self, bundle: Bundle, method: str, index: int, plan: _Plan, first: bool) -> CaseResult:
+        from bundles.bpte import serialize_bundle
+
         linked = plan.model_addr is None
         if linked and (not first or index != 0 or method != bundle.method_test_suites[0].method_name):
             return CaseResult(
                 method, index, CaseStatus.SKIP,
                 error="the UART runner has the bundle linked in and runs its case 0 only; "
                 "set [targets.fvp] model_addr (--data) or use semihosting mode for every case",
-                error_kind="unsupported",
+                error_kind=FailureKind.UNSUPPORTED,
             )
         case_dir = plan.work / f"uart-{_safe(method)}-{index}"
         case_dir.mkdir(parents=True, exist_ok=True)
@@ -644,57 +384,103 @@ class FVPTarget:
             placed.write_bytes(serialize_bundle(bundle.single_case(method, index)))
             data = f"{placed.resolve()}@{plan.model_addr}"
         cmd = fvp_command(self.variant, plan.fvp, plan.elf, plan.timelimit, fast=plan.fast, data=data, extra=plan.extra)
-        result, log = self._session(cmd, case_dir, plan.logs / f"fvp-uart-{_safe(method)}-{index}.log", plan, method, index)
-        if result.status is CaseStatus.OK:
-            outs, err = self._uart_outputs(log, expected_layout(bundle, method, index))
-            if err:
-                result.status, result.error, result.error_kind = CaseStatus.ERROR, err, "missing-output"
-            else:
-                result.outputs = outs
-        return result
-
-    @staticmethod
-    def _uart_outputs(log: RunnerLog, layout) -> tuple[list[RawTensor], str | None]:
-        """ETDump block (bit exact) when present, else the printed lines (lossy)."""
-        from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
-
-        try:
-            if log.etdump_b64:
-                return list(outputs_from_etdump_b64(log.etdump_b64, layout, log.debug_buffer_b64)), None
-            if log.printed_outputs:
-                return list(outputs_from_printed(log.printed_outputs, layout)), None
-        except OutputDecodeError as exc:
-            return [], str(exc)
-        return [], "runner printed neither an ETDump block nor Output[i][j] lines (build with ET_LOG_DUMP_OUTPUT or ETDump)"
+        log_path = plan.logs / f"fvp-uart-{_safe(method)}-{index}.log"
+        return self._session(cmd, case_dir, log_path, plan, method, index, bundle, files_dir=None)
 
     # -- shared ----------------------------------------------------------------------
 
-    def _session(self, cmd, cwd, log_path, plan: _Plan, method, index) -> tuple[CaseResult, RunnerLog]:
+    def _session(self, cmd, cwd, log_path, plan: _Plan, method: str, index: int, bundle: Bundle,
+                 files_dir: Path | None, prefer: str = "auto") -> CaseResult:
         wall = plan.timelimit + plan.grace_s
-        outcome = run_fvp_process(cmd, cwd, log_path, wall, exit_grace_s=plan.exit_grace_s)
-        bad = classify_log(outcome, plan.timelimit, wall)
-        result = CaseResult(
-            method,
-            index,
-            CaseStatus.OK,
-            log_path=str(log_path),
-            elapsed_s=outcome.elapsed_s,
-            device_verdict=device_verdict(outcome.log),
-            extra={"fvp_returncode": outcome.returncode},
+        outcome = run_session_process(cmd, cwd, log_path, wall, exit_grace_s=plan.exit_grace_s)
+        return case_from_session(
+            outcome.log, session_end(outcome, "FVP", wall), method, index, expected_layout(bundle, method, index),
+            files_dir, log_path, outcome.elapsed_s,
+            extra={"fvp_returncode": outcome.returncode, **({"fvp_killed_after_finish": True} if outcome.killed_early else {})},
+            prefer=prefer,
         )
-        if outcome.log.partial_last_line:
-            result.extra["partial_last_line"] = outcome.log.partial_last_line
-        if outcome.killed_early:
-            result.extra["fvp_killed_after_finish"] = True
-        if bad is not None:
-            result.status, result.error, result.error_kind, result.log_excerpt = bad.status, bad.error, bad.kind, bad.excerpt
+
+
+# Settings of [targets.fvp]; each may also sit in a per-platform table
+# ([targets.fvp."corstone-300/ethos-u55-128"], [targets.fvp.ethos-u55-128]) or a `<name>s` map.
+SETTINGS = ("mode", "fvp_path", "runner_elf", "uart_runner_elf", "timelimit", "host_timeout_grace_s",
+            "exit_grace_s", "fast", "extra_args", "model_addr")
+
+
+def check_settings(cfg: dict[str, Any]) -> None:
+    """Unknown keys are errors (with a did-you-mean), at the top and in per-platform tables."""
+    from targets.settings import check_keys
+
+    for key, value in cfg.items():
+        if isinstance(value, dict) and key not in SETTINGS:
+            if key.endswith("s") and key[:-1] in SETTINGS:
+                continue  # e.g. runner_elfs = {"ethos-u55-128" = "..."}
+            check_keys(f"targets.fvp.{key}", value, SETTINGS)
         else:
-            result.log_excerpt = outcome.log.excerpt(limit=20)
-        return result, outcome.log
+            check_keys("targets.fvp", [key], SETTINGS)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+def _doctor(section: dict) -> list[Check]:
+    from targets.probes import dist_check, tool_check
+
+    rows = []
+    for name in FVP_BINARIES:
+        path = None
+        if section.get("fvp_path"):
+            p = Path(str(section["fvp_path"])).expanduser()
+            cand = p / name if p.is_dir() else p
+            path = str(cand) if cand.is_file() else None
+        rows.append(tool_check(name, ["--version"], "install the Corstone FVP", path))
+    rows.append(tool_check("arm-none-eabi-gcc", ["--version"], "needed only to build runners"))
+    elfs = configured_elfs(section)
+    if not elfs:
+        rows.append(Check("FVP runner ELF", None, "none configured ([targets.fvp] runner_elf)"))
+    for label, value in elfs:
+        p = Path(str(value)).expanduser()
+        rows.append(Check(f"runner ELF {label}", p.is_file(), elf_kind(p) if p.is_file() else "missing", str(p)))
+    rows.append(dist_check("Vela", "ethos-u-vela", "ethosu.vela", "pip install 'bundlerun[arm]'"))
+    return rows
+
+
+def configured_elfs(section: dict) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for key in ("runner_elf", "uart_runner_elf"):
+        if isinstance(section.get(key), str) and section[key]:
+            out.append((key, section[key]))
+    for key in ("runner_elfs", "uart_runner_elfs"):
+        if isinstance(section.get(key), dict):
+            out.extend((f"{key}[{k}]", v) for k, v in section[key].items() if isinstance(v, str))
+    for key, sub in section.items():
+        if isinstance(sub, dict) and key not in ("runner_elfs", "uart_runner_elfs"):
+            out.extend((f"{key} {n}", sub[n]) for n in ("runner_elf", "uart_runner_elf") if isinstance(sub.get(n), str))
+    return out
+
+
+def elf_kind(path: Path) -> str:
+    """What an ELF file is built for, from its header (no toolchain needed)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    if head[:4] != b"\x7fELF":
+        return "not an ELF file"
+    machine = int.from_bytes(head[18:20], "little")
+    return {40: "ELF, Arm", 183: "ELF, AArch64", 62: "ELF, x86-64"}.get(machine, f"ELF, machine {machine}")
+
+
+def _default_backend(url: TargetURL) -> str:
+    return "cortex-m" if "cortex-m" in url.rest.lower() else "arm"
+
+
+SPEC = TargetSpec(
+    name="fvp",
+    schemes=("fvp",),
+    summary="a Corstone FVP running ExecuTorch's arm_executor_runner (Ethos-U55/U65/U85, Cortex-M)",
+    examples=("fvp://corstone-300/ethos-u55-128", "fvp://corstone-320/ethos-u85-256", "fvp://corstone-300/cortex-m55"),
+    default_backend=_default_backend,
+    doctor=_doctor,
+)
 
 
 def create(url, config: dict) -> FVPTarget:
@@ -703,4 +489,5 @@ def create(url, config: dict) -> FVPTarget:
     cfg = dict(config or {})
     for key, value in url.query.items():  # ?mode=uart&fast=1&timelimit=60
         cfg[key] = value
+    check_settings(cfg)
     return FVPTarget(url.raw, variant, cfg)

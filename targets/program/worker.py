@@ -1,7 +1,8 @@
-"""Child process of the tosa:// target: walk the bundle's program in Python
-(targets.pte_walker) with TOSA delegates on the reference model
-(targets.tosa_runtime), run the requested cases, stream JSON events
-(protocol: targets/worker_process.py). Inputs come from the bundle itself.
+"""Child process of the program-walking targets (tosa://, mlx://): walk the bundle's
+program in Python (targets.program.walker) with the delegates of `--delegates`
+(TOSA on the reference model, MLX on the mlx package), run the requested cases,
+stream JSON events (protocol: targets/worker_process.py). Inputs come from the
+bundle itself.
 """
 
 from __future__ import annotations
@@ -20,29 +21,42 @@ def _emit(**event) -> None:
     sys.stdout.flush()
 
 
-def _load(bundle_path: str):
+# --delegates NAME -> (delegate runners, runtime description, distributions to record)
+def _runners(name: str):
+    if name == "tosa":
+        from targets.program.tosa_delegate import delegate_runners
+
+        return delegate_runners(), "bundlerun pte walker + TOSA reference model", ("tosa-tools",)
+    if name.startswith("mlx-"):
+        from targets.program.mlx_delegate import delegate_runners
+
+        return delegate_runners(device=name[4:]), f"bundlerun pte walker + MLX ({name[4:]})", ("mlx",)
+    raise ValueError(f"unknown delegate set {name!r}")
+
+
+def _load(bundle_path: str, delegates: str = "tosa"):
     """Read the bundle and load the program; library chatter goes to stderr."""
     from bundles.bpte import read_bundle
-    from targets.pte_walker import ProgramWalker, load_program
-    from targets.tosa_runtime import delegate_runners
+    from targets.program.walker import ProgramWalker, load_program
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # keep stdout for protocol lines only
     try:
+        runners, runtime, dists = _runners(delegates)
         bundle = read_bundle(bundle_path)
         loaded = load_program(bundle.program)
-        walker = ProgramWalker(loaded, delegate_runners())
+        walker = ProgramWalker(loaded, runners)
     finally:
         sys.stdout = real_stdout
-    return bundle, loaded, walker
+    return bundle, loaded, walker, runtime, dists
 
 
-def _tool_versions() -> dict[str, str]:
+def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
     from bundles.builder import package_versions
 
-    return package_versions(("tosa-tools", "executorch", "torch"))
+    return package_versions((*dists, "executorch", "torch"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bundle")
     parser.add_argument("out_dir")
     parser.add_argument("--cases", required=True)
+    parser.add_argument("--delegates", default="tosa", help="tosa | mlx-cpu | mlx-gpu")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
     try:
-        bundle, loaded, walker = _load(args.bundle)
-        from targets.pte_walker import WalkError
+        bundle, loaded, walker, runtime, dists = _load(args.bundle, args.delegates)
+        from targets.program.walker import WalkError
     except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
         kind = getattr(exc, "kind", "load")
         _emit(event="fatal", error=f"could not load the program: {getattr(exc, 'message', exc)}", kind=kind)
@@ -63,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     _emit(
         event="ready",
         load_s=time.perf_counter() - t0,
-        info={"runtime": "bundlerun pte walker + TOSA reference model", "delegates": loaded.delegate_ids,
-              **_tool_versions()},
+        info={"runtime": runtime, "delegates": loaded.delegate_ids, **_tool_versions(dists)},
     )
 
     out_dir = Path(args.out_dir)

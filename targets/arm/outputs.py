@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from dataclasses import dataclass
 
 from bundles import scalar_types as st
+from targets.arm.log import ECHO_RE
 from targets.base import RawTensor
 
 # `%f` rounds to 6 decimals: |printed - x| <= 5e-7. Storing the printed decimal
@@ -36,7 +36,6 @@ from targets.base import RawTensor
 PRINTED_DECIMAL_ROUNDING = 5e-7
 LOSSY_ROUNDING_ATOL = 2 * PRINTED_DECIMAL_ROUNDING
 
-_ECHO_RE = re.compile(r'echo\s+"(?P<b64>[^"]*)"\s*\|\s*base64\s+-d\s*>\s*(?P<name>\S+)')
 _UINT64_MAX = (1 << 64) - 1
 
 
@@ -67,7 +66,7 @@ def _b64(text: str, what: str) -> bytes:
 def parse_etdump_block(text: str) -> EtdumpBlock:
     """Decode a whole `#[RUN THIS]` ... `#[END]` block (or just its echo lines)."""
     etdump = debug = None
-    for m in _ECHO_RE.finditer(text):
+    for m in ECHO_RE.finditer(text):
         if m.group("name").startswith("debug_buffer"):
             debug = _b64(m.group("b64"), "debug_buffer.bin")
         else:
@@ -216,7 +215,9 @@ _PRINTED_KINDS = {
 
 
 def outputs_from_printed(
-    printed: dict[int, list[tuple[str, float | int | bool]]], layout: list[tuple[int, list[int]]]
+    printed: dict[int, list[tuple[str, float | int | bool]]],
+    layout: list[tuple[int, list[int]]],
+    elided: set[int] | frozenset[int] = frozenset(),
 ) -> list[RawTensor]:
     """Outputs from `Output[i][j]: (kind) value` lines, marked lossy.
 
@@ -231,17 +232,26 @@ def outputs_from_printed(
         numel = 1
         for s in shape:
             numel *= s
-        if code not in _PRINTED_KINDS:
-            raise OutputDecodeError(
-                f"output {i} is {_dtype_name(code)}, which the runner does not print; enable ETDump output dumping"
-            )
         values = printed.get(i)
         if values is None:
             raise OutputDecodeError(f"no Output[{i}][*] lines in the log (ET_LOG_DUMP_OUTPUT off, or log cut short)")
-        if len(values) != numel:
-            raise OutputDecodeError(f"Output[{i}] has {len(values)} printed values, the bundle expects {numel}")
-        kinds = {k for k, _ in values}
-        bad = kinds - set(_PRINTED_KINDS[code])
+        if i in elided:
+            raise OutputDecodeError(f"output {i} was printed in summary form (elided with '...'); print all values "
+                                    "(--print_output all) or write output files")
+        kinds = {k for k, _ in values} - {"untagged", "missing"}  # untagged values take the bundle's dtype
+        if "summary" in kinds:
+            if st.is_floating(code):
+                raise OutputDecodeError(f"output {i} was printed as a tensor summary (6 significant digits); "
+                                        "use output files (--output_file) or ETDump for floating outputs")
+            kinds.discard("summary")
+        if kinds and code not in _PRINTED_KINDS:
+            raise OutputDecodeError(
+                f"output {i} is {_dtype_name(code)}, which the runner does not print; enable ETDump output dumping"
+            )
+        real = [v for v in values if v[0] != "missing"]
+        if len(real) != numel or len(values) != numel:
+            raise OutputDecodeError(f"Output[{i}] has {len(real)} printed values, the bundle expects {numel}")
+        bad = kinds - set(_PRINTED_KINDS.get(code, ()))
         if bad:
             raise OutputDecodeError(
                 f"Output[{i}] printed as ({', '.join(sorted(bad))}), the bundle expects {_dtype_name(code)}"

@@ -21,16 +21,24 @@ from dataclasses import dataclass, field
 EOT = 0x04
 _EOL_RE = re.compile(rb"\r\n|\r|\n")
 
-# Current:  I [executorch:arm_executor_runner.cpp:612 main()] msg
-# Older:    I [executorch:arm_executor_runner.cpp:675] msg
-# Oldest:   I executorch:arm_executor_runner.cpp:60] msg
+# Current:   I [executorch:arm_executor_runner.cpp:612 main()] msg
+# Older:     I [executorch:arm_executor_runner.cpp:675] msg
+# Oldest:    I executorch:arm_executor_runner.cpp:60] msg
+# Timestamp: I 00:00:00.364824 executorch:executor_runner.cpp:76] msg   (posix PAL: seconds since boot)
 _RUNNER_RE = re.compile(
-    r"(?P<level>[DIEF?]) \[?executorch:(?P<file>[^:\]\s]+):(?P<line>\d+)"
+    r"(?P<level>[DIEF?]) (?:(?P<ts>\d+:\d\d:\d\d\.\d+) )?\[?executorch:(?P<file>[^:\]\s]+):(?P<line>\d+)"
     r"(?: (?P<func>[^\]\s]*?)(?:\(\))?)?\] ?(?P<msg>.*)$"
 )
 _OUTPUT_RE = re.compile(
     r"^Output\[(?P<i>\d+)\]\[(?P<j>\d+)\]:\s*(?:\((?P<kind>\w+)\)\s*)?(?P<value>\S+)"
 )
+# The portable executor_runner's --print_output summary: `OutputX 0: tensor(sizes=[1, 4], [0.1, 0.2, ...])`
+# (older releases: `Output 0: ...`); long lists wrap over several lines and may elide with `...`.
+_TENSOR_START_RE = re.compile(r"^OutputX? (?P<i>\d+): tensor\(sizes=\[(?P<sizes>[\d, ]*)\], \[(?P<rest>.*)$")
+# Lines that look like errors but are not a cause: the runner says it ignores them.
+BENIGN_RE = re.compile(r"ignoring error from set_output_data_ptr\(\)|Skipping non-tensor input")
+# How a run says it ended well: current runners, Zephyr builds, older runners (+ EXITTHESIM).
+_SUCCESS_MARKERS = ("Program complete, exiting.", "Application exit code: 0.")
 _TOL_RE = re.compile(r"rtol=(?P<rtol>[-+0-9.eEnaif]+)\s+atol=(?P<atol>[-+0-9.eEnaif]+)")
 _STATUS_RE = re.compile(r"Bundle verification failed with status (?P<status>0x[0-9a-fA-F]+|\d+)")
 _STAT_RE = re.compile(
@@ -38,7 +46,7 @@ _STAT_RE = re.compile(
     r"\s*:\s*(?P<value>\S+)"
 )
 _RESULT_RE = re.compile(r"Test_result:\s*(?P<verdict>PASS|FAIL)")
-_ECHO_RE = re.compile(r'^echo\s+"(?P<b64>[^"]*)"\s*\|\s*base64\s+-d\s*>\s*(?P<name>\S+)')
+ECHO_RE = re.compile(r'echo\s+"(?P<b64>[^"]*)"\s*\|\s*base64\s+-d\s*>\s*(?P<name>\S+)')
 # CPU faults: "Hard fault" (ExecuTorch's own log check) and the Arm platform's
 # fault handlers ("Exception caught by function BusFault_Handler").
 FAULT_RE = re.compile(r"hard ?fault|Exception caught by function \w+_Handler|\b(Bus|Usage|MemManage|Secure)Fault\b", re.IGNORECASE)
@@ -85,6 +93,7 @@ class RunnerLog:
     eot_seen: bool = False
     program_complete: bool = False
     boots: int = 0  # runner start count; > 1 means the target rebooted mid-run
+    printed_elided: set[int] = field(default_factory=set)  # outputs whose printed tensor was cut with '...'
     cpu_time_exceeded: bool = False
     partial_last_line: str | None = None
     # Extensions beyond the shared contract:
@@ -98,6 +107,11 @@ class RunnerLog:
     def crashed(self) -> bool:
         """A fatal condition or an F-level line was seen (the runner aborted)."""
         return bool(self.fatal) or any(e.level == "F" for e in self.errors)
+
+    @property
+    def causes(self) -> list[LogLine]:
+        """E/F lines that can explain a failure (benign ones left out)."""
+        return [e for e in self.errors if not BENIGN_RE.search(e.message)]
 
     def output_arrays(self) -> dict[int, list[float | int | bool]]:
         """Printed outputs as plain value lists, index-ordered."""
@@ -150,7 +164,10 @@ def _number(text: str) -> float:
 
 
 def _output_value(kind: str | None, value: str) -> tuple[str, float | int | bool]:
-    kind = (kind or "float").lower()
+    """(kind, value); an untagged value keeps kind "untagged" and takes the bundle's dtype later."""
+    if kind is None:
+        return "untagged", _number(value)
+    kind = kind.lower()
     if kind == "bool":
         return kind, value.lower().startswith("true")
     if kind in ("int", "char", "long", "short", "byte"):
@@ -170,6 +187,7 @@ class _State:
         self.etdump_parts: list[str] = []
         self.etdump_echo: str | None = None
         self.boot_pending_model = False  # 'Running executor' seen, its 'PTE @' not yet
+        self.tensor_text: tuple[int, list[int], list[str]] | None = None  # an `OutputX i: tensor(` being read
 
     def consume(self, ln: LogLine) -> None:
         log = self.log
@@ -184,7 +202,7 @@ class _State:
                 log.etdump_complete = True
                 log.etdump_b64 = self.etdump_echo if self.etdump_echo is not None else "".join(self.etdump_parts)
                 return
-            echo = _ECHO_RE.match(stripped)
+            echo = ECHO_RE.match(stripped)
             if echo:
                 if echo.group("name").startswith("debug_buffer"):
                     log.debug_buffer_b64 = "".join(echo.group("b64").split())
@@ -203,11 +221,23 @@ class _State:
             log.etdump_complete = False
             return
 
+        if self.tensor_text is not None and ln.level is None:
+            self._tensor_more(stripped)
+            return
         if ln.level is None and stripped.startswith("Output["):
             out = _OUTPUT_RE.match(stripped)
             if out:
                 self._output(out)
                 return
+        if ln.level is None and stripped.startswith("Output"):
+            start = _TENSOR_START_RE.match(stripped)
+            if start:
+                sizes = [int(x) for x in start.group("sizes").replace(" ", "").split(",") if x]
+                self.tensor_text = (int(start.group("i")), sizes, [])
+                self._tensor_more(start.group("rest"))
+                return
+        if any(marker in raw for marker in _SUCCESS_MARKERS):
+            log.program_complete = True
         if ln.level in ("E", "F"):
             log.errors.append(ln)
         if FAULT_RE.search(raw) or _FATAL_ANY.search(raw):
@@ -251,12 +281,25 @@ class _State:
         stat = _STAT_RE.match(msg)
         if stat:
             log.error_stats[stat.group("name")] = _number(stat.group("value"))
-        if "Program complete, exiting." in msg:
-            log.program_complete = True
         if msg.startswith("Model run:"):
             log.model_run_ok = msg.split(":", 1)[1].strip().startswith("1")
         if msg.startswith("Writing output to file:"):
             log.output_files.append(msg.split(":", 1)[1].strip())
+
+    def _tensor_more(self, text: str) -> None:
+        """Collect a printed tensor's values until its closing `])`."""
+        assert self.tensor_text is not None
+        index, sizes, parts = self.tensor_text
+        done = text.endswith("])")
+        parts.append(text[:-2] if done else text)
+        if not done:
+            return
+        self.tensor_text = None
+        items = [t.strip() for t in " ".join(parts).split(",") if t.strip()]
+        if any(t.startswith("...") for t in items):
+            self.log.printed_elided.add(index)
+            items = [t for t in items if not t.startswith("...")]
+        self.log.printed_outputs[index] = [("summary", _number(t)) for t in items]
 
     def _output(self, out: re.Match) -> None:
         i, j = int(out.group("i")), int(out.group("j"))
@@ -279,6 +322,7 @@ class _State:
         log.error_stats = dict(log.error_stats)
         log.verdict_tolerances = dict(log.verdict_tolerances)
         log.output_files = list(log.output_files)
+        log.printed_elided = set(log.printed_elided)
         if log.boots == 0 and log.banners:
             log.boots = log.banners
         return log

@@ -8,7 +8,7 @@ Per test case: write the one-case bundle (`Bundle.single_case`: the stock runner
 checks case 0 only), open the port, run the configured flash command, reset the
 board, capture the UART until the runner's end (`Program complete, exiting.`,
 EOT, or its abort after a failed BundleIO check) or the deadline, save the raw
-bytes, and parse them with `targets.runner_log`. Outputs come from the ETDump
+bytes, and parse them with `targets.arm.log`. Outputs come from the ETDump
 block at full precision, else from the 6-decimal `Output[i][j]` lines (lossy).
 Every read is bounded (`timeout=` on the port + an overall deadline) and the port
 is always closed. This target never judges numerics; the firmware's own verdict
@@ -17,28 +17,37 @@ goes to `CaseResult.device_verdict` for information.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import re
 import shlex
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles.bpte import Bundle, write_bundle
 from bundles.errors import ConfigError
 from targets.process import kill_process_group
-from targets.base import CaseResult, CaseStatus, RawTensor, RunOptions, TargetRun, expected_layout, selected_cases
+from targets import Check, TargetSpec
+from targets.arm.protocol import SessionEnd, case_from_session
+from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from targets.failures import FailureKind
+
+if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
+    from bundles.bpte import Bundle
 
 RESET_MODES = ("none", "dtr", "rts", "dtr+rts", "command", "exec")
 _BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
 # ET_CHECK_MSG(model_ok == true, "Problem running model") follows a failed BundleIO
 # check: the runner aborts by design, after printing outputs, verdict and ETDump.
-_VERIFY_ABORT = "Problem running model"
 _CHUNK = 16384
 # Transport faults worth another attempt (RunOptions.retries); never numerics or reboots.
 _TRANSIENT = ("port-lost", "port-busy", "port-missing", "flash-timeout")
+# Capture.status -> how the stream ended, for the shared Arm runner protocol.
+_ENDS = {"finished": "finished", "aborted": "finished", "timeout": "host-timeout", "no-output": "no-output",
+         "reboot": "reboot", "port-lost": "transport-lost"}
 
 
 @dataclass
@@ -60,7 +69,6 @@ class SerialSettings:
     boot_timeout_s: float | None = None  # no byte at all after reset within this -> TIMEOUT
     exclusive: bool = True
     outputs: str = "auto"  # auto (ETDump, else printed) | etdump | printed
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _truthy(value: Any) -> bool:
@@ -87,18 +95,16 @@ def settings_from(url, config: dict[str, Any]) -> SerialSettings:
     if not port_url:
         raise ConfigError(f"{url.raw}: no serial port given (e.g. serial:///dev/ttyACM0)")
     default_reset = "none" if scheme == "serial+socket" else "dtr"
-    known = {f for f in SerialSettings.__dataclass_fields__ if f not in ("port_url", "extra")}
+    known = {f for f in SerialSettings.__dataclass_fields__ if f != "port_url"}
     aliases = {"baud": "baudrate"}
     kwargs: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
+    from targets.settings import check_keys
+
+    check_keys("targets.serial", [aliases.get(k, k) for k in merged], [*known, *aliases])
     for key, value in merged.items():
-        key = aliases.get(key, key)
-        if key in known:
-            kwargs[key] = value
-        else:
-            extra[key] = value
+        kwargs[aliases.get(key, key)] = value
     try:
-        s = SerialSettings(port_url=port_url, extra=extra, **kwargs)
+        s = SerialSettings(port_url=port_url, **kwargs)
         s.baudrate = int(s.baudrate)
         for name in ("reset_pulse_s", "flash_timeout_s", "read_timeout_s", "settle_s"):
             setattr(s, name, float(getattr(s, name)))
@@ -200,11 +206,14 @@ def _tail(path: Path) -> str:
 
 
 class PortFault(Exception):
-    """A transport failure with its error_kind (port-busy, port-missing, port-lost, reset)."""
+    """A transport failure (error_kind `transport`); `detail` says which: port-busy,
+    port-missing, port-open, port-lost, reset."""
 
-    def __init__(self, kind: str, message: str):
+    kind = FailureKind.TRANSPORT
+
+    def __init__(self, detail: str, message: str):
         super().__init__(message)
-        self.kind = kind
+        self.detail = detail
 
 
 def port_holders(device: str) -> list[str]:
@@ -317,7 +326,7 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
     """
     import serial
 
-    from targets.runner_log import IncrementalLogParser
+    from targets.arm.log import IncrementalLogParser
 
     parser = IncrementalLogParser()
     data = bytearray()
@@ -361,87 +370,6 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
 
 
 # ---------------------------------------------------------------- the target
-
-
-def _printable_excerpt(log, data: bytes, limit: int = 30) -> list[str]:
-    lines = log.excerpt(limit)
-    if not lines:
-        tail = [ln.raw for ln in log.lines[-limit:]]
-        if log.partial_last_line:
-            tail.append(log.partial_last_line)
-        lines = tail
-    return lines
-
-
-def device_verdict_of(log) -> dict[str, Any] | None:
-    """The firmware's own BundleIO result (test case 0 of the flashed bundle)."""
-    if log.bundle_verdict is None and not log.error_stats:
-        return None
-    out: dict[str, Any] = {
-        "source": "arm_executor_runner BundleIO (compiled ET_ATOL/ET_RTOL, test case 0)",
-        "verdict": log.bundle_verdict,
-        "error_stats": dict(log.error_stats),
-    }
-    if log.verdict_tolerances:
-        out["tolerances"] = dict(log.verdict_tolerances)
-    if getattr(log, "verification_status", None) is not None:
-        out["verification_status"] = log.verification_status
-    return out
-
-
-def classify(capture: Capture, log, layout, settings: SerialSettings) -> tuple[CaseStatus, str | None, str | None, list[RawTensor], dict]:
-    """(status, error_kind, error, outputs, extra) for one captured session."""
-    from targets.etdump_outputs import OutputDecodeError, outputs_from_etdump_b64, outputs_from_printed
-
-    extra: dict[str, Any] = {"capture_status": capture.status, "bytes": len(capture.data)}
-    if capture.status == "port-lost":
-        return CaseStatus.ERROR, "port-lost", f"serial port {settings.port_url} lost mid-run ({capture.message})", [], extra
-    if capture.status == "reboot" or log.boots > 1:
-        return CaseStatus.ERROR, "reboot", "the board rebooted mid-run (runner start seen twice)", [], extra
-    if capture.status == "no-output":
-        hint = "check wiring, baud rate and the reset method"
-        return CaseStatus.TIMEOUT, "no-output", f"no bytes from {settings.port_url} ({hint})", [], extra
-    if capture.status == "timeout":
-        if not any(ln.level for ln in log.lines):
-            return (
-                CaseStatus.TIMEOUT,
-                "timeout",
-                f"received {len(capture.data)} bytes but no runner log line (wrong baud rate {settings.baudrate}?)",
-                [],
-                extra,
-            )
-        return CaseStatus.TIMEOUT, "timeout", "the runner did not finish (no 'Program complete, exiting.' / EOT)", [], extra
-    unexpected = [f for f in log.fatal if not (_VERIFY_ABORT in f and log.bundle_verdict == "FAIL")]
-    fatal_levels = [e.raw for e in log.errors if e.level == "F" and not (_VERIFY_ABORT in e.raw and log.bundle_verdict == "FAIL")]
-    if unexpected or fatal_levels:
-        first = _from_marker((unexpected or fatal_levels)[0])
-        kind = "hard-fault" if re.search(r"hard ?fault", first, re.I) else "crash"
-        return CaseStatus.ERROR, kind, f"the runner aborted: {first[:200]}", [], extra
-
-    outputs: list[RawTensor] | None = None
-    problems: list[str] = []
-    if settings.outputs in ("auto", "etdump"):
-        if log.etdump_b64 and log.etdump_complete:
-            try:
-                outputs = outputs_from_etdump_b64(log.etdump_b64, layout, getattr(log, "debug_buffer_b64", None))
-                extra["outputs_from"] = "etdump"
-            except OutputDecodeError as exc:
-                problems.append(f"ETDump: {exc}")
-        elif log.etdump_b64 is not None or "#[RUN THIS]" in capture.data.decode("latin-1"):
-            problems.append("ETDump block incomplete (no #[END])")
-        else:
-            problems.append("no ETDump block (runner built without ETDump output dumping)")
-    if outputs is None and settings.outputs in ("auto", "printed"):
-        try:
-            outputs = outputs_from_printed(log.printed_outputs, layout)
-            extra["outputs_from"] = "printed"
-        except OutputDecodeError as exc:
-            problems.append(f"printed: {exc}")
-    if outputs is None:
-        return CaseStatus.ERROR, "missing-output", "; ".join(problems) or "no outputs in the log", [], extra
-    if problems:
-        extra["output_notes"] = problems
-    return CaseStatus.OK, None, None, outputs, extra
 
 
 class SerialTarget:
@@ -491,7 +419,7 @@ class SerialTarget:
                         "the runner checks test case 0 of the bundle it holds; set a flash command "
                         "with {case_bundle} to run other cases"
                     ),
-                    error_kind="needs-flash",
+                    error_kind=FailureKind.UNSUPPORTED,
                 )
                 cases.append(result)
                 if options.progress:
@@ -537,6 +465,8 @@ class SerialTarget:
         work: Path,
         per_case_flash: bool,
     ) -> CaseResult:
+        from bundles.bpte import write_bundle
+
         stem = f"{_safe(method)}-case{index}"
         case_bundle = work / f"{stem}.bpte"
         write_bundle(bundle.single_case(method, index), case_bundle)
@@ -546,13 +476,14 @@ class SerialTarget:
         earlier: list[dict[str, Any]] = []
         for attempt in range(attempts):
             if result is not None:
-                earlier.append({"error_kind": result.error_kind, "error": result.error, "log_path": result.log_path})
+                earlier.append({"error_kind": result.error_kind, "transport_fault": result.extra.get("transport_fault"),
+                                "error": result.error, "log_path": result.log_path})
             suffix = "" if attempt == 0 else f".retry{attempt}"
             result = self._attempt(
                 method, index, layout, options, s, work, f"{stem}{suffix}", bundle_path, case_bundle, per_case_flash
             )
             result.extra["attempts"] = attempt + 1
-            if result.error_kind not in _TRANSIENT:
+            if result.extra.get("transport_fault") not in _TRANSIENT:
                 break
         assert result is not None
         if earlier:
@@ -574,7 +505,7 @@ class SerialTarget:
         case_bundle: Path,
         per_case_flash: bool,
     ) -> CaseResult:
-        from targets.runner_log import parse_runner_log
+        from targets.arm.log import parse_runner_log
 
         values = self._values(bundle_path, case_bundle, work)
         log_path = work / f"{stem}.uart.log"
@@ -583,6 +514,7 @@ class SerialTarget:
             port = open_port(s)
         except PortFault as fault:
             base.error, base.error_kind = fault.args[0], fault.kind
+            base.extra["transport_fault"] = fault.detail
             return base
         capture: Capture | None = None
         t0 = time.monotonic()
@@ -592,7 +524,9 @@ class SerialTarget:
                 base.extra["flash_log"] = str(res.log_path)
                 if not res.ok:
                     base.error = res.message
-                    base.error_kind = "flash-timeout" if res.kind == "timeout" else "flash"
+                    base.error_kind = FailureKind.TOOL_FAILED
+                    if res.kind == "timeout":
+                        base.extra["transport_fault"] = "flash-timeout"
                     return base
             with open(log_path, "wb") as sink_file:
                 def sink(chunk: bytes) -> None:
@@ -604,6 +538,7 @@ class SerialTarget:
                 capture = capture_uart(port, s, t0 + options.case_timeout_s, sink)
         except PortFault as fault:
             base.error, base.error_kind = fault.args[0], fault.kind
+            base.extra["transport_fault"] = fault.detail
             if log_path.exists():
                 base.log_path = str(log_path)
             return base
@@ -613,30 +548,38 @@ class SerialTarget:
             except Exception:  # closing a vanished device must not mask the result
                 pass
         log = parse_runner_log(capture.data)
-        status, kind, error, outputs, extra = classify(capture, log, layout, s)
-        return CaseResult(
-            method=method,
-            case_index=index,
-            status=status,
-            outputs=outputs,
-            error=error,
-            error_kind=kind,
-            log_excerpt=_printable_excerpt(log, capture.data) if status != CaseStatus.OK else log.excerpt(20),
-            log_path=str(log_path),
-            elapsed_s=capture.elapsed_s,
-            device_verdict=device_verdict_of(log),
-            extra={**base.extra, **extra},
-        )
+        detail = capture.message
+        if capture.status == "timeout":
+            detail = f"{options.case_timeout_s:g}s; no 'Program complete, exiting.' / EOT"
+            if not any(ln.level for ln in log.lines):
+                detail = f"received {len(capture.data)} bytes, none a runner line: wrong baud rate {s.baudrate}?"
+        elif capture.status == "no-output":
+            detail = "check wiring, baud rate and the reset method"
+        end = SessionEnd(_ENDS[capture.status], f"serial port {s.port_url}", None, detail)
+        extra = {**base.extra, "capture_status": capture.status, "bytes": len(capture.data)}
+        result = case_from_session(log, end, method, index, layout, None, log_path, capture.elapsed_s, extra,
+                                   prefer=s.outputs)
+        if capture.status == "port-lost":
+            result.extra["transport_fault"] = "port-lost"
+        if result.status is not CaseStatus.OK and not result.log_excerpt:
+            result.log_excerpt = [ln.raw for ln in log.lines[-30:]] + ([log.partial_last_line] if log.partial_last_line else [])
+        return result
 
 
-def _from_marker(raw: str) -> str:
-    """A fatal line without the UART noise that may precede it on the same line."""
-    m = re.search(r"[DIEF] \[executorch:|hard ?fault|assert", raw, re.I)
-    return (raw[m.start():] if m else raw).strip()
+def _doctor(_section: dict) -> list[Check]:
+    from targets.probes import dist_check
+
+    return [dist_check("pyserial", "pyserial", "serial")]
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "method"
+SPEC = TargetSpec(
+    name="serial",
+    schemes=("serial", "serial+socket", "rfc2217"),
+    summary="a board (or an emulator's UART) running arm_executor_runner, over a serial port",
+    examples=("serial:///dev/ttyACM0?baud=115200", "serial+socket://HOST:PORT", "rfc2217://HOST:PORT"),
+    default_backend="portable",
+    doctor=_doctor,
+)
 
 
 def create(url, config: dict) -> SerialTarget:

@@ -1,0 +1,105 @@
+"""A bundle's test cases must match what its program returns and what its manifest
+describes: every expected value where the program returns a tensor is a tensor
+of the program's dtype and shape, every output has criteria, every method tested
+exists. Checked by every reader before anything runs, on any target, so a
+swapped or missing expected output is a broken bundle (exit 2, named) and never
+a SKIP inside a passing run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from bundles import scalar_types as st
+from bundles.errors import BundleError
+from bundles.program_meta import DeclaredOutput, method_outputs
+
+if TYPE_CHECKING:
+    from bundles.bpte import Bundle, BundledValue
+
+
+def _what(value: "BundledValue") -> str:
+    if value.kind == "tensor":
+        return f"a {st.name(value.scalar_type)}{list(value.sizes)} tensor"
+    return f"{'an' if value.kind == 'int' else 'a'} {value.kind} ({value.scalar!r})"
+
+
+def check_consistency(bundle: "Bundle", source: str) -> list[str]:
+    """Raise BundleError naming the method, case and output of the first mismatch.
+
+    A program whose output declarations cannot be read is left to the runtime (it
+    refuses to load a malformed program) with a warning; the manifest check still applies."""
+    if not bundle.method_test_suites or not any(s.test_cases for s in bundle.method_test_suites):
+        raise BundleError(f"{source}: bundle has no test cases: there is nothing to validate")
+    names = [s.method_name for s in bundle.method_test_suites]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise BundleError(f"{source}: bundle has two test suites for method {dup!r}")
+    warnings: list[str] = []
+    try:
+        declared = method_outputs(bundle.program, source)
+    except BundleError as exc:
+        declared = None
+        warnings.append(f"{exc}; expected outputs were not checked against the program's declarations")
+    methods = (bundle.manifest or {}).get("methods")
+    if methods is not None:
+        _methods_match(source, names, methods)
+    for suite in bundle.method_test_suites:
+        if declared is not None and suite.method_name not in declared:
+            raise BundleError(f"{source}: bundle tests method {suite.method_name!r}, which the program does not have "
+                              f"(it has {', '.join(map(repr, declared)) or 'none'})")
+        outs = declared[suite.method_name] if declared is not None else None
+        spec = methods.get(suite.method_name) if methods is not None else None
+        for i, case in enumerate(suite.test_cases):
+            where = f"{source}: method {suite.method_name!r} case {i}"
+            if outs is not None:
+                _against_program(where, case.expected_outputs, outs)
+            if spec is not None:
+                _against_manifest(where, "expected output", case.expected_outputs, spec["outputs"])
+                if spec.get("inputs"):
+                    _against_manifest(where, "input", case.inputs, spec["inputs"])
+    return warnings
+
+
+def _methods_match(source: str, names: list[str], methods: dict[str, Any]) -> None:
+    for name in names:
+        if name not in methods:
+            raise BundleError(f"{source}: method {name!r} has test cases but no criteria in the manifest")
+    for name in methods:
+        if name not in names:
+            raise BundleError(f"{source}: the manifest has criteria for method {name!r}, which has no test cases")
+
+
+def _against_program(where: str, values: list["BundledValue"], outs: list[DeclaredOutput]) -> None:
+    if len(values) != len(outs):
+        raise BundleError(f"{where}: has {len(values)} expected outputs, the program returns {len(outs)}")
+    for j, (value, decl) in enumerate(zip(values, outs)):
+        if decl.kind != "tensor":
+            continue
+        returns = f"the program returns a {_dtype(decl.scalar_type)}{decl.sizes} tensor"
+        if value.kind != "tensor":
+            raise BundleError(f"{where}: expected output {j} is {_what(value)}, but {returns}")
+        if value.scalar_type != decl.scalar_type:
+            raise BundleError(f"{where}: expected output {j} is {_what(value)}, but {returns}")
+        sizes = decl.sizes or []
+        fits = (list(value.sizes) == sizes if decl.static else
+                len(value.sizes) == len(sizes) and math.prod(value.sizes) <= math.prod(sizes))
+        if not fits:
+            raise BundleError(f"{where}: expected output {j} is {_what(value)}, but {returns}")
+
+
+def _against_manifest(where: str, label: str, values: list["BundledValue"], specs: list[dict[str, Any]]) -> None:
+    if len(values) != len(specs):
+        raise BundleError(f"{where}: has {len(values)} {label}s, the manifest describes {len(specs)}")
+    for j, (value, spec) in enumerate(zip(values, specs)):
+        if value.kind != "tensor" or st.name(value.scalar_type) != spec["dtype"] or list(value.sizes) != spec["shape"]:
+            raise BundleError(f"{where}: {label} {j} ({spec['name']}) is {_what(value)}, but the manifest "
+                              f"describes a {spec['dtype']}{spec['shape']} tensor")
+
+
+def _dtype(code: int | None) -> str:
+    try:
+        return st.name(code) if code is not None else "?"
+    except st.UnsupportedScalarType:
+        return f"scalar type {code}"

@@ -1,0 +1,121 @@
+"""Program and test-case integrity, and the one validation every bundle reader runs.
+
+At write time (`bpte.write_bundle`) the manifest is *sealed*: it records the
+sha256 of the program bytes, of each test case (inputs and expected outputs:
+kind, dtype, sizes, dim order, data) and of the manifest itself. Readers
+recompute them and refuse a mismatch, so a program swapped by another tool, an
+edited expected output or a flipped digit in a tolerance is an error, not a
+verdict. This detects changes made outside bundlerun's writer; it is not a
+signature (anyone can re-seal an edited file): see docs/security.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import struct
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from bundles.errors import IntegrityError
+
+if TYPE_CHECKING:
+    from bundles.bpte import Bundle, BundledTestCase, BundledValue
+
+ALGORITHM = "sha256"
+UNSEALED_WARNING = ("bundle predates integrity hashes (its manifest records no sha256 of the program and test "
+                    "cases): changes made after it was built cannot be detected; rebuild it to add them")
+
+
+def program_digest(program: bytes) -> str:
+    return hashlib.sha256(program).hexdigest()
+
+
+def _value_bytes(h: Any, tag: bytes, value: "BundledValue") -> None:
+    dim_order = list(value.dim_order) or list(range(len(value.sizes)))
+    head = json.dumps([value.kind, value.scalar_type, list(value.sizes), dim_order, len(value.data),
+                       repr(value.scalar) if value.kind != "tensor" else None], separators=(",", ":"))
+    h.update(tag + struct.pack("<I", len(head)) + head.encode())
+    h.update(value.data)
+
+
+def case_digest(case: "BundledTestCase") -> str:
+    """sha256 over every input and expected output of one test case, unambiguously framed."""
+    h = hashlib.sha256()
+    h.update(struct.pack("<II", len(case.inputs), len(case.expected_outputs)))
+    for value in case.inputs:
+        _value_bytes(h, b"I", value)
+    for value in case.expected_outputs:
+        _value_bytes(h, b"O", value)
+    return h.hexdigest()
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the manifest, its own digest left out."""
+    body = dict(manifest)
+    integrity = dict(body.get("integrity") or {})
+    integrity.pop("manifest", None)
+    body["integrity"] = integrity
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_bundlerun_manifest(manifest: Any) -> bool:
+    return isinstance(manifest, dict) and str(manifest.get("schema", "")).startswith("bundlerun.manifest/")
+
+
+def seal(bundle: "Bundle") -> "Bundle":
+    """A copy whose manifest records the digests of this bundle's program, cases and manifest."""
+    if not is_bundlerun_manifest(bundle.manifest):
+        return bundle
+    manifest = copy.deepcopy(bundle.manifest)
+    manifest["integrity"] = {
+        "algorithm": ALGORITHM,
+        "program": program_digest(bundle.program),
+        "cases": {s.method_name: [case_digest(c) for c in s.test_cases] for s in bundle.method_test_suites},
+    }
+    manifest["integrity"]["manifest"] = manifest_digest(manifest)
+    return replace(bundle, manifest=manifest)
+
+
+def verify(bundle: "Bundle", source: str) -> list[str]:
+    """Raise IntegrityError on any mismatch; warnings (unsealed bundle) otherwise."""
+    if bundle.manifest is None:
+        return []
+    integrity = bundle.manifest.get("integrity")
+    if integrity is None:
+        return [f"{source}: {UNSEALED_WARNING}"]
+    got = program_digest(bundle.program)
+    if got != integrity["program"]:
+        raise IntegrityError(f"{source}: the program was changed after the bundle was built "
+                             f"(sha256 {got[:16]}..., the manifest records {integrity['program'][:16]}...)")
+    cases = integrity["cases"]
+    names = {s.method_name for s in bundle.method_test_suites}
+    if set(cases) != names:
+        raise IntegrityError(f"{source}: the bundle's methods ({', '.join(sorted(names))}) are not the ones it was "
+                             f"sealed with ({', '.join(sorted(cases)) or 'none'})")
+    for suite in bundle.method_test_suites:
+        recorded = cases[suite.method_name]
+        if len(recorded) != len(suite.test_cases):
+            raise IntegrityError(f"{source}: method {suite.method_name!r} has {len(suite.test_cases)} test cases, "
+                                 f"it was sealed with {len(recorded)}")
+        for i, case in enumerate(suite.test_cases):
+            if case_digest(case) != recorded[i]:
+                raise IntegrityError(f"{source}: method {suite.method_name!r} case {i} (inputs or expected outputs) "
+                                     "was changed after the bundle was built")
+    if manifest_digest(bundle.manifest) != integrity["manifest"]:
+        raise IntegrityError(f"{source}: the manifest (criteria or provenance) was changed after the bundle was built")
+    return []
+
+
+def validate_bundle(bundle: "Bundle", source: str) -> "Bundle":
+    """The checks every reader runs after parsing: manifest schema, consistency of test cases
+    with the program and manifest, integrity. Returns the bundle with its warnings set."""
+    from bundles.consistency import check_consistency
+    from bundles.manifest_schema import validate_manifest
+
+    if bundle.manifest is not None:
+        validate_manifest(bundle.manifest, source)
+    warnings = check_consistency(bundle, source)
+    return replace(bundle, warnings=list(bundle.warnings) + warnings + verify(bundle, source))

@@ -1,0 +1,299 @@
+"""Strict validation of the manifest JSON embedded in a bundle: the one check every
+reader goes through (`Manifest.from_dict` and `bundles.bpte.read_bundle` call it).
+
+A manifest decides the verdict, so anything that could loosen a check is an
+error, not a default: NaN/Inf/null/negative tolerances, a string where a number
+goes, an unknown (misspelled) key, an output with no criterion at all. Nesting
+depth, string lengths and node counts are bounded so a hostile file cannot make
+a reader recurse or stall. Errors are one line: file, key path, problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from typing import Any, Iterable
+
+from bundles.errors import ManifestError
+
+MANIFEST_SCHEMA = "bundlerun.manifest/1"
+CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
+
+MAX_DEPTH = 32  # the real manifest nests 7 deep
+MAX_NODES = 2_000_000
+MAX_NAME = 1024  # model id, method/output/input names, dtypes, backend, target
+MAX_TEXT = 65536  # descriptions, trail sources, file paths, free-form strings
+MAX_DIMS = 16
+MAX_DIM = 2**31 - 1
+
+_TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "created", "extra", "integrity")
+_MODEL_KEYS = ("id", "source", "description")
+_BUILD_KEYS = ("backend", "target", "dtype", "quantization", "reference", "inputs", "seed", "cases",
+               "lowering", "ops", "overrides")
+_BUILD_INPUT_KEYS = ("shape", "dtype", "distribution")
+_METHOD_KEYS = ("name", "inputs", "outputs")
+_TENSOR_KEYS = ("name", "dtype", "shape")
+_OUTPUT_KEYS = ("name", "dtype", "shape", "criteria", "quantized")
+_CRITERIA_KEYS = (*CRITERIA_FIELDS, "scale", "zero_point", "exact", "trail")
+_TRAIL_KEYS = ("value", "source", "file")
+_INTEGRITY_KEYS = ("algorithm", "program", "cases", "manifest")
+_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool", "bfloat16",
+           "uint16", "uint32", "uint64")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class _Checker:
+    """Raises one ManifestError naming the source and the key path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> ManifestError:
+        where = f"{path}: " if path else ""
+        return ManifestError(f"{self.source}: invalid bundlerun manifest: {where}{problem}")
+
+    def table(self, path: str, obj: Any, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:
+        allowed = tuple(allowed)
+        if not isinstance(obj, dict):
+            raise self.fail(path, f"expected an object, got {_kind(obj)}")
+        for key in obj:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.fail(path, f"unknown key {_short(key)}{hint}; known: {', '.join(allowed)}")
+        for key in required:
+            if key not in obj:
+                raise self.fail(path, f"missing key {key!r}")
+        return obj
+
+    def text(self, path: str, value: Any, limit: int = MAX_NAME, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, str):
+            raise self.fail(path, f"expected a string, got {_kind(value)}")
+        if len(value) > limit:
+            raise self.fail(path, f"string of {len(value)} characters (at most {limit})")
+
+    def integer(self, path: str, value: Any, lo: int, hi: int, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"expected an integer, got {_kind(value)}")
+        if not lo <= value <= hi:
+            raise self.fail(path, f"{value} is outside [{lo}, {hi}]")
+
+    def number(self, path: str, value: Any, optional: bool = True, positive: bool = False,
+               at_most: float | None = None) -> None:
+        """A finite non-negative number (or null when optional): what every tolerance must be."""
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"expected a finite number, got {_kind(value)}")
+        if not math.isfinite(value):
+            raise self.fail(path, f"{value!r} is not a finite number")
+        if value < 0 or (positive and value == 0):
+            raise self.fail(path, f"{value!r} must be {'> 0' if positive else '>= 0'}")
+        if at_most is not None and value > at_most:
+            raise self.fail(path, f"{value!r} must be <= {at_most}")
+
+    def shape(self, path: str, value: Any) -> None:
+        if not isinstance(value, list):
+            raise self.fail(path, f"expected a list of sizes, got {_kind(value)}")
+        if len(value) > MAX_DIMS:
+            raise self.fail(path, f"{len(value)} dimensions (at most {MAX_DIMS})")
+        for i, size in enumerate(value):
+            self.integer(f"{path}[{i}]", size, 0, MAX_DIM)
+
+    def dtype(self, path: str, value: Any) -> None:
+        self.text(path, value)
+        if value not in _DTYPES:
+            close = difflib.get_close_matches(value, _DTYPES, n=1)
+            raise self.fail(path, f"unknown dtype {_short(value)}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}
+    shown = "" if isinstance(value, (dict, list)) else f" {_short(value)}"
+    return names.get(type(value), type(value).__name__) + shown
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_bounds(data: Any, source: str) -> None:
+    """Depth, size and finiteness of the whole JSON tree, walked without recursion."""
+    chk = _Checker(source)
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    nodes = 0
+    while stack:
+        value, path, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise chk.fail("", f"more than {MAX_NODES} values")
+        if depth > MAX_DEPTH:
+            raise chk.fail(path, f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if len(key) > MAX_NAME:
+                    raise chk.fail(path, f"key of {len(key)} characters (at most {MAX_NAME})")
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                raise chk.fail(path, f"string of {len(value)} characters (at most {MAX_TEXT})")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise chk.fail(path, f"{value!r} is not a finite number")
+
+
+def validate_manifest(data: Any, source: str = "bundle") -> None:
+    """Raise ManifestError (one line) unless `data` is a well-formed bundlerun manifest."""
+    chk = _Checker(source)
+    if not isinstance(data, dict):
+        raise chk.fail("", f"expected a JSON object, got {_kind(data)}")
+    check_bounds(data, source)
+    schema = data.get("schema")
+    if schema != MANIFEST_SCHEMA:
+        if isinstance(schema, str) and schema.startswith("bundlerun.manifest/"):
+            raise chk.fail("schema", f"{_short(schema)} is not supported (this bundlerun reads {MANIFEST_SCHEMA})")
+        raise chk.fail("schema", f"expected {MANIFEST_SCHEMA!r}, got {_kind(schema)}")
+    chk.table("", data, _TOP_KEYS, required=("schema", "model", "methods"))
+    _model(chk, data["model"])
+    if "build" in data:
+        _build(chk, data["build"])
+    versions = data.get("versions", {})
+    if not isinstance(versions, dict):
+        raise chk.fail("versions", f"expected an object, got {_kind(versions)}")
+    for key, value in versions.items():
+        chk.text(f"versions.{key}", value)
+    chk.text("created", data.get("created", ""), MAX_NAME)
+    if data.get("dataset") is not None:
+        _dataset(chk, data["dataset"])
+    if "extra" in data and not isinstance(data["extra"], dict):
+        raise chk.fail("extra", f"expected an object, got {_kind(data['extra'])}")
+    methods = data["methods"]
+    if not isinstance(methods, dict) or not methods:
+        raise chk.fail("methods", "expected an object with at least one method")
+    for name, method in methods.items():
+        _method(chk, f"methods.{name}", name, method)
+    if data.get("integrity") is not None:
+        _integrity(chk, data["integrity"])
+
+
+def _model(chk: _Checker, model: Any) -> None:
+    chk.table("model", model, _MODEL_KEYS, required=("id",))
+    chk.text("model.id", model["id"])
+    chk.text("model.source", model.get("source"), MAX_TEXT, optional=True)
+    chk.text("model.description", model.get("description"), MAX_TEXT, optional=True)
+
+
+def _build(chk: _Checker, build: Any) -> None:
+    chk.table("build", build, _BUILD_KEYS)
+    for key in ("backend", "target", "dtype", "reference"):
+        chk.text(f"build.{key}", build.get(key), optional=True)
+    chk.text("build.quantization", build.get("quantization"), MAX_TEXT, optional=True)
+    chk.integer("build.seed", build.get("seed"), -(2**63), 2**64 - 1, optional=True)
+    chk.integer("build.cases", build.get("cases"), 0, MAX_DIM, optional=True)
+    for i, spec in enumerate(build.get("inputs") or []):
+        chk.table(f"build.inputs[{i}]", spec, _BUILD_INPUT_KEYS)
+        if "shape" in spec:
+            chk.shape(f"build.inputs[{i}].shape", spec["shape"])
+    if not isinstance(build.get("inputs", []), list):
+        raise chk.fail("build.inputs", f"expected a list, got {_kind(build['inputs'])}")
+    ops = build.get("ops", [])
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        raise chk.fail("build.ops", "expected a list of operator names")
+    for key in ("lowering", "overrides"):
+        if key in build and not isinstance(build[key], dict):
+            raise chk.fail(f"build.{key}", f"expected an object, got {_kind(build[key])}")
+
+
+def _dataset(chk: _Checker, dataset: Any) -> None:
+    if not isinstance(dataset, dict):
+        raise chk.fail("dataset", f"expected an object or null, got {_kind(dataset)}")
+    chk.text("dataset.name", dataset.get("name"), optional=True)
+    labels = dataset.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list):
+            raise chk.fail("dataset.labels", f"expected a list, got {_kind(labels)}")
+        for i, label in enumerate(labels):
+            chk.integer(f"dataset.labels[{i}]", label, -(2**63), 2**63 - 1)
+    chk.integer("dataset.num_classes", dataset.get("num_classes"), 1, MAX_DIM, optional=True)
+
+
+def _method(chk: _Checker, path: str, name: str, method: Any) -> None:
+    chk.text(path, name)
+    chk.table(path, method, _METHOD_KEYS, required=("name", "outputs"))
+    if method["name"] != name:
+        raise chk.fail(f"{path}.name", f"{_short(method['name'])} differs from its key {name!r}")
+    for key in ("inputs", "outputs"):
+        if not isinstance(method.get(key, []), list):
+            raise chk.fail(f"{path}.{key}", f"expected a list, got {_kind(method[key])}")
+    for i, spec in enumerate(method.get("inputs", [])):
+        chk.table(f"{path}.inputs[{i}]", spec, _TENSOR_KEYS, required=_TENSOR_KEYS)
+        _tensor(chk, f"{path}.inputs[{i}]", spec)
+    if not method["outputs"]:
+        raise chk.fail(f"{path}.outputs", "no outputs: nothing would be judged")
+    for i, spec in enumerate(method["outputs"]):
+        where = f"{path}.outputs[{i}]"
+        chk.table(where, spec, _OUTPUT_KEYS, required=("name", "dtype", "shape", "criteria"))
+        _tensor(chk, where, spec)
+        if not isinstance(spec.get("quantized", False), bool):
+            raise chk.fail(f"{where}.quantized", f"expected a boolean, got {_kind(spec['quantized'])}")
+        _criteria(chk, f"{where}.criteria", spec["criteria"])
+
+
+def _tensor(chk: _Checker, path: str, spec: dict) -> None:
+    chk.text(f"{path}.name", spec["name"])
+    chk.dtype(f"{path}.dtype", spec["dtype"])
+    chk.shape(f"{path}.shape", spec["shape"])
+
+
+def _criteria(chk: _Checker, path: str, crit: Any) -> None:
+    chk.table(path, crit, _CRITERIA_KEYS)
+    for key in CRITERIA_FIELDS:
+        chk.number(f"{path}.{key}", crit.get(key), at_most=1.0 if key == "cosine_min" else None)
+    chk.number(f"{path}.scale", crit.get("scale"), positive=True)
+    chk.integer(f"{path}.zero_point", crit.get("zero_point"), -(2**31), 2**32 - 1, optional=True)
+    if not isinstance(crit.get("exact", False), bool):
+        raise chk.fail(f"{path}.exact", f"expected a boolean, got {_kind(crit['exact'])}")
+    if not crit.get("exact") and all(crit.get(k) is None for k in CRITERIA_FIELDS):
+        raise chk.fail(path, "no criterion is set (" + ", ".join(CRITERIA_FIELDS)
+                       + " are all null and exact is false): the output would pass unchecked")
+    trail = crit.get("trail", {})
+    chk.table(f"{path}.trail", trail, _CRITERIA_KEYS[:-1])
+    for key, entries in trail.items():
+        if not isinstance(entries, list):
+            raise chk.fail(f"{path}.trail.{key}", f"expected a list, got {_kind(entries)}")
+        for i, entry in enumerate(entries):
+            where = f"{path}.trail.{key}[{i}]"
+            chk.table(where, entry, _TRAIL_KEYS, required=("value", "source"))
+            if entry["value"] is not None and not isinstance(entry["value"], (bool, int, float)):
+                raise chk.fail(f"{where}.value", f"expected a number, boolean or null, got {_kind(entry['value'])}")
+            chk.text(f"{where}.source", entry["source"], MAX_TEXT)
+            chk.text(f"{where}.file", entry.get("file"), MAX_TEXT, optional=True)
+
+
+def _integrity(chk: _Checker, integrity: Any) -> None:
+    chk.table("integrity", integrity, _INTEGRITY_KEYS, required=_INTEGRITY_KEYS)
+    if integrity["algorithm"] != "sha256":
+        raise chk.fail("integrity.algorithm", f"{_short(integrity['algorithm'])} is not supported (sha256)")
+    for key in ("program", "manifest"):
+        _digest(chk, f"integrity.{key}", integrity[key])
+    cases = integrity["cases"]
+    if not isinstance(cases, dict):
+        raise chk.fail("integrity.cases", f"expected an object, got {_kind(cases)}")
+    for method, digests in cases.items():
+        if not isinstance(digests, list):
+            raise chk.fail(f"integrity.cases.{method}", f"expected a list, got {_kind(digests)}")
+        for i, digest in enumerate(digests):
+            _digest(chk, f"integrity.cases.{method}[{i}]", digest)
+
+
+def _digest(chk: _Checker, path: str, value: Any) -> None:
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise chk.fail(path, f"expected a lowercase hex sha256, got {_kind(value)}")

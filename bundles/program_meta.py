@@ -1,0 +1,67 @@
+"""What an embedded ExecuTorch program declares about its methods' outputs.
+
+Read straight from the program flatbuffer (`program.fbs`, identifier ET12) with
+the bounds-checked reader, so every reader of a bundle, on any target and
+without torch, can check the bundle's expected outputs against the program the
+same way the host runtime's `method_meta` does: a scalar or missing expected
+value where the program returns a tensor is a broken bundle, not a SKIP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bundles.flatbuf import FlatReader, FlatTable
+
+PROGRAM_IDENTIFIER = b"ET12"
+# KernelTypes union of program.fbs (NONE = 0).
+_KERNEL_TYPES = {1: "null", 2: "int", 3: "bool", 4: "double", 5: "tensor", 6: "string", 7: "int_list",
+                 8: "double_list", 9: "bool_list", 10: "tensor_list", 11: "optional_tensor_list"}
+_TENSOR = 5
+STATIC = 0  # TensorShapeDynamism
+
+
+@dataclass
+class DeclaredOutput:
+    """One output of a method: its kind, and for tensors dtype code, sizes and whether they are static."""
+
+    kind: str
+    scalar_type: int | None = None
+    sizes: list[int] | None = None
+    static: bool = True
+
+
+def method_outputs(program: bytes, source: str) -> dict[str, list[DeclaredOutput]] | None:
+    """Declared outputs per method name; None when the program is not an ET12 flatbuffer
+    (a future program format is left to the runtime rather than rejected here)."""
+    if bytes(program[4:8]) != PROGRAM_IDENTIFIER:
+        return None
+    reader = FlatReader(program, source, "embedded ExecuTorch program")
+    root = reader.root("program")
+    methods: dict[str, list[DeclaredOutput]] = {}
+    for i, plan in enumerate(root.tables(1, "execution plan")):
+        name = plan.string(0, f"execution plan {i} name", 4096) or ""
+        start, count = plan.vector(2, 4, f"method {name!r} values")
+        outputs = []
+        for k, index in enumerate(plan.scalars(4, "i32", f"method {name!r} outputs")):
+            if not 0 <= index < count:
+                raise reader.fail(f"method {name!r} output {k} refers to value {index} of {count}")
+            value = FlatTable.at(reader, reader.indirect(start + 4 * index, "value"), f"method {name!r} value {index}")
+            outputs.append(_declared(value))
+        methods[name] = outputs
+    return methods
+
+
+def _declared(value: FlatTable) -> DeclaredOutput:
+    kind = int(value.scalar(0, "u8", 0))
+    if kind != _TENSOR:
+        return DeclaredOutput(_KERNEL_TYPES.get(kind, f"type {kind}"))
+    tensor = value.table(1, "output tensor")
+    if tensor is None:
+        raise value.reader.fail("an output tensor has no content")
+    return DeclaredOutput(
+        kind="tensor",
+        scalar_type=int(tensor.scalar(0, "i8", 0)),
+        sizes=[int(s) for s in tensor.scalars(2, "i32", "output tensor sizes")],
+        static=int(tensor.scalar(8, "i8", STATIC)) == STATIC,
+    )

@@ -1,0 +1,90 @@
+"""The typed report: what is written is what every reader accepts; old reports still read;
+anything else is a one-line error. Uses report_samples (a real judge over a real bundle)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from runner.report_model import SCHEMA, Report, ReportError, read_report
+from targets.failures import FailureKind
+from tests.report_samples import quick_report
+
+
+def test_round_trip_keeps_every_field():
+    data = quick_report(errors={1: "error"})
+    data["regressions"] = []
+    report = Report.from_json(data)
+    assert report.cases[1].error_kind is FailureKind.CRASH and report.cases[1].verdict == "ERROR"
+    back = report.to_json()
+    assert back["schema"] == SCHEMA and back["regressions"] == []
+    again = Report.from_json(json.loads(json.dumps(back))).to_json()
+    assert again == back
+
+
+def test_schema_1_reports_read_with_their_free_text_kinds_mapped(tmp_path):
+    old = quick_report(errors={0: "error"})
+    old["schema"] = "bundlerun.report/1"
+    old["cases"][0]["error_kind"] = "wrong-size-output"
+    old["cases"][1]["error_kind"] = "hang"
+    (tmp_path / "report.json").write_text(json.dumps(old))
+    report = read_report(tmp_path)
+    assert report.schema == SCHEMA
+    assert report.cases[0].error_kind is FailureKind.WRONG_OUTPUT_SIZE
+    assert report.cases[1].error_kind is FailureKind.HOST_TIMEOUT
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda r: r.clear(), "schema None"),
+    (lambda r: r.update(schema="other/1"), "schema 'other/1'"),
+    (lambda r: r.update(summary=[]), "the summary is a list"),
+    (lambda r: r["summary"].pop("verdict"), "the summary has no verdict"),
+    (lambda r: r["cases"][0].update(verdict="MAYBE"), "case verdict 'MAYBE'"),
+    (lambda r: r["cases"][0]["outputs"][0].update(verdict="OK"), "output verdict 'OK'"),
+    (lambda r: r["cases"][0].pop("method"), "has no 'method'"),
+])
+def test_malformed_reports_are_one_line_errors(mutate, needle, tmp_path):
+    data = copy.deepcopy(quick_report())
+    mutate(data)
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=needle):
+        read_report(tmp_path / "report.json")
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path):
+    with pytest.raises(ReportError, match="no report at"):
+        read_report(tmp_path)
+    (tmp_path / "report.json").write_text("{not json")
+    with pytest.raises(ReportError, match="not a JSON report"):
+        read_report(tmp_path)
+    (tmp_path / "report.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ReportError):
+        read_report(tmp_path)
+
+
+def test_text_from_a_bundle_is_inert_in_console_and_markdown():
+    """A hostile model id / output name / error (rich markup, Markdown, a terminal escape)."""
+    import io
+
+    from rich.console import Console
+
+    from runner.markdown import render_markdown
+    from runner.report import print_summary
+
+    data = quick_report(errors={0: "error"})
+    evil = "[/x] [bold]|x| <b>`\x1b[2J"
+    data["bundle"]["model"] = evil
+    data["cases"][0]["error"] = evil
+    data["cases"][1]["outputs"][0]["name"] = evil
+    data["warnings"] = [evil]
+    buf = io.StringIO()
+    print_summary(data, Console(file=buf, width=300, color_system=None))
+    text = buf.getvalue()
+    assert "\x1b" not in text and "[/x] [bold]|x|" in text and "\\x1b[2J" in text
+    md = render_markdown(data)
+    assert "\x1b" not in md and "<b>" not in md and "\\[/x\\]" in md and "\\|x\\|" in md
+    floor = {"criterion": "sqnr_min_db", "measured": 45.35, "limit": 48.0, "detail": ""}
+    data["cases"][2]["outputs"][0].update(verdict="FAIL", failed=[floor])
+    assert "45.35 < 48" in render_markdown(data)
