@@ -77,6 +77,44 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+def _positive_seconds(ctx, param, value):
+    """--timeout/--setup-timeout: a positive, finite number of seconds."""
+    import math
+
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise click.BadParameter(f"{value!r}: give a positive number of seconds")
+    return value
+
+
+def _report_dir(path: Path) -> Path:
+    """The report folder, checked before anything runs: it must be (or become) a writable folder."""
+    import os
+
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise click.BadParameter(f"{parent} is a file, so {path} cannot be a report folder", param_hint="--report")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise click.BadParameter(f"{parent} is not writable", param_hint="--report")
+            break
+    return path
+
+
+def _select_cases(bundle, text: str | None, methods: list[str] | None) -> list[int] | None:
+    """--select 0-3,7 as case indexes, each of which must exist in every selected method."""
+    cases = _parse_cases(text)
+    if cases is None:
+        return None
+    for suite in bundle.method_test_suites:
+        if methods and suite.method_name not in methods:
+            continue
+        missing = sorted(set(cases) - set(range(len(suite.test_cases))))
+        if missing:
+            raise click.BadParameter(f"method {suite.method_name!r} has cases 0-{len(suite.test_cases) - 1}; "
+                                     f"there is no case {', '.join(map(str, missing))}", param_hint="--select")
+    return cases
+
+
 def _parse_cases(text: str | None) -> list[int] | None:
     """'0-3,7' -> [0, 1, 2, 3, 7]."""
     if not text:
@@ -88,7 +126,9 @@ def _parse_cases(text: str | None) -> list[int] | None:
             out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
         except ValueError:
             raise click.BadParameter(f"{text!r} is not a case list like 0-3,7") from None
-    return out
+    if not out or min(out) < 0:
+        raise click.BadParameter(f"{text!r} selects no case (indexes start at 0)")
+    return sorted(set(out))
 
 
 def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
@@ -167,6 +207,9 @@ def _apply(options):
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
           require_delegation):
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
+    if output.is_dir():
+        raise click.BadParameter(f"{output} is a folder; give the .bpte file to write", param_hint="-o")
+    _report_dir(output.parent)
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
@@ -193,9 +236,9 @@ def inspect(bundle, as_json):
 
 run_options = [
     click.option("--target", default="host://xnnpack", show_default=True, help="Target URL."),
-    click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True,
+    click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True, callback=_positive_seconds,
                  help="Wall-clock seconds per test case."),
-    click.option("--setup-timeout", type=float, default=300.0, show_default=True,
+    click.option("--setup-timeout", type=float, default=300.0, show_default=True, callback=_positive_seconds,
                  help="Seconds for deploy/load before the first case."),
     click.option("--save-outputs", is_flag=True, help="Keep actual outputs in REPORT/outputs.npz."),
     click.option("--override", "overrides", multiple=True, metavar="[METHOD.]OUTPUT.KEY=VALUE",
@@ -255,22 +298,29 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
               help="Report folder (default out/<bundle name>).")
-@click.option("--cases", "case_list", default=None, help="Only these cases, e.g. 0-3,7.")
+@click.option("--select", "case_list", default=None, help="Only these case indexes, e.g. 0-3,7.")
 @click.option("--method", "methods", multiple=True, help="Only this method (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress bar or table; just the report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report's summary as JSON on stdout (no table).")
 @_apply(run_options)
-def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, setup_timeout, save_outputs, overrides,
-        label, baseline, history_db, no_history, config_path, target_opts, runner_elf):
+def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_timeout, setup_timeout, save_outputs,
+        overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundles.bpte import read_bundle
     from runner.report import print_summary
 
     parsed = read_bundle(bundle)  # bad input fails here, before anything starts
-    report_dir = report_dir or Path("out") / bundle.stem
+    cases = _select_cases(parsed, case_list, list(methods) or None)
+    report_dir = _report_dir(report_dir or Path("out") / bundle.stem)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
     report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-                     methods=list(methods) or None, cases=_parse_cases(case_list), quiet=quiet, bundle=parsed)
-    if not quiet:
+                     methods=list(methods) or None, cases=cases, quiet=quiet or as_json, bundle=parsed)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"summary": report["summary"], "report": str(report_dir / "report.json"),
+                               "warnings": report.get("warnings", [])}, indent=2))
+    elif not quiet:
         print_summary(report)
         if report.get("regressions"):
             from runner.regression import format_regressions
@@ -291,21 +341,23 @@ def run(bundle, report_dir, case_list, methods, quiet, target, case_timeout, set
 @click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
 @click.option("--distribution", default=None)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary of every run on stdout (no tables).")
 @_apply(run_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf):
+             config_path, target_opts, runner_elf, as_json):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
     """
-    from runner.report import wide_console
+    from runner.report import plain, wide_console
     from rich.table import Table
 
     from bundles.errors import BundlerunError
     from bundles.zoo import names as zoo_names
     from runner.report import print_summary
 
+    report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
     expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
     results = []
@@ -325,19 +377,28 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 results.append((slug, "ERROR", 2, str(exc)))
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
-                             label)
-            print_summary(report)
+                             label, quiet=as_json)
+            if not as_json:
+                print_summary(report)
             s = report["summary"]
             results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
+    codes = [r[2] for r in results]
+    code = 1 if 1 in codes else (2 if 2 in codes else 0)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"target": target, "exit_code": code, "runs": [
+            {"run": slug, "verdict": verdict, "exit_code": c, "report": where} for slug, verdict, c, where in results]},
+            indent=2))
+        sys.exit(code)
     table = Table(title=f"validate on {target}", title_justify="left")
     for col in ("model-dtype", "verdict", "report"):
         table.add_column(col)
     for slug, verdict, _code, where in results:
         color = {"PASS": "green", "FAIL": "red"}.get(verdict, "yellow")
-        table.add_row(slug, f"[{color}]{verdict}[/]", where)
+        table.add_row(plain(slug), f"[{color}]{verdict}[/]", plain(where))
     wide_console().print(table)
-    codes = [r[2] for r in results]
-    sys.exit(1 if 1 in codes else (2 if 2 in codes else 0))
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -120,6 +120,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             for m, c in pairs
         ])
         warnings.append(f"run interrupted by the user after {len(finished)} of {len(pairs)} cases")
+    warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx)
     warnings += [w for w in judge_warnings if w not in warnings]
     report: dict[str, Any] = {

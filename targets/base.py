@@ -96,6 +96,7 @@ class TargetRun:
     info: dict[str, Any] = field(default_factory=dict)  # device/tool versions, binaries used
     logs: dict[str, str] = field(default_factory=dict)  # name -> saved log path
     setup_s: float | None = None  # deploy / load time outside the cases
+    warnings: list[str] = field(default_factory=list)  # said on the console and in the report
 
 
 ProgressFn = Callable[[CaseResult], None]

@@ -40,10 +40,13 @@ class HostTarget:
         start = time.perf_counter()
         cases = supervisor.run(pairs)
         info = {"runtime": "executorch pybindings", "variant": self.variant, **supervisor.info}
-        if self.variant == "portable" and bundle.manifest and bundle.manifest.get("build", {}).get("backend") not in (None, "portable"):
-            info["note"] = "bundle was lowered for a delegate; host runtime runs it with the delegates it has"
+        warnings = []
+        built = (bundle.manifest or {}).get("build", {}).get("backend")
+        if self.variant == "portable" and built not in (None, "portable"):
+            warnings.append(f"{self.url}: this bundle was lowered for {built}; the runtime runs its {built} "
+                            "delegate, not portable kernels (build with --backend portable to test those)")
         logs = {p.stem: str(p) for p in sorted(options.work_dir.glob("host-runtime-*.log"))}
-        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s)
+        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s, warnings=warnings)
         run.info["wall_s"] = time.perf_counter() - start
         return run
 

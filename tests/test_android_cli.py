@@ -30,7 +30,7 @@ def test_run_passes_then_a_crash_exits_2(device, tmp_path, bundle_cache):
     (tmp_path / "bundlerun.toml").write_text(
         f'[targets.adb]\nrunner = "{runner}"\nworkspace = "/data/local/tmp/ci farm"\n')
     url = f"adb+tcp://127.0.0.1:{device.port}"
-    res = _bundlerun(["run", str(bundle), "--target", url, "--cases", "1", "--report", "r1", "--no-history", "--quiet"],
+    res = _bundlerun(["run", str(bundle), "--target", url, "--select", "1", "--report", "r1", "--no-history", "--quiet"],
                      tmp_path, tmp_path / "home")
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads((tmp_path / "r1" / "report.json").read_text())
@@ -38,7 +38,7 @@ def test_run_passes_then_a_crash_exits_2(device, tmp_path, bundle_cache):
     assert (device.root / "data/local/tmp/ci farm/run/out/output-0.bin").exists()
 
     device.set_faults(runner={"segv": True})
-    res = _bundlerun(["run", str(bundle), "--target", url, "--cases", "0", "--report", "r2", "--no-history", "--quiet"],
+    res = _bundlerun(["run", str(bundle), "--target", url, "--select", "0", "--report", "r2", "--no-history", "--quiet"],
                      tmp_path, tmp_path / "home")
     assert res.returncode == 2, res.stdout + res.stderr
     text = (tmp_path / "r2" / "report.json").read_text()

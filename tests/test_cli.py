@@ -173,3 +173,40 @@ def test_factory_errors_and_unlowerable_ops_exit_2(cli, tmp_path):
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (ref, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--timeout", "0"], "positive number of seconds"),
+    (["--timeout", "-1"], "positive number of seconds"),
+    (["--timeout", "nan"], "positive number of seconds"),
+    (["--setup-timeout", "0"], "positive number of seconds"),
+    (["--select", "99"], "there is no case 99"),
+    (["--select", "x"], "not a case list"),
+])
+def test_bad_run_arguments_are_refused_before_anything_runs(cli, bundle_cache, tmp_path, args, needle):
+    path = bundle_cache("mlp", cases=2)
+    res = cli("run", str(path), "--report", str(tmp_path / "r"), "--no-history", *args)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_places_that_cannot_be_written_are_refused_up_front(cli, bundle_cache, tmp_path):
+    path = bundle_cache("mlp", cases=2)
+    (tmp_path / "file").write_text("x")
+    res = cli("run", str(path), "--report", str(tmp_path / "file" / "sub"), "--no-history")
+    assert res.returncode == 2 and "is a file" in res.stderr
+    res = cli("build", "mlp", "-o", str(tmp_path))
+    assert res.returncode == 2 and "is a folder" in res.stderr
+
+
+def test_unwritable_history_never_changes_the_verdict(cli, bundle_cache, tmp_path):
+    path = bundle_cache("mlp", cases=2)
+    (tmp_path / "history.sqlite").mkdir()  # a folder where the database file should be
+    res = cli("run", str(path), "--report", str(tmp_path / "r"), "--history", str(tmp_path / "history.sqlite"),
+              "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["summary"]["verdict"] == "PASS"
+    assert any("history not recorded" in w for w in out["warnings"])
+    for name in ("report.json", "junit.xml", "summary.md", "report.html"):
+        assert (tmp_path / "r" / name).is_file(), name
