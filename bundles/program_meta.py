@@ -65,3 +65,18 @@ def _declared(value: FlatTable) -> DeclaredOutput:
         sizes=[int(s) for s in tensor.scalars(2, "i32", "output tensor sizes")],
         static=int(tensor.scalar(8, "i8", STATIC)) == STATIC,
     )
+
+
+def program_operators(program: bytes, source: str = "program") -> set[str]:
+    """Every operator the program's methods call ("aten::add.out"), as a runner registers them:
+    what a selective runner build must contain. Empty for a non-ET12 program."""
+    if bytes(program[4:8]) != PROGRAM_IDENTIFIER:
+        return set()
+    reader = FlatReader(program, source, "embedded ExecuTorch program")
+    names: set[str] = set()
+    for i, plan in enumerate(reader.root("program").tables(1, "execution plan")):
+        for k, op in enumerate(plan.tables(6, f"execution plan {i} operators")):
+            name = op.string(0, f"operator {k} name", 4096) or ""
+            overload = op.string(1, f"operator {k} overload", 4096) or ""
+            names.add(f"{name}.{overload}" if overload else name)
+    return names

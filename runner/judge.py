@@ -84,6 +84,8 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[st
         "log_path": result.log_path,
         "device_verdict": result.device_verdict,
     }
+    if result.extra:
+        record["extra"] = result.extra  # how the target got the outputs, attempts, transport detail
     if result.status != CaseStatus.OK:
         record.update(_error_case(result, len(expected_values)))
         for j, out in enumerate(record["outputs"]):

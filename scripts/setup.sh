@@ -40,4 +40,22 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
     fi
   fi
 fi
+# ExecuTorch's own runners, built from source into the content-addressed cache
+# (~/.cache/bundlerun/runners/; a second call returns at once): the Arm runner for
+# qemu://mps3-an547 and the aarch64 executor_runner for qemu-user:// and the Android tests.
+BUILD_RUNNERS="${BUILD_RUNNERS:-$WITH_SYSTEM_PACKAGES}"
+if [ "$BUILD_RUNNERS" = "1" ]; then
+  for build in "firmware_scripts/arm/build_qemu_runner.sh --jobs 2" \
+               "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --jobs 2"; do
+    log="$(mktemp)"
+    start=$(date +%s)
+    if ! PYTHON=.venv/bin/python bash $build >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      echo "setup: building a runner failed: $build" >&2
+      exit 1
+    fi
+    echo "runner ready in $(( $(date +%s) - start )) s: $(tail -n 1 "$log")"
+    rm -f "$log"
+  done
+fi
 echo "bundlerun is set up: $(.venv/bin/bundlerun --version)"

@@ -40,7 +40,8 @@ def cached_runners(kind: str | None = None) -> list[dict[str, Any]]:
 def find_runner(kind: str, binary_key: str, **flags: Any) -> Path | None:
     """The newest cached runner of `kind` whose record matches `flags` (top level or under "flags")."""
     for record in cached_runners(kind):
-        have = {**record.get("flags", {}), **record}
+        flags_record = record.get("flags")
+        have = {**(flags_record if isinstance(flags_record, dict) else {}), **record}
         if all(have.get(k) == v for k, v in flags.items()):
             path = Path(str(record.get(binary_key, "")))
             if path.is_file():

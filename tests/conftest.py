@@ -71,3 +71,40 @@ def device(tmp_path):
     yield d
     d.stop()
     assert d.live_processes() == []
+
+
+QEMU_BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "arm" / "build_qemu_runner.sh"
+
+
+def tmp_lock_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+@pytest.fixture(scope="session")
+def qemu_runner():
+    """Build (or fetch from the cache) a runner variant: qemu_runner('--fault', 'spin')."""
+    import fcntl
+    import shutil
+
+    missing = [tool for tool in ("qemu-system-arm", "arm-none-eabi-gcc", "arm-none-eabi-g++", "cmake", "ninja")
+               if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"QEMU firmware tests need {', '.join(missing)} (scripts/setup.sh installs them)")
+    built: dict[tuple[str, ...], Path] = {}
+
+    def build(*args: str) -> Path:
+        if args not in built:
+            lock = Path(tmp_lock_dir()) / "bundlerun-qemu-build.lock"
+            with open(lock, "w") as fh:  # xdist workers share one build tree: one build at a time
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                proc = subprocess.run(["bash", str(QEMU_BUILD_SCRIPT), *args], capture_output=True, text=True,
+                                      timeout=3600)
+            assert proc.returncode == 0, f"build_qemu_runner.sh {' '.join(args)} failed:\n{proc.stderr[-4000:]}"
+            folder = Path(proc.stdout.strip().splitlines()[-1])
+            assert (folder / "arm_executor_runner.elf").is_file(), proc.stdout
+            built[args] = folder
+        return built[args]
+
+    return build

@@ -10,7 +10,7 @@ import pytest
 
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, adb_available
-from targets.android import transport as tr
+from targets.remote import transport as tr
 from targets.android.adb_cli import AdbCliTransport, parse_devices
 from targets.android.adb_direct import AdbShellTransport, default_key_path
 

@@ -145,7 +145,7 @@ def test_wrong_output_size_and_numerical_failure(device, home, runners, bundle_p
     off = tmp_path / "off.bpte"
     write_bundle(bundle, off)
     case = _run(device, runners, off, tmp_path / "b", retries=3).cases[0]
-    assert case.status == CaseStatus.OK and case.device_verdict["result"] == "FAIL"
+    assert case.status == CaseStatus.OK and case.device_verdict["verdict"] == "FAIL"
     assert case.extra["attempts"] == 1
     assert np.abs(case.outputs[0].to_array() - exp.to_array()).max() > 4.0
 

@@ -51,7 +51,7 @@ def test_adb_tcp_executor_runner_all_cases_then_nothing_pushed(device, home, run
     run = target.run(bundle, bundle_path, RunOptions(work_dir=tmp_path / "w1", case_timeout_s=120))
     assert [(c.method, c.case_index) for c in run.cases] == [("forward", 0), ("forward", 1)]
     _assert_outputs_match_expected(bundle, run)
-    assert all(c.device_verdict == {"result": "PASS"} for c in run.cases)
+    assert all(c.device_verdict["verdict"] == "PASS" for c in run.cases)
     assert run.info["pushed"].count("model.bpte") == 2 and "executor_runner" in run.info["pushed"]
     pushes = len(device.stats.pushes)
     again = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(

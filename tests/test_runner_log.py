@@ -466,3 +466,20 @@ def test_untagged_printed_values_take_the_bundle_dtype_and_sizes_count_what_was_
     assert got.outputs[0].to_array().tolist() == [1.5, -2.0] and got.outputs[0].lossy
     short = collect_outputs(log, [(st.FLOAT, [3])], prefer="printed")
     assert short.kind is FailureKind.WRONG_OUTPUT_SIZE and "has 2 printed values" in short.message
+
+
+def test_a_failed_device_check_is_a_verdict_not_an_error():
+    """Real log of arm_executor_runner on QEMU (digits-mlp int8, its compiled 0.01 tolerance):
+    bundled_program.cpp's own mismatch line comes first; outputs are still collected."""
+    text = (
+        "I [executorch:arm_executor_runner.cpp:1299 verify_result()] === Error stats for testset 0 ===\n"
+        "E [executorch:bundled_program.cpp:523 verify_method_outputs()] Method's output data mismatched the expected one.\n"
+        "E [executorch:arm_executor_runner.cpp:1303 verify_result()] Model output don't match expected BundleIO bpte ref data. rtol=0.010000 atol=0.010000\n"
+        "E [executorch:arm_executor_runner.cpp:1308 verify_result()] TEST: BundleIO index[0] Test_result: FAIL\n"
+        "E [executorch:arm_executor_runner.cpp:1309 verify_result()] Bundle verification failed with status 0x20\n"
+        "I [executorch:arm_executor_runner.cpp:1355 main()] Model run: 0\n"
+        "F [executorch:arm_executor_runner.cpp:1548 main()] In function main(), assert failed (model_ok == true): Problem running model\n"
+    )
+    log = parse_runner_log(text)
+    assert log.bundle_verdict == "FAIL"
+    assert classify(log, SessionEnd("exited", "QEMU", 255)) is None

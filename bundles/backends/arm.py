@@ -264,11 +264,160 @@ def _lower_delegated(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
     )
 
 
+def _channels_last_inputs(examples: tuple) -> bool:
+    """Whether the model takes an image-like (4-D floating) input: CMSIS-NN convs and pools work on NHWC."""
+    return any(getattr(x, "dim", lambda: 0)() == 4 and x.is_floating_point() for x in examples)
+
+
+def _channels_last_module(model: Any):
+    """The model with channels_last weights, converting 4-D inputs to channels_last inside the graph.
+
+    Upstream's Cortex-M tests feed channels_last inputs so that convolutions match
+    cortex_m::quantized_conv2d and the pools get NHWC tensors. Doing the conversion inside
+    the graph (a dim_order_ops::_clone_dim_order after the input quantize) keeps the
+    program's inputs in the contiguous dim order the bundle stores them in: ExecuTorch's
+    set_input copies bytes without checking dim_order, so a channels_last program input
+    would silently read the bundle's NCHW data as NHWC. 4-D outputs are made contiguous
+    again for the same reason.
+    """
+    import copy
+
+    import torch
+
+    class ChannelsLast(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            args = tuple(
+                a.contiguous(memory_format=torch.channels_last)
+                if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point() else a
+                for a in args
+            )
+            out = self.inner(*args)
+            if isinstance(out, torch.Tensor):
+                return out.contiguous() if out.dim() == 4 else out
+            if isinstance(out, (tuple, list)):
+                return type(out)(o.contiguous() if isinstance(o, torch.Tensor) and o.dim() == 4 else o for o in out)
+            return out
+
+    return ChannelsLast(copy.deepcopy(model).to(memory_format=torch.channels_last)).eval()
+
+
+def _decompose_float_linear_pass():
+    """An edge pass rewriting the aten.linear the Cortex-M passes left in float (no quantized_linear
+    match) to permute_copy + addmm/mm (+ view_copy for rank != 2), which have portable kernels;
+    aten::linear.out has none (only kernels/optimized has one). The Cortex-M edge config preserves
+    aten.linear so quantized linears can become cortex_m::quantized_linear; the float rest needs this."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import ExportPass
+
+    edge = exir_ops.edge.aten
+
+    class DecomposeFloatLinear(ExportPass):
+        def call_operator(self, op, args, kwargs, meta):
+            if op != edge.linear.default:
+                return super().call_operator(op, args, kwargs, meta)
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            in_shape = list(x.to_tensor().shape)
+            out_features = int(weight.to_tensor().shape[0])
+            weight_t = super().call_operator(edge.permute_copy.default, (weight, [1, 0]), {}, meta)
+            flat = x
+            if len(in_shape) != 2:
+                rows = 1
+                for d in in_shape[:-1]:
+                    rows *= int(d)
+                flat = super().call_operator(edge.view_copy.default, (x, [rows, int(in_shape[-1])]), {}, meta)
+            if bias is None:
+                out = super().call_operator(edge.mm.default, (flat, weight_t), {}, meta)
+            else:
+                out = super().call_operator(edge.addmm.default, (bias, flat, weight_t), {}, meta)
+            if len(in_shape) != 2:
+                out = super().call_operator(
+                    edge.view_copy.default, (out, [int(d) for d in in_shape[:-1]] + [out_features]), {}, meta
+                )
+            return out
+
+    return DecomposeFloatLinear()
+
+
+def _failing_node_probe():
+    """A context manager that records the graph node whose execution raised inside a pass
+    (the pass manager reports only the pass; the node says which operator broke)."""
+    import contextlib
+
+    import torch.fx.interpreter as fx_interpreter
+
+    @contextlib.contextmanager
+    def probe(record: dict):
+        original = fx_interpreter.Interpreter.run_node
+
+        def run_node(self, n):
+            try:
+                return original(self, n)
+            except Exception:
+                if "node" not in record:
+                    ins = []
+                    for a in n.all_input_nodes:
+                        val = a.meta.get("val")
+                        ins.append(str(getattr(val, "dtype", "?")).replace("torch.", ""))
+                    record["node"] = f"{_op_label(n.target)}({', '.join(ins)})"
+                raise
+
+        fx_interpreter.Interpreter.run_node = run_node
+        try:
+            yield record
+        finally:
+            fx_interpreter.Interpreter.run_node = original
+
+    return probe
+
+
+def _op_label(target: Any) -> str:
+    """'aten::bmm.default' for an (edge) operator overload; the callable's name otherwise."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return f"{schema.name}.{schema.overload_name or 'default'}"
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _run_cortex_m_passes(edge_program, config):
+    """CortexMPassManager's passes one by one, so a failure names the pass and the operator."""
+    from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
+
+    manager = CortexMPassManager(edge_program, target_config=config)
+    passes = list(manager.passes)
+    done: list[str] = []
+    probe = _failing_node_probe()
+    program = edge_program
+    for pass_cls in passes:
+        record: dict = {}
+        try:
+            with probe(record):
+                program = CortexMPassManager(program, passes=[pass_cls], target_config=config).transform()
+        except Exception as exc:  # noqa: BLE001
+            where = f" at {record['node']}" if "node" in record else ""
+            after = f" (after {', '.join(done)})" if done else ""
+            raise BuildError(
+                f"Cortex-M lowering failed in {pass_cls.__name__}{where}{after}: {_root_cause(exc)}"
+            ) from None
+        done.append(pass_cls.__name__)
+    return program
+
+
 def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
-    """Cortex-M is not a delegate: the quantized graph is rewritten to cortex_m:: kernels."""
+    """Cortex-M is not a delegate: the quantized graph is rewritten to cortex_m:: kernels.
+
+    As upstream's Cortex-M tests do, image models run channels_last (so convs become
+    cortex_m::quantized_conv2d and pools get NHWC tensors), with the layout change inside
+    the graph so the program's I/O stays contiguous like the bundle's tensors. Float
+    linears left over (no quantized pattern) are decomposed to portable addmm/mm.
+    """
     try:
         from executorch.backends.cortex_m.edge_compile_config import cortex_m_edge_compile_config
-        from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
+        from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager  # noqa: F401
         from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
         from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
     except ImportError as exc:
@@ -278,21 +427,31 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
     examples = req.example_inputs
     exported = export_model(req.model, examples)
     ops = graph_ops(exported)
+    layout = "contiguous"
+    if _channels_last_inputs(examples):
+        exported = export_model(_channels_last_module(req.model), examples)
+        layout = "channels_last (converted inside the graph; program I/O contiguous)"
     converted = _quantize(exported, CortexMQuantizer(), list(req.calibration_inputs) or [examples])
     qparams = output_qparams(converted)
     requantized = export_model(converted, examples)
     try:
         edge = to_edge(requantized, compile_config=cortex_m_edge_compile_config())
         config = CortexMTargetConfig(cpu=getattr(CortexM, target.cpu))  # type: ignore[arg-type]
-        edge._edge_programs["forward"] = CortexMPassManager(edge.exported_program(), target_config=config).transform()
-        summary = delegation_summary(edge)
-        kernels = sorted(
-            {str(n.target).split(".")[-2] for n in edge.exported_program().graph.nodes
-             if n.op == "call_function" and "cortex_m" in str(n.target)}
-        )
+    except Exception as exc:  # noqa: BLE001
+        raise BuildError(f"Cortex-M lowering failed in to_edge: {_root_cause(exc)}") from None
+    edge._edge_programs["forward"] = _run_cortex_m_passes(edge.exported_program(), config)
+    try:
+        edge = edge.transform([_decompose_float_linear_pass()])
+    except Exception as exc:  # noqa: BLE001
+        raise BuildError(f"Cortex-M lowering failed decomposing float linear: {_root_cause(exc)}") from None
+    labels = {_op_label(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"}
+    kernels = sorted(lb.split("::", 1)[1].rsplit(".", 1)[0] for lb in labels if lb.startswith("cortex_m::"))
+    # Not a delegate: what runs outside cortex_m:: kernels is what lands on portable kernels.
+    portable = sorted(lb.rsplit(".", 1)[0] for lb in labels if "::" in lb and not lb.startswith("cortex_m::"))
+    try:
         program = edge.to_executorch()
     except Exception as exc:  # noqa: BLE001
-        raise BuildError(f"Cortex-M lowering failed: {_root_cause(exc)}") from None
+        raise BuildError(f"Cortex-M to_executorch failed: {_root_cause(exc)}") from None
     return LoweringResult(
         program,
         [x.dtype for x in examples],
@@ -304,9 +463,10 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
             "partitioner": None,
             "pass_manager": "CortexMPassManager",
             "compile_spec": {"cpu": target.cpu},
+            "layout": layout,
             "delegated_partitions": 0,
             "cortex_m_kernels": kernels,
-            "undelegated_ops": [o for o in summary["undelegated_ops"] if o != "alloc"],
+            "undelegated_ops": portable,
         },
     )
 

@@ -1,51 +1,240 @@
 #!/usr/bin/env bash
-# Build ExecuTorch's portable executor_runner for Android (arm64-v8a) with BundleIO,
-# the runner bundlerun's `executor-runner` profile drives over adb.
+# Build ExecuTorch's portable executor_runner with BundleIO, the runner bundlerun's
+# `executor-runner` profile drives over adb (and the qemu-user://aarch64 target runs locally).
 #
-#   build_executor_runner.sh --executorch DIR [--backends xnnpack,vulkan,qnn]
-#                            [--ndk DIR] [--platform android-30] [--build-dir DIR]
-#                            [--build-type Release] [--etdump] [--jobs N] [--dry-run]
+# Two toolchains:
 #
-# Needs: an ExecuTorch checkout (submodules initialised), the Android NDK
-# ($ANDROID_NDK_ROOT / $ANDROID_NDK or --ndk), CMake >= 3.24, a host Python with
-# ExecuTorch's build requirements. QNN additionally needs $QNN_SDK_ROOT.
-# Logs go to stderr (-DEXECUTORCH_PAL_DEFAULT=posix) so adb shell captures them.
-# Output: BUILD_DIR/executor_runner (prints its path last). Point bundlerun at it:
-#   [targets.adb] runner = "BUILD_DIR/executor_runner"
+#   --toolchain ndk (default): Android arm64-v8a with the Android NDK, into a build folder.
+#     build_executor_runner.sh --executorch DIR [--backends xnnpack,vulkan,qnn]
+#                              [--ndk DIR] [--platform android-30] [--build-dir DIR]
+#                              [--build-type Release] [--etdump] [--jobs N] [--dry-run]
+#     Needs an ExecuTorch checkout (submodules initialised), the NDK ($ANDROID_NDK_ROOT /
+#     $ANDROID_NDK or --ndk), CMake >= 3.24. QNN additionally needs $QNN_SDK_ROOT.
+#     Logs go to stderr (-DEXECUTORCH_PAL_DEFAULT=posix) so adb shell captures them.
+#     Prints BUILD_DIR/executor_runner last. Point bundlerun at it:
+#       [targets.adb] runner = "BUILD_DIR/executor_runner"
+#
+#   --toolchain gnu: Linux with Debian's gcc (aarch64-linux-gnu-g++ cross, or the host g++
+#     for --arch x86_64), a static binary, cached content-addressed:
+#     build_executor_runner.sh --toolchain gnu [--arch aarch64|x86_64] [--executorch-src DIR]
+#                              [--backends portable|vulkan] [--jobs 2] [--rebuild] [--dry-run]
+#                              [--cached-only]   (print the cached folder or exit 3; never build)
+#     Sources: --executorch-src DIR (a checkout), else the tarballs of ../shared/third_party
+#     (firmware_scripts/lib/et_sources.sh). Kernels: portable + quantized (quantized_decomposed).
+#     BundleIO, ETDump (event tracer) and logging on. Optimized kernels and XNNPACK are off:
+#     their submodules (eigen, pthreadpool, cpuinfo, XNNPACK) are not in the tarball set.
+#     Output: ${BUNDLERUN_CACHE:-~/.cache/bundlerun}/runners/<key>/{executor_runner,runner.json};
+#     the last stdout line is that folder. A second call with the same inputs prints it at once.
+#     --backends vulkan (x86_64 only) links the Vulkan delegate dynamically against libvulkan.
 set -euo pipefail
 
+HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+ET_SCRIPT_NAME="build_executor_runner.sh"
+
+TOOLCHAIN_KIND="ndk"
 ET_DIR=""
-BACKENDS="xnnpack"
+BACKENDS=""
 NDK="${ANDROID_NDK_ROOT:-${ANDROID_NDK:-}}"
 PLATFORM="android-30"
 BUILD_DIR=""
 BUILD_TYPE="Release"
 ETDUMP="OFF"
-JOBS="$(nproc 2>/dev/null || echo 4)"
+JOBS=""
 DRY_RUN=0
+ARCH="aarch64"
+REBUILD=0
+CACHED_ONLY=0
+PYTHON_BIN="${PYTHON:-}"
 
 die() { echo "build_executor_runner.sh: $*" >&2; exit 2; }
 run() { if [ "$DRY_RUN" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi; }
+need_arg() { [ $# -ge 2 ] && [ -n "$2" ] && [[ "$2" != --* ]] || die "$1 needs a value (see --help)"; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --executorch) ET_DIR="$2"; shift 2;;
-    --executorch=*) ET_DIR="${1#*=}"; shift;;
-    --backends) BACKENDS="$2"; shift 2;;
+    --toolchain) need_arg "$@"; TOOLCHAIN_KIND="$2"; shift 2;;
+    --toolchain=*) TOOLCHAIN_KIND="${1#*=}"; shift;;
+    --executorch|--executorch-src) need_arg "$@"; ET_DIR="$2"; shift 2;;
+    --executorch=*|--executorch-src=*) ET_DIR="${1#*=}"; shift;;
+    --backends) need_arg "$@"; BACKENDS="$2"; shift 2;;
     --backends=*) BACKENDS="${1#*=}"; shift;;
-    --ndk) NDK="$2"; shift 2;;
+    --ndk) need_arg "$@"; NDK="$2"; shift 2;;
     --ndk=*) NDK="${1#*=}"; shift;;
-    --platform) PLATFORM="$2"; shift 2;;
-    --build-dir) BUILD_DIR="$2"; shift 2;;
-    --build-type) BUILD_TYPE="$2"; shift 2;;
+    --platform) need_arg "$@"; PLATFORM="$2"; shift 2;;
+    --build-dir) need_arg "$@"; BUILD_DIR="$2"; shift 2;;
+    --build-type) need_arg "$@"; BUILD_TYPE="$2"; shift 2;;
     --etdump) ETDUMP="ON"; shift;;
-    --jobs) JOBS="$2"; shift 2;;
+    --jobs) need_arg "$@"; JOBS="$2"; shift 2;;
+    --arch) need_arg "$@"; ARCH="$2"; shift 2;;
+    --arch=*) ARCH="${1#*=}"; shift;;
+    --python) need_arg "$@"; PYTHON_BIN="$2"; shift 2;;
+    --rebuild) REBUILD=1; shift;;
+    --cached-only) CACHED_ONLY=1; shift;;
     --dry-run) DRY_RUN=1; shift;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0;;
     *) die "unknown option $1 (see --help)";;
   esac
 done
+[[ -z "$JOBS" || "$JOBS" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive integer, not '$JOBS'"
 
+# ----------------------------------------------------------------------------------------------
+# gnu: Debian gcc, static, content-addressed cache
+# ----------------------------------------------------------------------------------------------
+build_gnu() {
+  # shellcheck source=../lib/et_sources.sh
+  source "$HERE/../lib/et_sources.sh"
+  local vulkan=OFF b
+  IFS=',' read -r -a _backends <<< "${BACKENDS:-portable}"
+  for b in "${_backends[@]}"; do
+    case "$b" in
+      portable|"") ;;
+      vulkan) vulkan=ON;;
+      xnnpack) die "xnnpack needs the XNNPACK, cpuinfo and pthreadpool submodules, which the tarball set lacks; build with --toolchain ndk from a full checkout";;
+      qnn) die "qnn needs the Android NDK and QNN SDK: use --toolchain ndk or build_qnn_executor_runner.sh";;
+      *) die "unknown backend '$b' for --toolchain gnu (portable, vulkan)";;
+    esac
+  done
+  local cc cxx tcfile=""
+  case "$ARCH" in
+    aarch64)
+      cc=aarch64-linux-gnu-gcc; cxx=aarch64-linux-gnu-g++
+      tcfile="$HERE/toolchains/aarch64-linux-gnu.cmake"
+      [ "$vulkan" = OFF ] || die "--backends vulkan is built for --arch x86_64 only (lavapipe runs on the host)";;
+    x86_64)
+      [ "$(uname -m)" = x86_64 ] || die "--arch x86_64 is the host build; this host is $(uname -m)"
+      cc=gcc; cxx=g++;;
+    *) die "unknown --arch '$ARCH' (aarch64, x86_64)";;
+  esac
+  if [ "$DRY_RUN" = 0 ]; then
+    command -v "$cxx" >/dev/null || die "$cxx not found: apt-get install g++-aarch64-linux-gnu gcc-aarch64-linux-gnu (or g++ for x86_64)"
+    command -v cmake >/dev/null || die "cmake not found: apt-get install cmake"
+    command -v ninja >/dev/null || die "ninja not found: apt-get install ninja-build"
+  fi
+
+  if [ -z "$PYTHON_BIN" ]; then
+    if [ -x "$HERE/../../.venv/bin/python" ]; then PYTHON_BIN="$(cd "$HERE/../.." && pwd)/.venv/bin/python"; else PYTHON_BIN="python3"; fi
+  fi
+  local et fp flatc compiler_version
+  et="$(et_resolve_sources "$ET_DIR")"
+  fp="$(et_source_fingerprint "$et")"
+  flatc="$(et_wheel_flatc "$PYTHON_BIN")"
+  if command -v "$cxx" >/dev/null; then compiler_version="$("$cxx" --version | head -n 1)"; else compiler_version="$cxx (not installed)"; fi
+
+  local flags=(
+    -DCMAKE_BUILD_TYPE="$BUILD_TYPE"
+    -DEXECUTORCH_BUILD_EXECUTOR_RUNNER=ON
+    -DEXECUTORCH_ENABLE_BUNDLE_IO=ON
+    -DEXECUTORCH_BUILD_DEVTOOLS=ON
+    -DEXECUTORCH_ENABLE_EVENT_TRACER=ON
+    -DEXECUTORCH_ENABLE_LOGGING=ON
+    -DEXECUTORCH_PAL_DEFAULT=posix
+    -DEXECUTORCH_BUILD_EXTENSION_DATA_LOADER=ON
+    -DEXECUTORCH_BUILD_EXTENSION_FLAT_TENSOR=ON
+    -DEXECUTORCH_BUILD_EXTENSION_EVALUE_UTIL=ON
+    -DEXECUTORCH_BUILD_EXTENSION_RUNNER_UTIL=ON
+    -DEXECUTORCH_BUILD_PORTABLE_OPS=ON
+    -DEXECUTORCH_BUILD_KERNELS_QUANTIZED=ON
+    -DEXECUTORCH_BUILD_KERNELS_OPTIMIZED=OFF
+    -DEXECUTORCH_BUILD_XNNPACK=OFF
+    -DEXECUTORCH_BUILD_PTHREADPOOL=OFF
+    -DEXECUTORCH_BUILD_CPUINFO=OFF
+    -DEXECUTORCH_BUILD_VULKAN="$vulkan"
+  )
+  if [ "$vulkan" = OFF ]; then
+    flags+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
+  fi
+  [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
+
+  local key dest lock
+  key="$(et_cache_key "executor_runner" "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"})"
+  dest="$BUNDLERUN_CACHE/runners/$key"
+  local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN")
+  local build="$dest.build"
+
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "# sources: a private symlink view of $et in $build/src (et_build_tree)"
+    run cmake -S "$build/src/executorch" -B "$build/out" -G Ninja "${all_flags[@]}"
+    run cmake --build "$build/out" --target executor_runner -j "${JOBS:-2}"
+    echo "$dest"
+    return 0
+  fi
+  if [ "$REBUILD" = 0 ] && [ -f "$dest/runner.json" ] && [ -x "$dest/executor_runner" ]; then
+    echo "$dest"
+    return 0
+  fi
+  if [ "$CACHED_ONLY" = 1 ]; then
+    echo "build_executor_runner.sh: no cached executor_runner for $ARCH at $dest" >&2
+    exit 3
+  fi
+  mkdir -p "$BUNDLERUN_CACHE/runners"
+  lock="$BUNDLERUN_CACHE/runners/.$key.lock"
+  (
+    flock 9
+    if [ "$REBUILD" = 1 ] || [ ! -f "$dest/runner.json" ]; then
+      local t0 t1 logf
+      t0="$(date +%s)"
+      local tree="$build/src/executorch"
+      logf="$build/build.log"
+      if [ "$REBUILD" = 0 ] && [ -f "$build/out/build.ninja" ] && [ -d "$tree" ]; then
+        echo "resuming the interrupted build in $build (--rebuild starts afresh)" >&2
+        mv -f "$logf" "$logf.1" 2>/dev/null || true
+      else
+        rm -rf "$build" "$dest"
+        mkdir -p "$build"
+        tree="$(et_build_tree "$et" "$build/src")"  # flatcc writes into its source folder
+      fi
+      echo "building executor_runner ($ARCH) into $dest; log: $logf" >&2
+      if ! { cmake -S "$tree" -B "$build/out" -G Ninja "${all_flags[@]}" \
+             && cmake --build "$build/out" --target executor_runner -j "${JOBS:-2}"; } >"$logf" 2>&1; then
+        tail -n 30 "$logf" >&2
+        die "build failed (full log: $logf)"
+      fi
+      [ -x "$build/out/executor_runner" ] || die "build finished but $build/out/executor_runner is missing"
+      t1="$(date +%s)"
+      rm -rf "$dest.partial"
+      mkdir -p "$dest.partial"
+      cp "$build/out/executor_runner" "$dest.partial/executor_runner"
+      cp "$logf" "$dest.partial/build.log"
+      BR_DEST="$dest" BR_ARCH="$ARCH" BR_FP="$fp" BR_ET="$et" BR_CV="$compiler_version" BR_TC="$tcfile" \
+      BR_SECS="$((t1 - t0))" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" \
+        "$PYTHON_BIN" - "${flags[@]}" > "$dest.partial/runner.json" <<'PY'
+import json, os, sys
+e = os.environ
+print(json.dumps({
+    "kind": "executor_runner",
+    "arch": e["BR_ARCH"],
+    "binary": os.path.join(e["BR_DEST"], "executor_runner"),
+    "static": e["BR_VULKAN"] == "OFF",
+    "flags": sys.argv[1:],
+    "kernels": ["portable", "quantized"],
+    "backends": ["vulkan"] if e["BR_VULKAN"] == "ON" else [],
+    "bundle_io": True,
+    "etdump": True,
+    "sources": {"path": e["BR_ET"], "fingerprint": e["BR_FP"]},
+    "toolchain": {"compiler": e["BR_CV"], "file": e["BR_TC"] or None},
+    "build_seconds": int(e["BR_SECS"]),
+    "jobs": int(e["BR_JOBS"]),
+}, indent=2))
+PY
+      mv "$dest.partial" "$dest"
+      rm -rf "$build"
+      echo "built in $((t1 - t0)) s" >&2
+    fi
+  ) 9>"$lock" || exit $?
+  echo "$dest"
+}
+
+case "$TOOLCHAIN_KIND" in
+  gnu|host) [ "$TOOLCHAIN_KIND" = gnu ] || ARCH="x86_64"; build_gnu; exit 0;;
+  ndk) ;;
+  *) die "unknown --toolchain '$TOOLCHAIN_KIND' (ndk, gnu, host)";;
+esac
+
+# ----------------------------------------------------------------------------------------------
+# ndk: Android NDK (unchanged contract)
+# ----------------------------------------------------------------------------------------------
+BACKENDS="${BACKENDS:-xnnpack}"
+JOBS="${JOBS:-$(nproc 2>/dev/null || echo 4)}"
 [ -n "$ET_DIR" ] || die "--executorch DIR (an ExecuTorch checkout) is required"
 [ -f "$ET_DIR/CMakeLists.txt" ] || die "$ET_DIR is not an ExecuTorch checkout (no CMakeLists.txt)"
 [ -n "$NDK" ] || die "the Android NDK is needed: set ANDROID_NDK_ROOT or pass --ndk DIR"

@@ -1,8 +1,9 @@
 """How each on-device runner is invoked and how its results are read back.
 
-executor-runner: ExecuTorch's portable executor_runner built with BundleIO. It
-checks test case 0 only, so each case runs as its own one-case bundle and its
-tensors come back from `--output_file PREFIX` (`PREFIX-<i>.bin`).
+executor-runner: ExecuTorch's portable executor_runner built with BundleIO (its
+flags, log and exit codes: targets/executor_runner.py). It checks test case 0
+only, so each case runs as its own one-case bundle and its tensors come back
+from `--output_file PREFIX` (`PREFIX-<i>.bin`).
 
 qnn-executor-runner: reads a plain .pte plus raw inputs listed in
 input_list.txt (one line per inference) and writes
@@ -20,24 +21,6 @@ from targets.android.config import SOC_HTP_ARCH, AndroidTargetConfig
 
 RUNNER_NAMES = {"executor-runner": "executor_runner", "qnn-executor-runner": "qnn_executor_runner"}
 _OUTPUT_RAW = re.compile(r"^output_(\d+)_(\d+)\.raw$")
-
-
-def executor_runner_args(cfg: AndroidTargetConfig, method: str, output_prefix: str, etdump: str | None) -> list[str]:
-    args = [
-        "--model_path", "model.bpte",
-        "--method_name", method,
-        "--bundleio_rtol", repr(float(cfg.bundleio_rtol)),
-        "--bundleio_atol", repr(float(cfg.bundleio_atol)),
-        "--num_executions", str(int(cfg.num_executions)),
-        "--output_file", output_prefix,
-    ]
-    if cfg.print_output:
-        args += ["--print_output", cfg.print_output]
-    if cfg.cpu_threads is not None:
-        args += ["--cpu_threads", str(int(cfg.cpu_threads))]
-    if etdump:
-        args += ["--etdump_path", etdump]
-    return args
 
 
 def qnn_runner_args(method_index: int, etdump: str | None) -> list[str]:
@@ -103,19 +86,3 @@ def resolve_htp_arch(cfg: AndroidTargetConfig, device_soc: str | None) -> str:
     raise TargetError(
         f"cannot tell the Hexagon HTP architecture of SoC {soc or '(unknown)'}; set [targets.adb] htp_arch "
         f"(known SoCs: {', '.join(sorted(SOC_HTP_ARCH))})")
-
-
-def parse_device_verdict(log: str) -> dict | None:
-    """The stock runner's own BundleIO verdict and error stats, if it printed them."""
-    verdict: dict = {}
-    m = re.search(r"Test_result: (PASS|FAIL)", log)
-    if m:
-        verdict["result"] = m.group(1)
-    for key in ("mean_absolute_error", "max_absolute_error", "mean_relative_error", "max_relative_error"):
-        m = re.search(key + r":\s*([-+0-9.eEnaif]+)", log)
-        if m:
-            try:
-                verdict[key] = float(m.group(1))
-            except ValueError:
-                pass
-    return verdict or None

@@ -12,13 +12,13 @@ from pathlib import Path
 from bundles.bpte import Bundle, serialize_bundle
 from bundles.errors import TargetError
 from bundles.fileio import atomic_write_bytes
+from targets import executor_runner
 from targets.android import profiles
 from targets.android.config import AndroidTargetConfig
-from targets.android.deploy import Artifact, DeviceCache
-from targets.android.transport import TIMEOUT, Transport, TransportError, shell
+from targets.remote.device_cache import Artifact, DeviceCache
+from targets.remote.transport import TIMEOUT, Transport, TransportError, shell
 from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, raw_outputs_from_files, selected_cases
 
-_SIGNALS = {134: "SIGABRT", 135: "SIGBUS", 136: "SIGFPE", 137: "SIGKILL", 139: "SIGSEGV"}
 _LOG_HINT = re.compile(r"(^[EF] |error|Error|ERROR|fault|Fault|dlopen|CANNOT LINK|not found|Abort|Segmentation|Test_result)")
 
 
@@ -51,33 +51,6 @@ def _excerpt(log: str, limit: int = 20) -> list[str]:
     lines = [l for l in log.splitlines() if l.strip()]
     hits = [l for l in lines if _LOG_HINT.search(l)]
     return (hits or lines)[-limit:]
-
-
-def classify_run(ex: _Exec) -> tuple[str, str] | None:
-    """(error_kind, message) for a runner that did not produce a usable run; None if it did.
-
-    Exit 1 with a BundleIO FAIL line is a *numerical* verdict of the runner, not an
-    error: its outputs are collected and judged on the host like any other."""
-    out = ex.output
-    rc = ex.exit_status
-    if rc == 0:
-        return None  # a clean exit wins over scary log lines (e.g. an optional library probe)
-    m = re.search(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)', out)
-    if m:
-        return "missing-library", f"the runner could not load a library: {m.group(1)}"
-    m = re.search(r"ERROR: unknown command line flag '([^']+)'", out)
-    if m:
-        return "runner-flags", (f"the runner does not know --{m.group(1)}: it was built without that feature "
-                                "(rebuild with firmware_scripts/android/build_executor_runner.sh, or drop the option)")
-    if rc in _SIGNALS:
-        return "crash", f"the runner crashed with {_SIGNALS[rc]} (exit {rc})"
-    if rc in (126, 127):
-        tail = out.strip().splitlines()[-1] if out.strip() else ""
-        return "runner-missing", f"the runner could not be started (exit {rc}): {tail}"
-    if rc == 1 and "Test_result: FAIL" in out:
-        return None
-    tail = _excerpt(out, 1)
-    return "runner-error", f"the runner exited with status {rc}" + (f": {tail[0]}" if tail else "")
 
 
 class AndroidTarget:
@@ -276,21 +249,25 @@ class AndroidTarget:
         cache.prepare_run_dir(run_dir, paths, ["out"])
         env = {"LD_LIBRARY_PATH": ".", **self.cfg.env}
         etdump = "out/model.etdump" if self.cfg.etdump else None
-        args = profiles.executor_runner_args(self.cfg, method, "out/output", etdump)
+        c = self.cfg
+        args = executor_runner.runner_args("model.bpte", method, "out/output", rtol=c.bundleio_rtol, atol=c.bundleio_atol,
+                                           num_executions=c.num_executions, print_output=c.print_output,
+                                           cpu_threads=c.cpu_threads, etdump=etdump)
         self._logcat("-c")
         ex = self._exec(profiles.runner_command(run_dir, "executor_runner", args, env), options.case_timeout_s, run_dir)
         logcat_text = self._logcat("-d")
         log = self._save_log(log_path, ex, logcat_text)
         logcat = logcat_text or ""
-        verdict = profiles.parse_device_verdict(ex.output + logcat)
+        verdict = executor_runner.device_verdict(ex.output + logcat)
         excerpt = _excerpt(ex.output + "\n" + logcat)
         if ex.timed_out:
             return CaseResult(method, index, CaseStatus.TIMEOUT, error=f"the runner did not finish within {options.case_timeout_s:g} s",
                               error_kind="timeout", log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s)
-        problem = classify_run(_Exec(ex.output + "\n" + logcat, ex.exit_status, False, ex.elapsed_s, ex.command))
+        problem = executor_runner.classify(ex.output + "\n" + logcat, ex.exit_status)
         if problem:
-            return CaseResult(method, index, CaseStatus.ERROR, error=problem[1], error_kind=problem[0],
-                              log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
+            return CaseResult(method, index, problem.status, error=problem.message, error_kind=problem.kind,
+                              log_excerpt=problem.evidence or excerpt, log_path=log, elapsed_s=ex.elapsed_s,
+                              device_verdict=verdict)
         case = bundle.suite(method).test_cases[index]
         tensor_slots = [k for k, v in enumerate(case.expected_outputs) if v.kind == "tensor"]
         layout = [(case.expected_outputs[k].scalar_type, list(case.expected_outputs[k].sizes)) for k in tensor_slots]
@@ -396,10 +373,10 @@ class AndroidTarget:
             return [CaseResult(method, i, CaseStatus.TIMEOUT, error=f"qnn_executor_runner did not finish within "
                                f"{options.case_timeout_s * len(cases):g} s", error_kind="timeout",
                                log_excerpt=excerpt, log_path=log) for i in cases]
-        problem = classify_run(_Exec(ex.output + "\n" + logcat, ex.exit_status, False, ex.elapsed_s, ex.command))
+        problem = executor_runner.classify(ex.output + "\n" + logcat, ex.exit_status)
         if problem:
-            return [CaseResult(method, i, CaseStatus.ERROR, error=problem[1], error_kind=problem[0],
-                               log_excerpt=excerpt, log_path=log) for i in cases]
+            return [CaseResult(method, i, problem.status, error=problem.message, error_kind=problem.kind,
+                               log_excerpt=problem.evidence or excerpt, log_path=log) for i in cases]
         produced = profiles.sort_qnn_outputs(self.transport.listdir(posixpath.join(run_dir, "outputs"), self.cfg.command_timeout_s))
         results = []
         for line_no, index in enumerate(cases):

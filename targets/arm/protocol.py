@@ -33,6 +33,7 @@ from targets.failures import FailureKind
 
 # What a failed BundleIO check of case 0 prints on its own (the device's verdict).
 VERIFY_FAIL_MARKERS = (
+    "output data mismatched the expected one",  # devtools/bundled_program/bundled_program.cpp
     "don't match expected BundleIO bpte ref data",
     "Test_result: FAIL",
     "Bundle verification failed with status",
@@ -42,7 +43,10 @@ _MISSING_OP_RE = re.compile(r"Missing operator: \[\d+\] (?P<op>\S+)|kernel '(?P<
 _ALLOC_RE = re.compile(r"Memory allocation failed: (?P<bytes>\d+)B requested(?:.*?(?P<avail>\d+)B available)?")
 _BACKEND_RE = re.compile(r"Backend (?P<backend>\S+) is not (?:registered|available)")
 _BAD_PROGRAM_RE = re.compile(r"Program loading failed|Invalid (?:program|flatbuffer)|Extended header may be corrupt|"
-                             r"Program identifier .* does not match|bundled program .* (?:invalid|not)", re.I)
+                             r"Program identifier .* does not match|bundled program .* (?:invalid|not)|"
+                             r"Root table offset .* is invalid|Failed parsing tensor|segment offset .* invalid|"
+                             r"Failed to parse model file", re.I)
+_SHORT_WRITE_RE = re.compile(r"Failed to write whole output file (?P<file>\S+), wrote (?P<got>\d+) of (?P<want>\d+) bytes")
 _OUT_FILE_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d+)\.bin$")
 
 
@@ -81,8 +85,20 @@ def _is_verify_line(text: str) -> bool:
     return any(marker in text for marker in VERIFY_FAIL_MARKERS)
 
 
-def _cause_kind(line: LogLine) -> tuple[FailureKind, str]:
-    """Kind and one-line cause for the first runner error line."""
+def _cause_kind(causes: list[LogLine]) -> tuple[FailureKind, str]:
+    """Kind and one-line cause from the runner's error lines: a specific cause anywhere among
+    them (missing operator, pool too small, ...) wins over the generic abort that follows it."""
+    for line in causes:
+        kind, message = _specific_cause(line)
+        if kind is not None:
+            return kind, message
+    first = causes[0]
+    if first.level == "F":
+        return FailureKind.RUNNER_ABORT, f"the runner aborted: {first.raw.strip()}"
+    return FailureKind.RUNNER_ERROR, f"runner error: {first.raw.strip()}"
+
+
+def _specific_cause(line: LogLine) -> tuple[FailureKind | None, str]:
     msg = line.message
     m = _MISSING_OP_RE.search(msg)
     if m:
@@ -98,9 +114,18 @@ def _cause_kind(line: LogLine) -> tuple[FailureKind, str]:
         return FailureKind.MISSING_BACKEND, f"the runner has no {m.group('backend')} delegate ({line.raw.strip()})"
     if _BAD_PROGRAM_RE.search(msg):
         return FailureKind.BAD_BUNDLE, f"the runner could not load the program: {line.raw.strip()}"
-    if line.level == "F":
-        return FailureKind.RUNNER_ABORT, f"the runner aborted: {line.raw.strip()}"
-    return FailureKind.RUNNER_ERROR, f"runner error: {line.raw.strip()}"
+    m = _SHORT_WRITE_RE.search(msg)
+    if m:
+        return FailureKind.WRONG_OUTPUT_SIZE, (f"output file {m.group('file')} has {m.group('got')} bytes, expected "
+                                               f"{m.group('want')} (the runner's write was cut short)")
+    return None, ""
+
+
+def cause_of(log: RunnerLog) -> tuple[FailureKind, str] | None:
+    """Kind and one-line cause from the runner's own error lines (a failed BundleIO check and
+    benign lines are not causes), or None when it logged none."""
+    causes = [e for e in log.causes if not _is_verify_line(e.message)]
+    return _cause_kind(causes) if causes else None
 
 
 def _tail(log: RunnerLog, n: int = 10) -> list[str]:
@@ -124,7 +149,7 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
     causes = [e for e in log.causes if not _is_verify_line(e.message)]
     asserts = [f for f in log.fatal if "CPU time has been exceeded" not in f and not _is_verify_line(f)]
     if causes:
-        kind, message = _cause_kind(causes[0])
+        kind, message = _cause_kind(causes)
         if kind in (FailureKind.RUNNER_ERROR, FailureKind.RUNNER_ABORT) and asserts and not any(
                 e.level == "F" for e in causes):
             kind = FailureKind.RUNNER_ABORT
@@ -168,7 +193,7 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
 
 def _from_marker(raw: str) -> str:
     """A fatal line without the UART noise that may precede it on the same line."""
-    m = re.search(r"[DIEF] \[executorch:|hard ?fault|assert|Exception caught", raw, re.I)
+    m = re.search(r"[DIEF] \[executorch:|(?<![A-Za-z_])hard ?fault|assert|Exception caught", raw, re.I)
     return (raw[m.start():] if m else raw).strip()[:300]
 
 

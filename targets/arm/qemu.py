@@ -29,7 +29,7 @@ from targets import Check, TargetSpec, TargetURL
 from targets.arm.protocol import case_from_session, clear_outputs
 from targets.arm.simulator import run_session_process, session_end
 from targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
-from targets.runner_cache import cached_runners, find_runner
+from targets.runner_cache import cached_runners
 from targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -97,17 +97,34 @@ class QemuTarget:
     machine: str
     settings: QemuSettings
 
-    def _runner(self) -> Path:
+    def _runner(self, bundle: Bundle) -> Path:
+        """The configured ELF, else a cached runner of this mode, built without a test fault, whose
+        operator set covers the bundle's (a runner without an op the bundle needs fails on the
+        device); the largest method pool, then the newest, wins."""
         s = self.settings
         if s.runner_elf is not None:
             if not s.runner_elf.is_file():
                 raise TargetError(f"runner ELF {s.runner_elf} does not exist; {BUILD_HINT}")
             return s.runner_elf
-        elf = find_runner(RUNNER_KIND, "elf", mode=s.mode, fault="none")
-        if elf is None:
+        from bundles.program_meta import program_operators
+
+        needed = program_operators(bundle.program, "bundle program")
+        candidates = [r for r in cached_runners(RUNNER_KIND) if r.get("mode") == s.mode
+                      and r.get("flags", {}).get("fault", "none") == "none" and Path(str(r.get("elf"))).is_file()]
+        if not candidates:
             raise TargetError(f"no {s.mode} runner for {self.machine} in the build cache; {BUILD_HINT}"
                               + (" --mode uart" if s.mode == "uart" else ""))
-        return elf
+        covering = [r for r in candidates if needed <= set(r.get("ops", []))]
+        if not covering:
+            best = max(candidates, key=lambda r: len(needed & set(r.get("ops", []))))
+            lacking = sorted(needed - set(best.get("ops", [])))
+            raise TargetError(f"no cached {s.mode} runner has every operator of this bundle (the closest lacks "
+                              f"{', '.join(lacking)}); build one with firmware_scripts/arm/build_qemu_runner.sh "
+                              f"--ops-from BUNDLE" + (" --mode uart" if s.mode == "uart" else ""), kind="tool-missing")
+        # test variants built with a small pool must not be picked over the real thing
+        covering.sort(key=lambda r: (int(r.get("flags", {}).get("method_pool_size") or 0), str(r.get("built_at"))),
+                      reverse=True)
+        return Path(str(covering[0]["elf"]))
 
     def _qemu(self) -> str:
         found = shutil.which(self.settings.qemu)
@@ -129,7 +146,7 @@ class QemuTarget:
         return cmd + ["-kernel", str(elf)]
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        qemu, elf = self._qemu(), self._runner()
+        qemu, elf = self._qemu(), self._runner(bundle)
         work, logs = Path(options.work_dir) / "qemu", Path(options.work_dir) / "logs"
         work.mkdir(parents=True, exist_ok=True)
         wall = options.case_timeout_s + self.settings.host_timeout_grace_s

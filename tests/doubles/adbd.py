@@ -10,21 +10,34 @@ run by the real /bin/sh with device paths mapped into the sandbox folder) and
 `sync:` (STAT, LIST, SEND, RECV, DONE, DATA, QUIT). Both adb-shell and the real
 `adb` server (after `adb connect 127.0.0.1:PORT`) drive it.
 
+An arm64 device runs arm64 programs: when anything in the device shell execs an
+aarch64 ELF (a pushed, cross-built ExecuTorch `executor_runner`), it runs under
+`qemu-aarch64`, the way binfmt_misc would do it. A tiny LD_PRELOAD library
+(compiled once with the host cc, `aarch64_exec_preload()`) wraps execve(): same
+pid (so `.runner.pid` + `kill -9` reach it), same cwd, environment (the device's
+LD_LIBRARY_PATH goes to the guest with qemu's -E), stdin/stdout/stderr and exit
+status (a guest SIGABRT/SIGSEGV kills qemu with the same signal: 134/139).
+Scripts (the Python runner double) are exec'd unchanged.
+
 Faults (dict given to the constructor or set on `.faults` later):
   offline          read CNXN, never answer (the adb server lists it "offline")
   free_bytes       total bytes the device accepts before "No space left on device"
   cut_push_after   drop the connection after N bytes of one SEND (count: cut_push_times)
   cut_pull_after   drop the connection after N bytes of one RECV (count: cut_pull_times)
   runner           a dict the runner stand-ins read (segv, hang, missing_lib, short_output)
+  corrupt_push     {"name": N, "offset": O}: flip a byte of every pushed file whose
+                   device name ends with N (after the push completes; size unchanged)
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import queue
 import re
+import shutil
 import socket
 import stat as stat_mod
 import struct
@@ -46,6 +59,114 @@ SYNC_DATA_MAX = 64 * 1024
 SHA1_DIGEST_INFO = bytes.fromhex("3021300906052b0e03021a05000414")
 DEVICE_ROOTS = ("data", "sdcard", "system", "vendor")
 FAULT_FILE = ".bundlerun_faults.json"
+
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+EM_AARCH64 = 183
+
+_EXEC_PRELOAD_C = r"""
+/* bundlerun emulated adbd: run aarch64 ELF programs under qemu-aarch64 (userspace binfmt). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+
+static int is_aarch64_elf(const char *path) {
+  unsigned char h[20];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, h, sizeof h);
+  close(fd);
+  return n == (ssize_t)sizeof h && h[0] == 0x7f && h[1] == 'E' && h[2] == 'L' && h[3] == 'F' &&
+         h[4] == 2 && h[5] == 1 && (h[18] | (h[19] << 8)) == 183;
+}
+
+static const char *env_value(char *const envp[], const char *name) {
+  size_t len = strlen(name);
+  for (size_t i = 0; envp && envp[i]; i++)
+    if (strncmp(envp[i], name, len) == 0 && envp[i][len] == '=') return envp[i] + len + 1;
+  return NULL;
+}
+
+int execve(const char *path, char *const argv[], char *const envp[]) {
+  execve_fn real = (execve_fn)dlsym(RTLD_NEXT, "execve");
+  if (!is_aarch64_elf(path)) return real(path, argv, envp);
+  const char *qemu = env_value(envp, "BUNDLERUN_QEMU_AARCH64");
+  const char *prefix = env_value(envp, "BUNDLERUN_QEMU_LD_PREFIX");
+  const char *ldpath = env_value(envp, "LD_LIBRARY_PATH");
+  if (!qemu || !*qemu) {
+    errno = ENOEXEC;
+    return -1;
+  }
+  size_t argc = 0, envc = 0;
+  while (argv && argv[argc]) argc++;
+  while (envp && envp[envc]) envc++;
+  char **nargv = calloc(argc + 10, sizeof(char *));
+  char **nenvp = calloc(envc + 1, sizeof(char *));
+  char *ldarg = NULL;
+  if (!nargv || !nenvp) { errno = ENOMEM; return -1; }
+  size_t k = 0;
+  nargv[k++] = (char *)qemu;
+  if (prefix && *prefix) { nargv[k++] = "-L"; nargv[k++] = (char *)prefix; }
+  if (ldpath) {
+    ldarg = malloc(strlen(ldpath) + 17);
+    if (!ldarg) { errno = ENOMEM; return -1; }
+    sprintf(ldarg, "LD_LIBRARY_PATH=%s", ldpath);
+    nargv[k++] = "-E"; nargv[k++] = ldarg;
+  }
+  nargv[k++] = "-0"; nargv[k++] = (char *)(argc ? argv[0] : path);
+  nargv[k++] = (char *)path;
+  for (size_t i = 1; i < argc; i++) nargv[k++] = argv[i];
+  nargv[k] = NULL;
+  /* The host qemu process gets neither the preload nor the device's library path. */
+  size_t m = 0;
+  for (size_t i = 0; i < envc; i++) {
+    if (strncmp(envp[i], "LD_PRELOAD=", 11) == 0 || strncmp(envp[i], "LD_LIBRARY_PATH=", 16) == 0) continue;
+    nenvp[m++] = envp[i];
+  }
+  nenvp[m] = NULL;
+  int rc = real(qemu, nargv, nenvp);
+  int saved = errno;
+  free(nargv); free(nenvp); free(ldarg);
+  errno = saved;
+  return rc;
+}
+"""
+
+
+def aarch64_exec_preload() -> Path:
+    """Compile (once, content-addressed) the execve wrapper that sends aarch64 ELFs to qemu-aarch64.
+    Raises RuntimeError naming what is missing (cc, qemu-aarch64)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no host C compiler (cc/gcc) to build the emulated device's exec wrapper: apt-get install gcc")
+    if shutil.which("qemu-aarch64") is None:
+        raise RuntimeError("qemu-aarch64 is not installed (Debian package qemu-user): the emulated device cannot run arm64 programs")
+    digest = hashlib.sha256(_EXEC_PRELOAD_C.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("BUNDLERUN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bundlerun")
+    out = cache / "doubles" / f"aarch64_exec-{digest}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.with_suffix(f".{os.getpid()}.c")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    src.write_text(_EXEC_PRELOAD_C)
+    try:
+        res = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(src), "-ldl"],
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"building the exec wrapper failed: {res.stderr.strip()[:500]}")
+        os.replace(tmp, out)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return out
+
 
 
 class _Disconnect(Exception):
@@ -271,8 +392,18 @@ class FakeAdbd:
         product: str = "bundlerun_emu",
         model: str = "Emulated_SoC_sm8650",
         soc: str = "SM8650",
+        arm64: bool | None = None,
     ):
+        """arm64: run pushed aarch64 ELFs under qemu-aarch64. None = when qemu-aarch64 and cc exist;
+        True = required (RuntimeError naming the missing tool); False = never."""
         self.root = Path(root).resolve()
+        self.exec_preload: Path | None = None
+        if arm64 or arm64 is None:
+            try:
+                self.exec_preload = aarch64_exec_preload()
+            except RuntimeError:
+                if arm64:
+                    raise
         self.product, self.model, self.soc = product, model, soc
         (self.root / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
         (self.root / "system" / "bin").mkdir(parents=True, exist_ok=True)
@@ -438,6 +569,9 @@ class FakeAdbd:
             "BUNDLERUN_FAKE_DEVICE_ROOT": str(self.root),
             "LANG": "C",
         }
+        if self.exec_preload is not None:
+            env.update(LD_PRELOAD=str(self.exec_preload), BUNDLERUN_QEMU_AARCH64=shutil.which("qemu-aarch64") or "",
+                       BUNDLERUN_QEMU_LD_PREFIX=AARCH64_SYSROOT)
         proc = subprocess.Popen(
             ["/bin/sh", "-c", self.map_command(command)],
             cwd=self.root,
@@ -554,6 +688,13 @@ class FakeAdbd:
             stream.write(_fail(error))
             return
         os.chmod(target, stat_mod.S_IMODE(mode) or 0o644)
+        corrupt = self.faults.get("corrupt_push")
+        if corrupt and str(corrupt.get("name", "\0")) in path.rsplit("/", 1)[-1] and received:
+            with open(target, "r+b") as fh:  # the flash / the cable flipped a byte: same size
+                fh.seek(min(int(corrupt.get("offset", 0)), received - 1))
+                byte = fh.read(1)
+                fh.seek(-1, os.SEEK_CUR)
+                fh.write(bytes([byte[0] ^ 0xFF]))
         stream.write(b"OKAY" + struct.pack("<I", 0))
 
     def _send_file(self, stream: _Stream, path: str) -> None:

@@ -90,3 +90,33 @@ def fake_qnn_sdk(root: Path, arch: str = "75") -> Path:
     skel.mkdir(parents=True, exist_ok=True)
     (skel / f"libQnnHtpV{arch}Skel.so").write_bytes(b"\x7fELF hexagon placeholder")
     return root
+
+
+# -- the real ExecuTorch executor_runner (built from source by firmware_scripts/android) --------
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "firmware_scripts" / "android" / "build_executor_runner.sh"
+
+
+def real_executor_runner(arch: str = "aarch64") -> Path:
+    """The folder (runner.json + executor_runner) of the real runner scripts/setup.sh builds.
+
+    Raises RuntimeError with the reason and the command to build it when it is not in the
+    cache: tests that need it must fail, not skip (a missing toolchain is a setup bug)."""
+    import json
+
+    override = os.environ.get(f"BUNDLERUN_{arch.upper()}_RUNNER_DIR")  # a runner folder built elsewhere
+    if override:
+        folder = Path(override)
+    else:
+        cmd = ["bash", str(BUILD_SCRIPT), "--toolchain", "gnu", "--arch", arch, "--cached-only"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"the real {arch} executor_runner is not built: {res.stderr.strip()} "
+                               f"(build it: bash {BUILD_SCRIPT} --toolchain gnu --arch {arch})")
+        folder = Path(res.stdout.strip().splitlines()[-1])
+    if not (folder / "runner.json").is_file():
+        raise RuntimeError(f"{folder} holds no runner.json (made by {BUILD_SCRIPT.name} --toolchain gnu)")
+    meta = json.loads((folder / "runner.json").read_text())
+    if meta.get("kind") != "executor_runner" or not Path(meta["binary"]).is_file():
+        raise RuntimeError(f"{folder}/runner.json does not describe a built executor_runner")
+    return folder

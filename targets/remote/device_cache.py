@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundles.fileio import file_sha256
-from targets.android.transport import Transport, TransportError, check_shell, shell
+from targets.remote.transport import Transport, TransportError, check_shell, shell
 
 _HASH_CACHE: dict[tuple[str, int, int], str] = {}
 

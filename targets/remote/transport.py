@@ -1,7 +1,7 @@
-"""One interface over the two ways to reach an Android device.
+"""One interface over every way to reach a remote device (today: Android's two).
 
 `adb://` goes through the adb server with the real `adb` CLI; `adb+tcp://` and
-`adb+usb://` speak the device protocol directly with adb-shell. Both offer the
+`adb+usb://` speak the device protocol directly with adb-shell. All offer the
 same operations; the exit status of a shell command is always read from an
 appended marker (`; echo __BUNDLERUN_RC=$?`) because the legacy shell protocol
 carries none, so one code path serves both transports.

@@ -1,0 +1,98 @@
+"""ExecuTorch's portable `executor_runner` (examples/portable/executor_runner), its contract once.
+
+Used by every lane that runs that binary: Android over ADB and `qemu-user://aarch64`.
+Read from the runner's source and checked on the real binary built from source
+(firmware_scripts/android/README.md):
+
+* flags: `--model_path`, `--method_name`, `--bundleio_rtol/atol` (0.01), `--num_executions`,
+  `--cpu_threads`, `--output_file PREFIX` (raw `PREFIX-<i>.bin` per tensor output),
+  `--print_output none|summary|all`, `--etdump_path` (only with the event tracer, which then
+  always writes an ETDump);
+* log on stderr, `I 00:00:00.364824 executorch:file.cpp:76] msg` (posix PAL), parsed by
+  targets.arm.log like every ExecuTorch runner log;
+* exit 0: ran and case 0 verified; exit 1: a failed BundleIO check (outputs were written:
+  judged on the host like any other) or a refused flag / unreadable model; SIGABRT (134 through
+  a shell, -6 without) for every `ET_CHECK_MSG`: missing kernel, missing delegate, load failure.
+"""
+
+from __future__ import annotations
+
+import re
+
+from targets.arm.log import parse_runner_log
+from targets.arm.protocol import Failure, cause_of
+from targets.base import DeviceVerdict
+from targets.failures import FailureKind
+
+DEFAULT_RTOL = DEFAULT_ATOL = 0.01
+_SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+_LIBRARY_RE = re.compile(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)')
+_FLAG_RE = re.compile(r"ERROR: unknown command line flag '([^']+)'")
+
+
+def runner_args(model: str, method: str, output_prefix: str, *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
+                num_executions: int = 1, print_output: str | None = None, cpu_threads: int | None = None,
+                etdump: str | None = None) -> list[str]:
+    """The command-line flags of one run (one one-case bundle)."""
+    args = ["--model_path", model, "--method_name", method, "--bundleio_rtol", repr(float(rtol)),
+            "--bundleio_atol", repr(float(atol)), "--num_executions", str(int(num_executions)),
+            "--output_file", output_prefix]
+    if print_output:
+        args += ["--print_output", print_output]
+    if cpu_threads is not None:
+        args += ["--cpu_threads", str(int(cpu_threads))]
+    if etdump:
+        args += ["--etdump_path", etdump]
+    return args
+
+
+def signal_of(exit_status: int) -> int | None:
+    """The signal that ended the runner: -N from subprocess, 128+N through a shell."""
+    if exit_status < 0:
+        return -exit_status
+    if 128 < exit_status < 160:
+        return exit_status - 128
+    return None
+
+
+def classify(output: str, exit_status: int | None) -> Failure | None:
+    """Why a run did not produce judgeable outputs, or None when it did (a failed
+    BundleIO check included: exit 1 with `Test_result: FAIL` is the device's verdict)."""
+    if exit_status == 0:
+        return None  # a clean exit wins over scary log lines (e.g. an optional library probe)
+    log = parse_runner_log(output)
+    evidence = log.excerpt() or [ln.raw for ln in log.lines[-10:]]
+    m = _LIBRARY_RE.search(output)
+    if m:
+        return Failure(FailureKind.LOAD_FAILURE, f"the runner could not load a library: {m.group(1)}", evidence)
+    m = _FLAG_RE.search(output)
+    if m:
+        return Failure(FailureKind.TOOL_FAILED, f"the runner does not know --{m.group(1)}: it was built without that "
+                       "feature (rebuild with firmware_scripts/android/build_executor_runner.sh, or drop the option)",
+                       evidence)
+    if exit_status == 1 and log.bundle_verdict == "FAIL":
+        return None
+    cause = cause_of(log)
+    sig = signal_of(exit_status) if exit_status is not None else None
+    if sig in (6,) and cause is not None:  # ET_CHECK_MSG aborts after logging its cause
+        return Failure(cause[0], cause[1], evidence)
+    if sig is not None:
+        kind = FailureKind.RUNNER_ABORT if sig == 6 else FailureKind.CRASH
+        return Failure(kind, f"the runner died on {_SIGNALS.get(sig, f'signal {sig}')} (exit {exit_status})", evidence)
+    if exit_status in (126, 127):
+        tail = output.strip().splitlines()[-1] if output.strip() else ""
+        return Failure(FailureKind.TOOL_MISSING, f"the runner could not be started (exit {exit_status}): {tail}", evidence)
+    if cause is not None:
+        return Failure(cause[0], cause[1], evidence)
+    last = next((ln.raw for ln in reversed(log.lines) if ln.raw.strip()), "")
+    return Failure(FailureKind.RUNNER_ERROR, f"the runner exited with status {exit_status}" + (f": {last}" if last else ""),
+                   evidence)
+
+
+def device_verdict(output: str) -> dict | None:
+    """The runner's own BundleIO verdict on case 0 (compiled-in defaults or --bundleio_*)."""
+    log = parse_runner_log(output)
+    if log.bundle_verdict is None and not log.error_stats:
+        return None
+    return DeviceVerdict(log.bundle_verdict, "executor_runner BundleIO (test case 0)",
+                         error_stats=dict(log.error_stats)).to_dict()
