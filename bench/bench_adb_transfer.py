@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from doubles.adbd import FakeAdbd  # noqa: E402
 from doubles.android_env import PrivateAdbServer  # noqa: E402
-from targets.android.adb_cli import AdbCliTransport  # noqa: E402
-from targets.android.adb_direct import AdbShellTransport  # noqa: E402
+from bundlerun.targets.android.adb_cli import AdbCliTransport  # noqa: E402
+from bundlerun.targets.android.adb_direct import AdbShellTransport  # noqa: E402
 
 
 def _best(fn, repeat: int) -> float:

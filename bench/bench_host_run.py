@@ -19,7 +19,7 @@ from executorch.extension.pybindings import portable_lib as p
 buf = open(sys.argv[1], "rb").read()
 bp = p._load_bundled_program_from_buffer(buf)
 m = p._load_for_executorch_from_bundled_program(bp)
-from bundles.bpte import parse_bundle
+from bundlerun.bundles.bpte import parse_bundle
 b = parse_bundle(buf)
 outs = []
 for case in b.suite("forward").test_cases:

@@ -23,11 +23,11 @@ from typing import Any
 
 import flatbuffers
 
-from bundles import scalar_types as st
-from bundles.errors import BundleFormatError, ManifestError
-from bundles.fileio import atomic_write_bytes
-from bundles.flatbuf import FlatReader, FlatTable
-from bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.errors import BundleFormatError, ManifestError
+from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
@@ -120,7 +120,7 @@ class Bundle:
         case = suite.test_cases[case_index]
         single = replace(self, method_test_suites=[MethodTestSuite(method_name, [case])])
         if isinstance(self.manifest, dict) and isinstance(self.manifest.get("methods"), dict):
-            from bundles.integrity import seal
+            from bundlerun.bundles.integrity import seal
 
             manifest = dict(self.manifest)
             manifest["methods"] = {k: v for k, v in manifest["methods"].items() if k == method_name}
@@ -290,7 +290,7 @@ def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) ->
 def load_bundle(buf: bytes, source: str = "bundle") -> Bundle:
     """Parse and validate (manifest schema, consistency with the program, integrity): what
     every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`."""
-    from bundles.integrity import validate_bundle
+    from bundlerun.bundles.integrity import validate_bundle
 
     bundle = parse_bundle(buf, source)
     try:
@@ -412,6 +412,6 @@ def write_bundle(bundle: Bundle, path: str | Path) -> Path:
     """Seal (record program, case and manifest sha256 in a bundlerun manifest), serialize
     and write atomically (temp file + rename). Sealing here means every bundle bundlerun
     writes, at build time or edited through this API, is checked by every later reader."""
-    from bundles.integrity import seal
+    from bundlerun.bundles.integrity import seal
 
     return atomic_write_bytes(path, serialize_bundle(seal(bundle)))

@@ -17,15 +17,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bundles import scalar_types as st
-from bundles.backends.base import DTYPES, LoweringRequest, lowering_module
-from bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
-from bundles.errors import BuildError
-from bundles.inputs import generate_cases
-from bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
-from bundles.model_source import ResolvedModel, resolve_model
-from bundles.registry import REFERENCES
-from bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
+from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.inputs import generate_cases
+from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
+from bundlerun.bundles.model_source import ResolvedModel, resolve_model
+from bundlerun.bundles.registry import REFERENCES
+from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 
 
 @dataclass
@@ -97,16 +97,10 @@ def _program_output_dtypes(program: Any) -> list[Any]:
 
 
 def _torch_to_code(dtype: Any) -> int:
-    import torch
-
-    table = {
-        torch.float32: st.FLOAT, torch.float16: st.HALF, torch.float64: st.DOUBLE, torch.bfloat16: st.BFLOAT16,
-        torch.int8: st.CHAR, torch.uint8: st.BYTE, torch.int16: st.SHORT, torch.int32: st.INT,
-        torch.int64: st.LONG, torch.bool: st.BOOL,
-    }
-    if dtype not in table:
-        raise BuildError(f"unsupported tensor dtype {dtype}")
-    return table[dtype]
+    try:
+        return st.code_from_torch(dtype)
+    except KeyError:
+        raise BuildError(f"unsupported tensor dtype {dtype}") from None
 
 
 def _value_from_tensor(t: Any) -> BundledValue:
@@ -123,7 +117,7 @@ def _value_from_tensor(t: Any) -> BundledValue:
 
 def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError."""
-    from bundles.backends.common import quiet_framework_logs
+    from bundlerun.bundles.backends.common import quiet_framework_logs
 
     quiet_framework_logs()
     import torch
@@ -133,7 +127,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
     backend = req.backend
     if req.dtype is None:
-        from bundles.backends.base import default_dtype
+        from bundlerun.bundles.backends.base import default_dtype
 
         req.dtype = default_dtype(backend, req.target)
     if req.dtype not in DTYPES:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from bundles import scalar_types as st
-from bundles.errors import BundleError
-from bundles.program_meta import DeclaredOutput, method_outputs
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.errors import BundleError
+from bundlerun.bundles.program_meta import DeclaredOutput, method_outputs
 
 if TYPE_CHECKING:
-    from bundles.bpte import Bundle, BundledValue
+    from bundlerun.bundles.bpte import Bundle, BundledValue
 
 
 def _what(value: "BundledValue") -> str:

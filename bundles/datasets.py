@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bundles.errors import BundlerunError
-from bundles.zoo import InputSpec, ModelEntry, register
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.zoo import InputSpec, ModelEntry, register
 
 
 class DatasetError(BundlerunError):
@@ -271,7 +271,7 @@ def _folder_dataset(folder: Path) -> Dataset:
 
 
 def _factory_dataset(ref: str) -> Dataset:
-    from bundles.model_source import load_callable
+    from bundlerun.bundles.model_source import load_callable
 
     fn = load_callable(ref, DatasetError, "dataset factory")
     try:

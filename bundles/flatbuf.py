@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from bundles.errors import BundleError
+from bundlerun.bundles.errors import BundleError
 
 _FORMATS = {"u8": "<B", "i8": "<b", "u16": "<H", "u32": "<I", "i32": "<i", "i64": "<q", "f64": "<d", "bool": "<?"}
 _SIZES = {k: struct.calcsize(v) for k, v in _FORMATS.items()}

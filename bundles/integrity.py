@@ -18,10 +18,10 @@ import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from bundles.errors import IntegrityError
+from bundlerun.bundles.errors import IntegrityError
 
 if TYPE_CHECKING:
-    from bundles.bpte import Bundle, BundledTestCase, BundledValue
+    from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue
 
 ALGORITHM = "sha256"
 UNSEALED_WARNING = ("bundle predates integrity hashes (its manifest records no sha256 of the program and test "
@@ -112,8 +112,8 @@ def verify(bundle: "Bundle", source: str) -> list[str]:
 def validate_bundle(bundle: "Bundle", source: str) -> "Bundle":
     """The checks every reader runs after parsing: manifest schema, consistency of test cases
     with the program and manifest, integrity. Returns the bundle with its warnings set."""
-    from bundles.consistency import check_consistency
-    from bundles.manifest_schema import validate_manifest
+    from bundlerun.bundles.consistency import check_consistency
+    from bundlerun.bundles.manifest_schema import validate_manifest
 
     if bundle.manifest is not None:
         validate_manifest(bundle.manifest, source)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from bundles.manifest_schema import CRITERIA_FIELDS, MANIFEST_SCHEMA, validate_manifest
+from bundlerun.bundles.manifest_schema import CRITERIA_FIELDS, MANIFEST_SCHEMA, validate_manifest
 
 __all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "Criteria", "Manifest", "MethodManifest", "OutputSpec",
            "TensorSpec", "validate_manifest"]

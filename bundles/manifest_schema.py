@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from bundles.errors import ManifestError
+from bundlerun.bundles.errors import ManifestError
 
 MANIFEST_SCHEMA = "bundlerun.manifest/1"
 CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")

@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import BuildError
+from bundlerun.bundles.errors import BuildError
 
 SERIALIZATION_PKG = "executorch.backends.mlx.serialization"
 INSPECTOR_MOD = "executorch.backends.mlx._generated_inspector"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import ModelSourceError
-from bundles.zoo import ZOO, InputSpec, load_extra_entries
+from bundlerun.bundles.errors import ModelSourceError
+from bundlerun.bundles.zoo import ZOO, InputSpec, load_extra_entries
 
 _TORCH_TO_NAME = {
     "torch.float32": "float32",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.flatbuf import FlatReader, FlatTable
 
 PROGRAM_IDENTIFIER = b"ET12"
 # KernelTypes union of program.fbs (NONE = 0).

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # pragma: no cover - 3.10 needs the tomli backport
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import ConfigError
+from bundlerun.bundles.errors import ConfigError
 
 ENV_CONFIG = "BUNDLERUN_CONFIG"
 CONFIG_NAME = "bundlerun.toml"
@@ -110,7 +110,7 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
         if name in config and not isinstance(config[name], dict):
             raise ConfigError(f"{source}: [{name}] must be a table")
     if validate_tolerances and config.get("tolerances"):
-        from bundles.registry import Registry
+        from bundlerun.bundles.registry import Registry
 
         Registry.builtin().validate_overlay(config["tolerances"], str(source))
     config["_file"] = str(source)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import ConfigError
-from bundles.manifest import Criteria
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.manifest import Criteria
 
 SCHEMA = "bundlerun.tolerances/1"
 BUILTIN_PATH = Path(__file__).with_name("data") / "tolerances.toml"
@@ -699,7 +699,7 @@ def default_registry(project: bool = True) -> Registry:
     key: tuple = (str(base_path), _mtime(base_path))
     overlay: tuple[dict, str] | None = None
     if project:
-        from bundles.project_config import find_config_files, load_project_config
+        from bundlerun.bundles.project_config import find_config_files, load_project_config
 
         files = find_config_files()
         key += tuple((str(f), _mtime(f)) for f in files)

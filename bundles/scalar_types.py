@@ -84,6 +84,18 @@ def code_from_numpy(dtype: np.dtype) -> int:
     raise UnsupportedScalarType(f"unsupported numpy dtype {dtype}")
 
 
+def torch_dtype(code: int):
+    """The torch dtype of a ScalarType code (the names above are torch's own); KeyError if none."""
+    import torch
+
+    return getattr(torch, _NAMES[int(code)])
+
+
+def code_from_torch(dtype) -> int:
+    """The ScalarType code of a torch dtype; KeyError for a dtype bundles cannot hold."""
+    return _BY_NAME[str(dtype).removeprefix("torch.")]
+
+
 def is_floating(code: int) -> bool:
     return code in FLOATING
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundles.manifest import Criteria
+from bundlerun.bundles.manifest import Criteria
 
 
 @dataclass
@@ -48,7 +48,7 @@ def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = N
 
 def explain(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None):
     """The full resolution (criteria + every matched registry step), for `tolerance explain`."""
-    from bundles.registry import default_registry
+    from bundlerun.bundles.registry import default_registry
 
     reg = registry if registry is not None else default_registry()
     return reg.resolve(ctx, overrides)

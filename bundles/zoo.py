@@ -11,7 +11,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bundles.inputs import Distribution
+from bundlerun.bundles.inputs import Distribution
 
 
 @dataclass(frozen=True)
@@ -196,9 +196,9 @@ def register(entry: ModelEntry) -> None:
 def load_extra_entries() -> None:
     """Import modules that contribute zoo entries (kept lazy: they may import torch)."""
     try:
-        import bundles.datasets as datasets  # noqa: F401  registers dataset models
+        import bundlerun.bundles.datasets as datasets  # noqa: F401  registers dataset models
     except ModuleNotFoundError as exc:
-        if exc.name != "bundles.datasets":
+        if exc.name != "bundlerun.bundles.datasets":
             raise
 
 

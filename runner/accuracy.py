@@ -182,7 +182,7 @@ def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float
     outputs.npz); the reference is the bundle's expected output of each case.
     A case without an output (errored on the target) is left out and counted.
     """
-    from bundles.errors import BundlerunError
+    from bundlerun.bundles.errors import BundlerunError
 
     ds = (bundle.manifest or {}).get("dataset") or {}
     suites = bundle.method_test_suites

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import click
 
-from bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
+from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
-    "tolerance": "runner.commands.tolerance",
-    "judge": "runner.commands.judge",
-    "doctor": "runner.commands.doctor",
-    "accuracy": "runner.commands.accuracy",
-    "history": "runner.commands.history",
-    "compare": "runner.commands.compare",
-    "trend": "runner.commands.trend",
-    "devices": "runner.commands.devices",
+    "tolerance": "bundlerun.runner.commands.tolerance",
+    "judge": "bundlerun.runner.commands.judge",
+    "doctor": "bundlerun.runner.commands.doctor",
+    "accuracy": "bundlerun.runner.commands.accuracy",
+    "history": "bundlerun.runner.commands.history",
+    "compare": "bundlerun.runner.commands.compare",
+    "trend": "bundlerun.runner.commands.trend",
+    "devices": "bundlerun.runner.commands.devices",
 }
 
 EXIT_INFRA = 2
@@ -31,7 +31,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: one Ctrl-C stops the whole command, fini
 
 
 def _version() -> str:
-    from runner._version import __version__
+    from bundlerun.runner._version import __version__
 
     return __version__
 
@@ -39,7 +39,7 @@ def _version() -> str:
 class LazyGroup(click.Group):
     def format_epilog(self, ctx, formatter):
         """The target table, generated from each target module's declaration."""
-        from targets import url_help
+        from bundlerun.targets import url_help
 
         formatter.write_paragraph()
         formatter.write_text("Targets (--target URL; host://xnnpack is the default):")
@@ -132,7 +132,7 @@ def _parse_cases(text: str | None) -> list[int] | None:
 
 
 def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
-    from bundles.manifest import CRITERIA_FIELDS
+    from bundlerun.bundles.manifest import CRITERIA_FIELDS
 
     out: dict[str, float] = {}
     for item in items:
@@ -156,15 +156,15 @@ def _progress_console():
 
 def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -> tuple[str, str]:
     """The backend the target declares as its default, and that backend's default dtype for it."""
-    from bundles.backends.base import default_dtype
-    from targets import default_backend
+    from bundlerun.bundles.backends.base import default_dtype
+    from bundlerun.targets import default_backend
 
     backend = backend or default_backend(target)
     return backend, dtype or default_dtype(backend, target)
 
 
 def _build(model: str, output: Path, **kw):
-    from bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
 
     kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
     console = _progress_console()
@@ -229,7 +229,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
 @click.option("--json", "as_json", is_flag=True, help="Print the parsed structure as JSON.")
 def inspect(bundle, as_json):
     """Show methods, test cases, dtypes/shapes and the embedded manifest of BUNDLE."""
-    from runner.inspect_view import inspect_bundle
+    from bundlerun.runner.inspect_view import inspect_bundle
 
     inspect_bundle(bundle, as_json)
 
@@ -260,7 +260,7 @@ run_options = [
 def make_session(config_path: Path | None, target_opts: tuple[str, ...], history_db=None, no_history: bool = False,
                  baseline: str | None = None, runner_elf: Path | None = None):
     """The one Session of a command (config read once)."""
-    from runner.session import Session
+    from bundlerun.runner.session import Session
 
     if runner_elf:
         target_opts = (*target_opts, f"runner_elf={runner_elf}")
@@ -272,7 +272,7 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             label, methods=None, cases=None, quiet=False, bundle=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runner.session import RunRequest
+    from bundlerun.runner.session import RunRequest
 
     console = _progress_console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -306,8 +306,8 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
 def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_timeout, setup_timeout, save_outputs,
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf):
     """Run every test case of BUNDLE on --target and judge every output."""
-    from bundles.bpte import read_bundle
-    from runner.report import print_summary
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.runner.report import print_summary
 
     parsed = read_bundle(bundle)  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
@@ -323,7 +323,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_tim
     elif not quiet:
         print_summary(report)
         if report.get("regressions"):
-            from runner.regression import format_regressions
+            from bundlerun.runner.regression import format_regressions
 
             click.echo(format_regressions(report["regressions"]))
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
@@ -350,12 +350,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
     """
-    from runner.report import plain, wide_console
+    from bundlerun.runner.report import plain, wide_console
     from rich.table import Table
 
-    from bundles.errors import BundlerunError
-    from bundles.zoo import names as zoo_names
-    from runner.report import print_summary
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.bundles.zoo import names as zoo_names
+    from bundlerun.runner.report import print_summary
 
     report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as exc:
-        from bundles.errors import BundlerunError
+        from bundlerun.bundles.errors import BundlerunError
 
         if debug:
             raise

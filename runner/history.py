@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from bundles.errors import BundlerunError, ConfigError
+from bundlerun.bundles.errors import BundlerunError, ConfigError
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
@@ -385,7 +385,7 @@ def resolve_run(
     if path.is_dir() and (path / "report.json").is_file():
         path = path / "report.json"
     if path.suffix == ".json" or path.is_file():
-        from runner.report_model import ReportError, read_report
+        from bundlerun.runner.report_model import ReportError, read_report
 
         if not path.exists():
             raise HistoryError(f"baseline report {ref} does not exist")

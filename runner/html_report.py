@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bundles.fileio import atomic_write_text
+from bundlerun.bundles.fileio import atomic_write_text
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -134,7 +134,7 @@ def _confusion(ds: dict[str, Any]) -> str:
     labels, preds, n = ds.get("labels"), ds.get("predictions"), ds.get("num_classes")
     if not labels or not preds or not n or len(labels) != len(preds) or n > 100:
         return ""
-    from runner import plots
+    from bundlerun.runner import plots
 
     png = plots.confusion(labels, preds, int(n), f"{ds.get('name')}: target predictions")
     return "<div class='plots'>" + _img(png, "confusion matrix", "confusion matrix of the target's top-1") + "</div>"
@@ -177,7 +177,7 @@ def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
 
 def _output_sections(report: dict[str, Any], arrays: dict) -> str:
     """Per output: criteria, pooled stats, and histogram + scatter when arrays exist."""
-    from runner import plots
+    from bundlerun.runner import plots
 
     parts = ["<h2>Outputs</h2>"]
     seen: dict[tuple[str, int], dict[str, Any]] = {}
@@ -213,7 +213,7 @@ def _output_sections(report: dict[str, Any], arrays: dict) -> str:
 def _trend_section(report: dict[str, Any], history_db: str | Path | None) -> str:
     if not history_db or not Path(history_db).exists():
         return ""
-    from runner import history, plots
+    from bundlerun.runner import history, plots
 
     model = (report.get("bundle") or {}).get("model")
     target = (report.get("target") or {}).get("url")

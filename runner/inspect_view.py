@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bundles.bpte import Bundle, read_bundle
-from bundles.manifest import CRITERIA_FIELDS, Manifest
+from bundlerun.bundles.bpte import Bundle, read_bundle
+from bundlerun.bundles.manifest import CRITERIA_FIELDS, Manifest
 
 
 def bundle_summary(bundle: Bundle, path: Path) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    from runner.report import plain, wide_console
+    from bundlerun.runner.report import plain, wide_console
 
     console = wide_console()
     console.highlighter = None  # bundle text can be long: rich's regex highlighter is quadratic on it

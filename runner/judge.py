@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from bundles import scalar_types as st
-from bundles.bpte import Bundle
-from bundles.manifest import Criteria, Manifest
-from targets.base import CaseResult, CaseStatus, TargetRun
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import Bundle
+from bundlerun.bundles.manifest import Criteria, Manifest
+from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 
 VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 NO_MANIFEST_WARNING = (
@@ -69,7 +69,7 @@ def _error_case(result: CaseResult, expected_count: int) -> dict[str, Any]:
 
 def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[str, Any]:
     """One report case record (see docs/report-schema.md)."""
-    from runner.compare import judge_output
+    from bundlerun.runner.compare import judge_output
 
     test_case = bundle.suite(result.method).test_cases[result.case_index]
     expected_values = [v for v in test_case.expected_outputs]

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from bundles.fileio import atomic_write_bytes
+from bundlerun.bundles.fileio import atomic_write_bytes
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
 _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bundles.fileio import atomic_write_text
+from bundlerun.bundles.fileio import atomic_write_text
 
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bundles.errors import ConfigError
-from bundles.manifest import CRITERIA_FIELDS, Criteria, Manifest
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.manifest import CRITERIA_FIELDS, Criteria, Manifest
 
 SOURCE = "override (CLI)"
 KEYS = tuple(CRITERIA_FIELDS) + ("exact",)
@@ -37,7 +37,7 @@ class Override:
 
 def parse_override(text: str) -> Override:
     """One `--override` string -> Override; a one-line ConfigError when malformed."""
-    from bundles.registry import check_number, suggest
+    from bundlerun.bundles.registry import check_number, suggest
 
     lhs, sep, rhs = str(text).partition("=")
     lhs, rhs = lhs.strip(), rhs.strip()
@@ -110,7 +110,7 @@ def apply_overrides(ctx: Any, bundle: Any, overrides: list[str] | list[Override]
         return []
     if ctx.manifest is not None:
         return apply_to_manifest(ctx.manifest, parsed)
-    from runner.judge import default_criteria
+    from bundlerun.runner.judge import default_criteria
 
     slots = []
     for suite in bundle.method_test_suites:

@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from bundles.errors import ConfigError
+from bundlerun.bundles.errors import ConfigError
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _dataset_regressions(base: dict[str, Any], cur: dict[str, Any], rules: Regre
     bd, cd = base.get("dataset") or None, cur.get("dataset") or None
     if not bd or not cd or bd.get("top1") is None or cd.get("top1") is None:
         return []
-    from runner.accuracy import paired_change
+    from bundlerun.runner.accuracy import paired_change
 
     change, low, high, how = paired_change(bd, cd, rules.confidence)
     drop_points = -change * 100
@@ -230,7 +230,7 @@ def check_baseline(
     other than the current one) or a report.json path. Unresolvable REF raises
     HistoryError (one line, exit code 2).
     """
-    from runner.history import resolve_run
+    from bundlerun.runner.history import resolve_run
 
     current_uuid = (current_report.get("run") or {}).get("id")
     bundle = current_report.get("bundle") or {}

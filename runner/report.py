@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
-from runner.report_model import REPORT_FILE, SCHEMA as REPORT_SCHEMA
-from targets.base import TargetRun
+from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from bundlerun.runner.report_model import REPORT_FILE
+from bundlerun.targets.base import TargetRun
 
 OUTPUTS_FILE = "outputs.npz"
 
 
 def tool_version() -> str:
-    from runner._version import __version__
+    from bundlerun.runner._version import __version__
 
     return __version__
 
@@ -84,7 +84,7 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
 
 def read_report(path: Path) -> dict[str, Any]:
     """A report.json (file or folder), checked and brought to the current schema."""
-    from runner.report_model import read_report as read_typed
+    from bundlerun.runner.report_model import read_report as read_typed
 
     return read_typed(path).to_json()
 

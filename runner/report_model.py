@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import BundlerunError
-from targets.failures import FailureKind
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"
 READABLE_SCHEMAS = ("bundlerun.report/1", SCHEMA)

@@ -28,8 +28,8 @@ def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | Non
 
 
 def _load_bundle(bundle: Any, report: dict[str, Any]):
-    from bundles.bpte import Bundle, read_bundle
-    from bundles.errors import BundleFormatError
+    from bundlerun.bundles.bpte import Bundle, read_bundle
+    from bundlerun.bundles.errors import BundleFormatError
 
     if isinstance(bundle, Bundle):
         return bundle
@@ -66,21 +66,21 @@ def write_reports(
     written: dict[str, Path] = {}
     warnings = report.setdefault("warnings", [])
     if "junit" in formats:
-        from runner.junit import write_junit
+        from bundlerun.runner.junit import write_junit
 
         try:
             written["junit"] = write_junit(report, out_dir / "junit.xml")
         except OSError as exc:
             warnings.append(f"JUnit report not written: {exc}")
     if "markdown" in formats:
-        from runner.markdown import write_markdown
+        from bundlerun.runner.markdown import write_markdown
 
         try:
             written["markdown"] = write_markdown(report, out_dir / "summary.md", regressions)
         except OSError as exc:
             warnings.append(f"Markdown summary not written: {exc}")
     if "html" in formats:
-        from runner.html_report import write_html
+        from bundlerun.runner.html_report import write_html
 
         try:
             written["html"] = write_html(

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles.bpte import Bundle, read_bundle
-from bundles.errors import BundlerunError
-from targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
+from bundlerun.bundles.bpte import Bundle, read_bundle
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 
 
 @dataclass
@@ -30,15 +30,15 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
     """Report, bundle and actual outputs of the run saved in `directory`."""
     import numpy as np
 
-    from bundles import scalar_types as st
-    from bundles.fileio import file_sha256
-    from runner.report import OUTPUTS_FILE, REPORT_FILE
+    from bundlerun.bundles import scalar_types as st
+    from bundlerun.bundles.fileio import file_sha256
+    from bundlerun.runner.report import OUTPUTS_FILE, REPORT_FILE
 
     directory = Path(directory)
     report_file = directory / REPORT_FILE if directory.is_dir() else directory
     if directory.is_file():
         directory = directory.parent
-    from runner.report_model import read_report
+    from bundlerun.runner.report_model import read_report
 
     report = read_report(report_file).to_json()
     outputs_file = directory / OUTPUTS_FILE  # the directory's own file first: copies stay self-contained

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bundles.bpte import Bundle, read_bundle
-from bundles.errors import BundlerunError, ConfigError
-from runner.judge import JudgeContext, judge_run, load_context, summarize
-from runner.report import REPORT_SCHEMA, bundle_section, host_section, save_outputs, target_section, tool_version, write_report
-from targets import open_target
-from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
-from targets.failures import FailureKind
+from bundlerun.bundles.bpte import Bundle, read_bundle
+from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
+from bundlerun.runner.report import bundle_section, host_section, save_outputs, target_section, tool_version, write_report
+from bundlerun.targets import open_target
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
+from bundlerun.runner.report_model import SCHEMA as REPORT_SCHEMA
+from bundlerun.targets.failures import FailureKind
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -65,7 +66,7 @@ def apply_overrides(ctx: JudgeContext, bundle: Bundle, overrides: list[str]) -> 
     """`--override` strings -> per-output criteria in ctx; returns the records for the report."""
     if not overrides:
         return []
-    from runner.overrides import apply_overrides as apply  # the registry's parser
+    from bundlerun.runner.overrides import apply_overrides as apply  # the registry's parser
 
     return apply(ctx, bundle, overrides)
 
@@ -144,14 +145,14 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         "dataset": None,
     }
     if bundle.manifest and bundle.manifest.get("dataset"):
-        from runner.accuracy import dataset_from_outputs
+        from bundlerun.runner.accuracy import dataset_from_outputs
 
         report["dataset"] = dataset_from_outputs(bundle, {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
         }, req.confidence)
     if req.save_outputs:
         report["outputs_file"] = str(save_outputs(run, req.report_dir))
-    from runner.report_model import Report
+    from bundlerun.runner.report_model import Report
 
     report = Report.from_json(report).to_json()  # what we write is what every reader accepts
     if write:
@@ -171,9 +172,9 @@ def finish_run(
     """After a run (plain or accuracy): record it in the history, check it against a
     baseline (a regression makes the exit code 1), write JUnit/Markdown/HTML, and
     rewrite report.json with all of that in it."""
-    from runner import history
-    from runner.regression import check_baseline
-    from runner.reports import write_reports
+    from bundlerun.runner import history
+    from bundlerun.runner.regression import check_baseline
+    from bundlerun.runner.reports import write_reports
 
     db = None if no_history else history.resolve_db_path(history_db, project)
     if db is not None:
@@ -205,7 +206,7 @@ class Session:
 
     @classmethod
     def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
-        from bundles.project_config import load_project_config
+        from bundlerun.bundles.project_config import load_project_config
 
         return cls(project=load_project_config(config_path) or {}, **kw)
 
@@ -213,7 +214,7 @@ class Session:
     def registry(self):
         """The tolerance registry builds use: built-in data + this session's [tolerances]."""
         if self._registry is None:
-            from bundles.registry import project_registry
+            from bundlerun.bundles.registry import project_registry
 
             self._registry = project_registry(self.project)
         return self._registry
@@ -222,7 +223,7 @@ class Session:
         """[targets.<family>] + [targets.<scheme>] of the project config, then --target-opt KEY=VALUE."""
         scheme = url.split("://", 1)[0].lower()
         family = scheme.split("+")[0]
-        from targets import parse_target_url, spec_for
+        from bundlerun.targets import parse_target_url, spec_for
 
         try:
             family = spec_for(parse_target_url(url)).name

@@ -17,8 +17,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and pinned, so no other requirement can pull a CUDA build
 .venv/bin/python -m pip install -q "torch==2.13.0"
-# Default editable mode on purpose: tosa-tools ships a top-level `runner` package too, and the
-# editable finder is what makes `runner` resolve to bundlerun (a .pth path entry would lose).
+# Editable, so the tests use this tree; bundlerun installs as bundlerun.{bundles,targets,runner}
+# (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
 .venv/bin/python -m pip install -q -e ".[arm,test,apple]"
 
 if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then

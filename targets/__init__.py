@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from bundles.errors import TargetError
+from bundlerun.bundles.errors import TargetError
 
 BUILTIN_TARGETS: tuple[str, ...] = (
-    "targets.host",
-    "targets.tosa",
-    "targets.arm.fvp",
-    "targets.arm.qemu",
-    "targets.arm.serial",
-    "targets.android",
-    "targets.qemu_user",
-    "targets.mlx",
+    "bundlerun.targets.host",
+    "bundlerun.targets.tosa",
+    "bundlerun.targets.arm.fvp",
+    "bundlerun.targets.arm.qemu",
+    "bundlerun.targets.arm.serial",
+    "bundlerun.targets.android",
+    "bundlerun.targets.qemu_user",
+    "bundlerun.targets.mlx",
 )
 ENTRY_POINT_GROUP = "bundlerun.targets"
 DEFAULT_TARGET = "host://xnnpack"
@@ -139,7 +139,7 @@ def parse_target_url(url: str) -> TargetURL:
     scheme = parts.scheme.lower()
     specs = target_specs()
     if scheme not in specs:
-        from targets.settings import did_you_mean
+        from bundlerun.targets.settings import did_you_mean
 
         raise TargetError(f"unknown target scheme {scheme!r} in {url!r}{did_you_mean(scheme, specs)}; "
                           f"known: {', '.join(sorted(specs))}")

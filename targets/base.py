@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from targets.failures import FailureKind
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 
 class CaseStatus(str, enum.Enum):
@@ -38,7 +38,7 @@ class RawTensor:
     lossy: bool = False  # decoded from 6-decimal text (UART `Output[i][j]` lines)
 
     def to_array(self):
-        from bundles.scalar_types import to_array
+        from bundlerun.bundles.scalar_types import to_array
 
         return to_array(self.scalar_type, self.shape, self.data)
 
@@ -97,6 +97,15 @@ class TargetRun:
     logs: dict[str, str] = field(default_factory=dict)  # name -> saved log path
     setup_s: float | None = None  # deploy / load time outside the cases
     warnings: list[str] = field(default_factory=list)  # said on the console and in the report
+
+    def record(self, result: CaseResult, options: "RunOptions") -> None:
+        """Add one finished case: its log is listed and the run's progress hears of it at once
+        (which is also what keeps finished cases when the user interrupts)."""
+        self.cases.append(result)
+        if result.log_path:
+            self.logs[f"{result.method}[{result.case_index}]"] = result.log_path
+        if options.progress:
+            options.progress(result)
 
 
 ProgressFn = Callable[[CaseResult], None]
@@ -163,7 +172,7 @@ def raw_outputs_from_files(
     Returns (outputs, error). A missing or wrong-size file is an error naming
     the file and both sizes; nothing is guessed.
     """
-    from bundles.scalar_types import itemsize, name
+    from bundlerun.bundles.scalar_types import itemsize, name
 
     outputs: list[RawTensor] = []
     if len(files) < len(layout):

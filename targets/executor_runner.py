@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 
-from targets.arm.log import parse_runner_log
-from targets.arm.protocol import Failure, cause_of
-from targets.base import DeviceVerdict
-from targets.failures import FailureKind
+from bundlerun.targets.arm.log import parse_runner_log
+from bundlerun.targets.arm.protocol import Failure, cause_of
+from bundlerun.targets.base import DeviceVerdict
+from bundlerun.targets.failures import FailureKind
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}

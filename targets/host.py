@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import TargetError
-from targets import Check, TargetSpec, TargetURL
-from targets.base import RunOptions, TargetRun, selected_cases
-from targets.settings import parse_settings
-from targets.worker_process import WorkerSupervisor, python_module_command
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets.settings import parse_settings
+from bundlerun.targets.worker_process import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 VARIANTS = ("xnnpack", "portable")
 
@@ -32,23 +31,16 @@ class HostTarget:
     threads: int = 0
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        pairs = selected_cases(bundle, options)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "host-outputs")]
         if self.threads:
             args += ["--threads", str(self.threads)]
-        supervisor = WorkerSupervisor(python_module_command("targets.host_worker", *args), options, "host-runtime")
-        start = time.perf_counter()
-        cases = supervisor.run(pairs)
-        info = {"runtime": "executorch pybindings", "variant": self.variant, **supervisor.info}
         warnings = []
         built = (bundle.manifest or {}).get("build", {}).get("backend")
         if self.variant == "portable" and built not in (None, "portable"):
             warnings.append(f"{self.url}: this bundle was lowered for {built}; the runtime runs its {built} "
                             "delegate, not portable kernels (build with --backend portable to test those)")
-        logs = {p.stem: str(p) for p in sorted(options.work_dir.glob("host-runtime-*.log"))}
-        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s, warnings=warnings)
-        run.info["wall_s"] = time.perf_counter() - start
-        return run
+        return run_in_worker(self.url, "bundlerun.targets.host_worker", args, bundle, options, "host-runtime",
+                             {"runtime": "executorch pybindings", "variant": self.variant}, warnings)
 
 
 @dataclass
@@ -59,7 +51,7 @@ class HostSettings:
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check
 
     return [dist_check("executorch", "executorch"), dist_check("torch", "torch")]
 

@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from bundles.bpte import parse_bundle
-    from bundles.scalar_types import BFLOAT16
+    from bundlerun.bundles.bpte import parse_bundle
+    from bundlerun.bundles.scalar_types import BFLOAT16
 
     t0 = time.perf_counter()
     try:
@@ -112,10 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             pass
 
-    code_of = {
-        torch.float32: 6, torch.float16: 5, torch.float64: 7, torch.bfloat16: BFLOAT16, torch.int8: 1,
-        torch.uint8: 0, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.bool: 11,
-    }
+    from bundlerun.bundles import scalar_types as st
+
+    code_of = {st.torch_dtype(c): c for c in (0, 1, 2, 3, 4, 5, 6, 7, 11, BFLOAT16)}
     torch_of = {v: k for k, v in code_of.items()}
     methods = set(module.method_names())
     mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites

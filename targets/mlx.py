@@ -13,24 +13,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import TargetError
-from targets import Check, TargetSpec, TargetURL
-from targets.base import RunOptions, TargetRun, selected_cases
-from targets.settings import check_keys
-from targets.worker_process import WorkerSupervisor, python_module_command
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets.settings import check_keys
+from bundlerun.targets.worker_process import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 DEVICES = ("cpu", "gpu")
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check
 
     rows = [dist_check("mlx", "mlx", "mlx.core", "pip install 'bundlerun[apple]' (mlx[cpu] on Linux)")]
     if platform.system() == "Linux":
@@ -54,7 +53,7 @@ class MlxTarget:
     device: str
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        from targets.program.walker import WalkError, read_delegates
+        from bundlerun.targets.program.walker import WalkError, read_delegates
 
         try:
             ids = sorted({d.backend_id for d in read_delegates(bundle.program)})
@@ -64,17 +63,9 @@ class MlxTarget:
         if foreign:  # said once, before any process starts
             raise TargetError(f"{self.url} cannot run this bundle: it has {', '.join(foreign)} delegates; "
                               "build it with --backend mlx", kind="unsupported")
-        pairs = selected_cases(bundle, options)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
-        supervisor = WorkerSupervisor(python_module_command("targets.program.worker", *args), options, "mlx-runtime")
-        start = time.perf_counter()
-        cases = supervisor.run(pairs)
-        info = {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency",
-                **supervisor.info}
-        logs = {p.stem: str(p) for p in sorted(options.work_dir.glob("mlx-runtime-*.log"))}
-        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s)
-        run.info["wall_s"] = time.perf_counter() - start
-        return run
+        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "mlx-runtime",
+                             {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"})
 
 
 def create(url: TargetURL, config: dict) -> MlxTarget:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from targets import Check
+from bundlerun.targets import Check
 
 PROBE_TIMEOUT_S = 30.0
 

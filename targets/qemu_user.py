@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bundles.errors import TargetError
-from targets import Check, TargetSpec, TargetURL, executor_runner
-from targets.base import (
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner
+from bundlerun.targets.base import (
     CaseResult,
     CaseStatus,
     RunOptions,
@@ -31,13 +31,13 @@ from targets.base import (
     safe_name,
     selected_cases,
 )
-from targets.failures import FailureKind
-from targets.process import kill_process_group
-from targets.runner_cache import cached_runners, find_runner
-from targets.settings import parse_settings
+from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.process import kill_process_group
+from bundlerun.targets.runner_cache import cached_runners, find_runner
+from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 ARCHES = {"aarch64": "qemu-aarch64"}
 RUNNER_KIND = "executor_runner"
@@ -55,7 +55,7 @@ class QemuUserSettings:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from targets.probes import tool_check
+    from bundlerun.targets.probes import tool_check
 
     rows = [tool_check("qemu-aarch64", ["--version"], "apt-get install qemu-user"),
             tool_check("aarch64-linux-gnu-g++", ["--version"], "apt-get install g++-aarch64-linux-gnu (to build the runner)")]
@@ -103,16 +103,12 @@ class QemuUserTarget:
                                              "kernels": "portable", "timing": "emulated CPU time, not device latency"})
         for method, index in selected_cases(bundle, options):
             result = self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s)
-            run.cases.append(result)
-            if result.log_path:
-                run.logs[f"{method}[{index}]"] = result.log_path
-            if options.progress:
-                options.progress(result)
+            run.record(result, options)
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,
               timeout_s: float) -> CaseResult:
-        from bundles.bpte import write_bundle
+        from bundlerun.bundles.bpte import write_bundle
 
         folder = work / f"{safe_name(method)}-{index}"
         shutil.rmtree(folder, ignore_errors=True)

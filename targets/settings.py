@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
-from bundles.errors import ConfigError
+from bundlerun.bundles.errors import ConfigError
 
 T = TypeVar("T")
 _TRUE = ("1", "true", "yes", "on")

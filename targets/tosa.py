@@ -14,18 +14,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import TargetError
-from targets import Check, TargetSpec, TargetURL
-from targets.settings import check_keys
-from targets.base import RunOptions, TargetRun, selected_cases
-from targets.worker_process import WorkerSupervisor, python_module_command
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.settings import check_keys
+from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets.worker_process import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 PROFILES = {"int": "TOSA-1.0+INT", "fp": "TOSA-1.0+FP"}
 RUNNABLE_BACKENDS = ("TOSABackend",)
@@ -38,7 +37,7 @@ class TosaTarget:
 
     def preflight(self, bundle: Bundle) -> dict:
         """Refuse programs whose delegates the reference model cannot execute."""
-        from targets.program.walker import WalkError, read_delegates
+        from bundlerun.targets.program.walker import WalkError, read_delegates
 
         try:
             delegates = read_delegates(bundle.program)
@@ -67,21 +66,13 @@ class TosaTarget:
         return info
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        info = self.preflight(bundle)
-        pairs = selected_cases(bundle, options)
+        info = {"profile": PROFILES[self.profile], **self.preflight(bundle)}
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
-        supervisor = WorkerSupervisor(python_module_command("targets.program.worker", *args), options, "tosa-runtime")
-        start = time.perf_counter()
-        cases = supervisor.run(pairs)
-        info = {"profile": PROFILES[self.profile], **info, **supervisor.info}
-        logs = {p.stem: str(p) for p in sorted(options.work_dir.glob("tosa-runtime-*.log"))}
-        run = TargetRun(self.url, cases, info=info, logs=logs, setup_s=supervisor.setup_s)
-        run.info["wall_s"] = time.perf_counter() - start
-        return run
+        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "tosa-runtime", info)
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check
 
     return [dist_check("tosa-tools", "tosa-tools", "tosa_reference_model", "pip install 'bundlerun[arm]'")]
 

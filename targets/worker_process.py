@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from targets.base import CaseResult, CaseStatus, RawTensor, RunOptions
-from targets.process import kill_process_group
+from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, RunOptions
+from bundlerun.targets.process import kill_process_group
 
 MAX_RESTARTS = 3
 
@@ -227,3 +227,19 @@ def python_module_command(module: str, *args: str) -> CommandFn:
         return [sys.executable, "-m", module, *args, "--cases", str(cases_file)]
 
     return build
+
+
+def run_in_worker(url: str, module: str, args: list[str], bundle, options: RunOptions, name: str,
+                  info: dict | None = None, warnings: list[str] | None = None):
+    """Run the bundle's selected cases in a supervised child (`python -m module args --cases F`):
+    the one way host://, tosa:// and mlx:// drive their runtimes. Returns the TargetRun."""
+    from bundlerun.targets.base import TargetRun, selected_cases
+
+    supervisor = WorkerSupervisor(python_module_command(module, *args), options, name)
+    start = time.perf_counter()
+    cases = supervisor.run(selected_cases(bundle, options))
+    logs = {p.stem: str(p) for p in sorted(Path(options.work_dir).glob(f"{name}-*.log"))}
+    run = TargetRun(url, cases, info={**(info or {}), **supervisor.info}, logs=logs, setup_s=supervisor.setup_s,
+                    warnings=list(warnings or []))
+    run.info["wall_s"] = time.perf_counter() - start
+    return run

@@ -22,8 +22,8 @@ def bundle_cache(tmp_path_factory):
             target: str = "host://xnnpack", **kw) -> Path:
         key = (model, dtype, backend, cases, target, tuple(sorted(kw.items())))
         if key not in built:
-            from bundles.builder import BuildRequest, build_bundle
-            from targets import default_backend
+            from bundlerun.bundles.builder import BuildRequest, build_bundle
+            from bundlerun.targets import default_backend
 
             name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
             result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype,
@@ -40,7 +40,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-c", "from runner.cli import main; main()", *args],
+        [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", *args],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
     )
 

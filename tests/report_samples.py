@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from bundles import scalar_types as st
-from bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
-from bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
-from runner.judge import judge_run, summarize
-from targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
+from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
+from bundlerun.runner.judge import judge_run, summarize
+from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 
 STUB_PROGRAM = b"\x00\x00\x00\x00ET12" + b"\x00" * 56
 

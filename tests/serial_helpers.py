@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bundles.bpte import read_bundle, serialize_bundle
-from targets import open_target
-from targets.base import RunOptions
+from bundlerun.bundles.bpte import read_bundle, serialize_bundle
+from bundlerun.targets import open_target
+from bundlerun.targets.base import RunOptions
 
 
 def open_fds() -> set[str]:

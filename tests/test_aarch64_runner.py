@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle, serialize_bundle
+from bundlerun.bundles.bpte import read_bundle, serialize_bundle
 from doubles.android_env import BUILD_SCRIPT, real_executor_runner
 
 ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles import datasets
-from bundles.datasets import DatasetError, fit_to_inputs, load_dataset
-from bundles.zoo import InputSpec
+from bundlerun.bundles import datasets
+from bundlerun.bundles.datasets import DatasetError, fit_to_inputs, load_dataset
+from bundlerun.bundles.zoo import InputSpec
 
 REPO = Path(__file__).resolve().parents[1]
-BUNDLERUN = [sys.executable, "-m", "runner.cli"]
+BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
 SAMPLES = 60
 
 DEGRADED = """
 import torch
-from bundles.datasets import digits_model
+from bundlerun.bundles.datasets import digits_model
 
 def degraded():
     '''digits-mlp with every weight perturbed by 0.8 of its layer's std (a "bad retrain").'''
@@ -112,8 +112,8 @@ def _eager_top1(n: int) -> float:
 
 
 def _accuracy(tmp_path, name, model="digits-mlp", dtype="fp32", baseline=None, label=None, db=None):
-    from runner.commands.accuracy import AccuracyRequest, run_accuracy
-    from runner.session import Session
+    from bundlerun.runner.commands.accuracy import AccuracyRequest, run_accuracy
+    from bundlerun.runner.session import Session
 
     return run_accuracy(AccuracyRequest(
         model=model, dataset="digits", target="host://xnnpack", dtype=dtype, samples=SAMPLES, backend="xnnpack",
@@ -139,7 +139,7 @@ def test_fp32_accuracy_matches_eager(baseline_run):
     assert lo <= ds["top1_diff"] <= hi
     for name in ("report.json", "junit.xml", "summary.md", "report.html", "outputs.npz"):
         assert (Path(report["files"]["html"]).parent / name).is_file(), name
-    from runner import history
+    from bundlerun.runner import history
 
     runs = history.list_runs(db, label="good")
     assert len(runs) == 1 and runs[0].top1 == pytest.approx(ds["top1"])
@@ -175,13 +175,13 @@ def test_degraded_model_is_a_top1_regression(baseline_run):
 def test_miscompiled_program_is_caught_by_run_baseline(baseline_run, tmp_path):
     """The degraded program spliced into the good bundle: what a broken backend looks like.
     `bundlerun run --baseline good` must flag verdict flips and the SQNR drop."""
-    from bundles.bpte import read_bundle, write_bundle
+    from bundlerun.bundles.bpte import read_bundle, write_bundle
     from dataclasses import replace
 
     tmp, db, good = baseline_run
     factory = tmp_path / "bad_retrain.py"
     factory.write_text(DEGRADED)
-    from bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
 
     bad = build_bundle(BuildRequest(model=f"{factory}:degraded", output=tmp_path / "bad.bpte", cases=1, backend="xnnpack"))
     good_bundle = read_bundle(good["bundle"]["path"])

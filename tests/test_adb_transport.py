@@ -10,9 +10,9 @@ import pytest
 
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, adb_available
-from targets.remote import transport as tr
-from targets.android.adb_cli import AdbCliTransport, parse_devices
-from targets.android.adb_direct import AdbShellTransport, default_key_path
+from bundlerun.targets.remote import transport as tr
+from bundlerun.targets.android.adb_cli import AdbCliTransport, parse_devices
+from bundlerun.targets.android.adb_direct import AdbShellTransport, default_key_path
 
 NASTY = "/data/local/tmp/we ird'; touch /data/local/tmp/INJECTED; echo \"x"
 
@@ -242,7 +242,7 @@ def test_adb_cli_states_unauthorized_offline_absent(adb_server, tmp_path):
 def test_devices_command_lists_states(adb_server, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from runner.commands.devices import command
+    from bundlerun.runner.commands.devices import command
 
     d = FakeAdbd(tmp_path / "dev")
     d.start()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bundles.backends.base import LoweringRequest, lowering_module
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, lowering_module
+from bundlerun.bundles.errors import BuildError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "firmware_scripts" / "android"
 

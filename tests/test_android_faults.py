@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle, write_bundle
+from bundlerun.bundles.bpte import read_bundle, write_bundle
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, adb_available, runner_binaries
-from targets import open_target
-from targets.base import CaseStatus, RunOptions
+from bundlerun.targets import open_target
+from bundlerun.targets.base import CaseStatus, RunOptions
 
 
 

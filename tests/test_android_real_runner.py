@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle
+from bundlerun.bundles.bpte import read_bundle
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, real_executor_runner
-from targets import open_target
-from targets.base import CaseStatus, RunOptions
-from targets.failures import FailureKind
+from bundlerun.targets import open_target
+from bundlerun.targets.base import CaseStatus, RunOptions
+from bundlerun.targets.failures import FailureKind
 
 ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]
 WORKSPACE = "/data/local/tmp/bundlerun real"

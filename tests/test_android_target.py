@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle
+from bundlerun.bundles.bpte import read_bundle
 from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries
-from targets import open_target
-from targets.android.profiles import sort_qnn_outputs
-from targets.base import CaseStatus, RunOptions
+from bundlerun.targets import open_target
+from bundlerun.targets.android.profiles import sort_qnn_outputs
+from bundlerun.targets.base import CaseStatus, RunOptions
 
 WORKSPACE = "/data/local/tmp/bundle run's; $(x)"
 
@@ -107,7 +107,7 @@ def test_qnn_output_files_sort_numerically():
 
 def test_qnn_without_sdk_is_a_clear_error(device, home, runners, bundle_path, tmp_path, monkeypatch):
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
-    from bundles.errors import TargetError
+    from bundlerun.bundles.errors import TargetError
 
     target = open_target(f"adb+tcp://127.0.0.1:{device.port}",
                          {"runner": str(runners["qnn-executor-runner"]), "profile": "qnn-executor-runner", "htp_arch": "75"})
@@ -116,7 +116,7 @@ def test_qnn_without_sdk_is_a_clear_error(device, home, runners, bundle_path, tm
 
 
 def test_bad_config_is_rejected():
-    from bundles.errors import ConfigError
+    from bundlerun.bundles.errors import ConfigError
 
     with pytest.raises(ConfigError, match="under /data/local/tmp/"):
         open_target("adb+tcp://127.0.0.1:5555", {"workspace": "/sdcard/x"})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bundles.backends import arm
-from bundles.errors import BuildError
-from targets.program.walker import read_delegates
+from bundlerun.bundles.backends import arm
+from bundlerun.bundles.errors import BuildError
+from bundlerun.targets.program.walker import read_delegates
 
 
 # --------------------------------------------------------------------------- target parsing (no torch)
@@ -76,7 +76,7 @@ def small():
 
 
 def _lower(small, target, dtype):
-    from bundles.backends.base import LoweringRequest
+    from bundlerun.bundles.backends.base import LoweringRequest
 
     model, examples, calibration = small
     return arm.lower(LoweringRequest(model, examples, calibration, dtype, "arm", target))
@@ -156,7 +156,7 @@ def test_dtype_must_match_profile(small, url, dtype):
 
 def test_cortex_m_backend_needs_a_cortex_m_target(small):
     with pytest.raises(BuildError, match="cortex-m55"):
-        from bundles.backends.base import LoweringRequest
+        from bundlerun.bundles.backends.base import LoweringRequest
 
         model, examples, calibration = small
         arm.lower(LoweringRequest(model, examples, calibration, "int8", "cortex-m", "tosa://int"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bundles import scalar_types as st
-from bundles.bpte import Bundle, BundledValue, parse_bundle, read_bundle, serialize_bundle
-from bundles.errors import BundleFormatError
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import Bundle, BundledValue, parse_bundle, read_bundle, serialize_bundle
+from bundlerun.bundles.errors import BundleFormatError
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_single_case_moves_case_to_index_zero(stock_bundle_bytes):
 
 def test_scalar_values_roundtrip():
     prog = b"\x00" * 4 + b"ET12" + b"\x00" * 24
-    from bundles.bpte import BundledTestCase, MethodTestSuite
+    from bundlerun.bundles.bpte import BundledTestCase, MethodTestSuite
 
     values = [BundledValue(kind="int", scalar=-7), BundledValue(kind="bool", scalar=True),
               BundledValue(kind="double", scalar=2.5), BundledValue.from_array(np.arange(6, dtype=np.int8).reshape(2, 3))]

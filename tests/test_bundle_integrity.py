@@ -12,10 +12,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bundles.bpte import BundledValue, load_bundle, parse_bundle, read_bundle, serialize_bundle, write_bundle
-from bundles.errors import BundleError, BundleFormatError, IntegrityError, ManifestError
-from bundles.integrity import UNSEALED_WARNING, case_digest, seal
-from bundles.manifest import Manifest
+from bundlerun.bundles.bpte import BundledValue, load_bundle, parse_bundle, read_bundle, serialize_bundle, write_bundle
+from bundlerun.bundles.errors import BundleError, BundleFormatError, IntegrityError, ManifestError
+from bundlerun.bundles.integrity import UNSEALED_WARNING, case_digest, seal
+from bundlerun.bundles.manifest import Manifest
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_malformed_manifests_give_one_line_errors(mlp, mutate, message):
 
 
 def test_raw_manifest_json_problems(mlp):
-    from bundles.bpte import _decode_manifest
+    from bundlerun.bundles.bpte import _decode_manifest
 
     with pytest.raises(ManifestError, match="duplicate key 'atol'"):
         _decode_manifest('{"atol": 1, "atol": 2}', "d.bpte")
@@ -184,7 +184,7 @@ def test_unsealed_old_bundle_reads_with_warning(mlp):
 
 def test_judge_and_from_dict_refuse_an_invalid_manifest(mlp):
     """The judge no longer falls back to default tolerances for a manifest it cannot read."""
-    from runner.judge import load_context
+    from bundlerun.runner.judge import load_context
 
     bundle = copy.deepcopy(mlp)
     _criteria(bundle)["atol"] = float("nan")
@@ -261,7 +261,7 @@ def test_cli_refuses_tampered_bundles_with_one_line(cli, mlp, tmp_path):
 
 def test_hash_covers_every_field_of_a_value():
     base = BundledValue.from_array(np.arange(6, dtype=np.float32).reshape(2, 3))
-    from bundles.bpte import BundledTestCase
+    from bundlerun.bundles.bpte import BundledTestCase
 
     def digest(v):
         return case_digest(BundledTestCase([base], [v]))

@@ -10,13 +10,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle, write_bundle
+from bundlerun.bundles.bpte import read_bundle, write_bundle
 
 
 def test_help_and_version_do_not_import_torch():
     code = textwrap.dedent("""
         import sys
-        from runner.cli import main
+        from bundlerun.runner.cli import main
         for args in (["--help"], ["--version"], ["run", "--help"]):
             try:
                 main(args)

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from bundles.manifest import Criteria
-from runner.compare import error_statistics, judge_output
+from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.compare import error_statistics, judge_output
 
 
 def _reference(actual, expected):

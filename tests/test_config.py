@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from bundles.errors import ConfigError
-from bundles.tolerances import ToleranceContext, resolve_criteria
-from bundles.project_config import find_config_files, load_project_config
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles.project_config import find_config_files, load_project_config
 
 
 @pytest.fixture(autouse=True)

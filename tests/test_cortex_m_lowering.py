@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bundles.backends import arm
-from bundles.errors import BuildError
+from bundlerun.bundles.backends import arm
+from bundlerun.bundles.errors import BuildError
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO_OPS = REPO / "firmware_scripts" / "arm" / "qemu" / "zoo_ops.txt"
@@ -44,7 +44,7 @@ def _zoo_ops() -> set[str]:
 def _program(bundle_path: Path):
     from executorch.exir._serialize._program import deserialize_pte_binary
 
-    from bundles.bpte import read_bundle
+    from bundlerun.bundles.bpte import read_bundle
 
     pte = deserialize_pte_binary(read_bundle(bundle_path).program)
     return getattr(pte, "program", pte)
@@ -66,8 +66,8 @@ def _tensor_dim_orders(program) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from bundles.builder import BuildRequest, build_bundle
-    from bundles.bpte import read_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.bpte import read_bundle
 
     out = {}
     folder = tmp_path_factory.mktemp("cortex_m")
@@ -145,7 +145,7 @@ def test_decompose_float_linear_pass_rank3_matches_eager():
 
 
 def test_tiny_transformer_failure_names_the_pass_and_operator(tmp_path):
-    from bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
 
     with pytest.raises(BuildError) as err:
         build_bundle(BuildRequest(model="tiny-transformer", output=tmp_path / "t.bpte", backend="cortex-m",

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles import scalar_types as st
-from bundles.bpte import read_bundle
-from targets.base import expected_layout
-from targets.arm.outputs import (
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import read_bundle
+from bundlerun.targets.base import expected_layout
+from bundlerun.targets.arm.outputs import (
     LOSSY_ROUNDING_ATOL,
     PRINTED_DECIMAL_ROUNDING,
     OutputDecodeError,
@@ -32,7 +32,7 @@ from targets.arm.outputs import (
     parse_etdump_block,
 )
 from doubles.board import etdump_block
-from targets.arm.log import parse_runner_log
+from bundlerun.targets.arm.log import parse_runner_log
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_non_contiguous_output_is_reordered():
     """A strided (dim-order) tensor in the debug buffer comes back in logical order."""
     from types import SimpleNamespace
 
-    from targets.arm.outputs import _tensor_bytes
+    from bundlerun.targets.arm.outputs import _tensor_bytes
 
     logical = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
     nhwc = np.ascontiguousarray(logical.transpose(0, 2, 3, 1))  # bytes as a channels-last sink stores them
@@ -237,8 +237,8 @@ def test_non_contiguous_output_is_reordered():
 
 def test_compare_never_fails_a_case_on_printed_rounding():
     """A device output equal to the reference, read back from `%f` text, must PASS."""
-    from bundles.manifest import Criteria
-    from runner.compare import judge_output
+    from bundlerun.bundles.manifest import Criteria
+    from bundlerun.runner.compare import judge_output
 
     rng = np.random.default_rng(1)
     ref = rng.uniform(8, 16, 4096).astype(np.float32)  # where float32 re-rounding is largest

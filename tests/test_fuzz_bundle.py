@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from bundles.bpte import load_bundle, serialize_bundle
-from bundles.errors import BundleError
-from bundles.flatbuf import FlatReader, FlatTable
-from bundles.integrity import case_digest, program_digest, seal
-from bundles.manifest import CRITERIA_FIELDS
+from bundlerun.bundles.bpte import load_bundle, serialize_bundle
+from bundlerun.bundles.errors import BundleError
+from bundlerun.bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.integrity import case_digest, program_digest, seal
+from bundlerun.bundles.manifest import CRITERIA_FIELDS
 
 N = 1000
 BUDGET_S = 30.0  # per family on a loaded 2-core CI machine; typically 1-3 s

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles.bpte import read_bundle, serialize_bundle
-from bundles.errors import TargetError
-from targets import open_target, parse_target_url
-from targets.base import CaseStatus, RunOptions
-from targets.arm.fvp import FVP_300_U55, FVP_300_U65, FVP_320, fvp_command, parse_variant
+from bundlerun.bundles.bpte import read_bundle, serialize_bundle
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import open_target, parse_target_url
+from bundlerun.targets.base import CaseStatus, RunOptions
+from bundlerun.targets.arm.fvp import FVP_300_U55, FVP_300_U65, FVP_320, fvp_command, parse_variant
 from doubles.fvp import install_fvp_doubles
 
 U55 = "fvp://corstone-300/ethos-u55-128"
@@ -301,7 +301,7 @@ def test_fvp_path_config_and_missing_elf(bundle, bundle_path, fvp_env, monkeypat
 
 
 def test_per_target_elf_table(fvp_env, tmp_path):
-    from targets.arm.fvp import find_runner_elf
+    from bundlerun.targets.arm.fvp import find_runner_elf
 
     u85 = tmp_path / "u85.elf"
     u85.write_bytes(b"\x7fELF")
@@ -361,7 +361,7 @@ ARM_SCRIPTS = REPO / "firmware_scripts" / "arm"
 def test_manifest_tolerance_prints_the_bundles_loosest_criteria(bundle, bundle_path):
     import sys
 
-    from bundles.manifest import Manifest
+    from bundlerun.bundles.manifest import Manifest
 
     outs = Manifest.from_dict(bundle.manifest).methods["forward"].outputs if bundle.manifest else []
     res = subprocess.run([sys.executable, str(ARM_SCRIPTS / "manifest_tolerance.py"), "--cmake", str(bundle_path)],
@@ -403,7 +403,7 @@ def test_check_fvp_and_doctor_see_the_installed_fvps(fvp_env, tmp_path):
 
     from click.testing import CliRunner
 
-    from runner.commands.doctor import command
+    from bundlerun.runner.commands.doctor import command
 
     res = subprocess.run([str(ARM_SCRIPTS / "check_fvp.sh"), "--all"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.count(" OK ") == 3, res.stdout
@@ -418,7 +418,7 @@ def test_check_fvp_and_doctor_see_the_installed_fvps(fvp_env, tmp_path):
     from importlib import metadata
 
     assert rows["executorch"]["detail"] == metadata.version("executorch")
-    light = subprocess.run([sys.executable, "-c", "import sys, runner.commands.doctor; assert 'torch' not in sys.modules"],
+    light = subprocess.run([sys.executable, "-c", "import sys, bundlerun.runner.commands.doctor; assert 'torch' not in sys.modules"],
                            capture_output=True, text=True, timeout=60)
     assert light.returncode == 0, light.stderr
 

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
-from runner import history  # noqa: E402
+from bundlerun.runner import history  # noqa: E402
 
 
 def test_record_and_list_filters(tmp_path):
@@ -139,7 +139,7 @@ def test_eight_parallel_writers_lose_nothing(tmp_path):
 def _cli(args, env):
     import subprocess
 
-    return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bundlerun.runner.cli", *args], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bundles.bpte import read_bundle
-from bundles.errors import BundleError
-from runner.session import RunRequest, execute_run
-from targets.base import CaseStatus, RunOptions
+from bundlerun.bundles.bpte import read_bundle
+from bundlerun.bundles.errors import BundleError
+from bundlerun.runner.session import RunRequest, execute_run
+from bundlerun.targets.base import CaseStatus, RunOptions
 
 ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]
 MATRIX = [(m, d, "host://xnnpack") for m in ZOO for d in ("fp32", "fp16", "int8")] + [
@@ -39,7 +39,7 @@ def test_zoo_passes_on_host(bundle_cache, tmp_path, model, dtype, target):
 
 
 def test_every_case_runs_once_program_loaded_once(bundle_cache, tmp_path):
-    from targets import open_target
+    from bundlerun.targets import open_target
 
     path = bundle_cache("mlp", cases=6)
     bundle = read_bundle(path)
@@ -59,7 +59,7 @@ def _children_alive() -> list[str]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"targets.host_worker" in cmd:
+            if b"bundlerun.targets.host_worker" in cmd:
                 out.append(pid)
     return out
 
@@ -78,7 +78,7 @@ def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
 
 
 def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):
-    from bundles.bpte import write_bundle
+    from bundlerun.bundles.bpte import write_bundle
 
     bundle = read_bundle(bundle_cache("mlp", cases=2))
     for case in bundle.suite("forward").test_cases:

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import browser  # noqa: E402
 import report_samples as rs  # noqa: E402
 
-from runner import history  # noqa: E402
-from runner.accuracy import dataset_summary  # noqa: E402
-from runner.reports import write_reports  # noqa: E402
+from bundlerun.runner import history  # noqa: E402
+from bundlerun.runner.accuracy import dataset_summary  # noqa: E402
+from bundlerun.runner.reports import write_reports  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 

@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "targets.host_worker" in line]
+    return [int(line.split()[0]) for line in out.splitlines() if "bundlerun.targets.host_worker" in line]
 
 
 def test_ctrl_c_keeps_finished_cases_and_stops_the_command(tmp_path):
     env = {**os.environ, "BUNDLERUN_FAULT": "hang@forward:3", "PYTHONPATH": str(ROOT)}
     before = set(_children(0))
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from runner.cli import main; main()", "validate", "mlp", "tiny-cnn", "--cases", "5",
+        [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "validate", "mlp", "tiny-cnn", "--cases", "5",
          "--report", str(tmp_path), "--no-history", "--timeout", "300"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -16,7 +16,7 @@ from tests.conftest import run_cli
 
 
 def _et_dir() -> Path:
-    from bundles.mlx_codegen import _executorch_dir
+    from bundlerun.bundles.mlx_codegen import _executorch_dir
 
     return _executorch_dir()
 
@@ -25,7 +25,7 @@ def _et_dir() -> Path:
 
 
 def test_codegen_regenerates_the_missing_files(tmp_path, monkeypatch):
-    from bundles import mlx_codegen
+    from bundlerun.bundles import mlx_codegen
 
     monkeypatch.delenv("BUNDLERUN_EXECUTORCH_SRC", raising=False)
     target = tmp_path / "gen" / "key"
@@ -47,7 +47,7 @@ def test_codegen_regenerates_the_missing_files(tmp_path, monkeypatch):
 
 
 def test_cache_key_follows_the_wheel_version(monkeypatch):
-    from bundles import mlx_codegen
+    from bundlerun.bundles import mlx_codegen
 
     key = mlx_codegen.cache_key(_et_dir())
     assert key == mlx_codegen.cache_key(_et_dir())
@@ -56,7 +56,7 @@ def test_cache_key_follows_the_wheel_version(monkeypatch):
 
 
 def test_overlay_leaves_the_installed_package_alone():
-    from bundles.mlx_codegen import ensure_mlx_importable
+    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
     files = ensure_mlx_importable()
     import executorch.backends.mlx.serialization as ser
@@ -71,8 +71,8 @@ def test_overlay_leaves_the_installed_package_alone():
 
 
 def test_missing_sources_is_one_clear_error(tmp_path, monkeypatch):
-    from bundles import mlx_codegen
-    from bundles.errors import BuildError
+    from bundlerun.bundles import mlx_codegen
+    from bundlerun.bundles.errors import BuildError
 
     monkeypatch.delenv("BUNDLERUN_EXECUTORCH_SRC", raising=False)
     monkeypatch.setattr(mlx_codegen, "_third_party_dirs", lambda: [tmp_path / "nowhere"])
@@ -98,8 +98,8 @@ def test_cli_reports_missing_sources_without_traceback(tmp_path):
 
 
 def test_cli_builds_an_mlx_bf16_bundle_from_a_cold_cache(tmp_path):
-    from bundles.bpte import read_bundle
-    from targets.program.walker import read_delegates
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.targets.program.walker import read_delegates
 
     out = tmp_path / "mlp-bf16.bpte"
     proc = run_cli("build", "mlp", "--backend", "mlx", "--dtype", "bf16", "--cases", "2", "-o", str(out),
@@ -116,9 +116,9 @@ def test_cli_builds_an_mlx_bf16_bundle_from_a_cold_cache(tmp_path):
 def test_mlx_recipe_refuses_int8():
     import torch
 
-    from bundles.backends.base import LoweringRequest
-    from bundles.backends.mlx import lower
-    from bundles.errors import BuildError
+    from bundlerun.bundles.backends.base import LoweringRequest
+    from bundlerun.bundles.backends.mlx import lower
+    from bundlerun.bundles.errors import BuildError
 
     with pytest.raises(BuildError, match=r"dtype 'int8' is not supported by the mlx recipe \(fp32, fp16, bf16\)"):
         lower(LoweringRequest(torch.nn.Linear(2, 2), (torch.randn(1, 2),), [], "int8", "mlx", "mlx://cpu"))
@@ -128,9 +128,9 @@ def test_mlx_recipe_refuses_int8():
 
 
 def test_coreml_fp16_bundle_records_compute_units(tmp_path):
-    from bundles.bpte import read_bundle
-    from bundles.builder import BuildRequest, build_bundle
-    from targets.program.walker import read_delegates
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.targets.program.walker import read_delegates
 
     result = build_bundle(BuildRequest(model="mlp", output=tmp_path / "mlp-coreml.bpte", backend="coreml",
                                        dtype="fp16", cases=2, target="host://xnnpack"))
@@ -148,9 +148,9 @@ def test_coreml_fp16_bundle_records_compute_units(tmp_path):
 def test_coreml_rejects_unknown_compute_units_and_bf16():
     import torch
 
-    from bundles.backends.base import LoweringRequest
-    from bundles.backends.coreml import lower
-    from bundles.errors import BuildError
+    from bundlerun.bundles.backends.base import LoweringRequest
+    from bundlerun.bundles.backends.coreml import lower
+    from bundlerun.bundles.errors import BuildError
 
     model, x = torch.nn.Linear(2, 2), (torch.randn(1, 2),)
     with pytest.raises(BuildError, match="unknown Core ML compute units 'npu'"):

@@ -34,8 +34,8 @@ def _torch_dtype(dtype: str):
 
 def _lower(module, inputs: tuple, dtype: str = "fp32") -> tuple[bytes, tuple]:
     """Lower with the bundlerun MLX recipe; returns (pte bytes, inputs in program dtypes)."""
-    from bundles.backends.base import LoweringRequest
-    from bundles.backends.mlx import lower
+    from bundlerun.bundles.backends.base import LoweringRequest
+    from bundlerun.bundles.backends.mlx import lower
 
     result = lower(LoweringRequest(module.eval(), inputs, [], dtype, "mlx", "mlx://cpu"))
     assert result.info["delegate_calls"] >= 1
@@ -45,8 +45,8 @@ def _lower(module, inputs: tuple, dtype: str = "fp32") -> tuple[bytes, tuple]:
 
 
 def _run(pte: bytes, inputs: tuple, runners=None):
-    from targets.program.mlx_delegate import delegate_runners
-    from targets.program.walker import ProgramWalker, load_program, tensor_to_numpy
+    from bundlerun.targets.program.mlx_delegate import delegate_runners
+    from bundlerun.targets.program.walker import ProgramWalker, load_program, tensor_to_numpy
 
     walker = ProgramWalker(load_program(pte), runners or delegate_runners())
     return walker, walker.run("forward", [tensor_to_numpy(x) for x in inputs])
@@ -61,8 +61,8 @@ def _as_float(code: int, arr: np.ndarray) -> np.ndarray:
 
 
 def _node_types(pte: bytes) -> set[str]:
-    from targets.program.mlx_graph import decode
-    from targets.program.walker import load_program
+    from bundlerun.targets.program.mlx_graph import decode
+    from bundlerun.targets.program.walker import load_program
 
     loaded = load_program(pte)
     return set().union(*(decode(bytes(d.data)).op_names() for d in loaded.program.backend_delegate_data))
@@ -258,7 +258,7 @@ def test_dynamic_shape_int_value_ops(mx):
     from executorch.exir import to_edge_transform_and_lower
     from torch.export import Dim
 
-    from bundles.mlx_codegen import ensure_mlx_importable
+    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
     ensure_mlx_importable()
     from executorch.backends.mlx import MLXPartitioner
@@ -316,7 +316,7 @@ def test_mutable_buffer_persists_across_executions(mx):
     pte, _ = _lower(Upd(), first)
     assert "IndexCopy" in _node_types(pte)
     walker, out1 = _run(pte, first)
-    from targets.program.walker import tensor_to_numpy
+    from bundlerun.targets.program.walker import tensor_to_numpy
 
     out2 = walker.run("forward", [tensor_to_numpy(x) for x in second])
     eager = Upd()
@@ -332,8 +332,8 @@ def test_mutable_buffer_persists_across_executions(mx):
 def test_unimplemented_op_is_a_clear_unsupported_op_error(mx, monkeypatch):
     import torch
 
-    from targets.program import mlx_ops
-    from targets.program.walker import WalkError
+    from bundlerun.targets.program import mlx_ops
+    from bundlerun.targets.program.walker import WalkError
 
     pte, cast = _lower(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
     monkeypatch.delitem(mlx_ops.HANDLERS, "Addmm")
@@ -346,8 +346,8 @@ def test_unimplemented_op_is_a_clear_unsupported_op_error(mx, monkeypatch):
 def test_gpu_only_op_names_the_reason(mx, monkeypatch):
     import torch
 
-    from targets.program import mlx_ops
-    from targets.program.walker import WalkError
+    from bundlerun.targets.program import mlx_ops
+    from bundlerun.targets.program.walker import WalkError
 
     pte, cast = _lower(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
     monkeypatch.setitem(mlx_ops.UNSUPPORTED, "Addmm", "pretend GPU-only")
@@ -357,8 +357,8 @@ def test_gpu_only_op_names_the_reason(mx, monkeypatch):
 
 
 def test_garbage_payload_is_a_backend_error(mx):
-    from targets.program.mlx_delegate import MLXDelegateRunner
-    from targets.program.walker import WalkError
+    from bundlerun.targets.program.mlx_delegate import MLXDelegateRunner
+    from bundlerun.targets.program.walker import WalkError
 
     runner = MLXDelegateRunner()
     with pytest.raises(WalkError) as err:
@@ -376,9 +376,9 @@ def test_garbage_payload_is_a_backend_error(mx):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_zoo_bundle_runs_on_mlx(mx, bundle_cache, model, dtype):
     """Whole bundles built by the builder: every case within the MLX tier of the bundle's expected outputs."""
-    from bundles.bpte import read_bundle
-    from targets.program.mlx_delegate import delegate_runners
-    from targets.program.walker import ProgramWalker, load_program
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.targets.program.mlx_delegate import delegate_runners
+    from bundlerun.targets.program.walker import ProgramWalker, load_program
 
     bundle = read_bundle(bundle_cache(model, dtype, backend="mlx", cases=3, target="mlx://cpu"))
     loaded = load_program(bundle.program)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bundles import scalar_types as st
-from bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite
-from bundles.errors import ConfigError
-from bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
-from bundles.registry import explicit_entry
-from runner.judge import judge_run, load_context, summarize
-from runner.overrides import apply_overrides, apply_to_manifest, as_build_overrides, parse_override, parse_overrides
-from targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
+from bundlerun.bundles.registry import explicit_entry
+from bundlerun.runner.judge import judge_run, load_context, summarize
+from bundlerun.runner.overrides import apply_overrides, apply_to_manifest, as_build_overrides, parse_override, parse_overrides
+from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 
 
 @pytest.mark.parametrize(

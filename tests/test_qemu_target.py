@@ -70,8 +70,8 @@ def test_faults_on_the_real_emulator_are_classified(qemu_runner, bundle_cache, t
 
 def test_missing_operator_is_named(qemu_runner, bundle_cache, tmp_path):
     bundle = bundle_cache("tiny-cnn", "fp32", backend="portable", cases=1)
-    from bundles.bpte import read_bundle
-    from bundles.program_meta import program_operators
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.program_meta import program_operators
 
     ops = sorted(program_operators(read_bundle(bundle).program) - {"aten::relu.out"})
     elf = qemu_runner("--ops", ",".join(ops)) / "arm_executor_runner.elf"

@@ -9,9 +9,9 @@ import tomllib
 import numpy as np
 import pytest
 
-from bundles.errors import ConfigError
-from bundles.registry import BUILTIN_PATH, LEVELS, TIERS, Layer, Registry, explicit_entry, normalize_op, tier_for
-from bundles.tolerances import ToleranceContext, explain, resolve_criteria
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.registry import BUILTIN_PATH, LEVELS, TIERS, Layer, Registry, explicit_entry, normalize_op, tier_for
+from bundlerun.bundles.tolerances import ToleranceContext, explain, resolve_criteria
 
 DATA = tomllib.loads(BUILTIN_PATH.read_text())
 EPS16 = 9.77e-4
@@ -358,7 +358,7 @@ def test_project_layer_wins_and_is_named_in_the_trail(builtin, tmp_path):
 
 
 def test_env_var_replaces_builtin_data(tmp_path, monkeypatch):
-    from bundles.registry import default_registry
+    from bundlerun.bundles.registry import default_registry
 
     text = BUILTIN_PATH.read_text().replace("[backends.xnnpack.default]\natol = 1e-3", "[backends.xnnpack.default]\natol = 0.125")
     assert "atol = 0.125" in text

@@ -11,9 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
-from bundles.errors import ConfigError  # noqa: E402
-from runner import accuracy  # noqa: E402
-from runner.regression import RegressionRules, comparison_notes, find_regressions  # noqa: E402
+from bundlerun.bundles.errors import ConfigError  # noqa: E402
+from bundlerun.runner import accuracy  # noqa: E402
+from bundlerun.runner.regression import RegressionRules, comparison_notes, find_regressions  # noqa: E402
 
 
 def _pair(base_noise, cur_noise, cases=4, **kw):
@@ -136,7 +136,7 @@ def test_compare_command_exit_codes(tmp_path):
     import os
     import subprocess
 
-    from runner import history
+    from bundlerun.runner import history
 
     db = tmp_path / "h.sqlite"
     b = rs.make_bundle(cases=3)
@@ -148,7 +148,7 @@ def test_compare_command_exit_codes(tmp_path):
     env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "runner.cli", "compare", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "bundlerun.runner.cli", "compare", *args], capture_output=True, text=True,
                               env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
 
     proc = cli("good", "bad")

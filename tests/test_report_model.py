@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from runner.report_model import SCHEMA, Report, ReportError, read_report
-from targets.failures import FailureKind
+from bundlerun.runner.report_model import SCHEMA, Report, ReportError, read_report
+from bundlerun.targets.failures import FailureKind
 from tests.report_samples import quick_report
 
 
@@ -70,8 +70,8 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
 
     from rich.console import Console
 
-    from runner.markdown import render_markdown
-    from runner.report import print_summary
+    from bundlerun.runner.markdown import render_markdown
+    from bundlerun.runner.report import print_summary
 
     data = quick_report(errors={0: "error"})
     evil = "[/x] [bold]|x| <b>`\x1b[2J"

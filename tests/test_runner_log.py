@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from targets.arm.log import IncrementalLogParser, parse_line, parse_runner_log
+from bundlerun.targets.arm.log import IncrementalLogParser, parse_line, parse_runner_log
 
 # Arm learning path (Corstone-320, runner ~2025): current prefix with function name.
 REAL_LEARNING_PATH = """\
@@ -389,7 +389,7 @@ def test_large_logs_stream_in_linear_time():
 def test_report_schema_documents_every_failure_kind():
     from pathlib import Path
 
-    from targets.failures import FailureKind
+    from bundlerun.targets.failures import FailureKind
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "report-schema.md").read_text()
     missing = [k.value for k in FailureKind if f"| `{k.value}` |" not in doc]
@@ -400,8 +400,8 @@ def test_report_schema_documents_every_failure_kind():
 
 # -- the one Arm runner protocol (targets.arm.protocol), on log text in the runner's own formats --
 
-from targets.arm.protocol import SessionEnd, classify, collect_outputs  # noqa: E402
-from targets.failures import FailureKind  # noqa: E402
+from bundlerun.targets.arm.protocol import SessionEnd, classify, collect_outputs  # noqa: E402
+from bundlerun.targets.failures import FailureKind  # noqa: E402
 
 _M = "I [executorch:arm_executor_runner.cpp:{n} main()] "
 
@@ -450,7 +450,7 @@ def test_timestamped_lines_and_portable_tensor_print():
     assert log.lines[0].level == "I" and log.lines[0].file == "executor_runner.cpp"
     assert log.lines[0].message == "Model file m.bpte is loaded."
     assert [v for _, v in log.printed_outputs[0]] == [1, 2, 3, 4]
-    from bundles import scalar_types as st
+    from bundlerun.bundles import scalar_types as st
 
     got = collect_outputs(log, [(st.INT, [2, 2])], prefer="printed")
     assert got.source == "printed" and got.outputs[0].to_array().tolist() == [[1, 2], [3, 4]]
@@ -459,7 +459,7 @@ def test_timestamped_lines_and_portable_tensor_print():
 
 
 def test_untagged_printed_values_take_the_bundle_dtype_and_sizes_count_what_was_printed():
-    from bundles import scalar_types as st
+    from bundlerun.bundles import scalar_types as st
 
     log = parse_runner_log("Output[0][0]: 1.500000\nOutput[0][1]: -2.000000\n")
     got = collect_outputs(log, [(st.FLOAT, [2])], prefer="printed")

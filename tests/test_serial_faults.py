@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from targets.base import CaseStatus
+from bundlerun.targets.base import CaseStatus
 from doubles.board import BoardProcess, firmware_outputs
 from serial_helpers import case_bytes, child_pids, open_fds, run_serial
 
@@ -153,7 +153,7 @@ def test_capture_stop_rules_over_loop_port():
     """capture_uart on pyserial's loop:// (what is written is read back): the stop rules."""
     import serial
 
-    from targets.arm.serial import SerialSettings, capture_uart
+    from bundlerun.targets.arm.serial import SerialSettings, capture_uart
 
     def cap(payload: bytes, timeout: float = 5.0, **kw):
         port = serial.serial_for_url("loop://", timeout=0.05)

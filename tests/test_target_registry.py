@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-import targets
-from bundles.errors import ConfigError, TargetError
+from bundlerun import targets
+from bundlerun.bundles.errors import ConfigError, TargetError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "BUNDLERUN_TARGETS": "tests.fixtures.echo_target", "PYTHONPATH": str(ROOT)}
 
 
 def _cli(*args: str, env=ENV) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "bundlerun.runner.cli", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
 
 
@@ -46,7 +46,7 @@ def test_fixture_target_appears_in_help_and_doctor():
 
 
 def test_fixture_target_parses_runs_and_is_strict(echo_registered, bundle_cache, tmp_path):
-    from runner.session import RunRequest, execute_run
+    from bundlerun.runner.session import RunRequest, execute_run
 
     assert targets.default_backend("echo://here") == "portable"
     mlp_fp32 = bundle_cache("mlp", backend="portable", cases=2, target="host://portable")

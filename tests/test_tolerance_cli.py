@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bundles.bpte import read_bundle
-from bundles.manifest import Manifest
-from bundles.registry import BUILTIN_PATH, Registry
-from bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles.bpte import read_bundle
+from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.registry import BUILTIN_PATH, Registry
+from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 
 slow = pytest.mark.slow  # tests using `work`: two real PTQ builds + runs on host://xnnpack (~1 min)
 
@@ -25,7 +25,7 @@ slow = pytest.mark.slow  # tests using `work`: two real PTQ builds + runs on hos
 @pytest.fixture(scope="module")
 def work(bundle_cache, tmp_path_factory):
     """Two real bundles built and run once: tiny-cnn int8 (quantized reference) and mlp int8 (vs float)."""
-    from runner.session import RunRequest, execute_run
+    from bundlerun.runner.session import RunRequest, execute_run
 
     root = tmp_path_factory.mktemp("tolcli")
     out = {}
@@ -64,7 +64,7 @@ def _perturbed(run_dir: Path, dest: Path, path: Path, steps: float, scale: float
 
 
 def _rejudge(run_dir, overrides=(), out=None):
-    from runner.commands.judge import rejudge
+    from bundlerun.runner.commands.judge import rejudge
 
     return rejudge(run_dir, list(overrides), None, out)
 
@@ -129,7 +129,7 @@ def test_verdict_uses_embedded_criteria_not_the_installed_registry(work, tmp_pat
     judged = report["cases"][0]["outputs"][0]["criteria"]
     assert judged == crit.to_dict()
 
-    from runner.commands.judge import command
+    from bundlerun.runner.commands.judge import command
 
     result = CliRunner().invoke(command, [str(perturbed), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -170,7 +170,7 @@ def test_sqnr_and_cosine_against_the_float_model(work):
 @slow
 @pytest.mark.parametrize("key, ops", [("cnn", ["convolution", "relu"]), ("mlp", ["linear", "tanh"])])
 def test_explain_agrees_with_what_build_embedded(work, key, ops):
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     root, bundles = work
     path, _ = bundles[key]
@@ -195,7 +195,7 @@ def test_explain_agrees_with_what_build_embedded(work, key, ops):
 
 
 def test_explain_table_shows_the_chain():
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     result = CliRunner().invoke(command, ["explain", "--backend", "arm", "--target", "tosa://int", "--dtype", "int8",
                                           "--reference", "quantized", "--model", "lstm", "--host-arch", "aarch64",
@@ -211,7 +211,7 @@ def test_explain_table_shows_the_chain():
 
 @slow
 def test_run_override_is_recorded_in_the_report(work, tmp_path):
-    from runner.session import RunRequest, execute_run
+    from bundlerun.runner.session import RunRequest, execute_run
 
     _, bundles = work
     path, _ = bundles["cnn"]
@@ -225,7 +225,7 @@ def test_run_override_is_recorded_in_the_report(work, tmp_path):
 
 @slow
 def test_judge_cli_writes_a_new_report_and_keeps_the_old(work, tmp_path):
-    from runner.commands.judge import command
+    from bundlerun.runner.commands.judge import command
 
     _, bundles = work
     _, run_dir = bundles["cnn"]
@@ -248,7 +248,7 @@ def test_judge_cli_writes_a_new_report_and_keeps_the_old(work, tmp_path):
 
 @slow
 def test_suggest_from_saved_runs_proposes_a_block_that_round_trips(work, tmp_path, monkeypatch):
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     _, bundles = work
     path, run_dir = bundles["cnn"]
@@ -287,7 +287,7 @@ def test_suggest_from_saved_runs_proposes_a_block_that_round_trips(work, tmp_pat
 
 @slow
 def test_suggest_runs_a_bundle_on_a_target(work):
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     _, bundles = work
     path, run_dir = bundles["mlp"]
@@ -308,7 +308,7 @@ def test_suggest_runs_a_bundle_on_a_target(work):
 
 @slow
 def test_check_reports_drift_between_embedded_and_installed(work, tmp_path, monkeypatch):
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     _, bundles = work
     path, _ = bundles["cnn"]
@@ -330,15 +330,15 @@ def test_check_reports_drift_between_embedded_and_installed(work, tmp_path, monk
 
 
 def _obs(criteria, pairs):
-    from runner.calibrate import Observations, OutputObservations
+    from bundlerun.runner.calibrate import Observations, OutputObservations
 
     o = OutputObservations("forward", 0, "out0", criteria, [(np.asarray(a, float), np.asarray(r, float)) for a, r in pairs])
     return Observations(None, {("forward", 0): o}, 1)
 
 
 def test_propose_margins_and_headroom_on_known_errors():
-    from bundles.manifest import Criteria
-    from runner.calibrate import propose, toml_block
+    from bundlerun.bundles.manifest import Criteria
+    from bundlerun.runner.calibrate import propose, toml_block
 
     ref = np.linspace(-1, 1, 101)
     noise = np.where(np.arange(101) == 7, 0.004, 0.001)  # one outlier of 0.004
@@ -359,8 +359,8 @@ def test_propose_margins_and_headroom_on_known_errors():
 
 
 def test_qtol_is_the_default_knob_for_quantized_outputs_and_rounds_up_to_steps():
-    from bundles.manifest import Criteria
-    from runner.calibrate import default_keys, propose
+    from bundlerun.bundles.manifest import Criteria
+    from bundlerun.runner.calibrate import default_keys, propose
 
     crit = Criteria(atol=0.0, rtol=0.0, qtol=1, scale=0.5)
     assert default_keys(crit) == ["qtol"]
@@ -374,7 +374,7 @@ def test_qtol_is_the_default_knob_for_quantized_outputs_and_rounds_up_to_steps()
 
 
 def test_suggest_rejects_two_elementwise_knobs_and_bad_margin(tmp_path):
-    from runner.commands.tolerance import command
+    from bundlerun.runner.commands.tolerance import command
 
     r = CliRunner().invoke(command, ["suggest", "--from", str(tmp_path), "--criteria", "atol,rtol"])
     assert "one element-wise criterion at a time" in str(r.exception)

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, read_bundle, write_bundle
-from bundles.errors import TargetError
-from targets import open_target
-from targets.base import CaseStatus, RunOptions, expected_layout
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, read_bundle, write_bundle
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import open_target
+from bundlerun.targets.base import CaseStatus, RunOptions, expected_layout
 
 
 def _run(url: str, bundle_path: Path, work: Path):
@@ -33,7 +33,7 @@ def _sqnr_db(actual: np.ndarray, reference: np.ndarray) -> float:
 def _eager(model_name: str, bundle: Bundle, case: int) -> np.ndarray:
     import torch
 
-    from bundles.zoo import ZOO
+    from bundlerun.bundles.zoo import ZOO
 
     module = ZOO[model_name].build()
     inputs = [torch.from_numpy(v.to_array().copy()) for v in bundle.suite("forward").test_cases[case].inputs]
@@ -93,8 +93,8 @@ def _custom_op_bundle(tmp_path: Path) -> Path:
     delegate and has no implementation in the worker process."""
     import torch
 
-    from bundles.backends import arm
-    from bundles.backends.base import LoweringRequest
+    from bundlerun.bundles.backends import arm
+    from bundlerun.bundles.backends.base import LoweringRequest
 
     lib = torch.library.Library("bundlerun_test", "FRAGMENT")
     lib.define("twice(Tensor x) -> Tensor")
@@ -130,9 +130,9 @@ def test_unsupported_op_is_a_per_case_error_naming_it(tmp_path):
 
 def test_other_delegate_is_refused_naming_the_backend(bundle_cache):
     """In-process (the worker path for per-case error kinds is covered above)."""
-    from targets.program.walker import ProgramWalker, WalkError, load_program
-    from targets.tosa import TosaTarget
-    from targets.program.tosa_delegate import delegate_runners
+    from bundlerun.targets.program.walker import ProgramWalker, WalkError, load_program
+    from bundlerun.targets.tosa import TosaTarget
+    from bundlerun.targets.program.tosa_delegate import delegate_runners
 
     path = bundle_cache("mlp", dtype="fp32", backend="xnnpack", cases=2, target="host://xnnpack")
     bundle = read_bundle(path)
@@ -153,7 +153,7 @@ def test_walker_matches_the_executorch_runtime_on_a_portable_program(bundle_cach
     import torch
     from executorch.extension.pybindings import portable_lib
 
-    from targets.program.walker import ProgramWalker, load_program
+    from bundlerun.targets.program.walker import ProgramWalker, load_program
 
     path = bundle_cache(model, dtype=dtype, backend="portable", cases=2, target="host://portable")
     bundle = read_bundle(path)
@@ -198,7 +198,7 @@ def test_delegate_memory_layout_follows_dim_order():
     read back from NHWC (ExecuTorch's dim_order semantics)."""
     import torch
 
-    from targets.program.walker import _from_physical, _to_physical
+    from bundlerun.targets.program.walker import _from_physical, _to_physical
 
     logical = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
     physical = _to_physical(logical, [0, 2, 3, 1])
@@ -209,7 +209,7 @@ def test_delegate_memory_layout_follows_dim_order():
 
 
 def test_read_delegates_rejects_garbage():
-    from targets.program.walker import WalkError, read_delegates
+    from bundlerun.targets.program.walker import WalkError, read_delegates
 
     with pytest.raises(WalkError, match="not an ExecuTorch program"):
         read_delegates(b"\x00" * 64)

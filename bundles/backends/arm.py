@@ -19,18 +19,18 @@ The compile-spec defaults follow ExecuTorch's own Arm test utilities
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import (
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import (
     delegation_summary,
     export_model,
     graph_ops,
     output_qparams,
 )
-from bundles.errors import BuildError
+from bundlerun.bundles.errors import BuildError
 
 # QEMU system machines that are a Corstone platform's CPU side (board, core).
 QEMU_MACHINES = {"mps3-an547": ("corstone-300", "cortex-m55")}
@@ -62,7 +62,7 @@ def parse_arm_target(url: str) -> ArmTarget:
             return ArmTarget(url, "tosa", False, tosa_spec="TOSA-1.0+FP")
         raise BuildError(f"unknown TOSA target {url!r}; use tosa://int or tosa://fp")
     if scheme in ("fvp", "qemu"):
-        from bundles.arm_platforms import parse_platform
+        from bundlerun.bundles.arm_platforms import parse_platform
 
         if scheme == "qemu":  # qemu://mps3-an547 is Corstone-300's CPU side: a Cortex-M55, no NPU
             if rest not in QEMU_MACHINES:
@@ -105,7 +105,7 @@ def _compile_spec(target: ArmTarget, dtype: str, options: dict[str, Any]):
         return TosaCompileSpec(_tosa_spec_string(target, dtype))
     from executorch.backends.arm.ethosu import EthosUCompileSpec
 
-    from bundles.arm_platforms import NPU_FAMILIES
+    from bundlerun.bundles.arm_platforms import NPU_FAMILIES
 
     fam = NPU_FAMILIES[target.accelerator.rsplit("-", 1)[0]]  # type: ignore[union-attr]
     defaults = {"system_config": fam.system_config, "memory_mode": fam.memory_mode, "extra_flags": fam.extra_flags}
@@ -423,6 +423,11 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
     except ImportError as exc:
         raise BuildError(f"the Cortex-M backend is not usable in this executorch install: {exc}") from None
     from executorch.exir import to_edge
+
+    # fake_tensor logs the whole failing dispatch at ERROR before raising: the BuildError says it in one line.
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
+    # One PassManager per pass (so a failure names its pass): its deprecation warning would repeat.
+    logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
 
     examples = req.example_inputs
     exported = export_model(req.model, examples)

@@ -11,18 +11,18 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bundles.errors import BuildError
+from bundlerun.bundles.errors import BuildError
 
 BACKENDS: dict[str, str] = {
-    "xnnpack": "bundles.backends.xnnpack",
-    "portable": "bundles.backends.portable",
-    "arm": "bundles.backends.arm",
-    "cortex-m": "bundles.backends.arm",
-    "vulkan": "bundles.backends.vulkan",
-    "qnn": "bundles.backends.qnn",
-    "mlx": "bundles.backends.mlx",
-    "coreml": "bundles.backends.coreml",
-    "metal": "bundles.backends.metal",
+    "xnnpack": "bundlerun.bundles.backends.xnnpack",
+    "portable": "bundlerun.bundles.backends.portable",
+    "arm": "bundlerun.bundles.backends.arm",
+    "cortex-m": "bundlerun.bundles.backends.arm",
+    "vulkan": "bundlerun.bundles.backends.vulkan",
+    "qnn": "bundlerun.bundles.backends.qnn",
+    "mlx": "bundlerun.bundles.backends.mlx",
+    "coreml": "bundlerun.bundles.backends.coreml",
+    "metal": "bundlerun.bundles.backends.metal",
 }
 
 DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")

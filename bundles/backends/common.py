@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from bundles.errors import BuildError
+from bundlerun.bundles.errors import BuildError
 
 # Ops that only move or reshape data: an output behind them keeps its producer's qparams.
 _PASSTHROUGH = ("view", "reshape", "flatten", "squeeze", "unsqueeze", "permute", "clone", "_to_copy", "contiguous", "getitem")

@@ -12,9 +12,9 @@ coremltools; prediction needs macOS.
 
 from __future__ import annotations
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import export_model, graph_ops, lower_and_emit
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit
+from bundlerun.bundles.errors import BuildError
 
 DTYPES = ("fp32", "fp16")
 COMPUTE_UNITS = {"all": "ALL", "cpu_only": "CPU_ONLY", "cpu_and_gpu": "CPU_AND_GPU", "cpu_and_ne": "CPU_AND_NE"}

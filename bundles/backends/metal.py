@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import platform
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import export_model, graph_ops, lower_and_emit
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit
+from bundlerun.bundles.errors import BuildError
 
 DTYPES = ("fp32", "bf16")
 

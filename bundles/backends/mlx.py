@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import copy
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import export_model, graph_ops, lower_and_emit
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit
+from bundlerun.bundles.errors import BuildError
 
 DTYPES = ("fp32", "fp16", "bf16")
 
 
 def _partitioner():
-    from bundles.mlx_codegen import ensure_mlx_importable
+    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
     files = ensure_mlx_importable()
     try:

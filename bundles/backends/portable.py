@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.xnnpack import lower_with
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.xnnpack import lower_with
 
 
 def lower(req: LoweringRequest) -> LoweringResult:

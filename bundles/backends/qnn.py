@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import export_model, graph_ops, lower_and_emit, output_qparams, quantize_pt2e
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit, output_qparams, quantize_pt2e
+from bundlerun.bundles.errors import BuildError
 
 # SoC names ExecuTorch's QcomChipset enum knows, by common marketing name
 DEFAULT_SOC = "SM8650"

@@ -9,9 +9,9 @@ VulkanQuantizer) is not offered: its runtime kernels need a GPU to check.
 
 from __future__ import annotations
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import export_model, graph_ops, lower_and_emit
-from bundles.errors import BuildError
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit
+from bundlerun.bundles.errors import BuildError
 
 
 def _partitioner(options: dict):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import copy
 
-from bundles.backends.base import LoweringRequest, LoweringResult
-from bundles.backends.common import (
+from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
+from bundlerun.bundles.backends.common import (
     export_model,
     graph_ops,
     lower_and_emit,
     output_qparams,
     quantize_pt2e,
 )
-from bundles.errors import BuildError
+from bundlerun.bundles.errors import BuildError
 
 
 def _partitioner():

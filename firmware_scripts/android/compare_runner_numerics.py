@@ -102,8 +102,8 @@ def run_case(runner: Runner, case_bundle: bytes, work: Path, timeout_s: float) -
 def compare(bundle_path: Path, runners: dict[str, Runner], timeout_s: float) -> list[CaseResult]:
     import numpy as np
 
-    from bundles.bpte import read_bundle, serialize_bundle
-    from bundles.scalar_types import numpy_dtype
+    from bundlerun.bundles.bpte import read_bundle, serialize_bundle
+    from bundlerun.bundles.scalar_types import numpy_dtype
 
     bundle = read_bundle(bundle_path)
     model = bundle_path.stem

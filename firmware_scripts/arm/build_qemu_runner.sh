@@ -129,6 +129,8 @@ mapfile -t ops < <(grep -v '^[[:space:]]*$' <<<"$ops_text" | sort -u)
 # Every op must name a kernel this tree has: portable, cortex_m or a prim op.
 known_ops() {
   sed -n 's/^- op: *\([^ ]*\).*/aten::\1/p' "$et_root/kernels/portable/functions.yaml"
+  # namespaced portable kernels are '- func:' entries (e.g. dim_order_ops::_clone_dim_order.out)
+  sed -n 's/^- func: *\([a-z_]*::[^(]*\)(.*/\1/p' "$et_root/kernels/portable/functions.yaml"
   sed -n 's/^- func: *\([^(]*\)(.*/\1/p' "$et_root/backends/cortex_m/ops/operators.yaml"
   grep -o '"[a-z_]*::[A-Za-z0-9_.]*"' "$et_root/kernels/prim_ops/register_prim_ops.cpp" | tr -d '"'
 }

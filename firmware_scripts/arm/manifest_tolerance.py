@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default=None, help="only this method's outputs")
     args = parser.parse_args(argv)
 
-    from bundles.bpte import read_bundle
-    from bundles.errors import BundlerunError
-    from targets.arm.fvp import firmware_tolerance
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.targets.arm.fvp import firmware_tolerance
 
     try:
         bundle = read_bundle(args.bundle)

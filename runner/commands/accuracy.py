@@ -37,10 +37,10 @@ class AccuracyRequest:
 
 def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
-    from bundles.builder import BuildRequest, build_bundle
-    from bundles.datasets import fit_to_inputs, load_dataset
-    from bundles.model_source import resolve_model
-    from runner.session import RunRequest, Session
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.datasets import fit_to_inputs, load_dataset
+    from bundlerun.bundles.model_source import resolve_model
+    from bundlerun.runner.session import RunRequest, Session
 
     session = req.session or Session()
     say = req.progress or (lambda _m: None)
@@ -110,7 +110,7 @@ def print_accuracy(report: dict[str, Any]) -> None:
     s = report["summary"]
     click.echo(f"  element-wise: {s['verdict']} ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)})")
     if report.get("regressions") is not None:
-        from runner.regression import format_regressions
+        from bundlerun.runner.regression import format_regressions
 
         click.echo(format_regressions(report["regressions"]))
 
@@ -142,7 +142,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     import json
     import sys
 
-    from runner.cli import make_session, parse_tolerances, resolve_backend_dtype
+    from bundlerun.runner.cli import make_session, parse_tolerances, resolve_backend_dtype
 
     if not 0 < confidence < 1:
         raise click.BadParameter("--confidence must be between 0 and 1")

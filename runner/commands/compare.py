@@ -22,9 +22,9 @@ def command(baseline, current, history_db, as_json, sqnr_drop, error_growth, top
     import sys
     from dataclasses import replace
 
-    from runner import history
-    from bundles.project_config import load_project_config
-    from runner.regression import RegressionRules, comparison_notes, find_regressions, format_regressions
+    from bundlerun.runner import history
+    from bundlerun.bundles.project_config import load_project_config
+    from bundlerun.runner.regression import RegressionRules, comparison_notes, find_regressions, format_regressions
 
     config = load_project_config() or {}
     db = history.resolve_history_path(history_db, config)

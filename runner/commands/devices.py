@@ -22,8 +22,8 @@ def command(host, port, as_json):
     Exit code: 0 when at least one device is ready, 1 when none is, 2 when adb
     itself cannot be used.
     """
-    from bundles.errors import BundlerunError
-    from targets.android.adb_cli import AdbCliTransport
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.targets.android.adb_cli import AdbCliTransport
 
     transport = AdbCliTransport(None, server_host=host, server_port=port)
     try:

@@ -17,7 +17,7 @@ def collect(project: dict) -> list[dict]:
     `ok` None means not applicable. Plus the runners in the build cache."""
     from dataclasses import asdict
 
-    from targets import families
+    from bundlerun.targets import families
 
     targets_cfg = project.get("targets", {}) if isinstance(project, dict) else {}
     rows: list[dict] = []
@@ -28,7 +28,7 @@ def collect(project: dict) -> list[dict]:
         try:
             checks = spec.doctor(section if isinstance(section, dict) else {})
         except Exception as exc:  # noqa: BLE001 - a probe must never take doctor down
-            from targets import Check
+            from bundlerun.targets import Check
 
             checks = [Check(spec.name, False, f"probe failed: {type(exc).__name__}: {exc}")]
         rows.extend({"target": spec.name, **asdict(c)} for c in checks)
@@ -54,7 +54,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
     """Report which targets this machine can drive (FVPs, toolchain, runners, TOSA, Vela, adb)."""
     project: dict = {}
     try:
-        from bundles.project_config import load_project_config
+        from bundlerun.bundles.project_config import load_project_config
 
         project = load_project_config(config_path, validate_tolerances=False) or {}
     except ImportError:
@@ -66,7 +66,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"checks": rows, "targets": {k: {"ready": r, "missing": m}
                                                           for k, (r, m) in readiness(rows).items()}}, indent=2))
         return
-    from runner.report import wide_console
+    from bundlerun.runner.report import wide_console
     from rich.markup import escape
     from rich.table import Table
 

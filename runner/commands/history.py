@@ -24,8 +24,8 @@ def command(model, target, label, dtype, limit, as_json, history_db):
     ~/.local/share/bundlerun/history.sqlite)."""
     import json
 
-    from runner import history
-    from bundles.project_config import load_project_config
+    from bundlerun.runner import history
+    from bundlerun.bundles.project_config import load_project_config
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if db is None:

@@ -36,7 +36,7 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
         click.echo(json.dumps({"summary": report["summary"], "overrides": report["overrides"],
                                "previous_summary": report["judged"]["previous_summary"]}, indent=2))
     elif not quiet:
-        from runner.report import print_summary
+        from bundlerun.runner.report import print_summary
 
         print_summary(report)
     ctx.exit(report["summary"]["exit_code"])
@@ -49,12 +49,12 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     import datetime as _dt
     import shutil
 
-    from runner.judge import judge_run, load_context, summarize
-    from runner.overrides import apply_overrides
-    from runner.report import OUTPUTS_FILE, write_report
-    from runner.saved_run import load_saved_run
+    from bundlerun.runner.judge import judge_run, load_context, summarize
+    from bundlerun.runner.overrides import apply_overrides
+    from bundlerun.runner.report import OUTPUTS_FILE, write_report
+    from bundlerun.runner.saved_run import load_saved_run
 
-    from runner.overrides import parse_overrides
+    from bundlerun.runner.overrides import parse_overrides
 
     parsed = parse_overrides(overrides)  # bad input fails before anything is read
     saved = load_saved_run(report_dir, bundle_path)
@@ -81,7 +81,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
             shutil.copyfile(src, out_dir / OUTPUTS_FILE)
         report["outputs_file"] = str(out_dir / OUTPUTS_FILE)
-        from runner.reports import write_reports
+        from bundlerun.runner.reports import write_reports
 
         # every report file of the new verdict, not only report.json
         files = write_reports(report, out_dir, bundle=saved.bundle)

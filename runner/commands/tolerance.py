@@ -36,7 +36,7 @@ def _fmt(value) -> str:
 def _short(file: str | None) -> str:
     if not file:
         return "-"
-    from bundles.registry import BUILTIN_PATH
+    from bundlerun.bundles.registry import BUILTIN_PATH
 
     path = Path(file)
     if path.resolve() == BUILTIN_PATH.resolve():
@@ -70,9 +70,9 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     """Show how the criteria of one output are resolved, level by level."""
     import json
 
-    from bundles.registry import LEVELS, Registry, default_registry
-    from bundles.tolerances import ToleranceContext, explain as resolve
-    from runner.overrides import as_build_overrides, parse_overrides
+    from bundlerun.bundles.registry import LEVELS, Registry, default_registry
+    from bundlerun.bundles.tolerances import ToleranceContext, explain as resolve
+    from bundlerun.runner.overrides import as_build_overrides, parse_overrides
 
     registry = Registry.builtin() if no_project else default_registry()
     index = int(output_name[3:]) if output_name.startswith("out") and output_name[3:].isdigit() else 0
@@ -90,7 +90,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
                                "criteria": crit.to_dict()}, indent=2))
         return
 
-    from runner.report import wide_console
+    from bundlerun.runner.report import wide_console
     from rich.table import Table
 
     console = wide_console()
@@ -153,9 +153,9 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     """
     import json
 
-    from bundles.errors import ConfigError
-    from bundles.registry import CRITERIA
-    from runner.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
+    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.registry import CRITERIA
+    from bundlerun.runner.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
 
     if margin < 1.0:
         raise ConfigError(f"--margin must be at least 1.0, got {margin}")
@@ -164,7 +164,7 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
         wanted = [c.strip() for c in criteria_names.split(",") if c.strip()]
         for c in wanted:
             if c not in CRITERIA:
-                from bundles.registry import suggest as did_you_mean
+                from bundlerun.bundles.registry import suggest as did_you_mean
 
                 raise ConfigError(f"unknown criterion {c!r}{did_you_mean(c, CRITERIA)}; known: {', '.join(CRITERIA)}")
         if len([c for c in wanted if c in ("atol", "rtol", "qtol")]) > 1:
@@ -182,7 +182,7 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     if as_json:
         click.echo(json.dumps({"margin": margin, "runs": obs.runs, "outputs": [p.to_dict() for p in proposals]}, indent=2))
         return
-    from runner.report import wide_console
+    from bundlerun.runner.report import wide_console
     from rich.table import Table
 
     console = wide_console()
@@ -207,9 +207,9 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
     and the bundle's expected outputs the way `build` made them."""
     import numpy as np
 
-    from bundles.errors import BundleFormatError
-    from bundles.manifest import Manifest
-    from bundles.tolerances import ToleranceContext
+    from bundlerun.bundles.errors import BundleFormatError
+    from bundlerun.bundles.manifest import Manifest
+    from bundlerun.bundles.tolerances import ToleranceContext
 
     if bundle.manifest is None:
         raise BundleFormatError("bundle has no bundlerun manifest: nothing was resolved at build time")
@@ -249,9 +249,9 @@ def check(bundle_path, ops, no_project, as_json):
     """
     import json
 
-    from bundles.bpte import read_bundle
-    from bundles.registry import CRITERIA, Registry, default_registry
-    from bundles.tolerances import resolve_criteria
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.registry import CRITERIA, Registry, default_registry
+    from bundlerun.bundles.tolerances import resolve_criteria
 
     bundle = read_bundle(bundle_path)
     registry = Registry.builtin() if no_project else default_registry()
@@ -271,7 +271,7 @@ def check(bundle_path, ops, no_project, as_json):
     if as_json:
         click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
     else:
-        from runner.report import wide_console
+        from bundlerun.runner.report import wide_console
         from rich.table import Table
 
         table = Table(title=f"{bundle_path}: embedded vs installed registry", title_justify="left")

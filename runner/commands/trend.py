@@ -18,9 +18,9 @@ import click
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
 def command(model, target, metric, dtype, limit, output, history_db):
     """Plot METRIC of MODEL across the recorded history to a PNG."""
-    from bundles.fileio import atomic_write_bytes
-    from runner import history, plots
-    from bundles.project_config import load_project_config
+    from bundlerun.bundles.fileio import atomic_write_bytes
+    from bundlerun.runner import history, plots
+    from bundlerun.bundles.project_config import load_project_config
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     points = history.trend(db, model, target, metric, dtype=dtype, limit=limit) if db else []

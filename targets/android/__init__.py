@@ -6,13 +6,13 @@ Importing this package is cheap; transports import adb-shell lazily.
 
 from __future__ import annotations
 
-from bundles.errors import TargetError
-from targets import Check, TargetSpec
-from targets.android.config import AndroidTargetConfig
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import Check, TargetSpec
+from bundlerun.targets.android.config import AndroidTargetConfig
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from targets.probes import dist_check, tool_check
+    from bundlerun.targets.probes import dist_check, tool_check
 
     return [tool_check("adb", ["version"], "adb:// targets; adb+tcp:// works without it"),
             dist_check("adb-shell", "adb-shell", "adb_shell", "adb+tcp:// and adb+usb:// targets")]
@@ -32,12 +32,12 @@ SPEC = TargetSpec(
 def make_transport(url, cfg: AndroidTargetConfig):
     """The transport a target URL names."""
     if url.scheme == "adb":
-        from targets.android.adb_cli import AdbCliTransport
+        from bundlerun.targets.android.adb_cli import AdbCliTransport
 
         serial = (url.netloc + url.path).strip("/") or None
         return AdbCliTransport(serial, adb_path=cfg.adb_path, server_host=cfg.server_host, server_port=cfg.server_port,
                                auto_connect=cfg.auto_connect, connect_timeout_s=cfg.connect_timeout_s)
-    from targets.android.adb_direct import AdbShellTransport
+    from bundlerun.targets.android.adb_direct import AdbShellTransport
 
     if url.scheme == "adb+tcp":
         host, _, port = url.netloc.rpartition(":") if ":" in url.netloc else (url.netloc, "", "5555")
@@ -58,7 +58,7 @@ def make_transport(url, cfg: AndroidTargetConfig):
 
 def create(url, config: dict):
     """Entry point used by targets.open_target."""
-    from targets.android.target import AndroidTarget
+    from bundlerun.targets.android.target import AndroidTarget
 
     cfg = AndroidTargetConfig.from_dict(config, url.query)
     return AndroidTarget(url.raw, make_transport(url, cfg), cfg)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from targets.remote.transport import (
+from bundlerun.targets.remote.transport import (
     ABSENT, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, RemoteStat, TransportError, classify_message,
 )
 
@@ -195,7 +195,7 @@ class AdbCliTransport:
         os.replace(tmp, local)
 
     def stat(self, remote: str, timeout_s: float) -> RemoteStat | None:
-        from targets.remote.transport import shell
+        from bundlerun.targets.remote.transport import shell
 
         res = shell(self, f"stat -c '%f %s' {shlex.quote(remote)} 2>/dev/null", timeout_s)
         if res.exit_status != 0 or not res.output.strip():
@@ -204,7 +204,7 @@ class AdbCliTransport:
         return RemoteStat(int(mode_hex, 16), int(size))
 
     def listdir(self, remote: str, timeout_s: float) -> list[str]:
-        from targets.remote.transport import shell
+        from bundlerun.targets.remote.transport import shell
 
         res = shell(self, f"ls -1a {shlex.quote(remote)}", timeout_s)
         if res.exit_status != 0:

@@ -13,7 +13,7 @@ import select
 import socket
 from pathlib import Path
 
-from targets.remote.transport import (
+from bundlerun.targets.remote.transport import (
     ABSENT, NO_SPACE, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, USB, RemoteStat, TransportError, classify_message,
 )
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import ConfigError
+from bundlerun.bundles.errors import ConfigError
 
 PROFILES = ("executor-runner", "qnn-executor-runner")
 WORKSPACE_ROOT = "/data/local/tmp/"
@@ -63,7 +63,7 @@ class AndroidTargetConfig:
             raw.setdefault("server_port", query.pop("port"))
         for k, v in query.items():
             raw.setdefault(k.replace("-", "_"), v)
-        from targets.settings import check_keys
+        from bundlerun.targets.settings import check_keys
 
         check_keys("targets.adb", raw, (f.name for f in fields(cls)))
         cfg = cls()

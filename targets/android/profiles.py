@@ -16,8 +16,8 @@ import re
 import shlex
 from pathlib import Path
 
-from bundles.errors import TargetError
-from targets.android.config import SOC_HTP_ARCH, AndroidTargetConfig
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.android.config import SOC_HTP_ARCH, AndroidTargetConfig
 
 RUNNER_NAMES = {"executor-runner": "executor_runner", "qnn-executor-runner": "qnn_executor_runner"}
 _OUTPUT_RAW = re.compile(r"^output_(\d+)_(\d+)\.raw$")

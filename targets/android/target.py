@@ -9,15 +9,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.bpte import Bundle, serialize_bundle
-from bundles.errors import TargetError
-from bundles.fileio import atomic_write_bytes
-from targets import executor_runner
-from targets.android import profiles
-from targets.android.config import AndroidTargetConfig
-from targets.remote.device_cache import Artifact, DeviceCache
-from targets.remote.transport import TIMEOUT, Transport, TransportError, shell
-from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, raw_outputs_from_files, selected_cases
+from bundlerun.bundles.bpte import Bundle, serialize_bundle
+from bundlerun.bundles.errors import TargetError
+from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.targets import executor_runner
+from bundlerun.targets.android import profiles
+from bundlerun.targets.android.config import AndroidTargetConfig
+from bundlerun.targets.remote.device_cache import Artifact, DeviceCache
+from bundlerun.targets.remote.transport import TIMEOUT, Transport, TransportError, shell
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, raw_outputs_from_files, selected_cases
 
 _LOG_HINT = re.compile(r"(^[EF] |error|Error|ERROR|fault|Fault|dlopen|CANNOT LINK|not found|Abort|Segmentation|Test_result)")
 

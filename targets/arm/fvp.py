@@ -23,23 +23,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles.arm_platforms import FVP_300_U55, FVP_300_U65, FVP_320, FVP_BINARIES, Platform, parse_platform
-from bundles.errors import ConfigError, TargetError
-from targets.arm.protocol import case_from_session, clear_outputs
-from targets.arm.simulator import run_session_process, session_end
-from targets import Check, TargetSpec, TargetURL
-from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
-from targets.failures import FailureKind
+from bundlerun.bundles.arm_platforms import FVP_300_U55, FVP_300_U65, FVP_320, FVP_BINARIES, Platform, parse_platform
+from bundlerun.bundles.errors import ConfigError, TargetError
+from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
+from bundlerun.targets.arm.simulator import run_session_process, session_end
+from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 __all__ = ["FVP_300_U55", "FVP_300_U65", "FVP_320", "FVP_BINARIES", "fvp_command", "parse_variant", "find_fvp",
            "fvp_version", "find_runner_elf", "firmware_tolerance", "create"]
@@ -205,7 +204,7 @@ def firmware_tolerance(manifest: dict[str, Any] | None, method: str | None = Non
     non-float outputs must be byte-identical whatever ET_ATOL says), so notes
     say what the firmware cannot express. Without a manifest the stock 0.01
     defaults are returned with a note."""
-    from bundles.manifest import Manifest
+    from bundlerun.bundles.manifest import Manifest
 
     notes: list[str] = []
     if not manifest:
@@ -338,17 +337,13 @@ class FVPTarget:
                 result = self._semihosting_case(bundle, method, index, plan)
             else:
                 result = self._uart_case(bundle, method, index, plan, first=not run.cases)
-            if result.log_path:
-                run.logs[f"{method}[{index}]"] = result.log_path
-            run.cases.append(result)
-            if options.progress:
-                options.progress(result)
+            run.record(result, options)
         return run
 
     # -- semihosting: one FVP session per test case ---------------------------------
 
     def _semihosting_case(self, bundle: Bundle, method: str, index: int, plan: _Plan) -> CaseResult:
-        from bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle
 
         assert len(SEMIHOSTING_CMD_LINE) < SEMIHOSTING_CMDLINE_MAX  # relative names keep it short by construction
         case_dir = plan.work / f"{_safe(method)}-{index}"
@@ -366,7 +361,7 @@ class FVPTarget:
     # -- UART: bundle in the ELF or placed with --data ------------------------------
 
     def _uart_case(self, bundle: Bundle, method: str, index: int, plan: _Plan, first: bool) -> CaseResult:
-        from bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle
 
         linked = plan.model_addr is None
         if linked and (not first or index != 0 or method != bundle.method_test_suites[0].method_name):
@@ -409,7 +404,7 @@ SETTINGS = ("mode", "fvp_path", "runner_elf", "uart_runner_elf", "timelimit", "h
 
 def check_settings(cfg: dict[str, Any]) -> None:
     """Unknown keys are errors (with a did-you-mean), at the top and in per-platform tables."""
-    from targets.settings import check_keys
+    from bundlerun.targets.settings import check_keys
 
     for key, value in cfg.items():
         if isinstance(value, dict) and key not in SETTINGS:
@@ -421,7 +416,7 @@ def check_settings(cfg: dict[str, Any]) -> None:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from targets.probes import dist_check, tool_check
+    from bundlerun.targets.probes import dist_check, tool_check
 
     rows = []
     for name in FVP_BINARIES:

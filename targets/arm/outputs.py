@@ -23,9 +23,9 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from bundles import scalar_types as st
-from targets.arm.log import ECHO_RE
-from targets.base import RawTensor
+from bundlerun.bundles import scalar_types as st
+from bundlerun.targets.arm.log import ECHO_RE
+from bundlerun.targets.base import RawTensor
 
 # `%f` rounds to 6 decimals: |printed - x| <= 5e-7. Storing the printed decimal
 # back into float32 (the output's own dtype) rounds once more, by at most the

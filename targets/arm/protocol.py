@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from targets.arm.log import FAULT_RE, LogLine, RunnerLog
-from targets.base import CaseResult, CaseStatus, DeviceVerdict, RawTensor, raw_outputs_from_files
-from targets.failures import FailureKind
+from bundlerun.targets.arm.log import FAULT_RE, LogLine, RunnerLog
+from bundlerun.targets.base import CaseResult, CaseStatus, DeviceVerdict, RawTensor, raw_outputs_from_files
+from bundlerun.targets.failures import FailureKind
 
 # What a failed BundleIO check of case 0 prints on its own (the device's verdict).
 VERIFY_FAIL_MARKERS = (
@@ -236,7 +236,7 @@ def collect_outputs(
     semihosting files (`out-<i>.bin`, bit exact), else the ETDump block or
     semihosting `etdump.bin`+`debug_buffer.bin` (bit exact), else the printed
     `Output[i][j]` lines (6 decimals, lossy). `prefer`: auto | files | etdump | printed."""
-    from targets.arm.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed
+    from bundlerun.targets.arm.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed
 
     problems: list[str] = []
     if files_dir is not None and prefer in ("auto", "files"):

@@ -24,16 +24,16 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import ConfigError, TargetError
-from targets import Check, TargetSpec, TargetURL
-from targets.arm.protocol import case_from_session, clear_outputs
-from targets.arm.simulator import run_session_process, session_end
-from targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
-from targets.runner_cache import cached_runners
-from targets.settings import parse_settings
+from bundlerun.bundles.errors import ConfigError, TargetError
+from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
+from bundlerun.targets.arm.simulator import run_session_process, session_end
+from bundlerun.targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
+from bundlerun.targets.runner_cache import cached_runners
+from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 MACHINES = {"mps3-an547": "Corstone SSE-300, Cortex-M55 (no Ethos-U)"}
 BUNDLE_NAME = "model.bpte"
@@ -65,7 +65,7 @@ class QemuSettings:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from targets.probes import tool_check
+    from bundlerun.targets.probes import tool_check
 
     rows = [tool_check(str(section.get("qemu", "qemu-system-arm")), ["--version"], "apt-get install qemu-system-arm"),
             tool_check("arm-none-eabi-gcc", ["--version"], "apt-get install gcc-arm-none-eabi (to build the runner)")]
@@ -106,7 +106,7 @@ class QemuTarget:
             if not s.runner_elf.is_file():
                 raise TargetError(f"runner ELF {s.runner_elf} does not exist; {BUILD_HINT}")
             return s.runner_elf
-        from bundles.program_meta import program_operators
+        from bundlerun.bundles.program_meta import program_operators
 
         needed = program_operators(bundle.program, "bundle program")
         candidates = [r for r in cached_runners(RUNNER_KIND) if r.get("mode") == s.mode
@@ -154,16 +154,12 @@ class QemuTarget:
                                              "mode": self.settings.mode, "icount": self.settings.icount})
         for method, index in selected_cases(bundle, options):
             result = self._case(bundle, method, index, qemu, elf, work, logs, wall)
-            if result.log_path:
-                run.logs[f"{method}[{index}]"] = result.log_path
-            run.cases.append(result)
-            if options.progress:
-                options.progress(result)
+            run.record(result, options)
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, elf: Path, work: Path, logs: Path,
               wall: float) -> CaseResult:
-        from bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle
 
         case_dir = work / f"{safe_name(method)}-{index}"
         case_dir.mkdir(parents=True, exist_ok=True)

@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles.errors import ConfigError
-from targets.process import kill_process_group
-from targets import Check, TargetSpec
-from targets.arm.protocol import SessionEnd, case_from_session
-from targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
-from targets.failures import FailureKind
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.targets.process import kill_process_group
+from bundlerun.targets import Check, TargetSpec
+from bundlerun.targets.arm.protocol import SessionEnd, case_from_session
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
-    from bundles.bpte import Bundle
+    from bundlerun.bundles.bpte import Bundle
 
 RESET_MODES = ("none", "dtr", "rts", "dtr+rts", "command", "exec")
 _BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
@@ -98,7 +98,7 @@ def settings_from(url, config: dict[str, Any]) -> SerialSettings:
     known = {f for f in SerialSettings.__dataclass_fields__ if f != "port_url"}
     aliases = {"baud": "baudrate"}
     kwargs: dict[str, Any] = {}
-    from targets.settings import check_keys
+    from bundlerun.targets.settings import check_keys
 
     check_keys("targets.serial", [aliases.get(k, k) for k in merged], [*known, *aliases])
     for key, value in merged.items():
@@ -326,7 +326,7 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
     """
     import serial
 
-    from targets.arm.log import IncrementalLogParser
+    from bundlerun.targets.arm.log import IncrementalLogParser
 
     parser = IncrementalLogParser()
     data = bytearray()
@@ -396,7 +396,7 @@ class SerialTarget:
         merged = dict(options.config or {})
         if merged:
             # RunOptions.config may carry CLI flags for this target; URL query still wins.
-            from targets import parse_target_url
+            from bundlerun.targets import parse_target_url
 
             s = settings_from(parse_target_url(self.url), {**self._config, **merged})
         work = Path(options.work_dir) / "serial"
@@ -436,7 +436,7 @@ class SerialTarget:
                 flashed_once = True
                 setup_s = time.monotonic() - setup_start
                 if not res.ok:
-                    from bundles.errors import TargetError
+                    from bundlerun.bundles.errors import TargetError
 
                     raise TargetError(res.message)
             result = self._run_case(bundle, bundle_path, method, index, options, s, work, per_case_flash)
@@ -465,7 +465,7 @@ class SerialTarget:
         work: Path,
         per_case_flash: bool,
     ) -> CaseResult:
-        from bundles.bpte import write_bundle
+        from bundlerun.bundles.bpte import write_bundle
 
         stem = f"{_safe(method)}-case{index}"
         case_bundle = work / f"{stem}.bpte"
@@ -505,7 +505,7 @@ class SerialTarget:
         case_bundle: Path,
         per_case_flash: bool,
     ) -> CaseResult:
-        from targets.arm.log import parse_runner_log
+        from bundlerun.targets.arm.log import parse_runner_log
 
         values = self._values(bundle_path, case_bundle, work)
         log_path = work / f"{stem}.uart.log"
@@ -567,7 +567,7 @@ class SerialTarget:
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check
 
     return [dist_check("pyserial", "pyserial", "serial")]
 

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import TargetError
-from targets.arm.log import IncrementalLogParser, RunnerLog
-from targets.arm.protocol import SessionEnd
-from targets.process import kill_process_group
+from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.arm.log import IncrementalLogParser, RunnerLog
+from bundlerun.targets.arm.protocol import SessionEnd
+from bundlerun.targets.process import kill_process_group
 
 
 @dataclass

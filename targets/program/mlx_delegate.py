@@ -7,8 +7,8 @@ and typed by `tensor_meta`), allocates zeroed mutable buffers and runs the init
 chain; every call then binds inputs (dtype checked), runs the main chain and
 returns each output made contiguous and cast to the program's output dtype.
 
-    from targets.program.walker import ProgramWalker, load_program
-    from targets.program.mlx_delegate import delegate_runners
+    from bundlerun.targets.program.walker import ProgramWalker, load_program
+    from bundlerun.targets.program.mlx_delegate import delegate_runners
     outputs = ProgramWalker(load_program(pte), delegate_runners()).run("forward", inputs)
 
 Needs `pip install "mlx[cpu]"` on Linux (plain `mlx` has no CPU library there).
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from targets.program.walker import DelegateInvocation, WalkError
+from bundlerun.targets.program.walker import DelegateInvocation, WalkError
 
 MLX_BACKEND_ID = "MLXBackend"
 MAX_SCHEMA_VERSION = 1
@@ -82,7 +82,7 @@ class MLXDelegateRunner:
         self._output_counts: dict[str, int] = {}
 
     def num_outputs(self, payload: bytes) -> int:
-        from targets.program.mlx_graph import count_outputs
+        from bundlerun.targets.program.mlx_graph import count_outputs
 
         key = hashlib.sha1(payload).hexdigest()
         if key not in self._output_counts:
@@ -100,8 +100,8 @@ class MLXDelegateRunner:
         key = hashlib.sha1(call.payload).hexdigest()
         if key in self._loaded:
             return self._loaded[key]
-        from targets.program.mlx_graph import SLOT_TENSOR, decode
-        from targets.program.mlx_ops import CONTROL_FLOW, HANDLERS, UNSUPPORTED, State, _dtype
+        from bundlerun.targets.program.mlx_graph import SLOT_TENSOR, decode
+        from bundlerun.targets.program.mlx_ops import CONTROL_FLOW, HANDLERS, UNSUPPORTED, State, _dtype
 
         mx.set_default_device(mx.gpu if self.device == "gpu" else mx.cpu)
         graph = decode(call.payload)
@@ -152,8 +152,8 @@ class MLXDelegateRunner:
     # -- execute ------------------------------------------------------------------------
 
     def _execute(self, mx, loaded: _Loaded, call: DelegateInvocation) -> list[np.ndarray]:
-        from targets.program.mlx_graph import SLOT_INT, SLOT_TENSOR
-        from targets.program.mlx_ops import State
+        from bundlerun.targets.program.mlx_graph import SLOT_INT, SLOT_TENSOR
+        from bundlerun.targets.program.mlx_ops import State
 
         graph = loaded.graph
         if len(call.inputs) != len(graph.input_map):
@@ -195,7 +195,7 @@ class MLXDelegateRunner:
         return outputs
 
     def _run_chain(self, st, chain_idx: int) -> None:
-        from targets.program.mlx_ops import HANDLERS
+        from bundlerun.targets.program.mlx_ops import HANDLERS
 
         graph = st.graph
         if not 0 <= chain_idx < len(graph.chains):
@@ -230,7 +230,7 @@ class MLXDelegateRunner:
 
 
 def _dtype_for(mx, code: int):
-    from targets.program.mlx_ops import _dtype
+    from bundlerun.targets.program.mlx_ops import _dtype
 
     return _dtype(mx, code)
 

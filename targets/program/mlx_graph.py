@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from targets.program.walker import WalkError
+from bundlerun.targets.program.walker import WalkError
 
 HEADER_LENGTH = 24
 MAGIC = b"MLX0"
@@ -80,8 +80,8 @@ def parse_header(payload: bytes) -> tuple[int, int]:
 
 def _bindings():
     """Generated flatbuffer package + inspector field table (after the codegen overlay)."""
-    from bundles.errors import BundlerunError
-    from bundles.mlx_codegen import ensure_mlx_importable
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
     try:
         ensure_mlx_importable()

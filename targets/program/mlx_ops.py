@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from targets.program.walker import WalkError
+from bundlerun.targets.program.walker import WalkError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from targets.program.walker import DelegateInvocation, WalkError
+from bundlerun.targets.program.walker import DelegateInvocation, WalkError
 
 TOSA_BACKEND_ID = "TOSABackend"
 ETHOSU_BACKEND_ID = "EthosUBackend"

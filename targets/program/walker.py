@@ -25,6 +25,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from bundlerun.bundles import scalar_types as st
+
 MAX_INSTRUCTIONS = 10_000_000  # bound a runaway JumpFalse loop
 
 
@@ -167,28 +169,18 @@ def read_delegates(pte: bytes) -> list[DelegateSummary]:
 
 # --------------------------------------------------------------------------- dtypes
 
-_TORCH_DTYPES: dict[int, str] = {
-    0: "uint8",
-    1: "int8",
-    2: "int16",
-    3: "int32",
-    4: "int64",
-    5: "float16",
-    6: "float32",
-    7: "float64",
-    11: "bool",
-    15: "bfloat16",
-    27: "uint16",
-    28: "uint32",
-    29: "uint64",
-}
+
+
+def _dtype_name(code: int) -> str:
+    try:
+        return st.name(code)
+    except Exception:  # noqa: BLE001 - an unknown code is named by its number
+        return str(code)
 
 
 def torch_dtype(code: int):
-    import torch
-
     try:
-        return getattr(torch, _TORCH_DTYPES[int(code)])
+        return st.torch_dtype(code)
     except KeyError:
         raise WalkError("unsupported-op", f"unsupported ExecuTorch scalar type code {int(code)}") from None
 
@@ -519,13 +511,13 @@ class ProgramWalker:
             want = [int(s) for s in spec.sizes]
             if list(arr.shape) != want:
                 raise WalkError("bad-input", f"input {pos} has shape {list(arr.shape)}, the program expects {want}")
-            from bundles.scalar_types import code_from_numpy
+            from bundlerun.bundles.scalar_types import code_from_numpy
 
             got = 15 if code == 15 and arr.dtype == np.uint16 else code_from_numpy(arr.dtype)
             if got != code:
                 raise WalkError(
                     "bad-input",
-                    f"input {pos} has dtype {_TORCH_DTYPES.get(got, got)}, the program expects {_TORCH_DTYPES.get(code, code)}",
+                    f"input {pos} has dtype {_dtype_name(got)}, the program expects {_dtype_name(code)}",
                 )
             frame.set(index, numpy_to_tensor(arr, code))
         else:

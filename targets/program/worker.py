@@ -24,11 +24,11 @@ def _emit(**event) -> None:
 # --delegates NAME -> (delegate runners, runtime description, distributions to record)
 def _runners(name: str):
     if name == "tosa":
-        from targets.program.tosa_delegate import delegate_runners
+        from bundlerun.targets.program.tosa_delegate import delegate_runners
 
         return delegate_runners(), "bundlerun pte walker + TOSA reference model", ("tosa-tools",)
     if name.startswith("mlx-"):
-        from targets.program.mlx_delegate import delegate_runners
+        from bundlerun.targets.program.mlx_delegate import delegate_runners
 
         return delegate_runners(device=name[4:]), f"bundlerun pte walker + MLX ({name[4:]})", ("mlx",)
     raise ValueError(f"unknown delegate set {name!r}")
@@ -36,8 +36,8 @@ def _runners(name: str):
 
 def _load(bundle_path: str, delegates: str = "tosa"):
     """Read the bundle and load the program; library chatter goes to stderr."""
-    from bundles.bpte import read_bundle
-    from targets.program.walker import ProgramWalker, load_program
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.targets.program.walker import ProgramWalker, load_program
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -54,7 +54,7 @@ def _load(bundle_path: str, delegates: str = "tosa"):
 
 
 def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
-    from bundles.builder import package_versions
+    from bundlerun.bundles.builder import package_versions
 
     return package_versions((*dists, "executorch", "torch"))
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         bundle, loaded, walker, runtime, dists = _load(args.bundle, args.delegates)
-        from targets.program.walker import WalkError
+        from bundlerun.targets.program.walker import WalkError
     except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
         kind = getattr(exc, "kind", "load")
         _emit(event="fatal", error=f"could not load the program: {getattr(exc, 'message', exc)}", kind=kind)

@@ -17,8 +17,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bundles.fileio import file_sha256
-from targets.remote.transport import Transport, TransportError, check_shell, shell
+from bundlerun.bundles.fileio import file_sha256
+from bundlerun.targets.remote.transport import Transport, TransportError, check_shell, shell
 
 _HASH_CACHE: dict[tuple[str, int, int], str] = {}
 

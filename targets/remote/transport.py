@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bundles.errors import TargetError
+from bundlerun.bundles.errors import TargetError
 
 MARKER = "__BUNDLERUN_RC="
 

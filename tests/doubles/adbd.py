@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from targets.process import kill_process_group
+from bundlerun.targets.process import kill_process_group
 
 A_CNXN, A_AUTH, A_OPEN, A_OKAY, A_CLSE, A_WRTE = (
     struct.unpack("<I", c)[0] for c in (b"CNXN", b"AUTH", b"OPEN", b"OKAY", b"CLSE", b"WRTE")

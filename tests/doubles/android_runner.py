@@ -129,7 +129,7 @@ def executor_runner(argv: list[str]) -> int:
 
     bundled = _load_bundled_program_from_buffer(data)
     sys.path.insert(0, str(REPO))
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     suites = [s.method_name for s in parse_bundle(data).method_test_suites]
     method = flags["method_name"] or suites[0]

@@ -106,7 +106,7 @@ def run_firmware(bundle_bytes: bytes, cfg: dict) -> list[str]:
         _load_for_executorch_from_bundled_program,
     )
 
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     bundle = parse_bundle(bundle_bytes, "flash.bpte")
     suite = bundle.method_test_suites[0]
@@ -208,7 +208,7 @@ def firmware_outputs(bundle_bytes: bytes) -> list:
         _load_for_executorch_from_bundled_program,
     )
 
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     bundle = parse_bundle(bundle_bytes, "bundle")
     suite = bundle.method_test_suites[0]

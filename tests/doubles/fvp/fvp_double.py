@@ -449,7 +449,7 @@ def _record_pid(pid: int) -> None:
 
 
 def _first_method(model: bytes) -> str:
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     try:
         return parse_bundle(model, in_memory=True).method_test_suites[0].method_name
@@ -458,7 +458,7 @@ def _first_method(model: bytes) -> str:
 
 
 def _expected(model: bytes):
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     case = parse_bundle(model, in_memory=True).method_test_suites[0].test_cases[0]
     return [v.to_array() for v in case.expected_outputs if v.kind == "tensor"]
@@ -508,7 +508,7 @@ def run_case0_etdump(model: bytes, method: str) -> tuple[bytes, bytes]:
 
     import torch
 
-    from bundles.bpte import parse_bundle
+    from bundlerun.bundles.bpte import parse_bundle
 
     pl = _runtime()
     bundle = parse_bundle(model, in_memory=True)  # linked into an "ELF": other data follows, as on a device
