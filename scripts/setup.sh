@@ -49,7 +49,7 @@ if [ "$BUILD_RUNNERS" = "1" ]; then
                "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --jobs 2"; do
     log="$(mktemp)"
     start=$(date +%s)
-    if ! PYTHON=.venv/bin/python bash $build >"$log" 2>&1; then
+    if ! PYTHON="$PWD/.venv/bin/python" bash $build >"$log" 2>&1; then
       tail -n 40 "$log" >&2
       echo "setup: building a runner failed: $build" >&2
       exit 1

@@ -143,10 +143,10 @@ build_gnu() {
   if [ "$vulkan" = OFF ]; then
     flags+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
   fi
-  [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
-
   local key dest lock
+  # the toolchain file counts by content (a checkout elsewhere must hit the same cache entry)
   key="$(et_cache_key "executor_runner" "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"})"
+  [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
   dest="$BUNDLERUN_CACHE/runners/$key"
   local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN")
   local build="$dest.build"

@@ -15,11 +15,15 @@ chunks, CR/CRLF mixes, EOT and non-UTF-8 garbage are all handled.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 
 EOT = 0x04
 _EOL_RE = re.compile(rb"\r\n|\r|\n")
+# A printed element index may skip a few lost lines, never millions (then it is UART noise).
+MAX_PRINTED_GAP = 1 << 16
+MAX_PRINTED_OUTPUTS = 1 << 12
 
 # Current:   I [executorch:arm_executor_runner.cpp:612 main()] msg
 # Older:     I [executorch:arm_executor_runner.cpp:675] msg
@@ -174,7 +178,8 @@ def _output_value(kind: str | None, value: str) -> tuple[str, float | int | bool
         try:
             return kind, int(value)
         except ValueError:
-            return kind, int(_number(value)) if _number(value) == _number(value) else 0
+            number = _number(value)
+            return kind, int(number) if math.isfinite(number) else 0
     return kind, _number(value)
 
 
@@ -303,7 +308,10 @@ class _State:
 
     def _output(self, out: re.Match) -> None:
         i, j = int(out.group("i")), int(out.group("j"))
-        entries = self.log.printed_outputs.setdefault(i, [])
+        entries = self.log.printed_outputs.get(i, [])
+        if i > MAX_PRINTED_OUTPUTS or j > len(entries) + MAX_PRINTED_GAP:
+            return  # line noise (a garbled index): padding up to it would take unbounded memory
+        self.log.printed_outputs[i] = entries
         kind_value = _output_value(out.group("kind"), out.group("value"))
         if j == len(entries):
             entries.append(kind_value)
