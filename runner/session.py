@@ -180,7 +180,7 @@ def finish_run(
     if db is not None:
         try:
             report["run"]["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
-        except (OSError, BundlerunError, Exception) as exc:  # noqa: BLE001 - history never changes a verdict
+        except Exception as exc:  # noqa: BLE001 - history (a locked or unwritable db) never changes a verdict
             report.setdefault("warnings", []).append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
             db = None
     if baseline:
@@ -221,10 +221,10 @@ class Session:
 
     def target_config(self, url: str) -> dict[str, Any]:
         """[targets.<family>] + [targets.<scheme>] of the project config, then --target-opt KEY=VALUE."""
-        scheme = url.split("://", 1)[0].lower()
-        family = scheme.split("+")[0]
         from bundlerun.targets import parse_target_url, spec_for
 
+        scheme = url.split("://", 1)[0].lower()
+        family = scheme.split("+")[0]
         try:
             family = spec_for(parse_target_url(url)).name
         except BundlerunError:
