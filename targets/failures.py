@@ -37,7 +37,7 @@ class FailureKind(str, enum.Enum):
     DEVICE_MISMATCH = "device-bundleio-mismatch"  # the runner's own BundleIO check failed and no outputs came back
     # Ending
     CPU_TIME_LIMIT = "cpu-time-limit"  # the simulator's CPU-time limit (FVP --timelimit) ended the run
-    SIMULATED_TIME_LIMIT = "simulated-time-limit"  # the instruction/simulated-time budget ended the run
+    SIMULATED_TIME_LIMIT = "simulated-time-limit"  # an instruction/simulated-time budget ended the run (no lane sets one yet)
     HOST_TIMEOUT = "host-timeout"  # our wall-clock bound ended the run; process group killed
     INCOMPLETE = "incomplete"  # the run stopped before its end marker, for no reason the log shows
     NO_RUNNER_OUTPUT = "no-runner-output"  # bytes arrived, but no runner log line among them

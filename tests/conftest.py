@@ -76,17 +76,12 @@ def device(tmp_path):
 QEMU_BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "arm" / "build_qemu_runner.sh"
 
 
-def tmp_lock_dir() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
-
-
 @pytest.fixture(scope="session")
 def qemu_runner():
     """Build (or fetch from the cache) a runner variant: qemu_runner('--fault', 'spin')."""
     import fcntl
     import shutil
+    import tempfile
 
     missing = [tool for tool in ("qemu-system-arm", "arm-none-eabi-gcc", "arm-none-eabi-g++", "cmake", "ninja")
                if shutil.which(tool) is None]
@@ -96,7 +91,7 @@ def qemu_runner():
 
     def build(*args: str) -> Path:
         if args not in built:
-            lock = Path(tmp_lock_dir()) / "bundlerun-qemu-build.lock"
+            lock = Path(tempfile.gettempdir()) / "bundlerun-qemu-build.lock"
             with open(lock, "w") as fh:  # xdist workers share one build tree: one build at a time
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 proc = subprocess.run(["bash", str(QEMU_BUILD_SCRIPT), *args], capture_output=True, text=True,

@@ -24,7 +24,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "firmware_scripts" / "arm" / "build_qemu_runner.sh"
 BUNDLE_OPS = REPO / "firmware_scripts" / "arm" / "bundle_ops.py"
-TOOLS = ("qemu-system-arm", "arm-none-eabi-gcc", "arm-none-eabi-g++", "cmake", "ninja")
 MODEL_ADDR = 0x7C000000
 VERDICT_PASS = "TEST: BundleIO index[0] Test_result: PASS"
 HARDFAULT_EXIT = 139

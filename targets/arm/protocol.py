@@ -172,9 +172,6 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
     if log.cpu_time_exceeded and not complete and log.bundle_verdict is None:
         return Failure(FailureKind.CPU_TIME_LIMIT, f"{end.tool} CPU time limit reached: CPU time has been exceeded"
                        + (f" ({end.detail})" if end.detail else ""), evidence)
-    if end.how == "budget" and not complete:
-        return Failure(FailureKind.SIMULATED_TIME_LIMIT, f"{end.tool} instruction budget reached"
-                       + (f" ({end.detail})" if end.detail else ""), evidence)
     if not any(ln.level for ln in log.lines):
         tail = _tail(log, 15)
         if end.returncode not in (0, None):
