@@ -47,6 +47,8 @@ class BuildRequest:
     resolved_model: ResolvedModel | None = None  # pass an already-built model (accuracy flows)
     progress: Callable[[str], None] | None = None
     registry: Any = None  # tolerance registry (the session's); None: built-in + the cwd's project config
+    cache: bool = False  # reuse/record the build in the content-addressed build cache (bundles/build_cache.py)
+    etrecord: bool = False  # write <output stem>.etrecord beside the bundle for `bundlerun debug` (bundles/etrecord.py)
 
 
 @dataclass
@@ -115,13 +117,37 @@ def _value_from_tensor(t: Any) -> BundledValue:
     return BundledValue.from_array(array, code)
 
 
+def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
+    """The build-cache key of `req` (None when its model source cannot be hashed)."""
+    from bundlerun.bundles import build_cache
+
+    material = build_cache.key_material(req, backend, req.dtype, reference)
+    return build_cache.cache_key(material) if build_cache.cacheable(material) else None
+
+
+def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> BuildResult | str | None:
+    """A valid cached build of `key` written to req.output; else None (a miss) or why the
+    entry was discarded (it is rebuilt)."""
+    from bundlerun.bundles import build_cache
+    from bundlerun.bundles.fileio import atomic_write_bytes
+
+    bundle, data = build_cache.lookup(key)
+    if bundle is None:
+        return data
+    say(f"using cached build {key[:12]}")
+    try:
+        path = atomic_write_bytes(req.output, data)
+    except OSError as exc:
+        raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
+    manifest = Manifest.from_dict(bundle.manifest, str(path))
+    info = dict(manifest.build.get("lowering") or {})
+    info.update({"cache": "hit", "cache_key": key})
+    return BuildResult(path=path, manifest=manifest, info=info)
+
+
 def build_bundle(req: BuildRequest) -> BuildResult:
-    """Build and write the bundle; every failure is a one-line BundlerunError."""
-    from bundlerun.bundles.backends.common import quiet_framework_logs
-
-    quiet_framework_logs()
-    import torch
-
+    """Build and write the bundle; every failure is a one-line BundlerunError. With `req.cache`,
+    a build already in the build cache is copied instead (result.info["cache"] == "hit")."""
     say = req.progress or (lambda _msg: None)
     if not req.backend:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
@@ -137,6 +163,21 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     reference = req.reference or "eager-fp32"
     if reference not in REFERENCES:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
+    key = _cache_key(req, backend, reference)
+    discarded = None
+    # an ETRecord is a side file written next to this output: such builds are never cached
+    use_cache = req.cache and key is not None and not getattr(req, "etrecord", False)
+    if use_cache:
+        hit = _from_cache(req, key, say)
+        if isinstance(hit, BuildResult):
+            return hit
+        discarded = hit
+
+    from bundlerun.bundles.backends.common import quiet_framework_logs
+
+    quiet_framework_logs()
+    import torch
+
     recipe = lowering_module(backend)
 
     say(f"loading model {req.model}")
@@ -150,7 +191,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     to_torch = lambda arrays: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)  # noqa: E731
 
     say(f"lowering for {backend} ({req.dtype})")
-    lowering = recipe.lower(
+    from bundlerun.bundles import etrecord as _etrecord
+
+    lowering = _etrecord.recording(req.etrecord, recipe.lower)(
         LoweringRequest(
             model=model.module,
             example_inputs=to_torch(case_arrays[0]),
@@ -250,6 +293,8 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             "lowering": lowering.info,
             "ops": lowering.ops,
             "overrides": dict(req.overrides),
+            **({"cache_key": key} if key is not None else {}),
+            **_etrecord.manifest_entry(req.etrecord, lowering, model.module, to_torch(case_arrays[0]), req.output),
         },
         versions=_versions(),
         methods={"forward": MethodManifest("forward", inputs_spec, outputs)},
@@ -265,4 +310,12 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     )
     say(f"writing {req.output}")
     path = write_bundle(bundle, req.output)
-    return BuildResult(path=path, manifest=manifest, info=lowering.info)
+    info = lowering.info
+    if use_cache:
+        from bundlerun.bundles import build_cache
+
+        stored = build_cache.store(key, path)
+        info = {**lowering.info, "cache": "miss" if stored else "not stored", "cache_key": key}
+        if discarded:
+            info["warnings"] = [*info.get("warnings", []), discarded]
+    return BuildResult(path=path, manifest=manifest, info=info)

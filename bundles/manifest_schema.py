@@ -30,7 +30,7 @@ MAX_DIM = 2**31 - 1
 _TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "created", "extra", "integrity")
 _MODEL_KEYS = ("id", "source", "description")
 _BUILD_KEYS = ("backend", "target", "dtype", "quantization", "reference", "inputs", "seed", "cases",
-               "lowering", "ops", "overrides")
+               "lowering", "ops", "overrides", "cache_key", "etrecord")
 _BUILD_INPUT_KEYS = ("shape", "dtype", "distribution")
 _METHOD_KEYS = ("name", "inputs", "outputs")
 _TENSOR_KEYS = ("name", "dtype", "shape")
@@ -193,7 +193,7 @@ def _model(chk: _Checker, model: Any) -> None:
 
 def _build(chk: _Checker, build: Any) -> None:
     chk.table("build", build, _BUILD_KEYS)
-    for key in ("backend", "target", "dtype", "reference"):
+    for key in ("backend", "target", "dtype", "reference", "cache_key"):
         chk.text(f"build.{key}", build.get(key), optional=True)
     chk.text("build.quantization", build.get("quantization"), MAX_TEXT, optional=True)
     chk.integer("build.seed", build.get("seed"), -(2**63), 2**64 - 1, optional=True)

@@ -6,6 +6,7 @@ file; when both are there, bundlerun.toml is merged over pyproject's section).
 
     [tolerances]   merged over the built-in tolerance registry (validated here)
     [targets.<scheme>]  passed to the target of that URL scheme
+    [perf]         thresholds of the performance gate (`compare`, `--baseline`), validated here
     [history] [regression] ...  owned by their modules, passed through untouched
 
 The returned dict also carries `_file`: the path the configuration came from.
@@ -27,7 +28,49 @@ from bundlerun.bundles.errors import ConfigError
 ENV_CONFIG = "BUNDLERUN_CONFIG"
 CONFIG_NAME = "bundlerun.toml"
 # Sections others own are passed through; an unknown top-level key is most likely a typo.
-KNOWN_SECTIONS = {"tolerances", "targets", "history", "regression", "build", "run", "report", "dataset", "accuracy"}
+KNOWN_SECTIONS = {"tolerances", "targets", "history", "regression", "build", "run", "report", "dataset", "accuracy",
+                  "perf"}
+
+# [perf]: the performance gate of `compare` and `run --baseline` (docs/performance.md). key -> default;
+# the default's type is the key's type (a bool is true/false, a number is a non-negative number).
+PERF_DEFAULTS: dict[str, Any] = {
+    "cycles_regression": 0.05,    # relative rise of a cycle figure (device or simulator cycles) that fails
+    "memory_regression": 0.05,    # relative rise of a memory figure in use (not a pool's capacity) that fails
+    "latency_regression": 0.10,   # relative rise of a warm latency median that fails, when it is also past the noise
+    "latency_noise": 3.0,         # ... and past this many times the larger spread (MAD) of the two runs' samples
+    "latency_min_samples": 3,     # fewer warm samples on a side: latency is reported, not gated (--repeat N)
+    "gate_host_latency": False,   # gate host wall time too (a shared host is noisy: off unless asked)
+    "gate_memory": True,          # gate memory figures
+    "gate_cycles": True,          # gate cycle figures
+}
+
+
+def perf_section(config: dict[str, Any] | None, source: str | None = None) -> dict[str, Any]:
+    """The [perf] section checked and completed with its defaults: an unknown key is an error
+    with the close match (`cycle_regression` -> did you mean 'cycles_regression'?), a value of
+    the wrong type names the key."""
+    where = f"{source}: " if source else ""
+    section = (config or {}).get("perf")
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}[perf] must be a table")
+    out = dict(PERF_DEFAULTS)
+    for key, value in section.items():
+        if key not in PERF_DEFAULTS:
+            close = difflib.get_close_matches(str(key), sorted(PERF_DEFAULTS), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}[perf] has unknown key {key!r}{hint}; known: {', '.join(PERF_DEFAULTS)}")
+        default = PERF_DEFAULTS[key]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}[perf] {key} must be true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise ConfigError(f"{where}[perf] {key} must be a non-negative number, got {value!r}")
+        elif isinstance(default, int) and not float(value).is_integer():
+            raise ConfigError(f"{where}[perf] {key} must be a whole number, got {value!r}")
+        out[key] = type(default)(value)
+    return out
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -109,6 +152,8 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
     for name in ("tolerances", "targets"):
         if name in config and not isinstance(config[name], dict):
             raise ConfigError(f"{source}: [{name}] must be a table")
+    if "perf" in config:
+        perf_section(config, str(source))
     if validate_tolerances and config.get("tolerances"):
         from bundlerun.bundles.registry import Registry
 

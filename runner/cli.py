@@ -23,7 +23,12 @@ LAZY_COMMANDS: dict[str, str] = {
     "history": "bundlerun.runner.commands.history",
     "compare": "bundlerun.runner.commands.compare",
     "trend": "bundlerun.runner.commands.trend",
+    "hud": "bundlerun.runner.commands.hud",
     "devices": "bundlerun.runner.commands.devices",
+    "merge": "bundlerun.runner.commands.merge",  # shard/farm-shard reports -> one report (runner/merge.py)
+    "farm": "bundlerun.runner.commands.farm",  # a plan of bundles x targets on a process pool or Ray
+    "worker": "bundlerun.runner.commands.worker",  # hidden: the remote half of ssh://
+    "debug": "bundlerun.runner.commands.debug",
 }
 
 EXIT_INFRA = 2
@@ -187,6 +192,8 @@ build_options = [
                  help="Explicit criterion for every output, e.g. atol=0.05 (repeatable)."),
     click.option("--require-delegation", is_flag=True,
                  help="Fail if the delegate cannot lower every operator (default: warn and use portable kernels)."),
+    click.option("--no-cache", is_flag=True,
+                 help="Build even if the build cache (~/.cache/bundlerun/builds) has this exact build."),
 ]
 
 
@@ -203,9 +210,11 @@ def _apply(options):
 @click.argument("model")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the .bpte.")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target the bundle is built for.")
+@click.option("--etrecord", is_flag=True,
+              help="Also write the ETRecord beside the bundle (OUTPUT stem + .etrecord), for `bundlerun debug`.")
 @_apply(build_options)
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
-          require_delegation):
+          require_delegation, no_cache, etrecord):
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
     if output.is_dir():
         raise click.BadParameter(f"{output} is a folder; give the .bpte file to write", param_hint="-o")
@@ -213,13 +222,16 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
-        require_delegation=require_delegation,
+        require_delegation=require_delegation, cache=not no_cache and not etrecord, etrecord=etrecord,
     )
     m = result.manifest
     click.echo(
         f"wrote {result.path} ({result.path.stat().st_size} bytes): {m.model['id']} {m.build['backend']} "
         f"{m.build['dtype']}, {m.build['cases']} cases, reference {m.build['reference']}"
+        + (" (cached build)" if result.info.get("cache") == "hit" else "")
     )
+    if m.build.get("etrecord"):
+        click.echo(f"wrote {result.path.parent / m.build['etrecord']['path']} (ETRecord for bundlerun debug)")
     for warning in result.info.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
 
@@ -254,6 +266,10 @@ run_options = [
                  help="Target setting, e.g. runner_elf=path (overrides [targets.<scheme>] in config)."),
     click.option("--runner-elf", type=click.Path(path_type=Path), default=None,
                  help="fvp:// targets: the arm_executor_runner ELF (same as --target-opt runner_elf=PATH)."),
+    click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
+                 callback=lambda ctx, _param, value: ctx.meta.__setitem__("bundlerun.repeat", value),
+                 help="Measured executions per case after one warm-up execution (excluded from the warm "
+                      "figures); latency is gated only with repeated samples. host://, adb://, qemu-user://."),
 ]
 
 
@@ -264,12 +280,16 @@ def make_session(config_path: Path | None, target_opts: tuple[str, ...], history
 
     if runner_elf:
         target_opts = (*target_opts, f"runner_elf={runner_elf}")
-    return Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db, no_history=no_history,
-                        baseline=baseline)
+    session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db, no_history=no_history,
+                           baseline=baseline)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:  # the command's lifetime: targets and warm runtime workers shared by its bundles
+        ctx.call_on_close(session.open().close)
+    return session
 
 
 def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides,
-            label, methods=None, cases=None, quiet=False, bundle=None) -> dict:
+            label, methods=None, cases=None, quiet=False, bundle=None, amend=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bundlerun.runner.session import RunRequest
@@ -291,7 +311,14 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
-        ), bundle=bundle)
+            repeat=_repeat(),
+        ), bundle=bundle, amend=amend)
+
+
+def _repeat() -> int:
+    """--repeat of the running command (kept in the context: every command with run_options has it)."""
+    ctx = click.get_current_context(silent=True)
+    return int(ctx.meta.get("bundlerun.repeat", 1)) if ctx is not None else 1
 
 
 @cli.command()
@@ -302,9 +329,13 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
 @click.option("--method", "methods", multiple=True, help="Only this method (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress bar or table; just the report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report's summary as JSON on stdout (no table).")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Run only shard I of N of the cases (stable split; `bundlerun merge` joins the shard reports).")
+@click.option("--debug-on-fail", is_flag=True,
+              help="On a numerical failure, drill into the worst failing case (`bundlerun debug`, report in REPORT/debug).")
 @_apply(run_options)
-def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_timeout, setup_timeout, save_outputs,
-        overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf):
+def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, case_timeout, setup_timeout, save_outputs,
+        overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.runner.report import print_summary
@@ -313,8 +344,24 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_tim
     cases = _select_cases(parsed, case_list, list(methods) or None)
     report_dir = _report_dir(report_dir or Path("out") / bundle.stem)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
-    report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides, label,
-                     methods=list(methods) or None, cases=cases, quiet=quiet or as_json, bundle=parsed)
+    plan = None
+    if shard:  # runner/shard.py: this shard's cases, recorded in the report for `bundlerun merge`
+        from bundlerun.runner.shard import empty_shard_report, plan_run_shard
+
+        plan = plan_run_shard(parsed, shard, list(methods) or None, cases)
+        methods, cases = plan.methods, plan.cases
+    if plan is not None and plan.empty:
+        from bundlerun.runner.session import finish_run
+
+        report = finish_run(empty_shard_report(bundle, parsed, target, plan, label), report_dir, parsed, session.project,
+                            None, None, True)
+    else:
+        report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides,
+                         label, methods=list(methods) or None, cases=cases, quiet=quiet or as_json, bundle=parsed,
+                         amend=plan.amend if plan else None)
+    from bundlerun.runner import github
+
+    github.annotate(report, report_dir / "report.json", stream=sys.stderr if as_json else None)
     if as_json:
         import json
 
@@ -327,7 +374,16 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_tim
 
             click.echo(format_regressions(report["regressions"]))
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
+        from bundlerun.runner.commands.debug import debug_on_fail as _drill
+
+        _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json)
     sys.exit(report["summary"]["exit_code"])
+
+
+def _validate_slug(model: str, dtype: str) -> str:
+    """The name of one model x dtype of `validate`: its report folder, and its --shard key."""
+    return f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
 
 
 @cli.command()
@@ -342,10 +398,13 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, target, case_tim
 @click.option("--distribution", default=None)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary of every run on stdout (no tables).")
+@click.option("--no-cache", is_flag=True, help="Rebuild every bundle even if the build cache has it.")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Build and run only shard I of N of the models x dtypes (stable split; `bundlerun merge` joins them).")
 @_apply(run_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf, as_json):
+             config_path, target_opts, runner_elf, as_json, no_cache, shard):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
@@ -361,25 +420,47 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
     expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
     results = []
+    mine = None
+    if shard:  # runner/shard.py: models x dtypes split by their report folder name
+        from bundlerun.runner.shard import parse_shard, select, shard_record
+
+        shard = parse_shard(shard)
+        universe = [_validate_slug(m, d or resolve_backend_dtype(target, backend, None)[1]) for m in expanded
+                    for d in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]]
+        mine = select(universe, shard)
+        click.echo(f"shard {shard}: {len(mine)} of {len(universe)} model-dtypes: {', '.join(mine) or 'none'}", err=True)
     for model in expanded:
         for dtype in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]:
             if dtype is None:
                 dtype = resolve_backend_dtype(target, backend, None)[1]
-            slug = f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
+            slug = _validate_slug(model, dtype)
+            if mine is not None and slug not in mine:
+                continue
             out = report_dir / slug
             bundle_path = out / f"{slug}.bpte"
             try:
-                _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
-                       reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
-                       registry=session.registry)
+                built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
+                               seed=seed, reference=reference, distribution=distribution,
+                               overrides=parse_tolerances(tolerances), registry=session.registry, cache=not no_cache)
+                if built.info.get("cache") == "hit":
+                    click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:
                 click.echo(f"{slug}: build failed: {exc}", err=True)
                 results.append((slug, "ERROR", 2, str(exc)))
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
-                             label, quiet=as_json)
+                             label, quiet=as_json, amend=None if mine is None else (
+                                 lambda r, key=slug: r.__setitem__("shard", {**shard_record(shard, "models", mine,
+                                                                                            universe), "key": key})))
+            from bundlerun.runner import github
+
+            github.annotate(report, out / "report.json", stream=sys.stderr if as_json else None)
             if not as_json:
                 print_summary(report)
+                if report.get("regressions"):
+                    from bundlerun.runner.regression import format_regressions
+
+                    click.echo(format_regressions(report["regressions"]))
             s = report["summary"]
             results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
     codes = [r[2] for r in results]

@@ -11,11 +11,16 @@ can judge against any recorded run without its report directory.
 Path resolution (first that is set): `--history PATH`, `$BUNDLERUN_HISTORY`,
 config `[history] path`, then `$XDG_DATA_HOME/bundlerun/history.sqlite`
 (default `~/.local/share/bundlerun/history.sqlite`). `off`/`none` disables it.
+
+Times (`started`, `finished`, `recorded`) are stored as UTC ISO-8601 with the
+offset (`+00:00`). Rows recorded before that (a time without an offset) are read
+as UTC; `history` shows local time with its offset (`--utc` for UTC).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sqlite3
@@ -88,6 +93,21 @@ CREATE TABLE IF NOT EXISTS datasets (
     name TEXT, samples INTEGER, top1 REAL, top5 REAL, reference_top1 REAL, reference_top5 REAL,
     top1_diff REAL, top1_diff_low REAL, top1_diff_high REAL, agreement REAL
 );
+CREATE TABLE IF NOT EXISTS farm_attempts (
+    farm_uuid TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL,
+    run_id INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+    url TEXT, device TEXT, node TEXT, verdict TEXT, exit_code INTEGER, error_kinds TEXT,
+    retried INTEGER, final INTEGER, flaky INTEGER, elapsed_s REAL, recorded TEXT,
+    PRIMARY KEY (farm_uuid, job, attempt)
+);
+CREATE INDEX IF NOT EXISTS farm_attempts_job ON farm_attempts (job, farm_uuid);
+CREATE TABLE IF NOT EXISTS perf_figures (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    method TEXT NOT NULL, case_index INTEGER NOT NULL, name TEXT NOT NULL, phase TEXT NOT NULL DEFAULT '',
+    value REAL, unit TEXT, kind TEXT, per_inference REAL, samples INTEGER, spread REAL,
+    PRIMARY KEY (run_id, method, case_index, name, phase)
+);
+CREATE INDEX IF NOT EXISTS perf_figures_name ON perf_figures (name, run_id);
 """
 
 
@@ -161,16 +181,54 @@ def _num(value: Any) -> float | None:
     return f if f == f else None  # NaN -> NULL
 
 
+def utc_iso(value: Any) -> str | None:
+    """A time as UTC ISO-8601 with its offset (`2026-11-30T12:44:13.123+00:00`).
+
+    A time with an offset is converted to UTC; one without (rows and reports written
+    before times carried a timezone) is read as UTC. Text that is not a time is kept."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        return text
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat()
+
+
+def display_time(value: Any, utc: bool = False) -> str:
+    """A stored time for people: local time (or UTC) to the second, with its offset."""
+    text = utc_iso(value)
+    if text is None:
+        return "-"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    when = when.astimezone(timezone.utc if utc else None)
+    return when.strftime("%Y-%m-%d %H:%M:%S ") + when.strftime("%z")[:3] + ":" + when.strftime("%z")[3:]
+
+
+def _sql_text(value: Any) -> Any:
+    """Strings as SQLite can store them: a lone surrogate (a label from a non-UTF-8 argv, a
+    `\\ud800` in a JSON manifest) becomes its `\\udXXX` text instead of failing the write."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 def _run_row(report: dict[str, Any], report_path: str | None) -> dict[str, Any]:
     run = report.get("run") or {}
     bundle = report.get("bundle") or {}
     summary = report.get("summary") or {}
     counts = summary.get("counts") or {}
     versions = bundle.get("versions") or {}
-    return {
+    row = {
         "run_uuid": run.get("id") or os.urandom(16).hex(),
-        "started": run.get("started"),
-        "finished": run.get("finished"),
+        "started": utc_iso(run.get("started")),
+        "finished": utc_iso(run.get("finished")),
         "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": _num(run.get("duration_s")),
         "bundle_sha256": bundle.get("sha256"),
@@ -195,6 +253,7 @@ def _run_row(report: dict[str, Any], report_path: str | None) -> dict[str, Any]:
         "n_skip": counts.get("SKIP"),
         "report_json": json.dumps(report, allow_nan=True, default=str),
     }
+    return {k: _sql_text(v) for k, v in row.items()}
 
 
 def _output_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
@@ -203,10 +262,10 @@ def _output_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
             stats = out.get("stats") or {}
             yield (
                 run_id,
-                case.get("method", "forward"),
+                _sql_text(case.get("method", "forward")),
                 int(case.get("case", 0)),
                 int(out.get("index", 0)),
-                out.get("name"),
+                _sql_text(out.get("name")),
                 case.get("status"),
                 out.get("verdict") or case.get("verdict"),
                 _num(stats.get("sqnr")),
@@ -219,6 +278,25 @@ def _output_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
                 stats.get("mismatch_count"),
                 json.dumps(out.get("failed") or [], default=str),
             )
+
+
+def _perf_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
+    """One row per case x perf figure x phase (docs/report-schema.md "perf"): value, and for a median
+    of repeated executions the number of samples and their spread (median absolute deviation)."""
+    from statistics import median
+
+    for case in report.get("cases") or []:
+        for fig in case.get("perf") or []:
+            if not isinstance(fig, dict) or _num(fig.get("value")) is None or not fig.get("name"):
+                continue
+            samples = [float(v) for v in fig.get("samples") or [] if _num(v) is not None]
+            spread = None
+            if len(samples) > 1:
+                m = median(samples)
+                spread = median([abs(v - m) for v in samples])
+            yield (run_id, _sql_text(case.get("method", "forward")), int(case.get("case", 0)), _sql_text(fig["name"]),
+                   _sql_text(fig.get("phase") or ""), _num(fig.get("value")), fig.get("unit"), fig.get("kind"),
+                   _num(fig.get("per_inference")), len(samples) or None, spread)
 
 
 def record_report(db_path: str | Path | None, report: dict[str, Any], report_path: str | Path | None = None) -> int | None:
@@ -249,6 +327,8 @@ def record_report(db_path: str | Path | None, report: dict[str, Any], report_pat
                 "INSERT OR REPLACE INTO case_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 list(_output_rows(run_id, report)),
             )
+            conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                             list(_perf_rows(run_id, report)))
             if dataset:
                 ci = dataset.get("top1_diff_ci") or [None, None]
                 conn.execute(
@@ -279,6 +359,68 @@ def record_report(db_path: str | Path | None, report: dict[str, Any], report_pat
         raise HistoryError(f"cannot record run in {db_path}: {exc}") from None
     finally:
         conn.close()
+
+
+
+def record_farm_attempts(db_path: str | Path | None, farm_uuid: str, job: str, attempts: list[dict[str, Any]],
+                         run_id: int | None = None) -> None:
+    """Every attempt of one farm job (runner/farm): device, exit code, failure kinds; `final` marks
+    the attempt whose report is the job's run (`run_id`), `flaky` a job that passed after a failed
+    attempt. Idempotent per (farm, job, attempt)."""
+    if db_path is None:
+        return
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rows = [(_sql_text(farm_uuid), _sql_text(job), int(a.get("attempt", 0)), run_id if a.get("final") else None,
+             _sql_text(a.get("url")), _sql_text(a.get("device")),
+             _sql_text((a.get("node") or {}).get("ray_node_id") or (a.get("node") or {}).get("host")),
+             a.get("verdict"), a.get("exit_code"), json.dumps(a.get("error_kinds") or []), int(bool(a.get("retried"))),
+             int(bool(a.get("final"))), int(bool(a.get("flaky"))), _num(a.get("elapsed_s")), now) for a in attempts]
+    conn = connect(db_path)
+
+    def write() -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("INSERT OR REPLACE INTO farm_attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    try:
+        _retrying(write)
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"cannot record farm attempts in {db_path}: {exc}") from None
+    finally:
+        conn.close()
+
+
+def flaky_stats(db_path: str | Path, limit: int | None = 20) -> dict[str, list[dict[str, Any]]]:
+    """Devices by infrastructure-failure rate (failed attempts that exited 2 / attempts on the
+    device) and jobs by flake rate (farm runs where the job passed only after a retry / farm runs
+    of the job), worst first; only devices and jobs with at least one failed attempt or flake."""
+    if not Path(db_path).exists():
+        return {"devices": [], "jobs": []}
+    lim = f" LIMIT {int(limit)}" if limit else ""
+    dev_sql = ("SELECT COALESCE(device, url) AS device, COUNT(*) AS attempts, "
+               "SUM(exit_code = 2) AS infra_failures, SUM(exit_code = 1) AS numerical_failures, "
+               "SUM(exit_code = 2) * 1.0 / COUNT(*) AS rate, COUNT(DISTINCT job) AS jobs, MAX(recorded) AS last "
+               "FROM farm_attempts WHERE attempt > 0 GROUP BY COALESCE(device, url) HAVING infra_failures > 0 "
+               "ORDER BY rate DESC, attempts DESC, device" + lim)
+    job_sql = ("SELECT job, COUNT(DISTINCT farm_uuid) AS runs, "
+               "COUNT(DISTINCT CASE WHEN flaky = 1 THEN farm_uuid END) AS flaky, "
+               "COUNT(DISTINCT CASE WHEN final = 1 AND exit_code != 0 THEN farm_uuid END) AS failed, "
+               "SUM(retried) AS retries, "
+               "COUNT(DISTINCT CASE WHEN flaky = 1 THEN farm_uuid END) * 1.0 / COUNT(DISTINCT farm_uuid) AS rate, "
+               "GROUP_CONCAT(DISTINCT CASE WHEN exit_code = 2 THEN COALESCE(device, url) END) AS failing_devices "
+               "FROM farm_attempts GROUP BY job HAVING flaky > 0 OR retries > 0 "
+               "ORDER BY rate DESC, retries DESC, job" + lim)
+    conn = connect(db_path)
+    try:
+        devices = [dict(r) for r in _retrying(lambda: conn.execute(dev_sql).fetchall())]
+        jobs = [dict(r) for r in _retrying(lambda: conn.execute(job_sql).fetchall())]
+    finally:
+        conn.close()
+    return {"devices": devices, "jobs": jobs}
 
 
 @dataclass
@@ -340,7 +482,7 @@ def list_runs(
     for col, value in (("r.model", model), ("r.target", target), ("r.label", label), ("r.dtype", dtype)):
         if value is not None:
             where.append(f"{col} = ?")
-            args.append(value)
+            args.append(_sql_text(value))
     sql = _LIST_SQL + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id DESC"
     if limit:
         sql += f" LIMIT {int(limit)}"
@@ -349,7 +491,7 @@ def list_runs(
         rows = _retrying(lambda: conn.execute(sql, args).fetchall())
     finally:
         conn.close()
-    return [RunRecord(**dict(r)) for r in rows]
+    return [RunRecord(**{**dict(r), "started": utc_iso(r["started"])}) for r in rows]
 
 
 def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
@@ -407,11 +549,11 @@ def resolve_run(
                 raise HistoryError(f"run id prefix {ref!r} is ambiguous ({len(rows)} runs)")
             row = rows[0] if rows else None
         if row is None:
-            base_sql, base_args = "SELECT id FROM runs WHERE label = ? AND run_uuid != ?", [ref, exclude_uuid or ""]
+            base_sql, base_args = "SELECT id FROM runs WHERE label = ? AND run_uuid != ?", [_sql_text(ref), exclude_uuid or ""]
             wanted = [(k, v) for k, v in (prefer or {}).items() if k in ("model", "target", "dtype") and v]
             if wanted:
                 sql = base_sql + "".join(f" AND {k} = ?" for k, _ in wanted) + " ORDER BY id DESC LIMIT 1"
-                row = conn.execute(sql, base_args + [v for _, v in wanted]).fetchone()
+                row = conn.execute(sql, base_args + [_sql_text(v) for _, v in wanted]).fetchone()
             if row is None:
                 row = conn.execute(base_sql + " ORDER BY id DESC LIMIT 1", base_args).fetchone()
     finally:
@@ -426,13 +568,22 @@ class TrendPoint:
     run_id: int
     started: str | None
     label: str | None
-    value: float | None
+    value: float | None  # sqnr: mean over the case-outputs that did not match exactly (None: all exact)
     low: float | None = None  # worst case-output (sqnr: min, mae: max) or CI low for top1
     high: float | None = None
     reference: float | None = None  # top1 of the float reference
+    target: str | None = None
+    dtype: str | None = None
+    exact: int = 0  # sqnr: case-outputs that matched exactly (SQNR infinite), left out of value/low
+    counted: int = 0  # case-outputs (or datasets) behind value
+
+    @property
+    def series(self) -> tuple[str | None, str | None]:
+        """Which line the point belongs to: one per target x dtype, never mixed."""
+        return (self.target, self.dtype)
 
 
-SQNR_CAP_DB = 200.0
+SQNR_CAP_DB = 200.0  # where plots draw an exact match; never averaged in
 METRICS = ("sqnr", "mae", "max", "top1", "top5", "agreement")
 
 
@@ -444,40 +595,53 @@ def trend(
     dtype: str | None = None,
     limit: int = 200,
 ) -> list[TrendPoint]:
-    """One point per run (oldest first) of `metric` for this model (and target).
+    """One point per run (oldest first) of `metric` for this model, each carrying its
+    target and dtype (`TrendPoint.series`): callers draw one line per target x dtype, or
+    filter with `target`/`dtype`.
 
     sqnr/mae/max aggregate the run's case-outputs: mean, with the worst
-    (min SQNR / max error) as `low`/`high`. top1/top5/agreement come from the
-    dataset table.
+    (min SQNR / max error) as `low`/`high`. An exact match (SQNR infinite: no error at
+    all) has no finite SQNR to average: it is counted in `exact` and left out of the
+    mean and the worst, so a run of exact matches does not read as "200 dB".
+    top1/top5/agreement come from the dataset table.
     """
     if metric not in METRICS:
         raise HistoryError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
     if not Path(db_path).exists():
         return []
-    where, args = ["r.model = ?"], [model]
+    where, args = ["r.model = ?"], [_sql_text(model)]
     if target:
         where.append("r.target = ?")
-        args.append(target)
+        args.append(_sql_text(target))
     if dtype:
         where.append("r.dtype = ?")
-        args.append(dtype)
+        args.append(_sql_text(dtype))
     w = " AND ".join(where)
     if metric in ("sqnr", "mae", "max"):
         col = {"sqnr": "sqnr", "mae": "error_mae", "max": "error_max"}[metric]
         worst = "MIN" if metric == "sqnr" else "MAX"
-        # An exact match has SQNR inf; cap it so averages and plots stay finite.
-        expr = f"MIN(c.{col}, {SQNR_CAP_DB})" if metric == "sqnr" else f"c.{col}"
-        sql = (
-            f"SELECT r.id, r.started, r.label, AVG({expr}) AS value, {worst}({expr}) AS worst "
-            f"FROM runs r JOIN case_outputs c ON c.run_id = r.id WHERE {w} "
-            f"GROUP BY r.id ORDER BY r.id DESC LIMIT {int(limit)}"
-        )
+        if metric == "sqnr":
+            finite = "CASE WHEN c.sqnr < ? THEN c.sqnr END"  # ? = +inf: exact matches are not averaged
+            sql = (
+                f"SELECT r.id, r.started, r.label, r.target, r.dtype, AVG({finite}) AS value, MIN({finite}) AS worst, "
+                f"SUM(CASE WHEN c.sqnr >= ? THEN 1 ELSE 0 END) AS exact, COUNT({finite}) AS counted "
+                f"FROM runs r JOIN case_outputs c ON c.run_id = r.id WHERE {w} "
+                f"GROUP BY r.id ORDER BY r.id DESC LIMIT {int(limit)}"
+            )
+            args = [math.inf] * 4 + args
+        else:
+            sql = (
+                f"SELECT r.id, r.started, r.label, r.target, r.dtype, AVG(c.{col}) AS value, {worst}(c.{col}) AS worst, "
+                f"0 AS exact, COUNT(c.{col}) AS counted "
+                f"FROM runs r JOIN case_outputs c ON c.run_id = r.id WHERE {w} "
+                f"GROUP BY r.id ORDER BY r.id DESC LIMIT {int(limit)}"
+            )
     else:
         col = {"top1": "top1", "top5": "top5", "agreement": "agreement"}[metric]
         ref = {"top1": "reference_top1", "top5": "reference_top5", "agreement": "NULL"}[metric]
         sql = (
-            f"SELECT r.id, r.started, r.label, d.{col} AS value, d.top1_diff_low, d.top1_diff_high, "
-            f"{ref} AS reference FROM runs r JOIN datasets d ON d.run_id = r.id WHERE {w} "
+            f"SELECT r.id, r.started, r.label, r.target, r.dtype, d.{col} AS value, d.top1_diff_low, "
+            f"d.top1_diff_high, {ref} AS reference FROM runs r JOIN datasets d ON d.run_id = r.id WHERE {w} "
             f"ORDER BY r.id DESC LIMIT {int(limit)}"
         )
     conn = connect(db_path)
@@ -487,18 +651,87 @@ def trend(
         conn.close()
     points = []
     for r in reversed(rows):
+        common = {"target": r["target"], "dtype": r["dtype"]}
         if metric in ("sqnr", "mae", "max"):
-            worst = r["worst"]
-            p = TrendPoint(r["id"], r["started"], r["label"], r["value"])
+            p = TrendPoint(r["id"], utc_iso(r["started"]), r["label"], r["value"], exact=int(r["exact"] or 0),
+                           counted=int(r["counted"] or 0), **common)
             if metric == "sqnr":
-                p.low = worst
+                p.low = r["worst"]
             else:
-                p.high = worst
+                p.high = r["worst"]
         else:
-            p = TrendPoint(r["id"], r["started"], r["label"], r["value"], reference=r["reference"])
+            p = TrendPoint(r["id"], utc_iso(r["started"]), r["label"], r["value"], reference=r["reference"],
+                           counted=0 if r["value"] is None else 1, **common)
             if metric == "top1" and r["reference"] is not None and r["top1_diff_low"] is not None:
                 # the CI is on (target - reference): show it around the target's top-1
                 p.low = max(0.0, r["reference"] + r["top1_diff_low"])
                 p.high = min(1.0, r["reference"] + r["top1_diff_high"])
         points.append(p)
     return points
+
+
+def series_of(points: list[TrendPoint]) -> dict[tuple[str | None, str | None], list[TrendPoint]]:
+    """Points grouped by target x dtype, in order of first appearance."""
+    out: dict[tuple[str | None, str | None], list[TrendPoint]] = {}
+    for p in points:
+        out.setdefault(p.series, []).append(p)
+    return out
+
+
+# A `trend --metric` that names a performance figure: these aliases, or any figure name.
+PERF_ALIASES = {"cycles": "inference_cpu_cycles", "npu-cycles": "npu_active_cycles", "latency": "execution_time",
+                "memory": "method_allocator_used", "program-size": "pte_program_size"}
+
+
+def perf_trend(
+    db_path: str | Path,
+    model: str,
+    figure: str,
+    target: str | None = None,
+    dtype: str | None = None,
+    phase: str | None = None,
+    limit: int = 200,
+) -> tuple[list[TrendPoint], dict[str, Any]]:
+    """One point per run (oldest first) of a perf figure (`figure`: a name, or an alias of
+    PERF_ALIASES): the median over the run's cases, with the min and max over them as low/high.
+    `phase` picks first or warm where the figure has both (default: warm if recorded, else the
+    figure without a phase, else first). Returns (points, {"name", "unit", "kind", "phase"})."""
+    name = PERF_ALIASES.get(figure, figure)
+    if not Path(db_path).exists():
+        return [], {"name": name}
+    where, args = ["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)]
+    if target:
+        where.append("r.target = ?")
+        args.append(_sql_text(target))
+    if dtype:
+        where.append("r.dtype = ?")
+        args.append(_sql_text(dtype))
+    sql = (f"SELECT r.id, r.started, r.label, r.target, r.dtype, p.phase, p.value, p.unit, p.kind "
+           f"FROM runs r JOIN perf_figures p ON p.run_id = r.id WHERE {' AND '.join(where)} ORDER BY r.id")
+    conn = connect(db_path)
+    try:
+        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
+    finally:
+        conn.close()
+    phases = {r["phase"] for r in rows}
+    chosen = phase if phase is not None else next((p for p in ("warm", "", "first") if p in phases), "")
+    if phase is not None and phase not in phases and rows:
+        raise HistoryError(f"figure {name!r} has no {phase!r} phase in the history (has: "
+                           f"{', '.join(sorted(p or 'none' for p in phases))})")
+    runs: dict[int, dict[str, Any]] = {}
+    info: dict[str, Any] = {"name": name, "phase": chosen or None}
+    for r in rows:
+        if r["phase"] != chosen or r["value"] is None:
+            continue
+        info.setdefault("unit", r["unit"])
+        info.setdefault("kind", r["kind"])
+        entry = runs.setdefault(r["id"], {"row": r, "values": []})
+        entry["values"].append(float(r["value"]))
+    from statistics import median
+
+    points = []
+    for run_id in sorted(runs)[-int(limit):]:
+        r, values = runs[run_id]["row"], runs[run_id]["values"]
+        points.append(TrendPoint(run_id, utc_iso(r["started"]), r["label"], float(median(values)), low=min(values),
+                                 high=max(values), target=r["target"], dtype=r["dtype"], counted=len(values)))
+    return points, info

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.report_model import format_amount
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -32,11 +34,25 @@ tr.bad td{background:#fdecea}
 .plots{display:flex;flex-wrap:wrap;gap:12px} .plots figure{margin:0;background:#fff;border:1px solid #ddd;padding:6px}
 figcaption{font-size:.8em;color:#555} img{max-width:100%;height:auto;display:block}
 .note{color:#555;font-style:italic} .reg{color:#c62828}
+.flame{display:flex;width:100%;max-width:900px;height:22px;border:1px solid #ccc;background:#fff;overflow:hidden}
+.flame .seg{height:100%;color:#fff;font-size:.72em;line-height:22px;overflow:hidden;white-space:nowrap;text-align:center;
+border-right:1px solid #fff}
 """
 
 
+# Control characters (terminal escapes, EOT from device logs, C1 CSI) and lone surrogates are
+# made visible as \xNN: they are invalid in HTML and would act if the file were printed to a terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _visible(m: "re.Match[str]") -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
 def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v))
+    """Text from a bundle, a device or the user: HTML-escaped (quotes too), controls made visible."""
+    return html.escape(_CONTROL.sub(_visible, "" if v is None else str(v)))
 
 
 def _n(v: Any, fmt: str = "{:.4g}") -> str:
@@ -45,6 +61,13 @@ def _n(v: Any, fmt: str = "{:.4g}") -> str:
     if isinstance(v, float):
         return fmt.format(v)
     return _e(v)
+
+
+def _sqnr(v: Any) -> str:
+    """SQNR in dB; an exact match (infinite SQNR) says so instead of a number."""
+    if v == "inf" or (isinstance(v, float) and v == float("inf")):
+        return "exact"
+    return _n(v, "{:.2f}")
 
 
 def _img(png: bytes, alt: str, caption: str) -> str:
@@ -162,7 +185,7 @@ def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
             cls = "" if v in ("PASS", None) else " class='bad'"
             rows.append(
                 f"<tr{cls}><td class='l'>{_e(case.get('method'))}[{_e(case.get('case'))}]</td><td class='l'>{_e(out.get('name', '–'))}</td>"
-                f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_n(st.get('sqnr'), '{:.2f}')}</td>"
+                f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
                 f"<td>{_n(st.get('error_mae'))}</td><td>{_n(st.get('error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
                 f"<td>{_n(st.get('mismatch_count'))}</td><td class='l'>{_e(why)}</td></tr>"
             )
@@ -220,23 +243,135 @@ def _trend_section(report: dict[str, Any], history_db: str | Path | None) -> str
     if not model:
         return ""
     figs = []
+    notes = []
+    dtype = (report.get("bundle") or {}).get("dtype")
     metrics = ["sqnr", "mae"] + (["top1"] if report.get("dataset") else [])
     for metric in metrics:
-        points = history.trend(history_db, model, target, metric, dtype=(report.get("bundle") or {}).get("dtype"))
+        try:
+            points = history.trend(history_db, model, target, metric, dtype=dtype)
+        except history.HistoryError:
+            continue
         if points:
-            figs.append(
-                _img(
-                    plots.trend_plot(points, metric, f"{model} on {target}: {metric}"),
-                    f"trend {metric}",
-                    f"{metric} over the last {len(points)} recorded run(s)",
-                )
-            )
+            caption = f"{metric} over the last {len(points)} recorded run(s)"
+            if metric == "sqnr":
+                exact = sum(p.exact for p in points)
+                counted = sum(p.counted for p in points)
+                caption = (f"mean SQNR over the case-outputs that did not match exactly, last {len(points)} "
+                           f"recorded run(s)")
+                if exact:
+                    notes.append(f"SQNR history: {exact} of {exact + counted} case-outputs matched exactly "
+                                 "(SQNR infinite); they are counted apart and not averaged in. "
+                                 + (f"{sum(1 for p in points if p.value is None)} run(s) with every output exact "
+                                    "are drawn as ▲." if any(p.value is None for p in points) else ""))
+            figs.append(_img(plots.trend_plot(points, metric, f"{model} on {target} ({dtype}): {metric}"),
+                             f"trend {metric}", caption))
+    summary = {(r.get("name"), r.get("phase")) for r in (report.get("perf") or {}).get("summary") or []}
+    for name, phase in (("inference_cpu_cycles", None), ("npu_active_cycles", None), ("execution_time", "warm"),
+                        ("method_allocator_used", None)):
+        if (name, phase) not in summary:
+            continue
+        try:
+            points, info = history.perf_trend(history_db, model, name, target, dtype=dtype, phase=phase or "")
+        except history.HistoryError:
+            continue
+        if len(points) > 1:
+            label = name + (f" ({phase})" if phase else "")
+            figs.append(_img(plots.trend_plot(points, f"perf:{name}", f"{model} on {target} ({dtype}): {label}",
+                                              unit=info.get("unit")),
+                             f"trend {name}", f"{label} [{info.get('kind')}]: median over each run's cases, "
+                                              f"min..max band, last {len(points)} recorded run(s)"))
     if not figs:
         return ""
-    return "<h2>History</h2><div class='plots'>" + "".join(figs) + "</div>"
+    return ("<h2>History</h2><p class='meta'>runs of this model on this target in this dtype only</p>"
+            "<div class='plots'>" + "".join(figs) + "</div>"
+            + "".join(f"<p class='note sqnr-exact'>{_e(n.strip())}</p>" for n in notes))
 
 
-def _regression_section(regressions: list[Any] | None) -> str:
+def _perf_section(report: dict[str, Any], max_rows: int = 40) -> str:
+    """The run's perf figures (median, min..max over the cases, with the kind of clock), the
+    conditions they were measured in, the figures against the baseline, and the operator profile
+    from ETDump when one was read."""
+    from bundlerun.runner.markdown import perf_conditions
+
+    perf = report.get("perf") or {}
+    rows = perf.get("summary") or []
+    base = report.get("baseline") or {}
+    deltas = [] if base.get("refused") else [d for d in base.get("perf") or [] if d.get("gate") or d.get("delta")]
+    profile = perf.get("profile") or []
+    if not rows and not deltas and not profile:
+        return ""
+    parts = ["<h2 id='perf'>Performance</h2>",
+             "<p class='meta'>median over the cases; <i>kind</i> says which clock or counter it is: simulation "
+             "figures are never device latency</p>"]
+    cond = perf_conditions(perf)
+    if cond:
+        parts.append(f"<p class='meta perf-conditions'>Conditions: {_e(cond)}.</p>")
+    if rows:
+        body = "".join(
+            f"<tr><td class='l'>{_e(r.get('method'))}.{_e(r.get('name'))}</td><td class='l'>{_e(r.get('phase') or '')}</td>"
+            f"<td class='l'>{_e(r.get('kind'))}</td><td>{_e(format_amount(r.get('median'), r.get('unit')))}</td>"
+            f"<td>{'' if r.get('min') == r.get('max') else _e(format_amount(r.get('min'), r.get('unit'))) + '..' + _e(format_amount(r.get('max'), r.get('unit')))}</td>"
+            f"<td>{_e(r.get('cases'))}</td><td class='l'>{_e(r.get('source'))}</td></tr>"
+            for r in rows[:max_rows])
+        parts.append("<table class='perf'><tr><th class='l'>figure</th><th class='l'>phase</th><th class='l'>kind</th>"
+                     "<th>median</th><th>min..max</th><th>cases</th><th class='l'>source</th></tr>" + body + "</table>")
+        if len(rows) > max_rows:
+            parts.append(f"<p class='note'>{len(rows) - max_rows} more figures in report.json</p>")
+    if deltas:
+        body = []
+        for d in deltas:
+            change = d.get("change")
+            ch = "from 0" if change == "inf" else (f"{change * 100:+.2f}%" if isinstance(change, (int, float)) else "–")
+            gate = f"{_e(d['gate'])} {d['limit'] * 100:g}%" if d.get("gate") else f"not gated: {_e(d.get('not_gated'))}"
+            over = change == "inf" or (isinstance(change, (int, float)) and change > d.get("limit", 0))
+            cls = " class='bad'" if d.get("gate") and over else ""
+            body.append(f"<tr{cls}><td class='l'>{_e(d.get('method'))}."
+                        f"{_e(d.get('name'))}{' (' + _e(d['phase']) + ')' if d.get('phase') else ''}</td>"
+                        f"<td class='l'>{_e(d.get('kind'))}</td><td>{_e(format_amount(d.get('baseline'), d.get('unit')))}</td>"
+                        f"<td>{_e(format_amount(d.get('current'), d.get('unit')))}</td><td>{ch}</td><td class='l'>{gate}</td></tr>")
+        parts.append(f"<h3>Against baseline {_e(base.get('label') or base.get('ref'))}</h3>"
+                     "<table class='perf-deltas'><tr><th class='l'>figure</th><th class='l'>kind</th><th>baseline</th>"
+                     "<th>current</th><th>change</th><th class='l'>gate</th></tr>" + "".join(body) + "</table>")
+    if profile:
+        parts.append(_profile_bars(profile))
+    return "".join(parts)
+
+
+def _profile_bars(profile: list[dict[str, Any]], top: int = 12) -> str:
+    """A flame-style bar of operator time from ETDump: one row per method, each operator a segment
+    as wide as its share of the method's time, then the top operators as a table."""
+    palette = ("#3b6ea5", "#c0504d", "#9bbb59", "#8064a2", "#4bacc6", "#f79646", "#7f7f7f", "#2c4d75")
+    parts = ["<h3>Operator profile (ETDump)</h3>"]
+    for entry in profile:
+        ops = [o for o in entry.get("operators") or [] if isinstance(o.get("time"), (int, float)) and o["time"] > 0]
+        total = sum(o["time"] for o in ops)
+        if not ops or total <= 0:
+            continue
+        ops.sort(key=lambda o: -o["time"])
+        segs = "".join(
+            f"<div class='seg' title='{_e(o.get('name'))}: {o['time']:.4g} {_e(entry.get('unit', ''))} "
+            f"({o['time'] / total * 100:.1f}%)' style='width:{o['time'] / total * 100:.3f}%;"
+            f"background:{palette[i % len(palette)]}'>{_e(o.get('name')) if o['time'] / total > 0.08 else ''}</div>"
+            for i, o in enumerate(ops))
+        execute = entry.get("total")
+        parts.append(f"<p class='meta'>{_e(entry.get('method'))}: {total:.4g} {_e(entry.get('unit', ''))} in "
+                     f"{len(ops)} operator(s)"
+                     + (f" of {execute:.4g} {_e(entry.get('unit', ''))} in Method::execute"
+                        if isinstance(execute, (int, float)) else "")
+                     + f" [{_e(entry.get('kind', ''))}], {_e(entry.get('cases'))} case(s), {_e(entry.get('note', ''))}; "
+                     f"{_e(entry.get('source', 'ETDump'))}</p><div class='flame'>{segs}</div>")
+        rows = "".join(f"<tr><td class='l'>{_e(o.get('name'))}</td><td>{_e(o.get('calls', 1))}</td>"
+                       f"<td>{o['time']:.4g}</td><td>{o['time'] / total * 100:.1f}%</td></tr>" for o in ops[:top])
+        parts.append(f"<table class='profile'><tr><th class='l'>operator</th><th>calls</th>"
+                     f"<th>time ({_e(entry.get('unit', ''))})</th><th>share</th></tr>{rows}</table>")
+    return "".join(parts) if len(parts) > 1 else ""
+
+
+def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] | None = None) -> str:
+    baseline = baseline or {}
+    if baseline.get("refused"):
+        return (f"<h2>Baseline</h2><p class='reg'>Baseline {_e(baseline.get('ref'))} not compared: unrelated runs: "
+                f"{_e(baseline['refused'])}.</p>")
     if regressions is None:
         return ""
     if not regressions:
@@ -277,7 +412,8 @@ def render_html(
         f"torch {_e(versions.get('torch'))} · executorch {_e(versions.get('executorch'))}</p>"
         + _summary_section(report)
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
-        + _regression_section(regressions)
+        + _regression_section(regressions, report.get("baseline"))
+        + _perf_section(report)
         + (_dataset_section(report["dataset"]) if report.get("dataset") else "")
         + _output_sections(report, arrays)
         + _trend_section(report, history_db)

@@ -86,6 +86,8 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[st
     }
     if result.extra:
         record["extra"] = result.extra  # how the target got the outputs, attempts, transport detail
+    if result.perf:
+        record["perf"] = [f.to_dict() for f in result.perf]  # what the target measured (docs/report-schema.md)
     if result.status != CaseStatus.OK:
         record.update(_error_case(result, len(expected_values)))
         for j, out in enumerate(record["outputs"]):

@@ -4,7 +4,9 @@ One <testcase> per case-output (classname = model/target/method, name =
 case[i].output), so a CI page shows exactly which output of which case broke.
 FAIL -> <failure> naming the failing criterion with measured value and limit;
 ERROR -> <error>; TIMEOUT -> <error type="timeout">; SKIP -> <skipped>. A case
-that produced no outputs (it errored before any) still gets one testcase.
+that produced no outputs (it errored before any) still gets one testcase. Regressions against a
+baseline (`--baseline`: numerics, accuracy, performance figures) are one failing testcase each in a
+`<model>/<target>/regressions` suite.
 The layout follows the Jenkins JUnit schema (tests/data/junit.xsd), whose
 <skipped> takes text only, and which every common parser also accepts.
 """
@@ -19,11 +21,17 @@ from typing import Any
 from bundlerun.bundles.fileio import atomic_write_bytes
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
-_BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Also made visible: DEL and the C1 controls (0x9b is a terminal CSI), and lone surrogates (valid
+# in JSON, not encodable as UTF-8). Everything from a bundle, a device or the user goes through it.
+_BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 
 
 def _clean(text: Any) -> str:
-    return _BAD_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if text is None else str(text))
+    def visible(m: re.Match) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    return _BAD_XML.sub(visible, "" if text is None else str(text))
 
 
 def _fmt(v: Any) -> str:
@@ -67,12 +75,14 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
     model, target = _case_label(report)
     run = report.get("run") or {}
     bundle = report.get("bundle") or {}
+    model, target = _clean(model), _clean(target)
     root = ET.Element("testsuites", name=f"bundlerun {model} on {target}")
     by_method: dict[str, list[dict[str, Any]]] = {}
     for case in report.get("cases") or []:
         by_method.setdefault(case.get("method", "forward"), []).append(case)
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
     for method, cases in by_method.items():
+        method = _clean(method)
         suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/{method}")
         props = ET.SubElement(suite, "properties")
         for key, value in (
@@ -97,7 +107,7 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
                 counts["tests"] += 1
                 name = f"case[{case.get('case', 0)}]" + (f".{out.get('name') or 'out' + str(out.get('index', 0))}" if out else "")
                 tc = ET.SubElement(
-                    suite, "testcase", name=name, classname=classname, time=f"{elapsed / len(outputs):.6f}"
+                    suite, "testcase", name=_clean(name), classname=classname, time=f"{elapsed / len(outputs):.6f}"
                 )
                 verdict = (out or {}).get("verdict") or case.get("verdict")
                 log = "\n".join(case.get("log_excerpt") or [])
@@ -125,12 +135,34 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
         suite.set("time", f"{counts['time']:.6f}")
         totals["time"] += counts["time"]
         if run.get("started"):
-            suite.set("timestamp", str(run["started"]))
+            suite.set("timestamp", _clean(run["started"]))
         host = (run.get("host") or {}).get("machine")
         if host:
             suite.set("hostname", _clean(host))
         if not len(props):
             suite.remove(props)
+    regressions = report.get("regressions") or []
+    if regressions and not (report.get("baseline") or {}).get("refused"):
+        # One failing testcase per regression against the baseline (numerics, accuracy, perf), so a
+        # CI page names a cycle or memory regression as plainly as a failed output.
+        base = report.get("baseline") or {}
+        suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/regressions", tests=str(len(regressions)),
+                              failures=str(len(regressions)), errors="0", skipped="0", time="0.000000")
+        props = ET.SubElement(suite, "properties")
+        for key in ("ref", "run_id", "label"):
+            if base.get(key) is not None:
+                ET.SubElement(props, "property", name=f"baseline_{key}", value=_clean(base[key]))
+        if not len(props):
+            suite.remove(props)
+        for r in regressions:
+            r = r if isinstance(r, dict) else r.to_dict()
+            tc = ET.SubElement(suite, "testcase", name=_clean(f"{r.get('rule')}: {r.get('where')}"),
+                               classname=f"{model}/{target}/regressions", time="0.000000")
+            el = ET.SubElement(tc, "failure", message=_clean(r.get("message")), type=_clean(r.get("rule") or "regression"))
+            el.text = _clean(f"{r.get('message')}\nbaseline {_fmt(r.get('baseline'))} current {_fmt(r.get('current'))} "
+                             f"limit {_fmt(r.get('limit'))}")
+        totals["tests"] += len(regressions)
+        totals["failures"] += len(regressions)
     if report.get("warnings"):
         # Put warnings on the last suite: they concern the whole run.
         suites = root.findall("testsuite")

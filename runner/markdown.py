@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.report_model import format_amount
 
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
 
 
-_CONTROL = {c: " " for c in [*range(0x00, 0x20), 0x7f]}
+# C0, DEL, C1 (0x9b is a terminal CSI) and lone surrogates (valid in JSON, not writable as UTF-8)
+_CONTROL = {c: " " for c in [*range(0x00, 0x20), *range(0x7f, 0xa0), *range(0xD800, 0xE000)]}
 _MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
 
 
@@ -44,8 +46,96 @@ def _pct(v: Any) -> str:
     return "–" if v is None else f"{v * 100:.2f}%"
 
 
+def _delta_cell(pair: dict[str, Any], fmt: str) -> str:
+    def one(v: Any) -> str:
+        return "exact" if v == "inf" else _cell(v, fmt)
+
+    d = pair.get("delta")
+    return f"{one(pair.get('baseline'))} → {one(pair.get('current'))}" + ("" if d is None else f" ({d:+.3g})")
+
+
+def _delta_table(outputs: list[dict[str, Any]], against: Any) -> list[str]:
+    """Per output, baseline → current (delta): worst over the common cases, mismatches in total."""
+    lines = [f"Against baseline {_md(against)} (worst over the common cases; mismatches: total):", "",
+             "| output | cases | max abs error | SQNR dB | cosine | mismatches |", "|---|---:|---:|---:|---:|---:|"]
+    for o in outputs:
+        lines.append(
+            f"| {_md(o.get('method'))}.{_md(o.get('name'))} | {o.get('cases')} "
+            f"| {_delta_cell(o.get('error_max') or {}, '{:.3g}')} | {_delta_cell(o.get('sqnr') or {}, '{:.2f}')} "
+            f"| {_delta_cell(o.get('cosine_similarity') or {}, '{:.6f}')} | {_delta_cell(o.get('mismatch_count') or {}, '{:.0f}')} |")
+    return lines + [""]
+
+
+def perf_conditions(perf: dict[str, Any]) -> str:
+    """One sentence: repeated executions, warm-up excluded, machine load (report `perf` section)."""
+    parts = []
+    if perf.get("repeat"):
+        parts.append(f"{perf['repeat']} measured execution(s) per case"
+                     + (f" after {perf.get('warmup', 0)} warm-up execution(s), excluded from the warm figures"
+                        if perf.get("warmup") else ""))
+    load = perf.get("load") or {}
+    if load.get("before"):
+        parts.append(f"load average {', '.join(f'{v:.2f}' for v in load['before'])} before, "
+                     + (f"{', '.join(f'{v:.2f}' for v in load.get('after') or [])} after" if load.get("after") else "")
+                     + f" (1/5/15 min) on {load.get('cpus', '?')} CPU(s)")
+    for note in perf.get("notes") or []:
+        parts.append(_md(note))
+    return "; ".join(parts)
+
+
+def _perf_section(report: dict[str, Any], max_rows: int = 20) -> list[str]:
+    """The run's perf summary (median, min..max over cases), its conditions, and the perf figures
+    against the baseline when one was checked."""
+    perf = report.get("perf") or {}
+    rows = perf.get("summary") or []
+    lines: list[str] = []
+    if rows:
+        lines += ["### Performance", "", "median over the cases; the kind says which clock or counter it is "
+                  "(simulation figures are not device latency)", "",
+                  "| figure | kind | median | min..max | cases |", "|---|---|---:|---:|---:|"]
+        for r in rows[:max_rows]:
+            name = f"{_md(r.get('method'))}.{_md(r.get('name'))}" + (f" ({_md(r['phase'])})" if r.get("phase") else "")
+            spread = "" if r.get("min") == r.get("max") else f"{_md(format_amount(r.get('min'), r.get('unit')))}..{_md(format_amount(r.get('max'), r.get('unit')))}"
+            lines.append(f"| {name} | {_md(r.get('kind'))} | {_md(format_amount(r.get('median'), r.get('unit')))} | {spread or '–'} "
+                         f"| {r.get('cases')} |")
+        if len(rows) > max_rows:
+            lines.append(f"| … {len(rows) - max_rows} more in report.json | | | | |")
+        lines.append("")
+    cond = perf_conditions(perf)
+    if cond:
+        lines += [f"Conditions: {cond}.", ""]
+    for prof in perf.get("profile") or []:
+        ops = [o for o in prof.get("operators") or [] if isinstance(o.get("time"), (int, float))]
+        total = sum(o["time"] for o in ops)
+        if not ops or total <= 0:
+            continue
+        lines += [f"Top operators of {_md(prof.get('method'))} (ETDump, {_md(prof.get('kind'))}, {_md(prof.get('note'))}):",
+                  "", "| operator | calls | time | share |", "|---|---:|---:|---:|"]
+        lines += [f"| {_md(o.get('name'))} | {o.get('calls', 1)} | {o['time']:.4g} {_md(prof.get('unit'))} "
+                  f"| {o['time'] / total * 100:.1f}% |" for o in ops[:5]]
+        lines.append("")
+    base = report.get("baseline") or {}
+    deltas = [d for d in base.get("perf") or [] if d.get("delta")]
+    unchanged = [d for d in base.get("perf") or [] if d.get("gate") and not d.get("delta")]
+    if (deltas or unchanged) and not base.get("refused"):
+        lines += [f"Performance against baseline {_md(base.get('label') or base.get('ref'))} (median over the common cases):",
+                  "", "| figure | kind | baseline | current | change | gate |", "|---|---|---:|---:|---:|---|"]
+        for d in deltas[:max_rows]:
+            change = d.get("change")
+            ch = "from 0" if change == "inf" else (f"{change * 100:+.2f}%" if isinstance(change, (int, float)) else "–")
+            gate = f"{_md(d['gate'])} {d['limit'] * 100:g}%" if d.get("gate") else f"not gated: {_md(d.get('not_gated'))}"
+            name = f"{_md(d.get('method'))}.{_md(d.get('name'))}" + (f" ({_md(d['phase'])})" if d.get("phase") else "")
+            lines.append(f"| {name} | {_md(d.get('kind'))} | {_md(format_amount(d.get('baseline'), d.get('unit')))} "
+                         f"| {_md(format_amount(d.get('current'), d.get('unit')))} | {ch} | {gate} |")
+        if unchanged:
+            lines.append(f"| {len(unchanged)} gated figure(s) unchanged | | | | | |")
+        lines.append("")
+    return lines
+
+
 def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None, max_rows: int = 50) -> str:
-    """The summary: headline, counts, dataset accuracy, regressions, worst outputs."""
+    """The summary: headline, counts, dataset accuracy, regressions (perf figures included), perf
+    figures, worst outputs."""
     summary = report.get("summary") or {}
     bundle = report.get("bundle") or {}
     target = (report.get("target") or {}).get("url") or "?"
@@ -84,6 +174,11 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
             f"agreement with the reference {_pct(ds.get('agreement'))}.",
             "",
         ]
+    base = report.get("baseline") or {}
+    if base.get("refused"):
+        lines += [f"### ⚠️ Baseline {_md(base.get('ref'))} not compared", "",
+                  f"Unrelated runs: {_md(base['refused'])}.", ""]
+        regressions = None
     if regressions:
         lines += [f"### ❌ {len(regressions)} regression(s) against the baseline", ""]
         for r in regressions:
@@ -93,6 +188,9 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
         lines.append("")
     elif regressions is not None:
         lines += ["No regressions against the baseline.", ""]
+    if base.get("outputs") and not base.get("refused"):
+        lines += _delta_table(base["outputs"], base.get("label") or base.get("ref"))
+    lines += _perf_section(report)
     rows = []
     for case in report.get("cases") or []:
         outs = case.get("outputs") or []

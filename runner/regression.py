@@ -15,6 +15,15 @@ verdict). Rules, all configurable in the `[regression]` config section:
   percentage points AND the confidence interval of the change excludes zero
   (paired over the same samples when both runs carry per-sample predictions),
   so sampling noise alone never flags.
+
+Performance figures are gated by the `[perf]` section (`PerfRules`, below): cycles, memory in use,
+warm latency past its noise band; host wall time only when asked, simulation time never.
+
+Only related runs are compared (`unrelated_reasons`): the same target, dtype, methods
+and cases, and the same test inputs (or, for reports without an inputs digest, the
+same model id). A different program is what a comparison is for (a new toolchain, a
+miscompiling backend) and is a note. `allow_unrelated = true` (`compare --force`)
+compares anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.runner.report_model import format_amount
 
 
 @dataclass
@@ -36,6 +46,7 @@ class RegressionRules:
     error_floor_rel: float = 1e-4
     top1_drop_points: float = 1.0
     confidence: float = 0.95
+    allow_unrelated: bool = False  # compare runs of different bundles/targets/dtypes (compare --force)
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> "RegressionRules":
@@ -60,8 +71,8 @@ class RegressionRules:
 class Regression:
     """One way the current run is worse than the baseline."""
 
-    rule: str  # verdict-flip | sqnr-drop | mae-growth | max-growth | top1-drop
-    where: str  # "forward[3].out0" or "dataset digits"
+    rule: str  # verdict-flip | sqnr-drop | mae-growth | max-growth | top1-drop | cycles-/memory-/latency-regression
+    where: str  # "forward[3].out0", "dataset digits" or "forward.inference_cpu_cycles" (a perf figure)
     baseline: Any
     current: Any
     limit: Any
@@ -99,9 +110,12 @@ def _ref_magnitude(stats: dict[str, Any]) -> float:
 
 
 def find_regressions(
-    baseline_report: dict[str, Any], current_report: dict[str, Any], rules: RegressionRules | None = None
+    baseline_report: dict[str, Any], current_report: dict[str, Any], rules: RegressionRules | None = None,
+    perf_rules: "PerfRules | None" = None,
 ) -> list[Regression]:
-    """Every regression of `current_report` against `baseline_report` (JSON report dicts).
+    """Every regression of `current_report` against `baseline_report` (JSON report dicts):
+    numerics per case-output, dataset accuracy, and performance figures (`perf_rules`, the
+    `[perf]` section; its defaults when None).
 
     Case-outputs present in only one run are not compared (a run over a subset
     of cases is not a regression); `comparison_notes` lists them.
@@ -151,6 +165,7 @@ def find_regressions(
                     )
                 )
     found.extend(_dataset_regressions(baseline_report, current_report, rules))
+    found.extend(perf_deltas(baseline_report, current_report, perf_rules)[1])
     return found
 
 
@@ -175,13 +190,203 @@ def _dataset_regressions(base: dict[str, Any], cur: dict[str, Any], rules: Regre
     return []
 
 
-def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, Any]) -> list[str]:
-    """Things a reader should know about the pair (not regressions)."""
+def inputs_digest(bundle: Any) -> str | None:
+    """sha256 over the inputs of every test case of every method (expected outputs left out:
+    they change with the reference, the inputs say which cases these are)."""
+    import hashlib
+    import struct
+
+    from bundlerun.bundles.integrity import _value_bytes
+
+    suites = getattr(bundle, "method_test_suites", None)
+    if suites is None:
+        return None
+    h = hashlib.sha256()
+    for suite in sorted(suites, key=lambda s: s.method_name):
+        name = suite.method_name.encode()
+        h.update(struct.pack("<II", len(name), len(suite.test_cases)) + name)
+        for case in suite.test_cases:
+            h.update(struct.pack("<I", len(case.inputs)))
+            for value in case.inputs:
+                _value_bytes(h, b"I", value)
+    return h.hexdigest()
+
+
+def program_sha256(manifest: dict[str, Any] | None, bundle: Any = None) -> str | None:
+    """The program's sha256: the sealed one from the manifest, else computed from the bundle."""
+    sealed = ((manifest or {}).get("integrity") or {}).get("program") if isinstance(manifest, dict) else None
+    if sealed:
+        return str(sealed)
+    program = getattr(bundle, "program", None)
+    if program is None:
+        return None
+    import hashlib
+
+    return hashlib.sha256(program).hexdigest()
+
+
+class UnrelatedRuns(Exception):
+    """Two runs that do not measure the same thing; `reasons` says why."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+def _case_keys(report: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(c.get("method", "forward"), int(c.get("case", 0))) for c in report.get("cases") or []}
+
+
+def _output_names(report: dict[str, Any]) -> dict[tuple[str, int], str]:
+    return {(c.get("method", "forward"), int(o.get("index", 0))): str(o.get("name") or "")
+            for c in report.get("cases") or [] for o in c.get("outputs") or []}
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "...'"
+
+
+def unrelated_reasons(baseline_report: dict[str, Any], current_report: dict[str, Any]) -> list[str]:
+    """Why the two runs do not measure the same thing (empty: they do).
+
+    Refused: a different target, dtype, dataset, set of methods, outputs, or cases (a run
+    over a subset of the other's cases is fine), different test inputs, a different model id
+    unless both bundles carry the same test inputs (a retrained model on the same inputs is
+    a fair comparison), and no case-output in common. A different program is not a reason.
+    """
+    reasons: list[str] = []
+    bb, cb = baseline_report.get("bundle") or {}, current_report.get("bundle") or {}
+    bt, ct = (baseline_report.get("target") or {}).get("url"), (current_report.get("target") or {}).get("url")
+    if bt != ct:
+        reasons.append(f"target differs (baseline {_short(bt)}, current {_short(ct)})")
+    if bb.get("dtype") != cb.get("dtype"):
+        reasons.append(f"dtype differs (baseline {_short(bb.get('dtype'))}, current {_short(cb.get('dtype'))})")
+    b_in, c_in = bb.get("inputs_sha256"), cb.get("inputs_sha256")
+    same_inputs = bool(b_in and c_in and b_in == c_in)
+    if b_in and c_in and b_in != c_in:
+        reasons.append(f"different test inputs (inputs sha256 {b_in[:12]}... vs {c_in[:12]}...: another seed, "
+                       "distribution, case count or dataset)")
+    if bb.get("model") != cb.get("model") and not same_inputs:
+        reasons.append(f"model differs (baseline {_short(bb.get('model'))}, current {_short(cb.get('model'))})")
+    bd, cd = baseline_report.get("dataset") or {}, current_report.get("dataset") or {}
+    if bd and cd and bd.get("name") != cd.get("name"):
+        reasons.append(f"dataset differs (baseline {_short(bd.get('name'))}, current {_short(cd.get('name'))})")
+    b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
+    b_methods, c_methods = {m for m, _ in b_cases}, {m for m, _ in c_cases}
+    if b_cases and c_cases and not (b_methods <= c_methods or c_methods <= b_methods):
+        reasons.append(f"methods differ (baseline {', '.join(sorted(b_methods))}; current {', '.join(sorted(c_methods))})")
+    elif b_cases and c_cases and not (b_cases <= c_cases or c_cases <= b_cases):
+        reasons.append(f"the runs cover different cases ({len(b_cases - c_cases)} only in the baseline, "
+                       f"{len(c_cases - b_cases)} only in the current run; one must be a subset of the other)")
+    b_names, c_names = _output_names(baseline_report), _output_names(current_report)
+    renamed = sorted(k for k in set(b_names) & set(c_names) if b_names[k] != c_names[k])
+    if renamed:
+        m, i = renamed[0]
+        reasons.append(f"outputs differ ({m} output {i} is {_short(b_names[(m, i)])} in the baseline, "
+                       f"{_short(c_names[(m, i)])} now)")
+    if not (set(_index(baseline_report)) & set(_index(current_report))) and not (bd.get("top1") is not None
+                                                                                 and cd.get("top1") is not None):
+        reasons.append("no case-output in common: nothing to compare")
+    return reasons
+
+
+def check_related(baseline_report: dict[str, Any], current_report: dict[str, Any],
+                  rules: RegressionRules | None = None) -> None:
+    """Raise UnrelatedRuns unless the runs are related or `rules.allow_unrelated` is set."""
+    if rules is not None and rules.allow_unrelated:
+        return
+    reasons = unrelated_reasons(baseline_report, current_report)
+    if reasons:
+        raise UnrelatedRuns(reasons)
+
+
+DELTA_METRICS = ("error_max", "sqnr", "cosine_similarity", "mismatch_count")
+DELTA_LABELS = {"error_max": "max abs error", "sqnr": "SQNR dB", "cosine_similarity": "cosine",
+                "mismatch_count": "mismatches"}
+
+
+def _metric(stats: dict[str, Any], key: str) -> float | None:
+    v = _num(stats.get(key))
+    return None if v is None else v
+
+
+def _pair(b: float | None, c: float | None) -> dict[str, Any]:
+    """{"baseline", "current", "delta"}: numbers, "inf" for an exact match's SQNR (no delta then)."""
+    def js(v):
+        return None if v is None else ("inf" if v == math.inf else ("-inf" if v == -math.inf else v))
+
+    delta = None
+    if b is not None and c is not None and math.isfinite(b) and math.isfinite(c):
+        delta = c - b
+    return {"baseline": js(b), "current": js(c), "delta": delta}
+
+
+def _aggregate(values: list[float], key: str) -> float | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    if key == "error_max":
+        return max(vals)
+    if key == "mismatch_count":
+        return float(sum(vals))
+    return min(vals)  # sqnr, cosine: the worst case
+
+
+def metric_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any]) -> dict[str, Any]:
+    """Per-output metrics side by side over the case-outputs both runs have.
+
+    `outputs`: one entry per method x output, aggregated over the common cases (max abs
+    error: the largest; SQNR and cosine: the worst; mismatches: the total), each metric as
+    {"baseline", "current", "delta"} (delta = current - baseline; none when a side is
+    missing or an exact match, SQNR "inf"), with the verdict counts of both runs.
+    `case_outputs`: the same per case-output.
+    """
+    b_idx, c_idx = _index(baseline_report), _index(current_report)
+    common = sorted(set(b_idx) & set(c_idx))
+    per_output: dict[tuple[str, int], dict[str, Any]] = {}
+    rows = []
+    for key in common:
+        method, ci, oi = key
+        (bcase, bout), (ccase, cout) = b_idx[key], c_idx[key]
+        bs, cs = bout.get("stats") or {}, cout.get("stats") or {}
+        bv, cv = bout.get("verdict") or bcase.get("verdict"), cout.get("verdict") or ccase.get("verdict")
+        name = cout.get("name") or f"out{oi}"
+        rows.append({"method": method, "case": ci, "output": oi, "name": name, "verdict": {"baseline": bv, "current": cv},
+                     **{m: _pair(_metric(bs, m), _metric(cs, m)) for m in DELTA_METRICS}})
+        agg = per_output.setdefault((method, oi), {"method": method, "output": oi, "name": name, "cases": 0,
+                                                   "b": {m: [] for m in DELTA_METRICS}, "c": {m: [] for m in DELTA_METRICS},
+                                                   "bv": {}, "cv": {}})
+        agg["cases"] += 1
+        agg["bv"][bv] = agg["bv"].get(bv, 0) + 1
+        agg["cv"][cv] = agg["cv"].get(cv, 0) + 1
+        for m in DELTA_METRICS:
+            agg["b"][m].append(_metric(bs, m))
+            agg["c"][m].append(_metric(cs, m))
+    outputs = []
+    for agg in per_output.values():
+        outputs.append({
+            "method": agg["method"], "output": agg["output"], "name": agg["name"], "cases": agg["cases"],
+            "verdicts": {"baseline": agg["bv"], "current": agg["cv"]},
+            **{m: _pair(_aggregate(agg["b"][m], m), _aggregate(agg["c"][m], m)) for m in DELTA_METRICS},
+        })
+    return {"outputs": outputs, "case_outputs": rows}
+
+
+def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, Any],
+                     perf_rules: "PerfRules | None" = None) -> list[str]:
+    """Things a reader should know about the pair (not regressions), perf figures on one side only
+    and latency that could not be gated included."""
     notes = []
     b_b, c_b = baseline_report.get("bundle") or {}, current_report.get("bundle") or {}
     for key in ("model", "dtype", "backend"):
         if b_b.get(key) != c_b.get(key):
             notes.append(f"{key} differs: baseline {b_b.get(key)!r}, current {c_b.get(key)!r}")
+    b_prog, c_prog = b_b.get("program_sha256"), c_b.get("program_sha256")
+    if b_prog and c_prog and b_prog != c_prog:
+        notes.append(f"program differs (sha256 {b_prog[:12]}... -> {c_prog[:12]}...): comparing two builds")
+    elif not (b_prog and c_prog) and b_b.get("sha256") != c_b.get("sha256"):
+        notes.append("bundle files differ (no program digest recorded to tell whether the program changed)")
     bt = (baseline_report.get("target") or {}).get("url")
     ct = (current_report.get("target") or {}).get("url")
     if bt != ct:
@@ -197,6 +402,7 @@ def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, 
         cv = c_idx[key][1].get("verdict")
         if bv == "PASS" and cv in ("ERROR", "TIMEOUT"):
             notes.append(f"{key[0]}[{key[1]}] output {key[2]}: PASS -> {cv} (infrastructure, not judged)")
+    notes += perf_deltas(baseline_report, current_report, perf_rules)[2]
     return notes
 
 
@@ -236,14 +442,247 @@ def check_baseline(
     bundle = current_report.get("bundle") or {}
     prefer = {"model": bundle.get("model"), "dtype": bundle.get("dtype"), "target": (current_report.get("target") or {}).get("url")}
     baseline = resolve_run(db_path, ref, exclude_uuid=current_uuid, prefer=prefer)
-    regressions = find_regressions(baseline, current_report, RegressionRules.from_config(config))
-    current_report.setdefault("baseline", {}).update(
+    rules = RegressionRules.from_config(config)
+    perf_rules = PerfRules.from_config(config)
+    section = current_report.setdefault("baseline", {})
+    section.update(
         {
             "ref": ref,
             "run_id": (baseline.get("run") or {}).get("id"),
             "history_id": (baseline.get("run") or {}).get("history_id"),
             "label": (baseline.get("run") or {}).get("label"),
-            "notes": comparison_notes(baseline, current_report),
         }
     )
+    try:
+        check_related(baseline, current_report, rules)
+    except UnrelatedRuns as exc:
+        # Same refusal as `compare`; the run's own verdict stands, but a check that was asked
+        # for and not made is not a pass: exit code 2 unless the run already failed.
+        section["refused"] = str(exc)
+        current_report.setdefault("warnings", []).append(
+            f"baseline {ref!r} not compared: unrelated runs: {exc} "
+            "(set [regression] allow_unrelated = true to compare anyway)")
+        summary = current_report.get("summary") or {}
+        if summary.get("exit_code") == 0:
+            summary["exit_code"] = 2
+        return []
+    regressions = find_regressions(baseline, current_report, rules, perf_rules)
+    section["notes"] = comparison_notes(baseline, current_report, perf_rules)
+    section["outputs"] = metric_deltas(baseline, current_report)["outputs"]
+    section["perf"] = perf_deltas(baseline, current_report, perf_rules)[0]
     return [r.to_dict() for r in regressions]
+
+
+# ------------------------------------------------------------------------------------------- performance
+#
+# Per method x figure x phase, over the cases both runs have (docs/performance.md):
+# - cycle figures (unit cycles: device or simulator cycle counters): the median over the common cases
+#   (per inference where both runs printed it) rising more than `cycles_regression` is a regression;
+# - memory figures in use (bytes: program size, allocator use, planned buffers; never a pool's
+#   capacity, which is the runner's configuration): more than `memory_regression`;
+# - latency (device-latency; host-wall only with `gate_host_latency`): warm executions only (the
+#   first, cold, execution is reported, never gated), pooled over the common cases' samples (each
+#   case's repeated executions, `--repeat N`): the median rising more than `latency_regression` AND by
+#   more than `latency_noise` x the larger spread (median absolute deviation) of the two runs, with at
+#   least `latency_min_samples` samples on each side;
+# - simulation-time (qemu-user, TOSA reference model, MLX walker) is never gated as latency; counts,
+#   ratios and event counters are shown, not gated. A figure on one side only is a note.
+
+PERF_RULE = {"cycles": "cycles-regression", "memory": "memory-regression", "latency": "latency-regression"}
+
+
+@dataclass
+class PerfRules:
+    cycles_regression: float = 0.05
+    memory_regression: float = 0.05
+    latency_regression: float = 0.10
+    latency_noise: float = 3.0
+    latency_min_samples: int = 3
+    gate_host_latency: bool = False
+    gate_memory: bool = True
+    gate_cycles: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any] | None) -> "PerfRules":
+        """From the `[perf]` section (validated by bundles.project_config.perf_section)."""
+        from bundlerun.bundles.project_config import perf_section
+
+        return cls(**perf_section(config, (config or {}).get("_file")))
+
+
+# Memory figures that measure the .bpte file the runner read (program + bundlerun's manifest + the
+# case's test data): a manifest that grows is not a model regression. pte_program_size is the program.
+_BUNDLE_FILE = ("pte_loaded_size", "input_file_allocator_used")
+
+
+def _capacity(name: str) -> bool:
+    """A pool's size as configured in the runner (not what the model uses)."""
+    return name.endswith(("_allocator_size", "_buffer_size"))
+
+
+def perf_gate(fig: dict[str, Any], rules: "PerfRules") -> tuple[str | None, str | None]:
+    """(gate, why not): which gate a figure goes through (cycles | memory | latency), or None with
+    the reason it is shown but not gated."""
+    kind, unit, name = fig.get("kind"), fig.get("unit"), str(fig.get("name"))
+    if unit == "cycles" and kind in ("device-cycles", "simulation-cycles", "device-counter", "simulation-counter"):
+        return ("cycles", None) if rules.gate_cycles else (None, "[perf] gate_cycles = false")
+    if kind == "memory":
+        if _capacity(name):
+            return None, "a pool's capacity (runner configuration), not use"
+        if name in _BUNDLE_FILE:
+            return None, "the bundle file as loaded (bundlerun's manifest and test data included), not the model"
+        return ("memory", None) if rules.gate_memory else (None, "[perf] gate_memory = false")
+    if kind in ("device-latency", "host-wall"):
+        if kind == "host-wall" and not rules.gate_host_latency:
+            return None, "host wall time: not gated unless [perf] gate_host_latency = true"
+        if fig.get("phase") != "warm":
+            return None, ("the first (cold) execution: reported, not gated" if fig.get("phase") == "first"
+                          else "not a warm per-execution figure: reported, not gated")
+        return "latency", None
+    if kind == "simulation-time":
+        return None, "simulation time: never gated as latency"
+    return None, f"{kind}: reported, not gated"
+
+
+def _perf_index(report: dict[str, Any]) -> dict[tuple[str, str, str | None], dict[int, dict[str, Any]]]:
+    """(method, figure, phase) -> {case: figure dict}."""
+    out: dict[tuple[str, str, str | None], dict[int, dict[str, Any]]] = {}
+    for case in report.get("cases") or []:
+        for fig in case.get("perf") or []:
+            if not isinstance(fig, dict) or _num(fig.get("value")) is None:
+                continue
+            key = (case.get("method", "forward"), str(fig.get("name")), fig.get("phase"))
+            out.setdefault(key, {})[int(case.get("case", 0))] = fig
+    return out
+
+
+def _median(values: list[float]) -> float:
+    from statistics import median
+
+    return float(median(values))
+
+
+def _mad(values: list[float]) -> float:
+    """Median absolute deviation: the spread of repeated measurements, robust to one outlier."""
+    if len(values) < 2:
+        return 0.0
+    m = _median(values)
+    return _median([abs(v - m) for v in values])
+
+
+def _values(figs: list[dict[str, Any]], per_inference: bool) -> list[float]:
+    return [float(f["per_inference"] if per_inference else f["value"]) for f in figs]
+
+
+def _samples(figs: list[dict[str, Any]]) -> list[float]:
+    """Every measurement behind the figures: a case's repeated executions, else its one value."""
+    out: list[float] = []
+    for f in figs:
+        samples = [s for s in (f.get("samples") or []) if _num(s) is not None]
+        out += [float(s) for s in samples] if samples else [float(f["value"])]
+    return out
+
+
+def perf_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any],
+                rules: "PerfRules | None" = None) -> tuple[list[dict[str, Any]], list[Regression], list[str]]:
+    """(rows, regressions, notes): every figure both runs have side by side over their common
+    cases, the regressions among them, and notes (a figure on one side only, latency not gated)."""
+    rules = rules or PerfRules()
+    b_idx, c_idx = _perf_index(baseline_report), _perf_index(current_report)
+    rows: list[dict[str, Any]] = []
+    found: list[Regression] = []
+    notes: list[str] = []
+    for side, here, there in (("baseline", b_idx, c_idx), ("current run", c_idx, b_idx)):
+        alone = [k for k in here if k not in there]
+        if not alone:
+            continue
+        if not there:
+            notes.append(f"the {'current run' if side == 'baseline' else 'baseline'} has no perf figures: "
+                         f"{len(alone)} figure(s) of the {side} not compared")
+            continue
+        names = [f"{k[0]}.{k[1]}" + (f" ({k[2]})" if k[2] else "")
+                 + f" [{next(iter(here[k].values())).get('kind')}]" for k in alone]
+        notes.append(f"perf figure(s) only in the {side}, not compared: " + ", ".join(names))
+    thin_latency: list[str] = []
+    for key in [k for k in c_idx if k in b_idx]:
+        method, name, phase = key
+        common = sorted(set(b_idx[key]) & set(c_idx[key]))
+        if not common:
+            notes.append(f"perf figure {method}.{name} is in both runs but in no common case: not compared")
+            continue
+        bf, cf = [b_idx[key][i] for i in common], [c_idx[key][i] for i in common]
+        unit, kind = cf[0].get("unit"), cf[0].get("kind")
+        if bf[0].get("unit") != unit or bf[0].get("kind") != kind:
+            notes.append(f"perf figure {method}.{name} changed unit or kind ({bf[0].get('unit')} "
+                         f"[{bf[0].get('kind')}] -> {unit} [{kind}]): not compared")
+            continue
+        gate, why = perf_gate(cf[0], rules)
+        per_inf = all(_num(f.get("per_inference")) is not None for f in bf + cf)
+        row: dict[str, Any] = {"method": method, "name": name, "phase": phase, "unit": unit, "kind": kind,
+                               "cases": len(common), "per_inference": per_inf, "gate": gate}
+        if gate == "latency":
+            bs, cs = _samples(bf), _samples(cf)
+            b, c = _median(bs), _median(cs)
+            row.update({"samples": {"baseline": len(bs), "current": len(cs)},
+                        "spread": {"baseline": _mad(bs), "current": _mad(cs)}})
+        else:
+            b, c = _median(_values(bf, per_inf)), _median(_values(cf, per_inf))
+        change = (c - b) / b if b > 0 else (0.0 if c == b else math.inf)
+        row.update({"baseline": b, "current": c, "delta": c - b, "change": change if math.isfinite(change) else "inf"})
+        where = f"{method}.{name}" + (f" ({phase})" if phase else "")
+        loc = {"method": method}
+        if gate == "cycles" or gate == "memory":
+            limit = rules.cycles_regression if gate == "cycles" else rules.memory_regression
+            row["limit"] = limit
+            if c > b and change > limit:
+                rise = "from 0" if b == 0 else f"+{change * 100:.2f}%"
+                found.append(Regression(
+                    PERF_RULE[gate], where, b, c, limit,
+                    f"{where}: {format_amount(b, unit, exact=True)} -> {format_amount(c, unit, exact=True)} ({rise} > {limit * 100:g}%) "
+                    f"[{kind}]" + (", per inference" if per_inf else "") + f", median over {len(common)} case(s)",
+                    **loc))
+        elif gate == "latency":
+            row["limit"] = rules.latency_regression
+            nb, nc = row["samples"]["baseline"], row["samples"]["current"]
+            if min(nb, nc) < rules.latency_min_samples:
+                row["gate"], why = None, (f"{min(nb, nc)} warm sample(s) on a side, fewer than "
+                                          f"[perf] latency_min_samples = {rules.latency_min_samples} (--repeat N)")
+                thin_latency.append(where)
+            else:
+                band = rules.latency_noise * max(row["spread"]["baseline"], row["spread"]["current"])
+                row["noise_band"] = band
+                if c > b and change > rules.latency_regression and (c - b) > band:
+                    found.append(Regression(
+                        PERF_RULE[gate], where, b, c, rules.latency_regression,
+                        f"{where}: median {b:.4g} -> {c:.4g} {unit} (+{change * 100:.1f}% > "
+                        f"{rules.latency_regression * 100:g}%; rise {c - b:.3g} {unit} > noise band {band:.3g} {unit} "
+                        f"= {rules.latency_noise:g} x MAD) [{kind}], {nb} vs {nc} warm samples", **loc))
+        if why:
+            row["not_gated"] = why
+        rows.append(row)
+    if thin_latency:
+        notes.append(f"latency not gated for {', '.join(thin_latency)}: fewer than {rules.latency_min_samples} warm "
+                     "samples on a side (run with --repeat N)")
+    return rows, found, notes
+
+
+def format_perf_deltas(rows: list[dict[str, Any]], limit: int = 20) -> list[str]:
+    """Terminal lines: the gated figures first, then what changed."""
+    def text(r: dict[str, Any]) -> str:
+        change = r.get("change")
+        ch = "new from 0" if change == "inf" else f"{change * 100:+.2f}%"
+        state = f"gate {r['gate']} {r['limit'] * 100:g}%" if r.get("gate") else f"not gated: {r.get('not_gated')}"
+        return (f"{r['method']}.{r['name']}" + (f" ({r['phase']})" if r.get("phase") else "")
+                + f": {format_amount(r['baseline'], r['unit'], exact=True)} -> {format_amount(r['current'], r['unit'], exact=True)} ({ch}) "
+                f"[{r['kind']}]; {state}")
+
+    changed = [r for r in rows if r.get("delta")]
+    shown = [r for r in changed if r.get("gate")] + [r for r in changed if not r.get("gate")]
+    out = [text(r) for r in shown[:limit]]
+    if len(shown) > limit:
+        out.append(f"... {len(shown) - limit} more changed figures (see --json / report.json)")
+    same = [r for r in rows if not r.get("delta") and r.get("gate")]
+    if same:
+        out.append(f"{len(same)} gated figure(s) unchanged: " + ", ".join(r["name"] for r in same[:8])
+                   + (", ..." if len(same) > 8 else ""))
+    return out

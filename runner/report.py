@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
-from bundlerun.runner.report_model import REPORT_FILE
+from bundlerun.runner.report_model import REPORT_FILE, format_amount
 from bundlerun.targets.base import TargetRun
 
 OUTPUTS_FILE = "outputs.npz"
@@ -26,9 +26,13 @@ def tool_version() -> str:
     return __version__
 
 
-def bundle_section(path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:
+def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = None) -> dict[str, Any]:
     build = (manifest or {}).get("build", {})
+    from bundlerun.runner.regression import inputs_digest, program_sha256
+
     return {
+        "program_sha256": program_sha256(manifest, bundle),  # what `compare` tells builds apart by
+        "inputs_sha256": inputs_digest(bundle) if bundle is not None else None,  # which cases these are
         "path": str(path.resolve()),
         "sha256": file_sha256(path),
         "size": path.stat().st_size,
@@ -153,6 +157,36 @@ def output_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# The figures worth one console line, in this order (the JSON report has them all).
+_HEADLINE = ("inference_cpu_cycles", "npu_active_cycles", "execution_time", "execution_wall_time", "interpreter_time",
+             "session_wall_time", "method_allocator_used", "pte_program_size")
+
+
+def perf_line(report: dict[str, Any], limit: int = 5) -> str:
+    """One line of headline perf figures (median over cases, with the kind that says what clock it
+    is), e.g. `forward: inference_cpu_cycles 1.2e+06 cycles [simulation-cycles] · ...`; "" if none."""
+    rows = (report.get("perf") or {}).get("summary") or []
+    sizes = {(r["method"], r["name"]): r for r in rows if r.get("name", "").endswith("_size")}
+    several_methods = len({r["method"] for r in rows}) > 1
+    parts = []
+    for name in _HEADLINE:
+        for r in rows:
+            if r.get("name") != name:
+                continue
+            text = f"{r['name']}{'(' + r['phase'] + ')' if r.get('phase') else ''} {format_amount(r['median'], r['unit'])}"
+            total = sizes.get((r["method"], name.replace("_used", "_size"))) if name.endswith("_used") else None
+            if total:
+                text += f" of {format_amount(total['median'], total['unit'])}"
+            if r["cases"] > 1 and r["max"] != r["min"]:
+                text += f" ({format_amount(r['min'], r['unit'])}..{format_amount(r['max'], r['unit'])})"
+            parts.append((f"{r['method']}." if several_methods else "") + f"{text} [{r['kind']}]")
+    if not parts:
+        return ""
+    shown = parts[:limit]
+    more = len(rows) - len(shown)
+    return " · ".join(shown) + (f" · +{more} more in report.json" if more > 0 else "")
+
+
 def wide_console(stderr: bool = False):
     """A rich Console; when not on a terminal (CI logs) use 160 columns, not 80."""
     import sys
@@ -218,6 +252,9 @@ def print_summary(report: dict[str, Any], console=None) -> None:
                     f"[red]FAIL[/] {plain(case['method'])}[{case['case']}].{plain(out['name'])} "
                     f"{failure['criterion']}: {plain(failure['detail'])}", highlight=False
                 )
+    line = perf_line(report)
+    if line:
+        console.print(f"[dim]perf[/] {plain(line)}", highlight=False)
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {plain(warning)}", highlight=False)
     s = report["summary"]

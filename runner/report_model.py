@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"
@@ -81,10 +82,15 @@ class CaseRecord:
     log_path: str | None = None
     device_verdict: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    perf: list[PerfFigure] = field(default_factory=list)  # docs/report-schema.md "perf"; absent = not given
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CaseRecord":
         kw = _take(cls, data, "a case record")
+        try:
+            kw["perf"] = [f if isinstance(f, PerfFigure) else PerfFigure.from_dict(f) for f in data.get("perf") or []]
+        except (TypeError, ValueError) as exc:
+            raise ReportError(f"a case's perf section is malformed: {exc}") from None
         for key in ("method", "case", "status", "verdict"):
             if key not in kw:
                 raise ReportError(f"a case record has no {key!r}")
@@ -97,9 +103,10 @@ class CaseRecord:
         return cls(**kw)
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("outputs", "extra")}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("outputs", "extra", "perf")}
         out["error_kind"] = self.error_kind.value if self.error_kind else None
         out["outputs"] = [o.to_json() for o in self.outputs]
+        out["perf"] = [f.to_dict() for f in self.perf]
         if self.extra:
             out["extra"] = self.extra
         return out
@@ -131,6 +138,104 @@ class Summary:
         return out
 
 
+# How a case's `elapsed_s` reads on each target (the targets measure different things).
+# scheme -> (figure name, kind, source, first vs warm: cases share one warm process)
+_ELAPSED: dict[str, tuple[str, str, str, bool]] = {
+    "host": ("execution_wall_time", "host-wall", "host worker: wall time of the program's run_method (elapsed_s)", True),
+    "tosa": ("interpreter_time", "simulation-time",
+             "program walker: TOSA reference model delegate calls and torch kernels, wall time (elapsed_s)", True),
+    "mlx": ("interpreter_time", "simulation-time",
+            "program walker: MLX delegate calls and torch kernels, wall time (elapsed_s)", True),
+}
+_SESSION = ("session_wall_time", "host-wall", "host wall clock of the whole runner session (elapsed_s)", False)
+_ELAPSED_NAMES = {entry[0] for entry in _ELAPSED.values()} | {_SESSION[0]}
+
+
+def _scheme(url: str) -> str:
+    """The scheme whose process measured elapsed_s: `ssh://h/host://xnnpack` -> host."""
+    scheme, _, rest = str(url or "").partition("://")
+    while scheme == "ssh" and "/" in rest:
+        scheme, _, rest = rest.split("/", 1)[1].partition("://")
+    return scheme.lower()
+
+
+def format_amount(value: Any, unit: Any, exact: bool = False) -> str:
+    """A perf figure for people: bytes scaled (exact adds the byte count: gate messages), cycles and
+    counts whole, sub-second times in ms; "–" for a missing value. Callers escape for their format."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "–"
+    if unit == "bytes":
+        scaled = next((f"{value / div:.1f} {suffix}" for div, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"),
+                                                                          (1 << 10, "KiB")) if abs(value) >= div), None)
+        if scaled is None:
+            return f"{value:.0f} B"
+        return f"{value:.0f} B ({scaled})" if exact else scaled
+    if unit in ("cycles", "count"):
+        return f"{value:.0f}" + (" cycles" if unit == "cycles" else "")
+    if unit == "s" and abs(value) < 1:
+        return f"{value * 1000:.4g} ms"
+    return f"{value:.4g} {unit}"
+
+
+def elapsed_figures(cases: list["CaseRecord"], target_url: str) -> None:
+    """Add each finished case's elapsed_s as a labelled figure (in place, cases without one only):
+    host wall time of one execution on host://, interpreter (simulation) time on tosa:// and mlx://,
+    the whole session's host wall clock elsewhere (simulator or device start-up and transfers
+    included: never device latency). Where one warm process runs every case (host, tosa, mlx) the
+    first case of a method is its first execution ("first"), the later ones "warm". A case that did
+    not finish gives no figure."""
+    scheme = _scheme(target_url)
+    name, kind, source, phased = _ELAPSED.get(scheme, _SESSION)
+    seen: set[str] = set()
+    for case in cases:
+        first = case.method not in seen
+        seen.add(case.method)
+        if case.status != "ok" or not isinstance(case.elapsed_s, (int, float)) or isinstance(case.elapsed_s, bool):
+            continue
+        if any(f.name in _ELAPSED_NAMES for f in case.perf):  # already read (a merged report mixes targets)
+            continue
+        note = None if phased else f"{scheme or 'target'} session: tool start-up and I/O included, not device latency"
+        case.perf.append(PerfFigure(name, float(case.elapsed_s), "s", kind, source,
+                                    phase=("first" if first else "warm") if phased else None, note=note))
+
+
+@dataclass
+class PerfStat:
+    """One figure over the cases of a method: median, spread and count (the report's `perf.summary`)."""
+
+    method: str
+    name: str
+    unit: str
+    kind: str
+    source: str
+    cases: int
+    median: float
+    min: float
+    max: float
+    phase: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.phase is None:
+            del out["phase"]
+        return out
+
+
+def perf_summary(cases: list["CaseRecord"]) -> list[PerfStat]:
+    """Each (method, figure, phase) over the cases that gave it, in first-seen order."""
+    from statistics import median
+
+    groups: dict[tuple, list[float]] = {}
+    first: dict[tuple, PerfFigure] = {}
+    for case in cases:
+        for fig in case.perf:
+            key = (case.method, fig.name, fig.phase, fig.unit, fig.kind)
+            groups.setdefault(key, []).append(float(fig.value))
+            first.setdefault(key, fig)
+    return [PerfStat(key[0], key[1], key[3], key[4], first[key].source, len(values), median(values), min(values),
+                     max(values), key[2]) for key, values in groups.items()]
+
+
 @dataclass
 class Report:
     """A whole run. Sections without their own record type stay plain JSON objects."""
@@ -146,6 +251,7 @@ class Report:
     dataset: dict[str, Any] | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # regressions, baseline, files, outputs_file, judged, ...
     schema: str = SCHEMA
+    perf_info: dict[str, Any] = field(default_factory=dict)  # `perf` beside its derived summary: repeat, warmup, load, ...
 
     @classmethod
     def from_json(cls, data: Any) -> "Report":
@@ -155,9 +261,9 @@ class Report:
         if schema not in READABLE_SCHEMAS:
             raise ReportError(f"not a bundlerun report this version reads (schema {schema!r}; "
                               f"reads {', '.join(READABLE_SCHEMAS)})")
-        known = {f.name for f in fields(cls)} - {"extras"}
+        known = ({f.name for f in fields(cls)} - {"extras", "perf_info"}) | {"perf"}  # perf: derived from the cases
         try:
-            return cls(
+            report = cls(
                 schema=SCHEMA,
                 summary=Summary.from_json(data.get("summary")),
                 cases=[CaseRecord.from_json(c) for c in data.get("cases") or []],
@@ -166,15 +272,24 @@ class Report:
                 overrides=list(data.get("overrides") or []), warnings=list(data.get("warnings") or []),
                 dataset=data.get("dataset"),
                 extras={k: v for k, v in data.items() if k not in known},
+                perf_info={k: v for k, v in data["perf"].items() if k != "summary"}
+                if isinstance(data.get("perf"), dict) else {},
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise ReportError(f"malformed report: {type(exc).__name__}: {exc}") from None
+        # Every finished case carries its elapsed_s as a labelled figure (added once: by name).
+        elapsed_figures(report.cases, report.target.get("url", ""))
+        return report
+
+    def perf_summary(self) -> list[PerfStat]:
+        return perf_summary(self.cases)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "schema": self.schema, "tool": self.tool, "run": self.run, "bundle": self.bundle, "target": self.target,
             "overrides": self.overrides, "warnings": self.warnings, "summary": self.summary.to_json(),
             "cases": [c.to_json() for c in self.cases], "dataset": self.dataset,
+            "perf": {**self.perf_info, "summary": [p.to_json() for p in self.perf_summary()]},
         }
         out.update(self.extras)
         return out

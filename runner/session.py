@@ -56,6 +56,7 @@ class RunRequest:
     confidence: float = 0.95  # of the dataset accuracy intervals, for bundles with labels
     progress: Callable[[CaseResult], None] | None = None
     on_start: Callable[[int], None] | None = None  # number of cases about to run
+    repeat: int = 1  # --repeat N: measured executions per case after one warm-up (targets that support it)
 
 
 def _now() -> str:
@@ -71,9 +72,40 @@ def apply_overrides(ctx: JudgeContext, bundle: Bundle, overrides: list[str]) -> 
     return apply(ctx, bundle, overrides)
 
 
-def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True) -> dict[str, Any]:
+def _loadavg() -> list[float] | None:
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+
+
+def perf_conditions(req: RunRequest, run: TargetRun | None, load_before: list[float] | None,
+                    warnings: list[str]) -> dict[str, Any]:
+    """The report's `perf` beside its summary: repetitions, the warm-up excluded, and the machine's
+    load average around the run (a loaded host measures the load, not the model)."""
+    import os
+
+    info = (run.info if run is not None else {}) or {}
+    out: dict[str, Any] = {"load": {"before": load_before, "after": _loadavg(), "cpus": os.cpu_count()}}
+    if req.repeat > 1:
+        if info.get("repeat"):
+            out.update(repeat=info["repeat"], warmup=info.get("warmup", 0))
+        else:
+            out["repeat"] = 1
+            note = (f"--repeat {req.repeat} not applied: {req.target} runs each case once "
+                    "(repeated executions are supported on host://, adb:// and qemu-user://)")
+            out["notes"] = [note]
+            warnings.append(note)
+    return out
+
+
+def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
+                opener: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     """Run and judge; returns the report dict (written to req.report_dir unless `write` is False,
-    for a caller that writes it once after adding history and baseline results)."""
+    for a caller that writes it once after adding history and baseline results). `opener`
+    (url, config) -> target: the session's, which keeps targets open for the command."""
     started, t0 = _now(), time.perf_counter()
     bundle = bundle or read_bundle(req.bundle_path)
     ctx = load_context(bundle)
@@ -96,6 +128,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         retries=req.retries,
         config=dict(req.target_config),
         progress=progress,
+        repeat=req.repeat,
     )
     pairs = selected_cases(bundle, options)
     if req.on_start:
@@ -103,8 +136,9 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     run: TargetRun | None = None
     interrupted = False
     warnings = list(ctx.warnings)
+    load_before = _loadavg()
     try:
-        target = open_target(req.target, req.target_config)
+        target = (opener or open_target)(req.target, req.target_config)
         run = target.run(bundle, Path(req.bundle_path), options)
     except BundlerunError as exc:
         kind = FailureKind.BAD_CONFIG if isinstance(exc, ConfigError) else getattr(exc, "kind", FailureKind.TOOL_MISSING)
@@ -136,14 +170,19 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             "command": sys.argv,
             "host": host_section(),
         },
-        "bundle": bundle_section(Path(req.bundle_path), bundle.manifest),
+        "bundle": bundle_section(Path(req.bundle_path), bundle.manifest, bundle),
         "target": target_section(run, req.target),
         "overrides": override_records,
         "warnings": warnings,
         "summary": {**summarize(cases), **({"interrupted": True, "exit_code": EXIT_INTERRUPTED} if interrupted else {})},
         "cases": cases,
         "dataset": None,
+        "perf": perf_conditions(req, run, load_before, warnings),
     }
+    if any((c.get("extra") or {}).get("etdump") for c in cases):  # operator profiles (runner/profile.py)
+        from bundlerun.runner.profile import method_profiles
+
+        report["perf"]["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.get("dataset"):
         from bundlerun.runner.accuracy import dataset_from_outputs
 
@@ -195,7 +234,13 @@ def finish_run(
 
 @dataclass
 class Session:
-    """The context of one command: project config (read once), target options, history and baseline."""
+    """The context of one command: project config (read once), target options, history and baseline.
+
+    An open session (`with session:` or `open()` ... `close()`; the CLI ties it to the command)
+    also owns what is worth keeping between the bundles of a command: the opened targets and
+    the warm runtime workers (targets.worker_process.WorkerPool: torch and the runtime are
+    imported once per target instead of once per bundle). `close()` kills and reaps every
+    worker and closes the targets; a session that was never opened starts one child per bundle."""
 
     project: dict[str, Any] = field(default_factory=dict)
     target_opts: tuple[str, ...] = ()
@@ -203,6 +248,62 @@ class Session:
     no_history: bool = False
     baseline: str | None = None
     _registry: Any = None
+    _pool: Any = field(default=None, repr=False)
+    _targets: dict = field(default_factory=dict, repr=False)
+
+    def open(self) -> "Session":
+        """Start keeping targets and warm workers for the bundles of this command."""
+        if self._pool is None:
+            from bundlerun.targets.worker_process import WorkerPool
+
+            self._pool = WorkerPool()
+        return self
+
+    def close(self) -> None:
+        """Kill and reap every warm worker, close every opened target. Idempotent."""
+        pool, self._pool = self._pool, None
+        targets, self._targets = list(self._targets.values()), {}
+        try:
+            if pool is not None:
+                pool.close()
+        finally:
+            for target in targets:
+                closer = getattr(target, "close", None)
+                if callable(closer):
+                    try:
+                        closer()
+                    except Exception:  # noqa: BLE001 - closing never changes a verdict
+                        pass
+
+    def __enter__(self) -> "Session":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def workers(self):
+        """The warm worker pool while the session is open (None otherwise)."""
+        return self._pool
+
+    def open_target(self, url: str, config: dict[str, Any]):
+        """The target for `url` + `config`. In an open session, a target that declares
+        `keep_open = True` (it holds something worth keeping between bundles: a connection, a
+        booted device) is opened once and reused; any target with a `close()` is closed with
+        the session. Others are opened per bundle, as outside a session."""
+        if self._pool is None:
+            return open_target(url, config)
+        import json
+
+        key = (url, json.dumps(config, sort_keys=True, default=str))
+        if key in self._targets:
+            return self._targets[key]
+        target = open_target(url, config)
+        if getattr(target, "keep_open", False):
+            self._targets[key] = target
+        elif callable(getattr(target, "close", None)):
+            self._targets[(key, id(target))] = target
+        return target
 
     @classmethod
     def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
@@ -246,7 +347,11 @@ class Session:
         report: report.json once."""
         if not req.target_config:
             req.target_config = self.target_config(req.target)
-        report = execute_run(req, bundle=bundle, write=False)
+        if self._pool is not None:
+            with self._pool.activate():
+                report = execute_run(req, bundle=bundle, write=False, opener=self.open_target)
+        else:
+            report = execute_run(req, bundle=bundle, write=False)
         if amend is not None:
             amend(report)
         try:

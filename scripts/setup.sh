@@ -2,6 +2,7 @@
 # Set up bundlerun in ./.venv on a fresh machine (idempotent).
 #   - Python venv with torch==2.13.0 (CPU), executorch==1.5.1 (+ethos-u extra: tosa-tools, Vela)
 #   - bundlerun installed editable with its test extras
+#   - labgrid==26.0.1 in ./.venv-labgrid (kept out of .venv: its pyserial fork overwrites pyserial)
 #   - Debian packages the tests drive for real: adb (Android lane), chromium (HTML report check),
 #     QEMU (qemu-system-arm for the Arm runner, qemu-user for aarch64) and the cross toolchains
 #     that build ExecuTorch's runners from source (gcc-arm-none-eabi, gcc-aarch64-linux-gnu, cmake, ninja)
@@ -19,7 +20,15 @@ fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # Editable, so the tests use this tree; bundlerun installs as bundlerun.{bundles,targets,runner}
 # (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
-.venv/bin/python -m pip install -q -e ".[arm,test,apple]"
+.venv/bin/python -m pip install -q -e ".[arm,test,apple,farm]"
+# labgrid (labgrid://) in a venv of its own: its pyserial-labgrid fork installs over pyserial's
+# `serial` files, which bundlerun's serial lane needs as they are. bundlerun runs
+# targets/labgrid_agent.py with this venv's python; the labgrid:// tests run its coordinator/exporter.
+if [ ! -x .venv-labgrid/bin/python ]; then
+  "$PY" -m venv .venv-labgrid
+fi
+.venv-labgrid/bin/python -m pip show labgrid 2>/dev/null | grep -qx 'Version: 26.0.1' \
+  || .venv-labgrid/bin/python -m pip install -q "labgrid==26.0.1"
 
 if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   missing=()
@@ -27,10 +36,13 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v qemu-system-arm >/dev/null 2>&1 || missing+=(qemu-system-arm)
   command -v qemu-aarch64 >/dev/null 2>&1 || missing+=(qemu-user)
+  command -v ssh-keyscan >/dev/null 2>&1 || missing+=(openssh-client)
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the ssh:// tests start their own sshd
   command -v arm-none-eabi-g++ >/dev/null 2>&1 || missing+=(gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
   command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
+  command -v ser2net >/dev/null 2>&1 || [ -x /usr/sbin/ser2net ] || missing+=(ser2net)  # labgrid exporter in the labgrid:// tests
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
       apt-get update -qq

@@ -31,6 +31,8 @@ BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.android",
     "bundlerun.targets.qemu_user",
     "bundlerun.targets.mlx",
+    "bundlerun.targets.ssh",
+    "bundlerun.targets.labgrid",
 )
 ENTRY_POINT_GROUP = "bundlerun.targets"
 DEFAULT_TARGET = "host://xnnpack"
@@ -156,6 +158,20 @@ def default_backend(url: str) -> str:
     """The lowering backend a bundle built for `url` uses by default (the target declares it)."""
     parsed = parse_target_url(url)
     return target_specs()[parsed.scheme].backend_for(parsed)
+
+
+def inner_default_backend(fallback: str) -> Callable[[TargetURL], str]:
+    """For a target that wraps another (`ssh://host/<inner URL>`, `labgrid://PLACE/<inner URL>`):
+    the inner URL's default backend, or `fallback` when there is no (valid) inner URL."""
+
+    def backend(url: TargetURL) -> str:
+        inner = url.path.lstrip("/")
+        try:
+            return default_backend(inner) if "://" in inner else fallback
+        except Exception:  # noqa: BLE001 - a bad inner URL is reported by the run
+            return fallback
+
+    return backend
 
 
 def open_target(url: str, config: dict | None = None):

@@ -66,6 +66,57 @@ class DeviceVerdict:
         return out
 
 
+# What a performance figure measures and on which clock (docs/report-schema.md, "perf").
+PERF_KINDS = (
+    "device-latency",      # time measured by the runtime on the real device
+    "device-cycles",       # cycle counters of the real device (CPU PMU, NPU PMU)
+    "device-counter",      # other hardware event counters of the real device (bus beats, idle cycles)
+    "simulation-time",     # time under a simulator, emulator or interpreter: never device latency
+    "simulation-cycles",   # cycle counters of a simulator model (FVP, QEMU): not cycle accurate
+    "simulation-counter",  # event counters of a simulator model
+    "host-wall",           # the host's wall clock (process start-up, transfers included where said)
+    "memory",              # bytes (program size, allocator use and capacity)
+    "count",               # inferences, delegate calls
+    "ratio",               # percent
+)
+
+
+@dataclass
+class PerfFigure:
+    """One performance figure of one case: its value, unit, what it measures (`kind`, one of
+    PERF_KINDS) and where it came from. A figure a target cannot give is absent, never 0."""
+
+    name: str  # e.g. "inference_cpu_cycles", "method_allocator_used", "execution_time"
+    value: float | int  # the total over the run's inferences where the runner sums them
+    unit: str  # "cycles" | "events" | "ms" | "s" | "bytes" | "count" | "%"
+    kind: str
+    source: str  # e.g. "arm_executor_runner log (arm_perf_monitor.cpp)"
+    per_inference: float | None = None  # as the runner printed it, when it ran several inferences
+    phase: str | None = None  # "first" (cold: the method's first execution) | "warm"
+    samples: list[float] | None = None  # the individual measurements behind a median
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit, "kind": self.kind,
+                               "source": self.source}
+        for key in ("per_inference", "phase", "samples", "note"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PerfFigure":
+        missing = [k for k in ("name", "value", "unit", "kind", "source") if k not in data]
+        if missing:
+            raise ValueError(f"a perf figure has no {', '.join(missing)}")
+        if data["kind"] not in PERF_KINDS:
+            raise ValueError(f"perf kind {data['kind']!r} is not one of {', '.join(PERF_KINDS)}")
+        if isinstance(data["value"], bool) or not isinstance(data["value"], (int, float)):
+            raise ValueError(f"perf figure {data['name']!r} has a non-numeric value {data['value']!r}")
+        known = {"name", "value", "unit", "kind", "source", "per_inference", "phase", "samples", "note"}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
 @dataclass
 class CaseResult:
     """Outcome of one test case of one method on a target."""
@@ -81,10 +132,14 @@ class CaseResult:
     elapsed_s: float | None = None  # wall time of the execution itself
     device_verdict: dict[str, Any] | None = None  # DeviceVerdict.to_dict(): the runner's own BundleIO check
     extra: dict[str, Any] = field(default_factory=dict)
+    perf: list[PerfFigure] = field(default_factory=list)  # what the target measured; absent = cannot give
 
     def __post_init__(self) -> None:
         # One closed set of failure kinds (targets.failures); older free-text kinds map onto it.
         self.error_kind = FailureKind.parse(self.error_kind)
+
+    def add_perf(self, figures: list[PerfFigure]) -> None:
+        self.perf.extend(figures)
 
 
 @dataclass
@@ -123,6 +178,11 @@ class RunOptions:
     retries: int = 1  # transient transport faults only, never numerics
     config: dict[str, Any] = field(default_factory=dict)  # [targets.<scheme>] section + CLI flags
     progress: ProgressFn | None = None
+    # `--repeat N`: N measured executions per case after one warm-up execution (excluded from the warm
+    # figures). A target that honours it sets TargetRun.info["repeat"]; executor_runner lanes (adb://,
+    # qemu-user://) map it to --num_executions N+1, host:// times N more run_method calls per case.
+    # 1 = one execution, as before.
+    repeat: int = 1
 
 
 class Target(Protocol):

@@ -21,7 +21,7 @@ import re
 
 from bundlerun.targets.arm.log import parse_runner_log
 from bundlerun.targets.arm.protocol import Failure, cause_of
-from bundlerun.targets.base import DeviceVerdict
+from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
@@ -44,6 +44,14 @@ def runner_args(model: str, method: str, output_prefix: str, *, rtol: float = DE
     if etdump:
         args += ["--etdump_path", etdump]
     return args
+
+
+def executions_for(repeat: int, configured: int = 1) -> int:
+    """`--num_executions` for `--repeat N` (RunOptions.repeat): one warm-up execution plus N measured
+    ones (perf_figures reports iteration 1 as `first` and the median of the N others as `warm`);
+    without --repeat (N = 1) the lane's configured count stands."""
+    repeat = int(repeat or 1)
+    return repeat + 1 if repeat > 1 else max(1, int(configured or 1))
 
 
 def signal_of(exit_status: int) -> int | None:
@@ -87,6 +95,49 @@ def classify(output: str, exit_status: int | None) -> Failure | None:
     last = next((ln.raw for ln in reversed(log.lines) if ln.raw.strip()), "")
     return Failure(FailureKind.RUNNER_ERROR, f"the runner exited with status {exit_status}" + (f": {last}" if last else ""),
                    evidence)
+
+
+_LOADED_RE = re.compile(r"^Model loaded in (?P<ms>[0-9.eE+-]+) ms")
+_ITERATION_RE = re.compile(r"^Iteration (?P<i>\d+) of (?P<n>\d+): (?P<ms>[0-9.eE+-]+) ms")
+_EXECUTED_RE = re.compile(r"^Model executed successfully (?P<n>\d+) time\(s\) in (?P<ms>[0-9.eE+-]+) ms")
+
+
+def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
+    """The runner's own timing (`Model loaded in X ms.`, `Iteration i of N: X ms`, `Model executed
+    successfully N time(s) in X ms.`, measured with pal_current_ticks around Method::execute) and
+    planned buffer sizes. Iteration 1 is the first (cold) execution; the warm figure is the median
+    of the later iterations (absent with --num_executions 1). `simulated`: the runner ran under
+    an emulator (qemu-user), so its clock measures emulation, not device latency."""
+    from statistics import median
+
+    from bundlerun.targets.arm.perf import planned_buffer
+
+    kind = "simulation-time" if simulated else "device-latency"
+    src = "executor_runner log (executor_runner.cpp)"
+    figures: list[PerfFigure] = []
+    iterations: dict[int, float] = {}
+    for ln in parse_runner_log(output).lines:
+        if ln.level is None:
+            continue
+        msg = ln.message.strip()
+        if m := _LOADED_RE.match(msg):
+            figures.append(PerfFigure("load_time", float(m.group("ms")), "ms", kind, src,
+                                      note="Program::load to load_method, planned buffers allocated in between"))
+        elif m := _ITERATION_RE.match(msg):
+            iterations[int(m.group("i"))] = float(m.group("ms"))
+        elif m := _EXECUTED_RE.match(msg):
+            n, total = int(m.group("n")), float(m.group("ms"))
+            figures.append(PerfFigure("execution_time_total", total, "ms", kind, src, total / n if n else None))
+            figures.append(PerfFigure("executions", n, "count", "count", src))
+        elif pb := planned_buffer(msg):
+            figures.append(PerfFigure(f"planned_buffer{pb[0]}_size", pb[1], "bytes", "memory", src))
+    if 1 in iterations:
+        figures.append(PerfFigure("execution_time", iterations[1], "ms", kind, src, phase="first"))
+    warm = [ms for i, ms in sorted(iterations.items()) if i > 1]
+    if warm:
+        figures.append(PerfFigure("execution_time", median(warm), "ms", kind, src, phase="warm", samples=warm,
+                                  note=f"median of {len(warm)} warm executions (the first excluded)"))
+    return figures
 
 
 def device_verdict(output: str) -> dict | None:

@@ -23,7 +23,11 @@ class FailureKind(str, enum.Enum):
     TOOL_MISSING = "tool-missing"  # simulator, runner binary or device tool not found
     TOOL_FAILED = "tool-failed"  # the simulator/tool failed before the runner started
     TRANSPORT = "transport"  # port/ADB/SSH link lost, device offline, push/pull cut
+    AUTH_REFUSED = "auth-refused"  # the remote host refused our credentials (SSH key)
+    HOST_KEY = "host-key"  # the remote host's key is unknown, changed or not the pinned one
+    VERSION_MISMATCH = "version-mismatch"  # the remote bundlerun is a different version than this one
     DEVICE_FULL = "device-full"  # no space left on the device
+    DEVICE_BUSY = "device-busy"  # the device (a labgrid place, every place of a pool) is reserved by someone else
     LOAD_FAILURE = "load-failure"  # the runtime could not load the program/method
     # Inside the runner
     ALLOCATION_FAILURE = "allocation-failure"  # a memory pool too small (bytes asked for in the cause)
@@ -79,7 +83,11 @@ _MEANINGS: dict[FailureKind, str] = {
     FailureKind.TOOL_MISSING: "a simulator, runner binary or device tool was not found",
     FailureKind.TOOL_FAILED: "the simulator or tool failed before the runner started",
     FailureKind.TRANSPORT: "the link to the device failed (port, ADB, SSH, push/pull)",
+    FailureKind.AUTH_REFUSED: "the remote host refused the credentials (SSH key or agent)",
+    FailureKind.HOST_KEY: "the remote host key is unknown, changed, or not the pinned fingerprint",
+    FailureKind.VERSION_MISMATCH: "the remote bundlerun is a different version than the local one",
     FailureKind.DEVICE_FULL: "the device has no space left",
+    FailureKind.DEVICE_BUSY: "the device (a labgrid place, or every place of a pool) is reserved by someone else",
     FailureKind.LOAD_FAILURE: "the runtime could not load the program or method",
     FailureKind.ALLOCATION_FAILURE: "a memory pool of the runner is too small for the model",
     FailureKind.MISSING_OPERATOR: "the runner lacks a kernel the program needs",

@@ -1,6 +1,7 @@
 """Child process of the host target: load the bundle once in the real ExecuTorch
 runtime (pybindings), run the requested cases, stream JSON events (see
-targets/worker_process.py). Inputs come from the bundle itself.
+targets/worker_process.py). Inputs come from the bundle itself. With `--serve` it is
+a warm worker: the runtime is imported once and bundles are loaded on request.
 
 `BUNDLERUN_FAULT=crash@forward:2` / `hang@forward:2` makes the child die with
 SIGSEGV / stop responding before that case: the supervisor's handling of a real
@@ -10,6 +11,7 @@ process crash is exercised by the tests through this switch.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -85,45 +87,41 @@ def _layout_mismatch(module, suite, code_of) -> dict[int, str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("bundle")
-    parser.add_argument("out_dir")
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args(argv)
-
+def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t0: float | None = None,
+                repeat: int = 1) -> int:
+    """Load one bundle in the runtime, run `pairs`, emit its events (ready ... finished, or fatal).
+    Everything of this bundle is dropped on return: a warm worker's next bundle starts clean."""
     from bundlerun.bundles.bpte import parse_bundle
     from bundlerun.bundles.scalar_types import BFLOAT16
 
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     try:
-        buf = Path(args.bundle).read_bytes()
-        bundle = parse_bundle(buf, args.bundle)
+        buf = Path(bundle_path).read_bytes()
+        bundle = parse_bundle(buf, bundle_path)
         torch, portable_lib = _quiet_imports()
         bundled = portable_lib._load_bundled_program_from_buffer(buf)
         module = portable_lib._load_for_executorch_from_bundled_program(bundled)
+        from bundlerun.bundles import scalar_types as st
+
+        code_of = {st.torch_dtype(c): c for c in (0, 1, 2, 3, 4, 5, 6, 7, 11, BFLOAT16)}
+        torch_of = {v: k for k, v in code_of.items()}
+        methods = set(module.method_names())  # the runtime parses the program lazily: part of the load
+        mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
+                    if suite.method_name in methods}
     except Exception as exc:  # reported as a classified load failure
         _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load")
         return 1
-    if args.threads:
+    if threads:
         try:
-            portable_lib._unsafe_reset_threadpool(args.threads)
+            portable_lib._unsafe_reset_threadpool(threads)
         except Exception:
             pass
-
-    from bundlerun.bundles import scalar_types as st
-
-    code_of = {st.torch_dtype(c): c for c in (0, 1, 2, 3, 4, 5, 6, 7, 11, BFLOAT16)}
-    torch_of = {v: k for k, v in code_of.items()}
-    methods = set(module.method_names())
-    mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
-                if suite.method_name in methods}
     _emit(event="ready", load_s=time.perf_counter() - t0, info={"backends": portable_lib._get_registered_backend_names()})
 
-    out_dir = Path(args.out_dir)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for method, case in json.loads(Path(args.cases).read_text()):
+    timed: set[str] = set()  # --repeat: methods whose first (cold) execution was reported
+    for method, case in pairs:
         _emit(event="start", method=method, case=case)
         if method not in methods:
             _emit(event="error", method=method, case=case, error=f"program has no method {method!r}", kind="bad-bundle")
@@ -162,9 +160,65 @@ def main(argv: list[str] | None = None) -> int:
             path.write_bytes(data)
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
         else:
-            _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records)
+            _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records,
+                  **({"perf": _repeat_figures(module, method, inputs, elapsed, repeat, method not in timed)}
+                     if repeat > 1 else {}))
+            timed.add(method)
     _emit(event="finished")
     return 0
+
+
+def _repeat_figures(module, method: str, inputs: list, elapsed: float, repeat: int, first: bool) -> list[dict]:
+    """--repeat N: N more timed executions of the case after the one that produced its outputs
+    (the warm-up, excluded); the warm figure is their median with the samples."""
+    from statistics import median
+
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        module.run_method(method, inputs)
+        samples.append(time.perf_counter() - start)
+    src = "host worker: wall time of the program's run_method (--repeat)"
+    figs = [{"name": "execution_wall_time", "value": median(samples), "unit": "s", "kind": "host-wall", "source": src,
+             "phase": "warm", "samples": samples,
+             "note": f"median of {repeat} executions after the case's warm-up execution (excluded)"}]
+    if first:  # the method's first execution in this process: cold
+        figs.append({"name": "execution_wall_time", "value": elapsed, "unit": "s", "kind": "host-wall", "source": src,
+                     "phase": "first"})
+    return figs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", nargs="?")
+    parser.add_argument("out_dir", nargs="?")
+    parser.add_argument("--cases")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="timed executions per case after its first")
+    parser.add_argument("--serve", action="store_true",
+                        help="warm worker: import the runtime once, then load bundles sent on stdin")
+    args = parser.parse_args(argv)
+
+    if args.serve:
+        from bundlerun.targets.worker_process import serve
+
+        t_import = time.perf_counter()
+        try:
+            _quiet_imports()  # the expensive part, paid once for every bundle of the command
+        except Exception:
+            pass  # reported per bundle by the load that needs it
+        pending = [t_import]  # the first bundle's setup time includes the import it waited for
+
+        def handle(cmd: dict) -> None:
+            _run_bundle(str(cmd["bundle"]), str(cmd["out_dir"]), [tuple(p) for p in cmd.get("cases", [])],
+                        args.threads, pending.pop() if pending else None, args.repeat)
+            gc.collect()
+
+        return serve(handle)
+    if not (args.bundle and args.out_dir and args.cases):
+        parser.error("BUNDLE OUT_DIR --cases FILE are required (or --serve)")
+    return _run_bundle(args.bundle, args.out_dir, json.loads(Path(args.cases).read_text()), args.threads,
+                       repeat=args.repeat)
 
 
 if __name__ == "__main__":

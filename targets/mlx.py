@@ -65,7 +65,7 @@ class MlxTarget:
                               "build it with --backend mlx", kind="unsupported")
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
         return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "mlx-runtime",
-                             {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"})
+                             {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"}, warm=True)
 
 
 def create(url: TargetURL, config: dict) -> MlxTarget:

@@ -101,13 +101,16 @@ class QemuUserTarget:
         work = Path(options.work_dir) / "qemu-user"
         run = TargetRun(self.url, [], info={"qemu": qemu, "runner": str(runner), "arch": self.arch,
                                              "kernels": "portable", "timing": "emulated CPU time, not device latency"})
+        executions = executor_runner.executions_for(getattr(options, "repeat", 1))
+        if executions > 1:
+            run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
         for method, index in selected_cases(bundle, options):
-            result = self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s)
+            result = self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s, executions)
             run.record(result, options)
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,
-              timeout_s: float) -> CaseResult:
+              timeout_s: float, executions: int = 1) -> CaseResult:
         from bundlerun.bundles.bpte import write_bundle
 
         folder = work / f"{safe_name(method)}-{index}"
@@ -116,7 +119,7 @@ class QemuUserTarget:
         write_bundle(bundle.single_case(method, index), folder / "model.bpte")
         etdump = "out/model.etdump" if self.settings.etdump else None
         args = executor_runner.runner_args("model.bpte", method, "out/output", print_output=self.settings.print_output,
-                                           etdump=etdump)
+                                           etdump=etdump, num_executions=executions)
         log_path = folder / "runner.log"
         start = time.monotonic()
         with open(log_path, "wb") as log:
@@ -131,7 +134,8 @@ class QemuUserTarget:
         elapsed = time.monotonic() - start
         output = log_path.read_text(errors="replace")
         verdict = executor_runner.device_verdict(output)
-        base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed, device_verdict=verdict)
+        base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed, device_verdict=verdict,
+                    perf=executor_runner.perf_figures(output, simulated=True))
         if rc is None:
             return CaseResult(status=CaseStatus.TIMEOUT, error=f"the runner did not finish within {timeout_s:g} s; "
                               "process group killed", error_kind=FailureKind.HOST_TIMEOUT,

@@ -68,7 +68,7 @@ class TosaTarget:
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         info = {"profile": PROFILES[self.profile], **self.preflight(bundle)}
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
-        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "tosa-runtime", info)
+        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "tosa-runtime", info, warm=True)
 
 
 def _doctor(_section: dict) -> list[Check]:

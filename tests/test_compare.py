@@ -145,3 +145,48 @@ def test_large_tensor_with_nan_takes_the_exact_path():
     s = error_statistics(actual, expected, atol=1e-3, rtol=0.0)
     assert s.nan_actual == 1 and s.nonfinite_mismatch == 1
     assert s.mismatch_count == 2 and s.error_max == pytest.approx(1.0, rel=1e-6)
+
+
+# ------------------------------------------------------------------ compare / run --baseline on real runs
+
+
+def test_compare_and_run_baseline_on_real_runs(bundle_cache, cli, tmp_path):
+    """Real bundles run on host://xnnpack: the same bundle twice is related and compared side
+    by side; a bundle built with other inputs is refused by `compare` and by `run --baseline`."""
+    import json
+
+    same = bundle_cache("mlp", cases=3, seed=0)
+    other_inputs = bundle_cache("mlp", cases=3, seed=1)
+    env = {"BUNDLERUN_HISTORY": str(tmp_path / "h.sqlite"), "COLUMNS": "250"}
+
+    def run(bundle, name, *extra):
+        proc = cli("run", str(bundle), "--report", str(tmp_path / name), "--label", name, "--quiet", *extra, env=env)
+        return proc, json.loads((tmp_path / name / "report.json").read_text())
+
+    proc, first = run(same, "a1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(first["bundle"]["program_sha256"]) == 64 and len(first["bundle"]["inputs_sha256"]) == 64
+    proc, second = run(same, "a2", "--baseline", "a1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert second["regressions"] == [] and "refused" not in second["baseline"]
+    [out] = second["baseline"]["outputs"]
+    assert out["cases"] == 3 and out["verdicts"] == {"baseline": {"PASS": 3}, "current": {"PASS": 3}}
+    assert out["error_max"]["baseline"] == max(c["outputs"][0]["stats"]["error_max"] for c in first["cases"])
+    assert "Against baseline a1" in (tmp_path / "a2" / "summary.md").read_text()
+
+    proc, third = run(other_inputs, "b1", "--baseline", "a1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert third["summary"]["verdict"] == "PASS" and third["summary"]["exit_code"] == 2
+    assert third["baseline"]["refused"].startswith("different test inputs")
+    assert "not compared" in (tmp_path / "b1" / "summary.md").read_text()
+    assert (tmp_path / "b1" / "junit.xml").is_file() and (tmp_path / "b1" / "report.html").is_file()
+
+    proc = cli("compare", "a1", "a2", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["outputs"][0]["mismatch_count"] == {"baseline": 0, "current": 0, "delta": 0}
+    proc = cli("compare", "a1", "b1", env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("bundlerun: error: refusing to compare unrelated runs: different test inputs")
+    proc = cli("compare", "a1", "b1", "--force", env=env)
+    assert proc.returncode in (0, 1) and "forced: different test inputs" in proc.stdout, proc.stderr

@@ -164,3 +164,96 @@ def test_history_and_trend_commands(tmp_path):
     assert "3 run(s)" in proc.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     proc = _cli(["trend", "nope", "--metric", "top1", "-o", str(png)], env)
     assert proc.returncode == 2 and "no recorded runs of nope" in proc.stderr
+
+
+# ------------------------------------------------------------------ times carry their timezone
+
+
+def test_times_are_stored_in_utc_with_offset_and_old_rows_read_as_utc(tmp_path):
+    import os
+
+    db = tmp_path / "h.sqlite"
+    aware = rs.quick_report(label="aware")
+    aware["run"]["started"] = "2026-03-01T14:30:00+02:00"
+    naive = rs.quick_report(label="naive")
+    naive["run"]["started"] = "2026-03-01T12:00:00"  # what reports without an offset say
+    for r in (aware, naive):
+        history.record_report(db, r)
+    with sqlite3.connect(db) as conn:
+        stored = dict(conn.execute("SELECT label, started FROM runs").fetchall())
+        recorded = conn.execute("SELECT recorded FROM runs").fetchone()[0]
+        # a row written before times carried an offset
+        conn.execute("UPDATE runs SET started = '2025-12-31T23:00:00' WHERE label = 'naive'")
+    assert stored == {"aware": "2026-03-01T12:30:00+00:00", "naive": "2026-03-01T12:00:00+00:00"}
+    assert recorded.endswith("+00:00")
+    runs = {r.label: r for r in history.list_runs(db)}
+    assert runs["naive"].started == "2025-12-31T23:00:00+00:00"  # read as UTC
+    env = dict(os.environ, BUNDLERUN_HISTORY=str(db), TZ="Asia/Kolkata", COLUMNS="250")
+    proc = _cli(["history"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "2026-03-01 18:00:00 +05:30" in proc.stdout and "2026-01-01 04:30:00 +05:30" in proc.stdout
+    proc = _cli(["history", "--utc"], env)
+    assert "2026-03-01 12:30:00 +00:00" in proc.stdout and "2025-12-31 23:00:00 +00:00" in proc.stdout
+    proc = _cli(["history", "--json"], env)
+    assert {r["label"]: r["started"] for r in json.loads(proc.stdout)} == {
+        "aware": "2026-03-01T12:30:00+00:00", "naive": "2025-12-31T23:00:00+00:00"}
+
+
+# ------------------------------------------------------------------ trend: one series per target x dtype
+
+
+def _recorded(db, noise, label, dtype="fp32", target="host://xnnpack", exact_cases=()):
+    b = rs.make_bundle(cases=4, dtype=dtype)
+    outputs = {i: b.suite("forward").test_cases[i].expected_outputs[0].to_array() for i in exact_cases}
+    report = rs.make_report(b, rs.target_run(b, noise=noise, outputs=outputs), label=label)
+    report["target"]["url"] = target
+    history.record_report(db, report)
+    return report
+
+
+def test_trend_never_mixes_dtypes_or_targets(tmp_path):
+    import os
+
+    db = tmp_path / "h.sqlite"
+    _recorded(db, 1e-4, "x-fp32-1")
+    _recorded(db, 1e-2, "x-int8-1", dtype="int8")
+    _recorded(db, 1e-3, "t-fp32-1", target="tosa://fp")
+    _recorded(db, 1e-4, "x-fp32-2")
+    points = history.trend(db, "mlp", None, "sqnr")
+    groups = history.series_of(points)
+    assert {k: [p.label for p in v] for k, v in groups.items()} == {
+        ("host://xnnpack", "fp32"): ["x-fp32-1", "x-fp32-2"], ("host://xnnpack", "int8"): ["x-int8-1"],
+        ("tosa://fp", "fp32"): ["t-fp32-1"]}
+    assert [p.label for p in history.trend(db, "mlp", "host://xnnpack", "sqnr", dtype="int8")] == ["x-int8-1"]
+    env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
+    png = tmp_path / "t.png"
+    proc = _cli(["trend", "mlp", "-o", str(png)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 run(s) of mlp in 3 series (one per target x dtype" in proc.stdout
+    assert "host://xnnpack fp32: 2 run(s)" in proc.stdout and "host://xnnpack int8: 1 run(s)" in proc.stdout
+    assert "tosa://fp fp32: 1 run(s)" in proc.stdout
+    proc = _cli(["trend", "mlp", "--dtype", "fp32", "--target", "host://xnnpack", "-o", str(png)], env)
+    assert "2 run(s) of mlp in 1 series" in proc.stdout and "int8" not in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sqnr_trend_leaves_exact_matches_out_of_the_mean(tmp_path):
+    db = tmp_path / "h.sqlite"
+    mixed = _recorded(db, 1e-3, "mixed", exact_cases=(0, 2))
+    _recorded(db, 1e-3, "exact", exact_cases=(0, 1, 2, 3))
+    finite = [c["outputs"][0]["stats"]["sqnr"] for c in mixed["cases"]]
+    finite = [s for s in finite if s not in ("inf", float("inf"))]
+    assert len(finite) == 2 and max(finite) < 100
+    p_mixed, p_exact = history.trend(db, "mlp", None, "sqnr")
+    assert p_mixed.value == pytest.approx(sum(finite) / 2)  # not (a + b + 200 + 200) / 4
+    assert p_mixed.low == pytest.approx(min(finite)) and (p_mixed.exact, p_mixed.counted) == (2, 2)
+    assert p_exact.value is None and p_exact.low is None and (p_exact.exact, p_exact.counted) == (4, 0)
+    # the error metrics are unaffected: an exact match is a zero error there
+    mae = history.trend(db, "mlp", None, "mae")
+    assert mae[1].value == 0 and mae[0].counted == 4
+    import os
+
+    proc = _cli(["trend", "mlp", "-o", str(tmp_path / "t.png")], dict(os.environ, BUNDLERUN_HISTORY=str(db)))
+    assert proc.returncode == 0, proc.stderr
+    assert ("host://xnnpack fp32: 2 run(s), latest: every output matched exactly; 6 exact match(es) (SQNR "
+            "infinite) over these runs, left out of the mean and drawn apart") in proc.stdout

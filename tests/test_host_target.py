@@ -12,6 +12,7 @@ from bundlerun.bundles.bpte import read_bundle
 from bundlerun.bundles.errors import BundleError
 from bundlerun.runner.session import RunRequest, execute_run
 from bundlerun.targets.base import CaseStatus, RunOptions
+from proc_helpers import TAG_VAR, new_tag, tagged
 
 ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]
 MATRIX = [(m, d, "host://xnnpack") for m in ZOO for d in ("fp32", "fp16", "int8")] + [
@@ -51,22 +52,11 @@ def test_every_case_runs_once_program_loaded_once(bundle_cache, tmp_path):
     assert len({c.outputs[0].data for c in run.cases}) == 6
 
 
-def _children_alive() -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"bundlerun.targets.host_worker" in cmd:
-                out.append(pid)
-    return out
-
-
 def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     path = bundle_cache("mlp", cases=5)
     monkeypatch.setenv("BUNDLERUN_FAULT", "crash@forward:1;hang@forward:3")
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
     report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path, case_timeout_s=8))
     verdicts = [c["verdict"] for c in report["cases"]]
     assert verdicts == ["PASS", "ERROR", "PASS", "TIMEOUT", "PASS"]
@@ -74,7 +64,7 @@ def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     assert crash["error_kind"] == "crash" and "SIGSEGV" in crash["error"]
     assert report["cases"][3]["error_kind"] == "host-timeout"
     assert report["summary"]["exit_code"] == 2
-    assert not _children_alive()
+    assert tagged(tag, b"bundlerun.targets.host_worker") == []  # crashed, hung and finished workers all reaped
 
 
 def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):

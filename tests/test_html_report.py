@@ -111,3 +111,73 @@ def test_browser_check_sees_broken_images_and_errors(tmp_path):
     check = browser.check_page(page.as_uri(), tmp_path / "bad.png")
     assert any("boom" in e for e in check.console_errors)
     assert check.images[0]["naturalWidth"] == 0
+
+
+# ------------------------------------------------------------------ hostile text from a bundle
+
+EVIL = "evil<script>alert(1)</script>&amp;\"'\x1b[31m[/x]$\\foo{$\x07\x9b2J\ud800\x04"
+CONTROLS = ("\x1b", "\x07", "\x9b", "\x04", "\ud800")
+
+
+def _hostile_report(tmp_path):
+    """Terminal escapes, HTML, rich markup and matplotlib mathtext in the model id, an output
+    name, a method name, a label, the device's error text and log, and a warning."""
+    db = tmp_path / "history.sqlite"
+    bundle = rs.make_bundle(cases=4, model=EVIL)
+    bundle_path = rs.write_stub_bundle(bundle, tmp_path / "evil.bpte")
+    run = rs.target_run(bundle, noise=1e-2, errors={3: "error"})
+    report = rs.make_report(bundle, run, bundle_path, label=EVIL)
+    for case in report["cases"]:
+        for out in case["outputs"]:
+            out["name"] = EVIL + "out"
+    report["cases"][3].update(method=EVIL + "method", error=EVIL + " device said", log_excerpt=[EVIL + " log"])
+    report["warnings"].append(EVIL + " warning")
+    history.record_report(db, report)
+    return report, bundle_path, rs.saved_outputs(run), db
+
+
+def test_hostile_text_is_inert_in_html(tmp_path):
+    report, bundle_path, outputs, db = _hostile_report(tmp_path)
+    files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
+    assert set(files) == {"junit", "markdown", "html"}, report["warnings"]
+    assert not any("not written" in w for w in report["warnings"])  # the mathtext did not break a plot
+    page = files["html"].read_text(encoding="utf-8")
+    for ch in CONTROLS:
+        assert ch not in page, repr(ch)
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&amp;amp;&quot;&#x27;" in page  # entities and quotes escaped, not interpreted
+    assert "\\x1b[31m[/x]$\\foo{$\\x07\\x9b2J\\ud800\\x04" in page  # the escapes are visible as text
+    for where in ("out</td>", "method[3]", " device said", " warning"):
+        assert "\\x04" + where in page, where
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 4  # histogram + scatter of the output, SQNR and MAE trends
+
+
+@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
+def test_hostile_text_renders_as_text_in_chromium(tmp_path):
+    report, bundle_path, outputs, db = _hostile_report(tmp_path)
+    files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
+    check = browser.check_page(files["html"].resolve().as_uri(), tmp_path / "evil.png")
+    assert check.console_errors == []
+    # the title is the model id as text: the <script> in it is characters, not an element
+    assert check.title.startswith("bundlerun: evil<script>alert(1)</script>&amp;\"'\\x1b[31m")
+    assert all(img["naturalWidth"] > 100 for img in check.images) and len(check.images) == 4
+
+
+def test_sqnr_history_counts_exact_matches_apart(tmp_path):
+    """Exact matches (SQNR infinite) are not averaged into the SQNR history as 200 dB; the page says so."""
+    db = tmp_path / "history.sqlite"
+    bundle = rs.make_bundle(cases=4)
+    exact = {i: bundle.suite("forward").test_cases[i].expected_outputs[0].to_array() for i in range(4)}
+    for k, outs in enumerate(({0: exact[0]}, exact, {})):
+        history.record_report(db, rs.make_report(bundle, rs.target_run(bundle, noise=1e-3, seed=k, outputs=outs),
+                                                 label=f"r{k}"))
+    report = rs.make_report(bundle, rs.target_run(bundle, noise=1e-3, outputs={1: exact[1]}), label="now")
+    history.record_report(db, report)
+    page = write_reports(report, tmp_path / "out", history_db=db, formats=("html",))["html"].read_text()
+    assert "mean SQNR over the case-outputs that did not match exactly" in page
+    assert "SQNR history: 6 of 16 case-outputs matched exactly (SQNR infinite); they are counted apart and " \
+           "not averaged in. 1 run(s) with every output exact are drawn as ▲." in page
+    # the case table says "exact", not a number
+    row = re.search(r"<td class='l'>forward\[1\]</td>.*?</tr>", page).group(0)
+    assert "<td>exact</td>" in row and "inf" not in row

@@ -12,17 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from proc_helpers import TAG_VAR, new_tag, tagged
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "bundlerun.targets.host_worker" in line]
-
-
 def test_ctrl_c_keeps_finished_cases_and_stops_the_command(tmp_path):
-    env = {**os.environ, "BUNDLERUN_FAULT": "hang@forward:3", "PYTHONPATH": str(ROOT)}
-    before = set(_children(0))
+    tag = new_tag()
+    env = {**os.environ, "BUNDLERUN_FAULT": "hang@forward:3", "PYTHONPATH": str(ROOT), TAG_VAR: tag}
     proc = subprocess.Popen(
         [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "validate", "mlp", "tiny-cnn", "--cases", "5",
          "--report", str(tmp_path), "--no-history", "--timeout", "300"],
@@ -45,4 +42,4 @@ def test_ctrl_c_keeps_finished_cases_and_stops_the_command(tmp_path):
     assert all(c["error_kind"] == "interrupted" for c in report["cases"][3:])
     assert not (tmp_path / "tiny-cnn-fp32").exists()  # the command stopped: the next model was never built
     time.sleep(0.5)
-    assert set(_children(0)) - before == set()
+    assert tagged(tag, b"bundlerun.targets.host_worker") == []  # this command's runtime workers are gone

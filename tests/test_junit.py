@@ -83,3 +83,31 @@ def test_all_errored_run_still_valid(tmp_path, schema):
     doc = etree.parse(str(write_junit(report, tmp_path / "j.xml")))
     schema.assertValid(doc)
     assert doc.find("testsuite").get("errors") == "2"
+
+
+def test_hostile_text_gives_valid_xml(tmp_path, schema):
+    """Terminal escapes, markup, C1 controls and a lone surrogate in the model id, output and
+    method names, label, device error and log: the file is valid XML with them made visible."""
+    evil = "evil<x>&\"'\x1b[31m[/x]\x07\x9b\x00\ud800\x04"
+    b = rs.make_bundle(cases=3, model=evil)
+    report = rs.make_report(b, rs.target_run(b, noise=1e-2, errors={2: "error"}), label=evil)
+    for case in report["cases"]:
+        for out in case["outputs"]:
+            out["name"] = evil + "out"
+    report["cases"][2].update(method=evil + "method", error=evil + " device", log_excerpt=[evil + " log"])
+    report["run"]["started"] = evil
+    path = write_junit(report, tmp_path / "junit.xml")
+    raw = path.read_bytes()
+    for ch in ("\x1b", "\x07", "\x00", "\x04", "\x9b"):
+        assert ch.encode() not in raw, repr(ch)
+    doc = etree.parse(str(path))  # parses: no raw control character, no unencodable surrogate
+    schema.assertValid(doc)
+    visible = "evil<x>&\"'\\x1b[31m[/x]\\x07\\x9b\\x00\\ud800\\x04"
+    names = {c.get("name") for c in doc.iter("testcase")}
+    assert names == {f"case[{i}].{visible}out" for i in (0, 1, 2)}
+    assert {c.get("classname") for c in doc.iter("testcase")} == {
+        f"{visible}/host://xnnpack/forward", f"{visible}/host://xnnpack/{visible}method"}
+    props = {p.get("name"): p.get("value") for p in doc.iter("property")}
+    assert props["model"] == visible and props["label"] == visible
+    err = doc.find(".//error")
+    assert err.get("message") == visible + " device" and doc.find(".//system-out").text == visible + " log"

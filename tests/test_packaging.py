@@ -28,6 +28,33 @@ def test_pyproject_lists_every_package_of_the_tree():
     assert not missing, f"folders with modules but no __init__.py (not installed): {missing}"
 
 
+def test_main_venv_keeps_the_real_pyserial_and_no_labgrid():
+    """labgrid's pyserial-labgrid fork installs over pyserial's `serial` files, so labgrid lives in
+    .venv-labgrid (scripts/setup.sh) and never in bundlerun's venv: `serial` there is pyserial 3.5's."""
+    import base64
+    import hashlib
+    import importlib.util
+    from importlib import metadata
+
+    import serial
+
+    dist = metadata.distribution("pyserial")
+    assert dist.version == "3.5"
+    rfc2217 = next(f for f in dist.files if f.as_posix() == "serial/rfc2217.py")
+    path = Path(serial.__file__).parent / "rfc2217.py"
+    assert Path(dist.locate_file(rfc2217)).resolve() == path.resolve()
+    actual = hashlib.new(rfc2217.hash.mode, path.read_bytes()).digest()
+    assert base64.urlsafe_b64encode(actual).rstrip(b"=").decode() == rfc2217.hash.value, \
+        "serial/rfc2217.py is not the file pyserial 3.5 installed (overwritten by a fork?)"
+    # every installed distribution that claims serial/ files is pyserial
+    owners = {d.metadata["Name"] for d in metadata.distributions()
+              if any(f.as_posix().startswith("serial/") for f in (d.files or ()))}
+    assert owners == {"pyserial"}, owners
+    assert importlib.util.find_spec("labgrid") is None
+    with __import__("pytest").raises(metadata.PackageNotFoundError):
+        metadata.version("labgrid")
+
+
 def test_wheel_installs_beside_executorch_ethos_u_and_runs(tmp_path):
     wheels = tmp_path / "wheels"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",

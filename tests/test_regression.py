@@ -159,3 +159,169 @@ def test_compare_command_exit_codes(tmp_path):
     assert {r["rule"] for r in _json.loads(proc.stdout)["regressions"]} == {"verdict-flip"}
     proc = cli("good", "missing-label")
     assert proc.returncode == 2 and "no run 'missing-label'" in proc.stderr
+
+
+# ------------------------------------------------------------------ related runs and per-output deltas
+
+
+def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
+    """Two runs of one bundle, each report carrying the bundle's inputs and program digests as
+    `run` records them."""
+    from bundlerun.runner.regression import inputs_digest, program_sha256
+
+    b = rs.make_bundle(cases=cases)
+    reports = [rs.make_report(b, rs.target_run(b, noise=n, seed=s)) for n, s in ((base_noise, 1), (cur_noise, 2))]
+    for r in reports:
+        r["bundle"].update(inputs_sha256=inputs_digest(b), program_sha256=program_sha256(b.manifest, b))
+    return b, reports[0], reports[1]
+
+
+def test_related_runs_have_no_reasons_and_unrelated_ones_say_why():
+    import copy
+
+    from bundlerun.runner.regression import inputs_digest, unrelated_reasons
+
+    b, base, cur = _related_pair()
+    assert unrelated_reasons(base, cur) == []
+    # a subset of the cases (run --select) is still the same bundle
+    assert unrelated_reasons(base, dict(cur, cases=cur["cases"][:2])) == []
+
+    def changed(edit):
+        c = copy.deepcopy(cur)
+        edit(c)
+        return unrelated_reasons(base, c)
+
+    assert changed(lambda c: c["target"].update(url="tosa://int")) == [
+        "target differs (baseline 'host://xnnpack', current 'tosa://int')"]
+    assert changed(lambda c: c["bundle"].update(dtype="int8")) == ["dtype differs (baseline 'fp32', current 'int8')"]
+    other = rs.make_bundle(cases=4, seed=7)  # another seed: other inputs
+    [reason] = changed(lambda c: c["bundle"].update(inputs_sha256=inputs_digest(other)))
+    assert reason.startswith("different test inputs")
+    # a retrained model on the same inputs is a fair comparison; without the inputs digest it is not
+    assert changed(lambda c: c["bundle"].update(model="mlp-retrained")) == []
+    assert changed(lambda c: c["bundle"].update(model="mlp-retrained", inputs_sha256=None)) == [
+        "model differs (baseline 'mlp', current 'mlp-retrained')"]
+    assert changed(lambda c: [case.update(method="decode") for case in c["cases"]])[0].startswith("methods differ")
+    shifted = changed(lambda c: [case.update(case=case["case"] + 2) for case in c["cases"]])
+    assert shifted == ["the runs cover different cases (2 only in the baseline, 2 only in the current run; "
+                       "one must be a subset of the other)"]
+    renamed = changed(lambda c: [o.update(name="logits") for case in c["cases"] for o in case["outputs"]])
+    assert renamed == ["outputs differ (forward output 0 is 'out0' in the baseline, 'logits' now)"]
+    assert changed(lambda c: c.update(cases=[])) == ["no case-output in common: nothing to compare"]
+    # a different program is what a comparison is for: a note, not a reason
+    assert changed(lambda c: c["bundle"].update(program_sha256="f" * 64)) == []
+    c = copy.deepcopy(cur)
+    c["bundle"]["program_sha256"] = "f" * 64
+    assert any(n.startswith("program differs") for n in comparison_notes(base, c))
+
+
+def test_metric_deltas_side_by_side():
+    from bundlerun.runner.regression import metric_deltas
+
+    b, base, cur = _related_pair(1e-5, 5e-2, cases=3)
+    exact = b.suite("forward").test_cases[1].expected_outputs[0].to_array()
+    cur2 = rs.make_report(b, rs.target_run(b, noise=5e-2, seed=2, outputs={1: exact}))  # case 1 matches exactly
+    deltas = metric_deltas(base, cur2)
+    [out] = deltas["outputs"]
+    assert (out["method"], out["name"], out["cases"]) == ("forward", "out0", 3)
+    assert out["verdicts"] == {"baseline": {"PASS": 3}, "current": {"FAIL": 2, "PASS": 1}}
+
+    def stats(report, key):
+        return [c["outputs"][0]["stats"][key] for c in report["cases"]]
+
+    em = out["error_max"]
+    assert em["baseline"] == max(stats(base, "error_max")) and em["current"] == max(stats(cur2, "error_max"))
+    assert em["delta"] == pytest.approx(em["current"] - em["baseline"])
+    sq = out["sqnr"]  # the worst case: the exact match (infinite SQNR) is never the minimum
+    assert sq["current"] == min(s for s in stats(cur2, "sqnr") if s not in ("inf", float("inf"))) and sq["delta"] < -40
+    assert out["cosine_similarity"]["current"] == min(stats(cur2, "cosine_similarity"))
+    assert out["mismatch_count"]["current"] == sum(stats(cur2, "mismatch_count")) > 0
+    assert out["mismatch_count"]["baseline"] == 0
+    assert stats(cur2, "sqnr")[1] in ("inf", float("inf"))
+    rows = {r["case"]: r for r in deltas["case_outputs"]}
+    assert rows[1]["sqnr"]["current"] == "inf" and rows[1]["sqnr"]["delta"] is None  # exact: no number to subtract
+    assert rows[1]["error_max"] == {"baseline": stats(base, "error_max")[1], "current": 0.0,
+                                    "delta": -stats(base, "error_max")[1]}
+    assert rows[0]["verdict"] == {"baseline": "PASS", "current": "FAIL"}
+
+
+def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
+    from bundlerun.runner import history
+    from bundlerun.runner.regression import check_baseline
+
+    db = tmp_path / "h.sqlite"
+    b, base, cur = _related_pair(1e-5, 1e-5)
+    base["run"]["label"] = "v1"
+    history.record_report(db, base)
+    cnn = rs.quick_report(model="tiny-cnn")
+    assert cnn["summary"]["exit_code"] == 0
+    assert check_baseline("v1", cnn, db) == []
+    assert cnn["baseline"]["refused"] == "model differs (baseline 'mlp', current 'tiny-cnn')"
+    assert cnn["summary"]["exit_code"] == 2 and cnn["summary"]["verdict"] == "PASS"  # the check asked for was not made
+    assert any("baseline 'v1' not compared: unrelated runs" in w for w in cnn["warnings"])
+    # the summaries say it was not compared, never "no regressions"
+    from bundlerun.runner.html_report import render_html
+    from bundlerun.runner.markdown import render_markdown
+
+    md, page = render_markdown(cnn, []), render_html(cnn, regressions=[])
+    assert "Baseline v1 not compared" in md and "No regressions" not in md
+    assert "not compared: unrelated runs" in page and "No regressions" not in page
+    # allowed by config, it is compared (and finds nothing)
+    forced = rs.quick_report(model="tiny-cnn")
+    assert check_baseline("v1", forced, db, {"regression": {"allow_unrelated": True}}) == []
+    assert "refused" not in forced["baseline"] and forced["summary"]["exit_code"] == 0
+    # a related run gets the per-output deltas in its report and summary.md
+    check_baseline("v1", cur, db)
+    assert "refused" not in cur["baseline"] and cur["baseline"]["outputs"][0]["name"] == "out0"
+    assert "| forward.out0 | 4 |" in render_markdown(cur, [])
+
+
+def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
+    import json as _json
+    import os
+    import subprocess
+
+    from bundlerun.runner import history
+
+    db = tmp_path / "h.sqlite"
+    b, good, bad = _related_pair(1e-5, 5e-2, cases=3)
+    good["run"]["label"], bad["run"]["label"] = "good", "bad"
+    other = rs.quick_report(model="tiny-cnn", label="cnn")
+    other["target"]["url"] = "tosa://int"
+    for r in (good, bad, other):
+        history.record_report(db, r)
+    (tmp_path / "empty.json").write_text("{}")
+    env = dict(os.environ, BUNDLERUN_HISTORY=str(db), COLUMNS="250")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "bundlerun.runner.cli", "compare", *args], capture_output=True,
+                              text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+
+    proc = cli("good", "cnn")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1, proc.stderr  # one line
+    assert proc.stderr.startswith("bundlerun: error: refusing to compare unrelated runs: target differs "
+                                  "(baseline 'host://xnnpack', current 'tosa://int'); model differs")
+    assert "--force" in proc.stderr
+    proc = cli("good", "cnn", "--force", "--json")
+    assert proc.returncode == 0, proc.stderr
+    forced = _json.loads(proc.stdout)
+    assert forced["forced"] is True and len(forced["unrelated"]) == 2
+    proc = cli(str(tmp_path / "empty.json"), "good")
+    assert proc.returncode == 2 and "not a bundlerun report" in proc.stderr
+    proc = cli("good", "bad", "--json")
+    assert proc.returncode == 1
+    data = _json.loads(proc.stdout)
+    [out] = data["outputs"]
+    worst = max(c["outputs"][0]["stats"]["error_max"] for c in bad["cases"])
+    assert out["error_max"]["current"] == pytest.approx(worst)
+    assert out["sqnr"]["delta"] == pytest.approx(out["sqnr"]["current"] - out["sqnr"]["baseline"]) and out["sqnr"]["delta"] < -40
+    assert len(data["case_outputs"]) == 3 and data["baseline"]["label"] == "good"
+    proc = cli("good", "bad")
+    assert proc.returncode == 1
+    row = next(line for line in proc.stdout.splitlines() if "forward.out0" in line)
+    for cell in (f"{out['error_max']['baseline']:.3g} → {out['error_max']['current']:.3g}",
+                 f"{out['sqnr']['baseline']:.2f} → {out['sqnr']['current']:.2f} ({out['sqnr']['delta']:+.2f})",
+                 "PASS:3 → FAIL:3"):
+        assert cell in row, (cell, row)
+    assert "verdict-flip x3" in proc.stdout

@@ -382,3 +382,40 @@ def test_suggest_rejects_two_elementwise_knobs_and_bad_margin(tmp_path):
     assert "at least 1.0" in str(r.exception)
     r = CliRunner().invoke(command, ["suggest", "--from", str(tmp_path), "--criteria", "sqnr"])
     assert "did you mean 'sqnr_min_db'" in str(r.exception)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "hots://xnnpack"], "--target hots://xnnpack: unknown target scheme 'hots' in 'hots://xnnpack' (did you mean 'host'?)"),
+    (["--target", "host://xnnpakc"], "--target host://xnnpakc: unknown host variant 'xnnpakc'"),
+    (["--backend", "arm", "--target", "tosa-intt"], "unknown target 'tosa-intt': not a target URL (scheme://...) nor a "
+                                                    "variant name (did you mean 'tosa-int'?); arm variants: tosa-int,"),
+    (["--target", "ethos-u55"], "unknown target 'ethos-u55': not a target URL (scheme://...) nor a variant name; "
+                                "xnnpack has no variants"),
+    (["--distribution", "randm"], "unknown input distribution 'randm' (did you mean 'rand'?); use randn, rand,"),
+    (["--distribution", "gaussian"], "unknown input distribution 'gaussian'; use randn"),
+    (["--distribution", "uniform(1)"], "--distribution 'uniform(1)': distribution uniform takes 2 parameters, got 1"),
+    (["--scale", "-0.1"], "--scale must be a positive finite number (one quantization step), got -0.1"),
+    (["--scale", "0"], "--scale must be a positive finite number (one quantization step), got 0.0"),
+    (["--scale", "nan"], "--scale must be a positive finite number (one quantization step), got nan"),
+])
+def test_explain_refuses_unknown_targets_distributions_and_bad_scales(cli, args, message):
+    base = ["tolerance", "explain", "--backend", "xnnpack", "--dtype", "fp32", "--no-project"]
+    if "--backend" in args:
+        base[3] = args[args.index("--backend") + 1]
+        args = [a for i, a in enumerate(args) if a != "--backend" and (i == 0 or args[i - 1] != "--backend")]
+    proc = cli(*base, *args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("bundlerun: error: " + message), proc.stderr
+
+
+def test_explain_accepts_known_targets_variants_and_distributions():
+    from bundlerun.runner.commands.tolerance import command
+
+    for args in (["--backend", "arm", "--target", "tosa-int", "--dtype", "int8", "--scale", "0.05"],
+                 ["--backend", "arm", "--target", "fvp://corstone-300/ethos-u55-128", "--dtype", "int8"],
+                 ["--backend", "xnnpack", "--target", "host://xnnpack", "--dtype", "fp32", "--distribution", "uniform(-1,1)"],
+                 ["--backend", "mlx", "--target", "mlx://gpu", "--dtype", "fp16"]):  # a Mac target, explained anywhere
+        result = CliRunner().invoke(command, ["explain", *args, "--no-project", "--json"])
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        crit = json.loads(result.output)["criteria"]
+        assert crit["trail"] and any(crit[k] is not None for k in ("atol", "qtol", "sqnr_min_db", "cosine_min")), crit

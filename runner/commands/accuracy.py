@@ -33,6 +33,7 @@ class AccuracyRequest:
     confidence: float = 0.95
     tolerances: dict[str, float] = field(default_factory=dict)
     progress: Any = None
+    cache: bool = False  # reuse a build from the build cache (the CLI's default; --no-cache turns it off)
 
 
 def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
@@ -68,6 +69,7 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
             overrides=dict(req.tolerances),
             progress=say,
             registry=session.registry,
+            cache=req.cache,
         )
     )
     say(f"running {len(dataset.labels)} samples on {req.target}")
@@ -132,8 +134,9 @@ def print_accuracy(report: dict[str, Any]) -> None:
 @click.option("--confidence", type=float, default=0.95, show_default=True, help="Confidence level of the intervals.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE", help="Element-wise criterion override.")
 @click.option("--json", "as_json", is_flag=True, help="Print the dataset section as JSON.")
+@click.option("--no-cache", is_flag=True, help="Rebuild the bundle even if the build cache has it.")
 def command(model, dataset, samples, target, dtype, backend, report_dir, label, baseline, history_db, no_history,
-            case_timeout, confidence, tolerances, as_json):
+            case_timeout, confidence, tolerances, as_json, no_cache):
     """Top-1/top-5 of MODEL on --target vs the float reference, over a labelled --dataset.
 
     Exit code: 0 measured (and no regression against --baseline), 1 regression or
@@ -154,7 +157,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         model=model, dataset=dataset, target=target, dtype=dtype, samples=samples, backend=backend,
         report_dir=report_dir or Path("out") / "accuracy" / slug, label=label, session=session,
         case_timeout_s=case_timeout,
-        confidence=confidence, tolerances=tol, progress=lambda m: click.echo(m, err=True),
+        confidence=confidence, tolerances=tol, progress=lambda m: click.echo(m, err=True), cache=not no_cache,
     )
     report = run_accuracy(req)
     if as_json:

@@ -1,52 +1,189 @@
-"""`bundlerun compare RUN_A RUN_B`: regressions of B against baseline A."""
+"""`bundlerun compare RUN_A RUN_B`: regressions of B against baseline A, and every output's
+metrics side by side.
+
+Only related runs are compared (same target, dtype, methods and cases, same test inputs or
+model): anything else is refused in one line unless `--force`.
+"""
 
 from __future__ import annotations
 
 import click
 
 
+def _fmt(value, key: str) -> str:
+    if value is None:
+        return "-"
+    if value == "inf":
+        return "exact"
+    if value == "-inf":
+        return "-inf"
+    if key == "mismatch_count":
+        return str(int(value))
+    if key == "sqnr":
+        return f"{value:.2f}"
+    if key == "cosine_similarity":
+        return f"{value:.6f}"
+    return f"{value:.3g}"
+
+
+def _delta(pair: dict, key: str) -> str:
+    d = pair.get("delta")
+    if d is None:
+        return ""
+    if key == "mismatch_count":
+        return f"{int(d):+d}"
+    if key == "sqnr":
+        return f"{d:+.2f}"
+    if key == "cosine_similarity":
+        return f"{d:+.2g}"
+    return f"{d:+.3g}"
+
+
+def _cell(pair: dict, key: str, worse: bool) -> str:
+    """`baseline → current (Δ)`, the delta red when it is worse."""
+    text = f"{_fmt(pair.get('baseline'), key)} → {_fmt(pair.get('current'), key)}"
+    d = _delta(pair, key)
+    if d:
+        text += f" ([red]{d}[/])" if worse else f" ({d})"
+    return text
+
+
+def _worse(pair: dict, key: str) -> bool:
+    d = pair.get("delta")
+    if d is None or d == 0:
+        return False
+    return d < 0 if key in ("sqnr", "cosine_similarity") else d > 0
+
+
+def _counts(counts: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
 @click.command(name="compare")
 @click.argument("baseline")
 @click.argument("current")
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
-@click.option("--json", "as_json", is_flag=True, help="Print regressions and notes as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print regressions, notes and per-output deltas as JSON.")
+@click.option("--force", is_flag=True,
+              help="Compare runs that are not of the same bundle/target/dtype/cases (refused otherwise).")
+@click.option("--cases", "per_case", is_flag=True, help="Console: one row per case-output, not per output.")
 @click.option("--sqnr-drop", type=float, default=None, help="Override [regression] sqnr_drop_db.")
 @click.option("--error-growth", type=float, default=None, help="Override [regression] error_growth.")
 @click.option("--top1-drop", type=float, default=None, help="Override [regression] top1_drop_points.")
-def command(baseline, current, history_db, as_json, sqnr_drop, error_growth, top1_drop):
+@click.option("--cycles-regression", type=float, default=None, help="Override [perf] cycles_regression (0.05 = 5%).")
+@click.option("--memory-regression", type=float, default=None, help="Override [perf] memory_regression.")
+@click.option("--latency-regression", type=float, default=None, help="Override [perf] latency_regression.")
+@click.option("--gate-host-latency", is_flag=True, default=None,
+              help="Gate host wall time too (same as [perf] gate_host_latency = true).")
+def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, error_growth, top1_drop,
+            cycles_regression, memory_regression, latency_regression, gate_host_latency):
     """Compare run CURRENT against BASELINE (each a history id, run uuid, label or report.json).
 
-    Exit code 1 when CURRENT regressed, 0 otherwise, 2 when a run cannot be found.
+    Shows every output's max abs error, SQNR, cosine and mismatches side by side
+    (baseline → current, delta) and the regressions. Runs of different targets, dtypes,
+    models, test inputs or case sets are refused unless --force.
+
+    Performance figures are compared too (cycles, memory in use, warm latency past its noise
+    band; thresholds from [perf], docs/performance.md); a figure on one side only is a note.
+
+    Exit code 1 when CURRENT regressed, 0 otherwise, 2 when a run cannot be found or the
+    runs are unrelated.
     """
     import json
+    import math
     import sys
     from dataclasses import replace
 
-    from bundlerun.runner import history
+    from bundlerun.bundles.errors import ConfigError
     from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner.regression import RegressionRules, comparison_notes, find_regressions, format_regressions
+    from bundlerun.runner import history
+    from bundlerun.runner.regression import (
+        DELTA_LABELS, DELTA_METRICS, PerfRules, RegressionRules, UnrelatedRuns, check_related, comparison_notes,
+        find_regressions, format_perf_deltas, format_regressions, metric_deltas, perf_deltas, unrelated_reasons,
+    )
 
     config = load_project_config() or {}
-    db = history.resolve_history_path(history_db, config)
-    base = history.resolve_run(db, baseline)
-    cur = history.resolve_run(db, current)
     rules = RegressionRules.from_config(config)
     for name, value in (("sqnr_drop_db", sqnr_drop), ("error_growth", error_growth), ("top1_drop_points", top1_drop)):
         if value is not None:
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"--{name.split('_')[0]}-{name.split('_')[1]} must be a non-negative number, got {value}")
             rules = replace(rules, **{name: value})
-    regs = find_regressions(base, cur, rules)
-    notes = comparison_notes(base, cur)
-    if as_json:
-        click.echo(json.dumps({"regressions": [r.to_dict() for r in regs], "notes": notes}, indent=2, default=str))
-    else:
-        def who(r):
-            run = r.get("run") or {}
-            b = r.get("bundle") or {}
-            ident = f"#{run['history_id']}" if run.get("history_id") else str(run.get("id", "?"))[:12]
-            return f"{ident} ({b.get('model')} {b.get('dtype')} on {(r.get('target') or {}).get('url')}, label {run.get('label')})"
+    if force:
+        rules = replace(rules, allow_unrelated=True)
+    perf_rules = PerfRules.from_config(config)
+    for name, value in (("cycles_regression", cycles_regression), ("memory_regression", memory_regression),
+                        ("latency_regression", latency_regression)):
+        if value is not None:
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a non-negative number, got {value}")
+            perf_rules = replace(perf_rules, **{name: value})
+    if gate_host_latency:
+        perf_rules = replace(perf_rules, gate_host_latency=True)
+    db = history.resolve_history_path(history_db, config)
+    base = history.resolve_run(db, baseline)
+    cur = history.resolve_run(db, current)
+    try:
+        check_related(base, cur, rules)
+    except UnrelatedRuns as exc:
+        raise ConfigError(f"refusing to compare unrelated runs: {exc} (--force compares anyway)") from None
+    regs = find_regressions(base, cur, rules, perf_rules)
+    notes = comparison_notes(base, cur, perf_rules)
+    deltas = metric_deltas(base, cur)
+    perf_rows = perf_deltas(base, cur, perf_rules)[0]
 
-        click.echo(f"baseline {who(base)}\ncurrent  {who(cur)}")
-        for note in notes:
-            click.echo(f"note: {note}")
-        click.echo(format_regressions(regs))
+    def ident(r):
+        run = r.get("run") or {}
+        b = r.get("bundle") or {}
+        return {"history_id": run.get("history_id"), "run_id": run.get("id"), "label": run.get("label"),
+                "model": b.get("model"), "dtype": b.get("dtype"), "target": (r.get("target") or {}).get("url"),
+                "program_sha256": b.get("program_sha256"), "verdict": (r.get("summary") or {}).get("verdict")}
+
+    if as_json:
+        click.echo(json.dumps({"baseline": ident(base), "current": ident(cur), "forced": bool(force),
+                               "unrelated": unrelated_reasons(base, cur) if force else [],
+                               "regressions": [r.to_dict() for r in regs], "notes": notes, **deltas,
+                               "perf": perf_rows},
+                              indent=2, default=str))
+        sys.exit(1 if regs else 0)
+
+    from rich.table import Table
+
+    from bundlerun.runner.report import plain, wide_console
+
+    def who(r):
+        i = ident(r)
+        tag = f"#{i['history_id']}" if i["history_id"] else str(i["run_id"] or "?")[:12]
+        return plain(f"{tag} ({i['model']} {i['dtype']} on {i['target']}, label {i['label']}, {i['verdict']})")
+
+    console = wide_console()
+    console.print(f"baseline {who(base)}\ncurrent  {who(cur)}", highlight=False)
+    if force:
+        for reason in unrelated_reasons(base, cur):
+            console.print(f"[yellow]forced:[/] {plain(reason)}", highlight=False)
+    for note in notes:
+        console.print(f"note: {plain(note)}", highlight=False)
+    rows = deltas["case_outputs"] if per_case else deltas["outputs"]
+    if rows:
+        what = "per case-output" if per_case else "per output, worst over the common cases (mismatches: total)"
+        table = Table(title=f"baseline → current (delta), {what}", title_justify="left")
+        for col in ("output", "cases" if not per_case else "verdict", *(DELTA_LABELS[m] for m in DELTA_METRICS)):
+            table.add_column(col, justify="left" if col == "output" else "right")
+        for row in rows:
+            if per_case:
+                where = f"{row['method']}[{row['case']}].{row['name']}"
+                v = row["verdict"]
+                second = f"{v['baseline']} → {v['current']}"
+            else:
+                where = f"{row['method']}.{row['name']}"
+                v = row["verdicts"]
+                second = f"{row['cases']}: {_counts(v['baseline'])} → {_counts(v['current'])}"
+            table.add_row(plain(where), second, *(_cell(row[m], m, _worse(row[m], m)) for m in DELTA_METRICS))
+        console.print(table)
+    perf_lines = format_perf_deltas(perf_rows)
+    if perf_lines:
+        console.print("perf, baseline → current (median over the common cases):", highlight=False)
+        for line in perf_lines:
+            console.print(f"  {plain(line)}", highlight=False)
+    console.print(plain(format_regressions(regs)), highlight=False)
     sys.exit(1 if regs else 0)

@@ -11,17 +11,55 @@ def _fmt(v, spec: str = ".1f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
+def _print_flaky(stats: dict, db, as_json: bool) -> None:
+    """`history --flaky`: devices by infrastructure-failure rate, jobs by flake rate, worst first."""
+    if as_json:
+        import json
+
+        click.echo(json.dumps(stats, indent=2))
+        return
+    if not stats["devices"] and not stats["jobs"]:
+        click.echo(f"no flaky devices or jobs recorded in {db} (farm runs only)")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from bundlerun.runner.report import plain
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160))
+    devices = Table(title="devices by infrastructure-failure rate (farm attempts that exited 2)", title_justify="left")
+    for col in ("device", "attempts", "infra failures", "rate", "numerical failures", "jobs", "last"):
+        devices.add_column(col, justify="left" if col in ("device", "last") else "right")
+    for d in stats["devices"]:
+        devices.add_row(plain(d["device"]), str(d["attempts"]), str(d["infra_failures"]), f"{d['rate'] * 100:.0f}%",
+                        str(d["numerical_failures"]), str(d["jobs"]), plain(d["last"] or "-"))
+    jobs = Table(title="jobs by flake rate (farm runs that passed only after a retry)", title_justify="left")
+    for col in ("job", "farm runs", "flaky", "rate", "retries", "still failing", "failing devices"):
+        jobs.add_column(col, justify="left" if col in ("job", "failing devices") else "right")
+    for j in stats["jobs"]:
+        jobs.add_row(plain(j["job"]), str(j["runs"]), str(j["flaky"]), f"{j['rate'] * 100:.0f}%", str(j["retries"] or 0),
+                     str(j["failed"]), plain(j["failing_devices"] or "-"))
+    console.print(devices)
+    console.print(jobs)
+
+
 @click.command(name="history")
 @click.option("--model", default=None, help="Only runs of this model.")
 @click.option("--target", default=None, help="Only runs on this target URL.")
 @click.option("--label", default=None, help="Only runs with this label.")
 @click.option("--dtype", default=None, help="Only runs of this dtype.")
 @click.option("--limit", type=int, default=20, show_default=True, help="At most N runs (0: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (times in UTC, ISO-8601 with offset).")
+@click.option("--utc", is_flag=True, help="Show times in UTC (default: local time), with their offset.")
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
-def command(model, target, label, dtype, limit, as_json, history_db):
+@click.option("--flaky", is_flag=True,
+              help="Farm runs: devices by infrastructure-failure rate and jobs by flake rate (passed after a retry).")
+def command(model, target, label, dtype, limit, as_json, utc, history_db, flaky):
     """List recorded runs (database: --history, $BUNDLERUN_HISTORY, [history] path, or
-    ~/.local/share/bundlerun/history.sqlite)."""
+    ~/.local/share/bundlerun/history.sqlite). Times show their UTC offset; runs recorded
+    before times carried one are read as UTC."""
     import json
 
     from bundlerun.runner import history
@@ -30,6 +68,9 @@ def command(model, target, label, dtype, limit, as_json, history_db):
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if db is None:
         raise click.UsageError("history is turned off (path 'off')")
+    if flaky:
+        _print_flaky(history.flaky_stats(db, limit=limit or None), db, as_json)
+        return
     runs = history.list_runs(db, model=model, target=target, label=label, dtype=dtype, limit=limit or None)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
@@ -40,14 +81,16 @@ def command(model, target, label, dtype, limit, as_json, history_db):
     from rich.console import Console
     from rich.table import Table
 
+    from bundlerun.runner.report import plain
+
     table = Table(title=f"history: {db}", title_justify="left")
     for col in ("id", "started", "model", "target", "dtype", "label", "verdict", "pass/fail", "min SQNR", "max MAE", "top-1", "agree"):
         table.add_column(col, justify="right" if col in ("id", "min SQNR", "max MAE", "top-1", "agree") else "left")
     color = {"PASS": "green", "FAIL": "red"}
     for r in runs:
         table.add_row(
-            str(r.id), (r.started or "")[:19].replace("T", " "), r.model or "-", r.target or "-", r.dtype or "-",
-            r.label or "-", f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]", f"{r.n_pass or 0}/{r.n_fail or 0}",
+            str(r.id), history.display_time(r.started, utc), plain(r.model or "-"), plain(r.target or "-"),
+            plain(r.dtype or "-"), plain(r.label or "-"), f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]", f"{r.n_pass or 0}/{r.n_fail or 0}",
             _fmt(r.min_sqnr), _fmt(r.max_mae, ".3g"),
             "-" if r.top1 is None else f"{r.top1 * 100:.2f}%", "-" if r.agreement is None else f"{r.agreement * 100:.2f}%",
         )

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from bundlerun.bundles.errors import BundlerunError
+
 
 @click.group(name="tolerance")
 def command() -> None:
@@ -47,6 +49,45 @@ def _short(file: str | None) -> str:
         return path.name if path.name == "tolerances.toml" else str(path)
 
 
+def _check_explain_args(registry, backend: str, target: str | None, distribution: str, scale: float | None) -> None:
+    """Refuse what `build` would refuse (one line, exit 2): an unknown target URL or variant, an
+    input distribution that does not parse, a scale that is not a positive finite number."""
+    import math
+
+    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.inputs import Distribution
+    from bundlerun.bundles.registry import suggest as did_you_mean
+
+    if backend not in registry.backends():
+        raise ConfigError(f"unknown backend {backend!r}{did_you_mean(backend, registry.backends())}; "
+                          f"known: {', '.join(registry.backends())}")
+    if target:
+        if "://" in target:
+            from bundlerun.targets import open_target
+
+            try:
+                open_target(target, {})  # checks scheme, variant and options; opens nothing
+            except BundlerunError as exc:
+                if "needs a Mac" not in str(exc):  # a Mac-only target is still worth explaining elsewhere
+                    raise ConfigError(f"--target {target}: {exc}") from None
+        elif target not in registry.variants(backend):
+            variants = registry.variants(backend)
+            known = f"{backend} variants: {', '.join(variants)}" if variants else f"{backend} has no variants"
+            raise ConfigError(f"unknown target {target!r}: not a target URL (scheme://...) nor a variant name"
+                              f"{did_you_mean(target, variants)}; {known}")
+    try:
+        Distribution.parse(distribution)
+    except ValueError as exc:
+        kinds = ("randn", "rand", "uniform", "normal", "randint")
+        kind = distribution.split("(")[0].strip()
+        if kind not in kinds:
+            raise ConfigError(f"unknown input distribution {distribution!r}{did_you_mean(kind, kinds)}; use randn, "
+                              "rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)") from None
+        raise ConfigError(f"--distribution {distribution!r}: {exc}") from None
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"--scale must be a positive finite number (one quantization step), got {scale!r}")
+
+
 @command.command()
 @click.option("--backend", required=True, help="xnnpack, portable, arm, cortex-m, qnn, vulkan, mlx, metal, coreml, nxp.")
 @click.option("--target", default=None, help="Target URL (tosa://int, fvp://corstone-300/ethos-u55-128, ...) or variant name.")
@@ -75,6 +116,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     from bundlerun.runner.overrides import as_build_overrides, parse_overrides
 
     registry = Registry.builtin() if no_project else default_registry()
+    _check_explain_args(registry, backend, target, distribution, scale)
     index = int(output_name[3:]) if output_name.startswith("out") and output_name[3:].isdigit() else 0
     ctx = ToleranceContext(
         backend=backend, target=target or "", dtype=dtype, model=model, method=method, output_index=index,

@@ -200,8 +200,11 @@ class AdbCliTransport:
         res = shell(self, f"stat -c '%f %s' {shlex.quote(remote)} 2>/dev/null", timeout_s)
         if res.exit_status != 0 or not res.output.strip():
             return None
-        mode_hex, size = res.output.split()[:2]
-        return RemoteStat(int(mode_hex, 16), int(size))
+        match = re.fullmatch(r"\s*([0-9a-fA-F]{1,8}) ([0-9]{1,20})\s*", res.output)
+        if not match:  # a garbled answer is a transport problem, never a guess (nor a ValueError)
+            raise TransportError(f"stat {remote}: unexpected answer from the device: {res.output.strip()[:200]!r}",
+                                 TRANSPORT, res.output)
+        return RemoteStat(int(match.group(1), 16), int(match.group(2)))
 
     def listdir(self, remote: str, timeout_s: float) -> list[str]:
         from bundlerun.targets.remote.transport import shell

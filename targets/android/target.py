@@ -158,6 +158,9 @@ class AndroidTarget:
             if self.cfg.profile == "qnn-executor-runner":
                 results = self._run_qnn(bundle, pairs, base, cache, options, retries, logs_dir)
             else:
+                if getattr(options, "repeat", 1) > 1:  # --repeat N: one warm-up + N measured executions per case
+                    info.update(repeat=options.repeat, warmup=1,
+                                num_executions=executor_runner.executions_for(options.repeat))
                 results = self._run_executor_runner(bundle, pairs, base, cache, options, retries, logs_dir)
             try:
                 info["pruned"] = cache.prune(int(self.cfg.cache_max_mb * 1024 * 1024), cache.used)
@@ -251,7 +254,9 @@ class AndroidTarget:
         etdump = "out/model.etdump" if self.cfg.etdump else None
         c = self.cfg
         args = executor_runner.runner_args("model.bpte", method, "out/output", rtol=c.bundleio_rtol, atol=c.bundleio_atol,
-                                           num_executions=c.num_executions, print_output=c.print_output,
+                                           num_executions=executor_runner.executions_for(
+                                               getattr(options, "repeat", 1), c.num_executions),
+                                           print_output=c.print_output,
                                            cpu_threads=c.cpu_threads, etdump=etdump)
         self._logcat("-c")
         ex = self._exec(profiles.runner_command(run_dir, "executor_runner", args, env), options.case_timeout_s, run_dir)
@@ -291,6 +296,7 @@ class AndroidTarget:
                               log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
         result = CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt, log_path=log,
                             elapsed_s=ex.elapsed_s, device_verdict=verdict)
+        result.add_perf(executor_runner.perf_figures(ex.output + "\n" + logcat))
         if etdump:
             result.extra["etdump"] = self._pull_optional(posixpath.join(run_dir, etdump), local_dir / "model.etdump", budget)
         return result

@@ -284,6 +284,9 @@ def case_from_session(log: RunnerLog, end, method: str, index: int, layout, file
                         device_verdict=device_verdict(log), extra=dict(extra or {}))
     if log.partial_last_line:
         result.extra["partial_last_line"] = log.partial_last_line
+    from bundlerun.targets.arm.perf import SIMULATORS, arm_runner_figures
+
+    result.add_perf(arm_runner_figures(log, simulated=getattr(end, "tool", None) in SIMULATORS))
     got: Collected | Failure | None = classify(log, end)
     if got is None:
         got = collect_outputs(log, layout, files_dir, prefer=prefer)

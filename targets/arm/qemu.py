@@ -13,6 +13,10 @@ wall-clock bound ends hangs; QEMU runs in its own process group, always reaped.
 
 The runner comes from `firmware_scripts/arm/build_qemu_runner.sh` (its cache is
 searched when `runner_elf` is not set).
+
+The same UART runner also plays a board on a wire for the serial lane
+(`serial+socket://` with a per-case `launch` of QEMU, UART0 as a TCP server):
+docs/arm-qemu.md "The serial lane on QEMU's UART", tests/test_qemu_serial.py.
 """
 
 from __future__ import annotations

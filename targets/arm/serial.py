@@ -69,6 +69,12 @@ class SerialSettings:
     boot_timeout_s: float | None = None  # no byte at all after reset within this -> TIMEOUT
     exclusive: bool = True
     outputs: str = "auto"  # auto (ETDump, else printed) | etdump | printed
+    # The board as a process bundlerun owns: an emulator exposing its UART (QEMU
+    # `-serial tcp:...,server=on,wait=on`), a serial bridge, a probe server. Started in its own
+    # process group before the port is opened, stopped (group SIGTERM, then SIGKILL) after:
+    # per case when it mentions {case_bundle}, else once for the whole run.
+    launch: str | None = None
+    connect_timeout_s: float | None = None  # keep retrying the port open; default 10 s with launch, else one try
 
 
 def _truthy(value: Any) -> bool:
@@ -110,6 +116,7 @@ def settings_from(url, config: dict[str, Any]) -> SerialSettings:
             setattr(s, name, float(getattr(s, name)))
         if s.boot_timeout_s is not None:
             s.boot_timeout_s = float(s.boot_timeout_s)
+        s.connect_timeout_s = (10.0 if s.launch else 0.0) if s.connect_timeout_s is None else float(s.connect_timeout_s)
         s.exclusive = _truthy(s.exclusive)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{url.raw}: bad serial setting ({exc})") from None
@@ -126,6 +133,10 @@ def settings_from(url, config: dict[str, Any]) -> SerialSettings:
         raise ConfigError(f"{url.raw}: outputs={s.outputs!r}; expected auto, etdump or printed")
     if not (0 < s.read_timeout_s <= 5):
         raise ConfigError(f"{url.raw}: read_timeout_s must be in (0, 5]")
+    if not (0 <= s.connect_timeout_s <= 600):
+        raise ConfigError(f"{url.raw}: connect_timeout_s must be in [0, 600]")
+    if s.launch is not None and not str(s.launch).strip():
+        raise ConfigError(f"{url.raw}: launch is empty")
     return s
 
 
@@ -202,6 +213,90 @@ def _tail(path: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
+class LaunchFault(Exception):
+    """The launched board process is missing, exited before the port opened, or died mid-case."""
+
+    def __init__(self, kind: FailureKind, detail: str, message: str):
+        super().__init__(message)
+        self.kind, self.detail = kind, detail
+
+
+class Board:
+    """A `launch` command bundlerun owns: started in its own session (process group), output
+    saved, stopped with the whole group (SIGTERM, then SIGKILL) on every exit path."""
+
+    def __init__(self, argv: list[str], log_path: Path):
+        self.argv, self.log_path = argv, log_path
+        self.proc: subprocess.Popen | None = None
+        self.stopped_by_us = False
+
+    def start(self) -> "Board":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            log.write(("$ " + shlex.join(self.argv) + "\n").encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+            except (FileNotFoundError, PermissionError) as exc:
+                why = "not found on PATH" if isinstance(exc, FileNotFoundError) else "not executable"
+                raise LaunchFault(FailureKind.TOOL_MISSING, "launch",
+                                  f"launch tool {self.argv[0]!r} {why}") from None
+        return self
+
+    def exited(self, wait_s: float = 0.0) -> int | None:
+        """The exit status if the board process has ended by itself (waiting up to `wait_s`)."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=wait_s) if wait_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
+
+    def describe_exit(self, rc: int) -> str:
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        try:  # its last words (QEMU: the error, then a hint line)
+            said = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines()[1:] if ln.strip()]
+        except OSError:
+            said = []
+        tail = " / ".join(said[-2:])[:300]
+        return f"the board process ({Path(self.argv[0]).name}, pid {self.proc.pid}) {how}" + (f": {tail}" if tail else "")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.stopped_by_us = True
+            kill_process_group(self.proc)
+        if self.proc is not None:  # whatever it left behind in its group goes too
+            try:
+                os.killpg(self.proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def check_tcp_port_free(settings: SerialSettings) -> None:
+    """Before launching a board that listens on a loopback TCP port: something else already
+    listening there would take bundlerun's connection (a stale emulator, another run)."""
+    import socket
+
+    host, port = _host_port(settings.port_url)
+    if not port or host not in ("127.0.0.1", "localhost", "::1"):
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, int(port)))
+        except OSError as exc:
+            raise PortFault("port-busy", f"{host}:{port} is already in use ({exc.strerror}); the launched board "
+                            "could not listen there (a stale emulator or another run?)") from None
+
+
+def _host_port(port_url: str) -> tuple[str, str]:
+    """('127.0.0.1', '5555') for socket:// and rfc2217:// URLs, ('', '') otherwise."""
+    m = re.match(r"^(?:socket|rfc2217)://\[?([^\]/]*?)\]?:(\d+)", port_url)
+    return (m.group(1), m.group(2)) if m else ("", "")
+
+
 # ---------------------------------------------------------------- port handling
 
 
@@ -254,8 +349,30 @@ def port_holders(device: str) -> list[str]:
     return out
 
 
-def open_port(settings: SerialSettings):
-    """Open the port exclusively with a bounded read timeout; classify failures."""
+def open_port_waiting(settings: SerialSettings, board: Board | None = None, keep_input: bool = False):
+    """`open_port`, retried while the port is not there yet (connection refused, no device
+    node) for up to `connect_timeout_s`: a launched emulator or a board re-enumerating after a
+    flash. A launched board that exits meanwhile ends the wait at once (LaunchFault)."""
+    deadline = time.monotonic() + settings.connect_timeout_s
+    while True:
+        try:
+            return open_port(settings, keep_input=keep_input)
+        except PortFault as fault:
+            rc = board.exited() if board is not None else None
+            if rc is not None:
+                raise LaunchFault(FailureKind.TOOL_FAILED, "launch-exited",
+                                  f"{board.describe_exit(rc)} before {settings.port_url} could be opened") from None
+            if fault.detail != "port-missing" or time.monotonic() >= deadline:
+                if settings.connect_timeout_s > 0 and fault.detail == "port-missing":
+                    fault.args = (f"{fault.args[0]} (retried for {settings.connect_timeout_s:g}s)",)
+                raise
+            time.sleep(0.05)
+
+
+def open_port(settings: SerialSettings, keep_input: bool = False):
+    """Open the port exclusively with a bounded read timeout; classify failures.
+    `keep_input`: do not let pyserial's socket:// open discard what already arrived (a board
+    launched for this case may speak the moment it is connected)."""
     import serial
 
     kwargs: dict[str, Any] = {"baudrate": settings.baudrate, "timeout": settings.read_timeout_s}
@@ -264,6 +381,14 @@ def open_port(settings: SerialSettings):
     elif not settings.port_url.startswith("rfc2217://"):  # pyserial's RFC 2217 client has no write timeout
         kwargs.update(write_timeout=max(1.0, settings.read_timeout_s))
     try:
+        if keep_input and settings.port_url.startswith("socket://"):
+            port = serial.serial_for_url(settings.port_url, do_not_open=True, **kwargs)
+            port.reset_input_buffer = lambda: None  # shadow for open() only: QEMU's first bytes are this case's
+            try:
+                port.open()
+            finally:
+                del port.reset_input_buffer
+            return port
         return serial.serial_for_url(settings.port_url, **kwargs)
     except (serial.SerialException, OSError, ValueError, NotImplementedError) as exc:
         text = str(exc)
@@ -344,13 +469,35 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
         ):
             return Capture(bytes(data), "no-output", None, now - start)
         try:
-            # pyserial's read(n) returns after n bytes or `timeout`, whichever is first:
-            # big chunks while the board streams, at most read_timeout_s latency otherwise.
+            # pyserial's read(n) gathers until n bytes or `timeout` and *drops what it gathered* when
+            # the port closes meanwhile ("socket disconnected": an FVP/QEMU UART socket closing right
+            # after the runner's last line lost the whole tail). So: wait for one byte (bounded by
+            # read_timeout_s), then take what is already there without waiting (timeout 0 for that
+            # read; set on `_timeout` so rfc2217 does not renegotiate the port twice per chunk).
             wanted = max(0.001, min(settings.read_timeout_s, deadline - now))
             if port.timeout != wanted:
                 port.timeout = wanted
-            chunk = port.read(_CHUNK)
+            chunk = port.read(1)
+            if chunk and hasattr(port, "_timeout"):
+                port._timeout = 0
+                try:
+                    chunk += port.read(_CHUNK)
+                except (serial.SerialException, OSError) as exc:  # the port died after these bytes
+                    lost = exc
+                else:
+                    lost = None
+                finally:
+                    port._timeout = wanted
+                if lost is not None:
+                    data += chunk
+                    if sink is not None:
+                        sink(chunk)
+                    parser.feed(chunk)
+                    raise lost
         except (serial.SerialException, OSError) as exc:
+            if parser.crashed:  # the runner had aborted (e.g. QEMU exits on the abort): not a link fault
+                return Capture(bytes(data), "aborted", f"port closed after the runner aborted ({exc})",
+                               time.monotonic() - start)
             return Capture(bytes(data), "port-lost", f"{type(exc).__name__}: {exc}", time.monotonic() - start)
         now = time.monotonic()
         if chunk:
@@ -383,12 +530,15 @@ class SerialTarget:
     def _values(self, bundle_path: Path, case_bundle: Path | None, work: Path) -> dict[str, str]:
         s = self.settings
         return {
-            "bundle": str(bundle_path),
-            "case_bundle": str(case_bundle or bundle_path),
+            # absolute: a flash/launch tool may run from elsewhere (sh -c 'cd ...', a probe server)
+            "bundle": str(Path(bundle_path).resolve()),
+            "case_bundle": str(Path(case_bundle or bundle_path).resolve()),
             "elf": str(s.elf or ""),
             "target": str(s.target or ""),
             "port": s.port_url,
-            "work_dir": str(work),
+            "host": _host_port(s.port_url)[0],  # socket:// and rfc2217:// URLs: for a launched board
+            "tcp_port": _host_port(s.port_url)[1],
+            "work_dir": str(Path(work).resolve()),
         }
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
@@ -402,21 +552,45 @@ class SerialTarget:
         work = Path(options.work_dir) / "serial"
         work.mkdir(parents=True, exist_ok=True)
         per_case_flash = bool(s.flash and "{case_bundle}" in s.flash)
+        per_case_launch = bool(s.launch and "{case_bundle}" in s.launch)
         cases: list[CaseResult] = []
         logs: dict[str, str] = {}
-        flashed_once = False
         setup_start = time.monotonic()
-        setup_s = 0.0
         pairs = selected_cases(bundle, options)
         first_method = bundle.method_test_suites[0].method_name if bundle.method_test_suites else None
+        # "board": a launch without {case_bundle} runs once for the whole run, stopped here on every exit path
+        state: dict[str, Any] = {"board": None, "setup_s": 0.0}
+        try:
+            self._run_cases(bundle, bundle_path, options, s, work, pairs, first_method, per_case_flash,
+                            per_case_launch, cases, logs, setup_start, state)
+        finally:
+            if state["board"] is not None:
+                state["board"].stop()
+                logs["launch"] = str(state["board"].log_path)
+        setup_s = state["setup_s"]
+        info = {
+            "port": s.port_url,
+            "baudrate": s.baudrate,
+            "reset": s.reset,
+            "flash": s.flash,
+            "per_case_flash": per_case_flash,
+            "launch": s.launch,
+            "per_case_launch": per_case_launch,
+        }
+        return TargetRun(target=self.url, cases=cases, info=info, logs=logs, setup_s=setup_s or None)
+
+    def _run_cases(self, bundle, bundle_path, options, s, work, pairs, first_method, per_case_flash, per_case_launch,
+                   cases, logs, setup_start, state) -> None:
+        """The case loop of `run`; a run-wide launched board lands in state["board"] (run stops it)."""
+        flashed_once = False
         for method, index in pairs:
-            if not per_case_flash and (method, index) != (first_method, 0):
+            if not (per_case_flash or per_case_launch) and (method, index) != (first_method, 0):
                 result = CaseResult(
                     method,
                     index,
                     CaseStatus.SKIP,
                     error=(
-                        "the runner checks test case 0 of the bundle it holds; set a flash command "
+                        "the runner checks test case 0 of the bundle it holds; set a flash (or launch) command "
                         "with {case_bundle} to run other cases"
                     ),
                     error_kind=FailureKind.UNSUPPORTED,
@@ -434,25 +608,29 @@ class SerialTarget:
                 )
                 logs["flash"] = str(res.log_path)
                 flashed_once = True
-                setup_s = time.monotonic() - setup_start
+                state["setup_s"] = time.monotonic() - setup_start
                 if not res.ok:
                     from bundlerun.bundles.errors import TargetError
 
                     raise TargetError(res.message)
-            result = self._run_case(bundle, bundle_path, method, index, options, s, work, per_case_flash)
+            if s.launch and not per_case_launch and state["board"] is None:
+                from bundlerun.bundles.errors import TargetError
+
+                argv = render_command(s.launch, self._values(bundle_path, None, work))
+                try:
+                    check_tcp_port_free(s)
+                    state["board"] = Board(argv, work / "launch.log").start()
+                except PortFault as fault:
+                    raise TargetError(str(fault), kind=fault.kind.value) from None
+                except LaunchFault as fault:
+                    raise TargetError(str(fault), kind=fault.kind.value) from None
+            result = self._run_case(bundle, bundle_path, method, index, options, s, work, per_case_flash,
+                                    per_case_launch, state["board"])
             cases.append(result)
             if result.log_path:
                 logs[f"{method}[{index}]"] = result.log_path
             if options.progress:
                 options.progress(result)
-        info = {
-            "port": s.port_url,
-            "baudrate": s.baudrate,
-            "reset": s.reset,
-            "flash": s.flash,
-            "per_case_flash": per_case_flash,
-        }
-        return TargetRun(target=self.url, cases=cases, info=info, logs=logs, setup_s=setup_s or None)
 
     def _run_case(
         self,
@@ -464,6 +642,8 @@ class SerialTarget:
         s: SerialSettings,
         work: Path,
         per_case_flash: bool,
+        per_case_launch: bool = False,
+        run_board: Board | None = None,
     ) -> CaseResult:
         from bundlerun.bundles.bpte import write_bundle
 
@@ -480,7 +660,8 @@ class SerialTarget:
                                 "error": result.error, "log_path": result.log_path})
             suffix = "" if attempt == 0 else f".retry{attempt}"
             result = self._attempt(
-                method, index, layout, options, s, work, f"{stem}{suffix}", bundle_path, case_bundle, per_case_flash
+                method, index, layout, options, s, work, f"{stem}{suffix}", bundle_path, case_bundle, per_case_flash,
+                per_case_launch, run_board,
             )
             result.extra["attempts"] = attempt + 1
             if result.extra.get("transport_fault") not in _TRANSIENT:
@@ -504,19 +685,60 @@ class SerialTarget:
         bundle_path: Path,
         case_bundle: Path,
         per_case_flash: bool,
+        per_case_launch: bool = False,
+        run_board: Board | None = None,
+    ) -> CaseResult:
+        """One attempt; a per-case `launch` board is started first and stopped (its whole
+        process group) on every way out, Ctrl-C and timeouts included."""
+        if not per_case_launch:
+            return self._attempt_on_board(method, index, layout, options, s, work, stem, bundle_path, case_bundle,
+                                          per_case_flash, run_board, False)
+        base = CaseResult(method, index, CaseStatus.ERROR, log_path=None)
+        board: Board | None = None
+        try:
+            check_tcp_port_free(s)
+            board = Board(render_command(s.launch or "", self._values(bundle_path, case_bundle, work)),
+                          work / f"{stem}.launch.log").start()
+            return self._attempt_on_board(method, index, layout, options, s, work, stem, bundle_path, case_bundle,
+                                          per_case_flash, board, True)
+        except (PortFault, LaunchFault) as fault:
+            base.error, base.error_kind = fault.args[0], fault.kind
+            base.extra["transport_fault"] = fault.detail
+            return base
+        finally:
+            if board is not None:
+                board.stop()
+
+    def _attempt_on_board(
+        self,
+        method: str,
+        index: int,
+        layout,
+        options: RunOptions,
+        s: SerialSettings,
+        work: Path,
+        stem: str,
+        bundle_path: Path,
+        case_bundle: Path,
+        per_case_flash: bool,
+        board: Board | None,
+        launched_for_case: bool,
     ) -> CaseResult:
         from bundlerun.targets.arm.log import parse_runner_log
 
         values = self._values(bundle_path, case_bundle, work)
         log_path = work / f"{stem}.uart.log"
         base = CaseResult(method, index, CaseStatus.ERROR, log_path=None)
+        if board is not None:
+            base.extra["launch_log"] = str(board.log_path)
         try:
-            port = open_port(s)
-        except PortFault as fault:
+            port = open_port_waiting(s, board, keep_input=launched_for_case)
+        except (PortFault, LaunchFault) as fault:
             base.error, base.error_kind = fault.args[0], fault.kind
             base.extra["transport_fault"] = fault.detail
             return base
         capture: Capture | None = None
+        board_rc: int | None = None
         t0 = time.monotonic()
         try:
             if per_case_flash:
@@ -536,6 +758,10 @@ class SerialTarget:
                 reset_board(port, s, values, work / f"{stem}.reset.log")
                 t0 = time.monotonic()
                 capture = capture_uart(port, s, t0 + options.case_timeout_s, sink)
+                if board is not None and capture.status not in ("finished", "aborted"):
+                    # The UART went quiet or closed: did the board process itself die (emulator
+                    # crash, OOM kill)? Asked before the port closes (a bridge may end with it).
+                    board_rc = board.exited(wait_s=1.0 if capture.status == "port-lost" else 0.0)
         except PortFault as fault:
             base.error, base.error_kind = fault.args[0], fault.kind
             base.extra["transport_fault"] = fault.detail
@@ -563,13 +789,39 @@ class SerialTarget:
             result.extra["transport_fault"] = "port-lost"
         if result.status is not CaseStatus.OK and not result.log_excerpt:
             result.log_excerpt = [ln.raw for ln in log.lines[-30:]] + ([log.partial_last_line] if log.partial_last_line else [])
+        if board is not None and board_rc is not None and result.status is not CaseStatus.OK:
+            started = any(ln.level for ln in log.lines)
+            result.status = CaseStatus.ERROR
+            # before the runner's first line it is the tool failing (QEMU's -serial ...,wait=on
+            # loads the kernel only once connected); after it, the board died under the runner
+            result.error_kind = FailureKind.CRASH if started else FailureKind.TOOL_FAILED
+            result.error = (f"{board.describe_exit(board_rc)} " + (f"mid-case, after {len(capture.data)} UART bytes"
+                                                                   if started else "before the runner started"))
+            result.extra["transport_fault"] = "board-exited"
+            result.extra["board_returncode"] = board_rc
         return result
 
 
 def _doctor(_section: dict) -> list[Check]:
     from bundlerun.targets.probes import dist_check
 
-    return [dist_check("pyserial", "pyserial", "serial")]
+    import shutil
+
+    rows = [dist_check("pyserial", "pyserial", "serial")]
+    # The external commands a [targets.serial] section names must exist before a run needs them.
+    for key in ("launch", "flash", "reset_exec"):
+        template = _section.get(key) if isinstance(_section, dict) else None
+        if not template:
+            continue
+        try:
+            tool = shlex.split(str(template))[0]
+        except (ValueError, IndexError):
+            rows.append(Check(f"serial {key}", False, f"cannot parse {key} = {template!r}"))
+            continue
+        found = shutil.which(tool)
+        rows.append(Check(f"serial {key}", bool(found), f"{tool} found" if found else
+                          f"{tool} not on PATH (the {key} command of [targets.serial])", found or ""))
+    return rows
 
 
 SPEC = TargetSpec(

@@ -450,6 +450,9 @@ class ProgramWalker:
         self.loaded = loaded
         self.delegate_runners = delegate_runners
         self._kernels: dict[tuple[str, int], _Kernel] = {}
+        # observer(method, chain_index, instruction_index, instruction, frame) after every KernelCall and
+        # DelegateCall: how `bundlerun debug` collects intermediates (targets/intermediates.py)
+        self.observer: Any = None
 
     # -- public -----------------------------------------------------------------------
 
@@ -558,6 +561,8 @@ class ProgramWalker:
                 pass  # memory is managed by Python; freeing changes no result
             else:
                 raise WalkError("unsupported-op", f"instruction {type(ins).__name__} is not supported")
+            if self.observer is not None and isinstance(ins, (S.KernelCall, S.DelegateCall)):
+                self.observer(method, self.loaded.plan(method).chains.index(chain), pc, ins, frame)
             pc += 1
 
     def _kernel_call(self, method: str, frame: _Frame, call) -> None:

@@ -2,7 +2,8 @@
 program in Python (targets.program.walker) with the delegates of `--delegates`
 (TOSA on the reference model, MLX on the mlx package), run the requested cases,
 stream JSON events (protocol: targets/worker_process.py). Inputs come from the
-bundle itself.
+bundle itself. With `--serve` it is a warm worker: the delegates' libraries are
+imported once and bundles are loaded on request (targets/worker_process.py).
 """
 
 from __future__ import annotations
@@ -59,17 +60,11 @@ def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
     return package_versions((*dists, "executorch", "torch"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("bundle")
-    parser.add_argument("out_dir")
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--delegates", default="tosa", help="tosa | mlx-cpu | mlx-gpu")
-    args = parser.parse_args(argv)
-
-    t0 = time.perf_counter()
+def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "tosa", t0: float | None = None) -> int:
+    """Load one bundle, run `pairs`, emit its events (ready ... finished, or fatal)."""
+    t0 = time.perf_counter() if t0 is None else t0
     try:
-        bundle, loaded, walker, runtime, dists = _load(args.bundle, args.delegates)
+        bundle, loaded, walker, runtime, dists = _load(bundle_path, delegates)
         from bundlerun.targets.program.walker import WalkError
     except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
         kind = getattr(exc, "kind", "load")
@@ -81,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         info={"runtime": runtime, "delegates": loaded.delegate_ids, **_tool_versions(dists)},
     )
 
-    out_dir = Path(args.out_dir)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for method, case in json.loads(Path(args.cases).read_text()):
+    for method, case in pairs:
         _emit(event="start", method=method, case=case)
         try:
             test_case = bundle.suite(method).test_cases[case]
@@ -107,6 +102,46 @@ def main(argv: list[str] | None = None) -> int:
         _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records)
     _emit(event="finished")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", nargs="?")
+    parser.add_argument("out_dir", nargs="?")
+    parser.add_argument("--cases")
+    parser.add_argument("--delegates", default="tosa", help="tosa | mlx-cpu | mlx-gpu")
+    parser.add_argument("--serve", action="store_true",
+                        help="warm worker: import the delegates once, then load bundles sent on stdin")
+    args = parser.parse_args(argv)
+
+    if args.serve:
+        import gc
+
+        from bundlerun.targets.worker_process import serve
+
+        t_import = time.perf_counter()
+        real_stdout = sys.stdout
+        sys.stdout = sys.stderr  # library chatter at import goes to the log
+        try:
+            warnings.filterwarnings("ignore")
+            logging.disable(logging.WARNING)
+            _runners(args.delegates)
+            import bundlerun.targets.program.walker  # noqa: F401
+        except Exception:  # noqa: BLE001 - reported per bundle by the load that needs it
+            pass
+        finally:
+            sys.stdout = real_stdout
+        pending = [t_import]
+
+        def handle(cmd: dict) -> None:
+            _run_bundle(str(cmd["bundle"]), str(cmd["out_dir"]), [tuple(p) for p in cmd.get("cases", [])],
+                        args.delegates, pending.pop() if pending else None)
+            gc.collect()
+
+        return serve(handle)
+    if not (args.bundle and args.out_dir and args.cases):
+        parser.error("BUNDLE OUT_DIR --cases FILE are required (or --serve)")
+    return _run_bundle(args.bundle, args.out_dir, json.loads(Path(args.cases).read_text()), args.delegates)
 
 
 if __name__ == "__main__":

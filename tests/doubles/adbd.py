@@ -19,6 +19,18 @@ LD_LIBRARY_PATH goes to the guest with qemu's -E), stdin/stdout/stderr and exit
 status (a guest SIGABRT/SIGSEGV kills qemu with the same signal: 134/139).
 Scripts (the Python runner double) are exec'd unchanged.
 
+Transport contract (what a recent real adbd does, packages/modules/adb adb.cpp/sockets.cpp):
+the device answers CNXN with arg0 = A_VERSION (0x01000001) and arg1 = min(host maxdata, MAX_PAYLOAD
+= 1 MiB); each side uses min(its version, the peer's), and from 0x01000001 on no data checksum is
+computed (data_check = 0) or verified. The banner is `device::<props>;features=<list>` with no NUL.
+`delayed_ack` (on by default, `delayed_ack=False` emulates an older adbd) is used when the host's
+CNXN banner (`host::features=...`) lists it: then OPEN carries the host's initial send window in
+arg1 (a non-zero arg1 without the feature, or zero with it, is answered CLSE), every OKAY carries an
+int32 payload (bytes acknowledged; the device grants INITIAL_DELAYED_ACK_BYTES = 32 MiB in the
+OKAY answering OPEN and acknowledges host data as the service consumes it), and the device keeps
+sending WRTE while its window is positive. Without the feature: one WRTE in flight per stream,
+OKAY without payload. Not emulated: shell_v2, stat_v2/ls_v2, sendrecv_v2 (not advertised).
+
 Faults (dict given to the constructor or set on `.faults` later):
   offline          read CNXN, never answer (the adb server lists it "offline")
   free_bytes       total bytes the device accepts before "No space left on device"
@@ -54,7 +66,10 @@ A_CNXN, A_AUTH, A_OPEN, A_OKAY, A_CLSE, A_WRTE = (
 )
 AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
 VERSION_MIN, VERSION_SKIP_CHECKSUM = 0x01000000, 0x01000001
-MAX_PAYLOAD = 256 * 1024
+A_VERSION = VERSION_SKIP_CHECKSUM
+MAX_PAYLOAD = 1024 * 1024
+INITIAL_DELAYED_ACK_BYTES = 32 * 1024 * 1024
+FEATURE_DELAYED_ACK = "delayed_ack"
 SYNC_DATA_MAX = 64 * 1024
 SHA1_DIGEST_INFO = bytes.fromhex("3021300906052b0e03021a05000414")
 DEVICE_ROOTS = ("data", "sdcard", "system", "vendor")
@@ -195,6 +210,18 @@ def verify_signature(key: tuple[int, int], token: bytes, signature: bytes) -> bo
     return m == expected
 
 
+def parse_features(banner: bytes) -> set[str]:
+    """The `features=` list of a CNXN banner (`<type>:<serial>:<prop>=<v>;...`), as adbd parses it:
+    nothing is stripped, so a trailing NUL stays part of the last feature."""
+    text = banner.decode("utf-8", "replace")
+    props = text.split(":", 2)[2] if text.count(":") >= 2 else ""
+    for prop in props.split(";"):
+        key, _, value = prop.partition("=")
+        if key == "features":
+            return set(value.split(","))
+    return set()
+
+
 def _checksum(data: bytes) -> int:
     return sum(data) & 0xFFFFFFFF
 
@@ -209,6 +236,9 @@ class DeviceStats:
     pushes: list[str] = field(default_factory=list)
     pulls: list[str] = field(default_factory=list)
     shell_commands: list[str] = field(default_factory=list)
+    host_versions: list[int] = field(default_factory=list)  # CNXN arg0 of each host
+    delayed_ack_streams: int = 0  # streams opened with delayed ack
+    largest_host_write: int = 0  # biggest WRTE payload received from a host
     live_processes: dict[int, subprocess.Popen] = field(default_factory=dict)
 
 
@@ -218,6 +248,8 @@ class _Stream:
         self.incoming: "queue.Queue[bytes | None]" = queue.Queue()
         self.buffer = bytearray()
         self.okay = threading.Event()
+        self.window = threading.Condition()
+        self.available_send_bytes: int | None = None  # delayed ack: what the host lets us send
         self.closed = threading.Event()
         self.closed_sent = False
         self.on_host_close: list = []
@@ -229,11 +261,26 @@ class _Stream:
         for i in range(0, len(view), step):
             if self.closed.is_set():
                 raise _Disconnect()
+            part = view[i : i + step]
+            if self.available_send_bytes is not None:  # delayed ack: send while the window is positive
+                with self.window:
+                    while self.available_send_bytes <= 0:
+                        if self.closed.is_set() or self.conn.dead.is_set():
+                            raise _Disconnect()
+                        self.window.wait(0.2)
+                    self.available_send_bytes -= len(part)
+                self.conn.send(A_WRTE, self.local_id, self.remote_id, part)
+                continue
             self.okay.clear()
-            self.conn.send(A_WRTE, self.local_id, self.remote_id, bytes(view[i : i + step]))
+            self.conn.send(A_WRTE, self.local_id, self.remote_id, part)
             while not self.okay.wait(0.2):
                 if self.closed.is_set() or self.conn.dead.is_set():
                     raise _Disconnect()
+
+    def ack(self, acked: int) -> None:
+        with self.window:
+            self.available_send_bytes += acked
+            self.window.notify_all()
 
     def close(self) -> None:
         if not self.closed_sent:
@@ -244,6 +291,8 @@ class _Stream:
                 pass
         self.closed.set()
         self.incoming.put(None)
+        with self.window:
+            self.window.notify_all()
 
     # -- host -> device
     def read_exact(self, n: int) -> bytes:
@@ -251,8 +300,13 @@ class _Stream:
             chunk = self.incoming.get()
             if chunk is None:
                 raise _Disconnect()
-            self.buffer += chunk
-        out = bytes(self.buffer[:n])
+            if self.conn.delayed_ack:  # acknowledged as the service consumes it
+                self.conn.send(A_OKAY, self.local_id, self.remote_id, struct.pack("<i", len(chunk)))
+            if self.buffer:
+                self.buffer += chunk
+            else:
+                self.buffer = chunk  # a received packet is ours (bytearray): no copy
+        out = self.buffer[:n]
         del self.buffer[:n]
         return out
 
@@ -265,25 +319,35 @@ class _Connection:
         self.next_id = 1
         self.version = VERSION_MIN
         self.max_payload = 4096
+        self.delayed_ack = False
+        self.host_features: set[str] = set()
         self.dead = threading.Event()
 
     def send(self, cmd: int, arg0: int, arg1: int, data: bytes = b"") -> None:
-        header = struct.pack("<6I", cmd, arg0, arg1, len(data), _checksum(data), cmd ^ 0xFFFFFFFF)
+        check = _checksum(data) if self.version < VERSION_SKIP_CHECKSUM else 0
+        header = struct.pack("<6I", cmd, arg0, arg1, len(data), check, cmd ^ 0xFFFFFFFF)
         with self.lock:
-            self.sock.sendall(header + data)
+            if len(data) > 65536:
+                self.sock.sendall(header)
+                self.sock.sendall(data)
+            else:
+                self.sock.sendall(header + data)
 
-    def _recv_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
+    def _recv_exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            count = self.sock.recv_into(view[got:])
+            if not count:
                 raise _Disconnect()
-            buf += chunk
-        return bytes(buf)
+            got += count
+        return buf
 
     def recv(self) -> tuple[int, int, int, bytes]:
         cmd, arg0, arg1, length, check, magic = struct.unpack("<6I", self._recv_exact(24))
         if magic != cmd ^ 0xFFFFFFFF:
+            raise _Disconnect()
+        if length > MAX_PAYLOAD:  # adbd drops a connection that sends an oversized packet
             raise _Disconnect()
         data = self._recv_exact(length) if length else b""
         if self.version < VERSION_SKIP_CHECKSUM and _checksum(data) != check:
@@ -301,11 +365,14 @@ class _Connection:
     # -- handshake
     def handshake(self) -> bool:
         d = self.daemon
-        cmd, version, maxdata, _banner = self.recv()
+        cmd, version, maxdata, host_banner = self.recv()
         if cmd != A_CNXN:
             return False
-        self.version = min(version, VERSION_SKIP_CHECKSUM)
+        self.version = min(version, A_VERSION)
         self.max_payload = max(4096, min(maxdata, MAX_PAYLOAD))
+        self.host_features = parse_features(host_banner)
+        d.stats.host_versions.append(version)
+        self.delayed_ack = d.delayed_ack and FEATURE_DELAYED_ACK in self.host_features
         if d.faults.get("offline"):
             while True:  # never answer: the host sees an offline device
                 self.recv()
@@ -328,11 +395,12 @@ class _Connection:
                     d.add_authorized_key(data)
                     d.stats.auth_prompts += 1
                     break
+        features = ["cmd"] + ([FEATURE_DELAYED_ACK] if d.delayed_ack else [])
         banner = (
             f"device::ro.product.name={d.product};ro.product.model={d.model};"
-            f"ro.product.device={d.product};features=cmd\0"
+            f"ro.product.device={d.product};features={','.join(features)}"
         ).encode()
-        self.send(A_CNXN, self.version, MAX_PAYLOAD, banner)
+        self.send(A_CNXN, A_VERSION, self.max_payload, banner)
         return True
 
     def serve(self) -> None:
@@ -342,22 +410,45 @@ class _Connection:
             while True:
                 cmd, arg0, arg1, data = self.recv()
                 if cmd == A_OPEN:
+                    if arg0 == 0:
+                        continue
+                    if self.delayed_ack != bool(arg1):  # adbd: "unexpected value of A_OPEN arg1"
+                        self.send(A_CLSE, 0, arg0)
+                        continue
                     local = self.next_id
                     self.next_id += 1
                     stream = _Stream(self, local, arg0)
                     self.streams[local] = stream
-                    self.send(A_OKAY, local, arg0)
+                    if self.delayed_ack:
+                        self.daemon.stats.delayed_ack_streams += 1
+                        stream.available_send_bytes = arg1
+                        self.send(A_OKAY, local, arg0, struct.pack("<i", INITIAL_DELAYED_ACK_BYTES))
+                    else:
+                        self.send(A_OKAY, local, arg0)
                     service = data.rstrip(b"\0").decode("utf-8", "replace")
                     threading.Thread(target=self.daemon.run_service, args=(stream, service), daemon=True).start()
                 elif cmd == A_WRTE:
                     stream = self.streams.get(arg1)
+                    if len(data) > self.daemon.stats.largest_host_write:
+                        self.daemon.stats.largest_host_write = len(data)
                     if stream is not None and not stream.closed.is_set():
                         stream.incoming.put(data)
-                        self.send(A_OKAY, arg1, arg0)
+                        if not self.delayed_ack:
+                            self.send(A_OKAY, arg1, arg0)
                 elif cmd == A_OKAY:
                     stream = self.streams.get(arg1)
-                    if stream is not None:
+                    if stream is None:
+                        continue
+                    if not self.delayed_ack:
                         stream.okay.set()
+                    elif len(data) == 4:
+                        stream.ack(struct.unpack("<i", data)[0])
+                    elif not data:  # adbd: "delayed ack mismatch": the socket is closed
+                        self.streams.pop(arg1, None)
+                        for fn in stream.on_host_close:
+                            fn()
+                        stream.close()
+                    # any other payload size: logged and ignored by adbd
                 elif cmd == A_CLSE:
                     stream = self.streams.pop(arg1, None)
                     if stream is not None:
@@ -393,6 +484,7 @@ class FakeAdbd:
         model: str = "Emulated_SoC_sm8650",
         soc: str = "SM8650",
         arm64: bool | None = None,
+        delayed_ack: bool = True,
     ):
         """arm64: run pushed aarch64 ELFs under qemu-aarch64. None = when qemu-aarch64 and cc exist;
         True = required (RuntimeError naming the missing tool); False = never."""
@@ -409,6 +501,7 @@ class FakeAdbd:
         (self.root / "system" / "bin").mkdir(parents=True, exist_ok=True)
         self._install_logcat()
         self.require_auth = require_auth
+        self.delayed_ack = delayed_ack
         self.accept_new_keys = accept_new_keys
         self.faults: dict = dict(faults or {})
         self.stats = DeviceStats()
@@ -706,6 +799,9 @@ class FakeAdbd:
             return
         cut = self.faults.get("cut_pull_after")
         sent = 0
+        # adbd's local socket reads the sync service's socket up to max_payload at a time, so
+        # the 64 KiB DATA messages travel several to a WRTE when the service is ahead
+        pending = bytearray()
         with fh:
             while True:
                 chunk = fh.read(SYNC_DATA_MAX)
@@ -714,12 +810,16 @@ class FakeAdbd:
                 if cut is not None and sent + len(chunk) > cut and self.faults.get("cut_pull_times", 1) > 0:
                     self.faults["cut_pull_times"] = self.faults.get("cut_pull_times", 1) - 1
                     part = chunk[: max(0, cut - sent)]
-                    stream.write(b"DATA" + struct.pack("<I", len(part)) + part)
+                    stream.write(bytes(pending) + b"DATA" + struct.pack("<I", len(part)) + part)
                     stream.conn.kill()
                     raise _Disconnect()
-                stream.write(b"DATA" + struct.pack("<I", len(chunk)) + chunk)
+                if len(pending) + 8 + len(chunk) > stream.conn.max_payload and pending:
+                    stream.write(pending)
+                    pending = bytearray()
+                pending += struct.pack("<4sI", b"DATA", len(chunk))
+                pending += chunk
                 sent += len(chunk)
-        stream.write(b"DONE" + struct.pack("<I", 0))
+        stream.write(bytes(pending) + b"DONE" + struct.pack("<I", 0))
 
 
 def _fail(message: str) -> bytes:
@@ -739,10 +839,13 @@ def _drain_send(stream: _Stream) -> None:
 if __name__ == "__main__":  # manual use: python -m tests.doubles.adbd SANDBOX
     import sys
 
-    d = FakeAdbd(Path(sys.argv[1]))
+    import signal
+
+    d = FakeAdbd(Path(sys.argv[1]), delayed_ack=not os.environ.get("BUNDLERUN_ADBD_NO_DELAYED_ACK"))
     print(d.start(), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         d.stop()

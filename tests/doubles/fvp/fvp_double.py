@@ -20,6 +20,20 @@ reboot, linger. BUNDLERUN_FVP_PIDFILE, when set, receives the PID of every
 process the double starts (so tests can prove they are gone).
 BUNDLERUN_FVP_ARGSFILE, when set, receives the argv as JSON lines.
 
+Performance lines: after the inference it prints what the real runner's
+StopMeasurements() prints for an Ethos-U build (arm_perf_monitor.cpp: CPU cycles,
+Ethos-U cycle count, NPU/CPU ratios, the PMU counters: 4 named for U55/U65, 7 for
+U85), and after "Model run" the log_mem_status() lines (arm_executor_runner.cpp),
+with the runner's own format strings. The numbers are synthetic and deterministic:
+every cycle count is a fixed multiple of the program's size in bytes (the
+program inside the bundle), the memory figures are derived from it too; the
+double cannot see a memory plan or a command stream. Double-only knobs:
+BUNDLERUN_FVP_CYCLE_SCALE=F (a positive float, default 1) multiplies every
+cycle figure (CPU cycles, NPU cycles, cycle-type PMU counters such as NPU_IDLE;
+beat counters and memory stay), so a test can fake a cycle regression;
+BUNDLERUN_FVP_ETHOSU=0 emulates a runner built without Ethos-U (a Cortex-M only
+build): StopMeasurements() prints nothing.
+
 Test-only: never on a user's code path.
 """
 
@@ -110,7 +124,33 @@ _LN = {
     "n_outputs": 889, "writing": 933, "stats": 1092, "match": 1106, "mismatch": 1110,
     "result_fail": 1115, "status": 1117, "model_run": 1156, "main_model_run": 1362,
     "complete": 1369, "eot": 1373, "fatal": 1366, "etdump_size": 1005,
+    # runner_init / log_mem_status, numbered as in the extracted sources (examples/arm/executor_runner)
+    "planned_buffer": 740, "mem_program_addr": 958, "mem_loaded_addr": 962, "mem_program": 967,
+    "mem_loaded": 971, "mem_input_file": 979, "mem_method": 992, "mem_planned": 1000,
+    "mem_method_loaded": 1021, "mem_method_input": 1025, "mem_method_executor": 1029, "mem_temp": 1035,
 }
+# StopMeasurements() in arm_perf_monitor.cpp: line of each ET_LOG
+_PERF_LN = {
+    "inferences": 150, "delegations": 151, "profiler": 156, "backend": 160, "operators": 168, "runtime": 175,
+    "note": 181, "cpu_ratio": 190, "npu_ratio": 194, "wait": 203, "pmu_report": 209, "pmu_cycles": 210,
+    "pmu_cntr": 217, "events_u55": 225, "events_u85": 229,
+}
+# The PMU events the runner programs (ethosu_inference_begin), as its "Ethos-U PMU Events:" line names them
+_PMU_EVENTS = {
+    "u55": ("ETHOSU_PMU_AXI0_RD_DATA_BEAT_RECEIVED", "ETHOSU_PMU_AXI1_RD_DATA_BEAT_RECEIVED",
+            "ETHOSU_PMU_AXI0_WR_DATA_BEAT_WRITTEN", "ETHOSU_PMU_NPU_IDLE"),
+    "u85": ("ETHOSU_PMU_SRAM_RD_DATA_BEAT_RECEIVED", "ETHOSU_PMU_SRAM_WR_DATA_BEAT_WRITTEN",
+            "ETHOSU_PMU_EXT_RD_DATA_BEAT_RECEIVED", "ETHOSU_PMU_EXT_WR_DATA_BEAT_WRITTEN", "ETHOSU_PMU_NPU_IDLE",
+            "ETHOSU_PMU_MAC_ACTIVE", "ETHOSU_PMU_WD_ACTIVE"),
+}
+# Per program byte: (events, scaled by BUNDLERUN_FVP_CYCLE_SCALE?) for each counter above
+_PMU_PER_BYTE = {
+    "u55": ((1 / 4, False), (1 / 16, False), (1 / 32, False), (2, True)),
+    "u85": ((1 / 8, False), (1 / 32, False), (1 / 4, False), (1 / 64, False), (2, True), (16, True), (6, True)),
+}
+METHOD_POOL = 62914560  # ET_ARM_BAREMETAL_METHOD_ALLOCATOR_POOL_SIZE default (60 MiB)
+FILE_POOL = 62914560  # ET_ARM_BAREMETAL_SEMIHOSTING_FILE_ALLOCATOR_POOL_SIZE default (60 MiB)
+TEMP_POOL = 0x200000  # ET_ARM_BAREMETAL_SCRATCH_TEMP_ALLOCATOR_POOL_SIZE, Shared_Sram default
 
 
 class Fvp:
@@ -125,6 +165,14 @@ class Fvp:
         self.runner_stream = sys.stdout
         self.t0 = time.monotonic()
         self.ns = 0
+        try:
+            self.cycle_scale = float(os.environ.get("BUNDLERUN_FVP_CYCLE_SCALE", "1"))
+        except ValueError:
+            self.cycle_scale = -1.0
+        if not 0 < self.cycle_scale < float("inf"):
+            self.fail(f"fvp_double: BUNDLERUN_FVP_CYCLE_SCALE must be a positive number, got "
+                      f"{os.environ.get('BUNDLERUN_FVP_CYCLE_SCALE')!r}", 2)
+        self.ethosu = os.environ.get("BUNDLERUN_FVP_ETHOSU", "1") != "0"
 
     # -- command line -------------------------------------------------------------
 
@@ -210,6 +258,9 @@ class Fvp:
     def log(self, level: str, key: str, msg: str, func: str = "main") -> None:
         self.out(f"{level} [executorch:arm_executor_runner.cpp:{_LN.get(key, 100)} {func}()] {msg}", self.runner_stream)
 
+    def perf_log(self, key: str, msg: str) -> None:
+        self.out(f"I [executorch:arm_perf_monitor.cpp:{_PERF_LN[key]} StopMeasurements()] {msg}", self.runner_stream)
+
     def banner(self) -> None:
         for n, port in ((0, 5000), (1, 5001), (2, 5002), (5, 5003)):
             self.out(f"telnetterminal{n}: Listening for serial connection on port {port}")
@@ -266,6 +317,7 @@ class Fvp:
         model = out_base = None
         k = 0
         n_inputs = 0
+        file_sizes: list[int] = []  # what the runner read into its input file allocator, in order
         while k < len(argv):
             if argv[k] == "-i" and k + 1 < len(argv):
                 n_inputs += 1
@@ -275,6 +327,7 @@ class Fvp:
                     self.log("F", "read_input", f"Could not open file {name} (errno: 2) for reading, exiting!", "read_binary_file")
                     self.log("E", "read_input", f"Reading input tensor {n_inputs} from file {name} failed.")
                     self.stop()
+                file_sizes.append((cwd / name).stat().st_size)
                 k += 2
             elif argv[k] == "-m" and k + 1 < len(argv):
                 name = argv[k + 1]
@@ -284,6 +337,7 @@ class Fvp:
                     self.log("E", "read_pte", f"Reading pte model from file {name} failed.")
                     self.stop()
                 model = (cwd / name).read_bytes()
+                file_sizes.append(len(model))
                 k += 2
             elif argv[k] == "-o" and k + 1 < len(argv):
                 out_base = argv[k + 1]
@@ -296,7 +350,7 @@ class Fvp:
         if out_base is None:
             self.log("F", "pte_at", "Missing required -o output_basename")
             self.stop()
-        self.execute(model, cwd=cwd, out_base=out_base)
+        self.execute(model, cwd=cwd, out_base=out_base, file_sizes=file_sizes)
 
     def uart_stream(self):
         """Where UART0 goes: stdout for out_file=-, a file, or (no out_file) the
@@ -313,10 +367,12 @@ class Fvp:
     def uart_main(self) -> None:
         self.runner_stream = self.uart_stream()
         model = None
+        at_addr = False  # ET_MODEL_PTE_ADDR build: the bundle is placed with --data, not baked in
         for spec in self.data:
             path = spec.split("=", 1)[-1].rsplit("@", 1)[0]
             if Path(path).is_file():
                 model = Path(path).read_bytes()
+                at_addr = True
         if model is None:
             blob = Path(self.app).read_bytes()
             at = blob.find(b"BP08")
@@ -326,19 +382,23 @@ class Fvp:
             self.log("I", "pte_at", "PTE @ 0x70000000 [----\xff\xff\xff\xff]")
             self.log("F", "loaded", "In function runner_init(), assert failed (program_result.ok()): Program loading failed @ 0x70000000: 0x23", "runner_init")
             self.run_out_timelimit()
-        self.execute(model, cwd=None, out_base=None)
+        self.execute(model, cwd=None, out_base=None, pte_at_addr=at_addr)
 
-    def execute(self, model: bytes, cwd: Path | None, out_base: str | None) -> None:
+    def execute(self, model: bytes, cwd: Path | None, out_base: str | None,
+                file_sizes: list[int] | None = None, pte_at_addr: bool = False) -> None:
         sc = self.scenario
+        program_len = _program_len(model)
         self.log("I", "pte_at", f"PTE @ 0x70000000 [----{model[4:8].decode('ascii', 'replace')}]")
         if sc == "reboot":  # a watchdog reset: the runner starts over without a fault line
             self.log("I", "params", "Running executor with parameter:")
             self.log("I", "pte_at", f"PTE @ 0x70000000 [----{model[4:8].decode('ascii', 'replace')}]")
-        self.log("I", "loaded", f"PTE Model data loaded. Size: {len(model)} bytes.", "runner_init")
+        self.log("I", "loaded", f"PTE Model data loaded. Size: {program_len} bytes.", "runner_init")
         self.log("I", "methods", "Model buffer loaded, has 1 methods", "runner_init")
         method = _first_method(model)
         self.log("I", "running_method", f"Running method {method}", "runner_init")
-        self.log("I", "alloc", "Setup Method allocator pool. Size: 62914560 bytes.", "runner_init")
+        self.log("I", "alloc", f"Setup Method allocator pool. Size: {METHOD_POOL} bytes.", "runner_init")
+        planned, loaded = _memory_model(program_len)
+        self.log("I", "planned_buffer", f"Setting up planned buffer with mem_id=1, size {planned}.", "runner_init")
         self.log("I", "method_loaded", f"Method '{method}' loaded.", "runner_init")
         self.log("I", "preparing", "Preparing inputs...", "runner_init")
         self.log("I", "testset", "Input testset[0] from bundled bpte", "runner_init")
@@ -359,6 +419,8 @@ class Fvp:
             self.log("E", "method_loaded", f"Host runtime of the FVP double cannot run this program: {first}", "runner_init")
             self.log("F", "start", f"In function run_model(), assert failed (status == Error::Ok): Execution of method {method} failed with status 0x1", "run_model")
             self.stop()
+        if self.ethosu:
+            self.stop_measurements(program_len)
         if sc == "numerical":
             outputs = [_perturb(o) for o in outputs]
             status = None  # verdict recomputed on what the "device" produced
@@ -401,6 +463,7 @@ class Fvp:
             self.log("E", "status", f"Bundle verification failed with status 0x{ERROR_NOT_FOUND:x}", "verify_result")
         self.log("I", "model_run", f"Model run: {int(ok)}", "run_model")
         self.log("I", "main_model_run", f"Model run: {int(ok)}")
+        self.log_mem_status(model, program_len, file_sizes if cwd is not None else None, pte_at_addr)
         if cwd is None and os.environ.get("BUNDLERUN_FVP_ETDUMP") == "1":
             self.print_etdump(model, method)
         if not ok:
@@ -415,6 +478,62 @@ class Fvp:
         if sc == "linger" or self.board_p("uart0.shutdown_on_eot", "0") not in ("1", "true"):
             self.hang(spawn=False)
         self.stop()
+
+    def stop_measurements(self, program_len: int, n: int = 1) -> None:
+        """StopMeasurements(n) of an Ethos-U build, its format strings verbatim (arm_perf_monitor.cpp).
+        `% lu` there prints no space for an unsigned value (newlib, like glibc, ignores the flag)."""
+        s = self.cycle_scale
+
+        def cycles(per_byte: float) -> int:
+            return round(per_byte * program_len * s)
+
+        npu, wait, backend, total = cycles(24), cycles(26), cycles(28), cycles(32)
+        delegations = n
+        variant = "u85" if self.npu == "Ethos-U85" else "u55"  # U65 is programmed like U55
+        counters = [round(per * program_len * (s if scaled else 1)) for per, scaled in _PMU_PER_BYTE[variant]]
+        p = self.perf_log
+        p("inferences", f"NPU Inferences : {n}")
+        p("delegations", f"NPU delegations: {delegations} ({delegations / n:.2f} per inference)")
+        p("profiler", "Profiler report, CPU cycles per operator:")
+        p("backend", f"ethos-u : cycle_cnt : {backend} cycles ({backend / n:.2f} per inference)")
+        p("operators", f"Operator(s) total: {backend} CPU cycles ({backend / n:.2f} per inference)")
+        p("runtime", f"Inference runtime: {total} CPU cycles total ({total / n:.2f} per inference)")
+        p("note", "NOTE: CPU cycle values and ratio calculations require FPGA and identical CPU/NPU frequency")
+        p("cpu_ratio", f"Inference CPU ratio: {100.0 * (total - wait) / total:.2f} %")
+        p("npu_ratio", f"Inference NPU ratio: {100.0 * wait / total:.2f} %")
+        p("wait", f"cpu_wait_for_npu_cntr : {wait} CPU cycles ({wait / n:.2f} per inference)")
+        p("pmu_report", "Ethos-U PMU report:")
+        p("pmu_cycles", f"ethosu_pmu_cycle_cntr : {npu} ({npu / n:.2f} per inference)")
+        for i, v in enumerate(counters):
+            p("pmu_cntr", f"ethosu_pmu_cntr{i} : {v} ({v / n:.2f} per inference)")
+        p(f"events_{variant}", f"Ethos-U PMU Events:[{', '.join(_PMU_EVENTS[variant])}]")
+
+    def log_mem_status(self, model: bytes, program_len: int, file_sizes: list[int] | None, pte_at_addr: bool) -> None:
+        """log_mem_status() (arm_executor_runner.cpp): a semihosting build also reports its input
+        file allocator; a runner whose bundle sits at ET_MODEL_PTE_ADDR says the size is unknown."""
+        func = "log_mem_status"
+        if pte_at_addr:
+            unknown = " (pte size unknown when not baked into elf)"
+            self.log("I", "mem_program_addr", f"model_pte_program_size:     {program_len} bytes.{unknown}", func)
+            self.log("I", "mem_loaded_addr", f"model_pte_loaded_size:      {len(model)} bytes.{unknown}", func)
+        else:
+            self.log("I", "mem_program", f"model_pte_program_size:     {program_len} bytes.", func)
+            self.log("I", "mem_loaded", f"model_pte_loaded_size:      {len(model)} bytes.", func)
+        if file_sizes is not None:
+            used = 0
+            for size in file_sizes:  # 16-byte aligned allocations, one per file read
+                used = _align(used, 16) + size
+            self.log("I", "mem_input_file", f"input_file_allocator_used: {used} / {FILE_POOL} free: {FILE_POOL - used} "
+                     f"( used: {100 * used // FILE_POOL} % ) ", func)
+        planned, loaded = _memory_model(program_len)
+        used = planned + loaded
+        self.log("I", "mem_method", f"method_allocator_used:     {used} / {METHOD_POOL}  free: {METHOD_POOL - used} "
+                 f"( used: {100 * used // METHOD_POOL} % ) ", func)
+        self.log("I", "mem_planned", f"method_allocator_planned:  {planned} bytes", func)
+        self.log("I", "mem_method_loaded", f"method_allocator_loaded:   {loaded} bytes", func)
+        self.log("I", "mem_method_input", "method_allocator_input:    0 bytes", func)
+        self.log("I", "mem_method_executor", "method_allocator_executor: 0 bytes", func)
+        self.log("I", "mem_temp", f"temp_allocator:            {TEMP_POOL}", func)
 
     def print_etdump(self, model: bytes, method: str) -> None:
         etdump, debug = run_case0_etdump(model, method)
@@ -455,6 +574,26 @@ def _first_method(model: bytes) -> str:
         return parse_bundle(model, in_memory=True).method_test_suites[0].method_name
     except Exception:
         return "forward"
+
+
+def _program_len(model: bytes) -> int:
+    """Size of the program inside the bundle (what the runner's loader gets), else of the blob."""
+    from bundlerun.bundles.bpte import parse_bundle
+
+    try:
+        return len(parse_bundle(model, in_memory=True).program)
+    except Exception:
+        return len(model)
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _memory_model(program_len: int) -> tuple[int, int]:
+    """(planned buffer, method_allocator_loaded) bytes: synthetic, a fixed function of the program
+    size (the double cannot see the memory plan)."""
+    return _align(program_len // 4, 16), 1024 + _align(program_len // 16, 8)
 
 
 def _expected(model: bytes):

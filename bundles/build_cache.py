@@ -1,0 +1,202 @@
+"""Content-addressed cache of built bundles: `$BUNDLERUN_CACHE/builds/<key>/bundle.bpte`
+(default `${XDG_CACHE_HOME:-~/.cache}/bundlerun/builds/`).
+
+The key is a sha256 over everything a build depends on:
+
+- the model: its reference as given, and its source — for a zoo model the code of
+  bundlerun's `bundles/` package (the zoo, the dataset-trained models, the lowering
+  recipes, the builder, the tolerance code and data), for `path.py:factory` the content
+  of that file (files it imports are not followed: edit one of those and pass
+  `--no-cache`);
+- the input spec (`--distribution`), cases, seed, dtype, backend, target (the backend's
+  options), reference kind, calibration settings (count, and the samples when given),
+  explicit tolerances, dataset samples and labels, `--require-delegation`;
+- the tolerance registry as resolved for the build (every layer's file and content), since
+  resolved criteria are embedded in the bundle;
+- package versions (bundlerun, torch, executorch, numpy, tosa-tools, ethos-u-vela, mlx,
+  flatbuffers), Python version, machine, and the environment variables builds read.
+
+The key is recorded in the manifest (`build.cache_key`). Entries are written atomically
+(a temp folder renamed into place). A hit is read back through `read_bundle`, i.e. the
+same schema, consistency and integrity checks as any bundle; an entry that fails them,
+or whose recorded key differs, is discarded and rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "bundlerun.build-cache/1"
+BUNDLE_FILE = "bundle.bpte"
+PACKAGES = ("bundlerun", "torch", "executorch", "numpy", "tosa-tools", "ethos-u-vela", "mlx", "flatbuffers")
+BUILD_ENV = ("BUNDLERUN_TOLERANCES", "BUNDLERUN_THIRD_PARTY", "BUNDLERUN_EXECUTORCH_SRC", "QNN_SDK_ROOT")
+_CODE_DIGEST: str | None = None
+
+
+def cache_root() -> Path:
+    """`$BUNDLERUN_CACHE/builds`, else `${XDG_CACHE_HOME:-~/.cache}/bundlerun/builds` (as runners/)."""
+    base = os.environ.get("BUNDLERUN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bundlerun")
+    return Path(base) / "builds"
+
+
+def package_versions() -> dict[str, str]:
+    from bundlerun.bundles.builder import package_versions as versions
+
+    return versions(PACKAGES)
+
+
+def code_digest() -> str:
+    """sha256 of bundlerun's build code and data (`bundles/`): the source of zoo models and recipes."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                           and p.suffix not in (".pyc", ".pyo")):
+            rel = path.relative_to(root).as_posix().encode()
+            h.update(len(rel).to_bytes(4, "little") + rel)
+            data = path.read_bytes()
+            h.update(len(data).to_bytes(8, "little") + data)
+        _CODE_DIGEST = h.hexdigest()
+    return _CODE_DIGEST
+
+
+def _model_source(ref: str) -> dict[str, Any]:
+    if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
+        path = Path(ref.rpartition(":")[0])
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            digest = None  # the build reports the missing file; nothing is cached for it
+        return {"factory": ref.rpartition(":")[2], "file": str(path.resolve()), "sha256": digest}
+    return {"zoo": ref}
+
+
+def _arrays_digest(arrays: Any) -> str | None:
+    """sha256 over nested lists of numpy arrays (dtype, shape, bytes)."""
+    import numpy as np
+
+    if arrays is None:
+        return None
+    h = hashlib.sha256()
+
+    def add(x: Any) -> None:
+        if isinstance(x, (list, tuple)):
+            h.update(b"[" + len(x).to_bytes(8, "little"))
+            for item in x:
+                add(item)
+            h.update(b"]")
+        else:
+            a = np.ascontiguousarray(np.asarray(x))
+            head = json.dumps([str(a.dtype), list(a.shape)]).encode()
+            h.update(b"A" + len(head).to_bytes(4, "little") + head)
+            h.update(a.tobytes())
+
+    add(arrays)
+    return h.hexdigest()
+
+
+def _registry_digest(registry: Any) -> str:
+    if registry is None:
+        from bundlerun.bundles.registry import default_registry
+
+        registry = default_registry()
+    layers = [[layer.file, layer.label, layer.data] for layer in getattr(registry, "layers", [])]
+    text = json.dumps(layers, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str, Any]:
+    """Everything the bundle built for `req` depends on (see the module docstring)."""
+    dataset = None
+    if req.dataset is not None:
+        rest = {k: v for k, v in req.dataset.items() if k != "samples"}
+        dataset = {"samples": _arrays_digest(req.dataset.get("samples")),
+                   "rest": hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()}
+    return {
+        "schema": SCHEMA,
+        "model": {"ref": req.model, **_model_source(req.model)},
+        "code": code_digest(),
+        "distribution": req.distribution,
+        "cases": req.cases,
+        "seed": req.seed,
+        "dtype": dtype,
+        "backend": backend,
+        "target": req.target,
+        "reference": reference,
+        "calibration": {"cases": req.calibration_cases, "samples": _arrays_digest(req.calibration)},
+        "overrides": json.loads(json.dumps(req.overrides, sort_keys=True, default=str)),
+        "dataset": dataset,
+        "require_delegation": bool(req.require_delegation),
+        "etrecord": bool(getattr(req, "etrecord", False)),  # (such builds are not cached; recorded all the same)
+        "registry": _registry_digest(req.registry),
+        "versions": package_versions(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "env": {name: os.environ.get(name) for name in BUILD_ENV},
+    }
+
+
+def cache_key(material: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cacheable(material: dict[str, Any]) -> bool:
+    """A factory whose file cannot be read, or a model passed as an object, is not cached."""
+    return material["model"].get("sha256", True) is not None
+
+
+def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
+    """(bundle, bytes) of a valid entry; (None, why) for a miss (why None) or a discarded entry."""
+    from bundlerun.bundles.bpte import load_bundle
+    from bundlerun.bundles.errors import BundlerunError
+
+    folder = cache_root() / key
+    path = folder / BUNDLE_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        data = path.read_bytes()
+        bundle = load_bundle(data, str(path))  # schema, consistency and integrity checks
+        recorded = ((bundle.manifest or {}).get("build") or {}).get("cache_key")
+        if recorded != key:
+            raise BundlerunError(f"{path}: records cache key {str(recorded)[:16]}..., not {key[:16]}...")
+        if (bundle.manifest or {}).get("integrity") is None:
+            raise BundlerunError(f"{path}: not sealed")
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with an entry, it is not used
+        shutil.rmtree(folder, ignore_errors=True)
+        return None, f"discarded a corrupted build-cache entry ({exc}); rebuilding"
+    return bundle, data
+
+
+def store(key: str, bundle_path: Path) -> Path | None:
+    """Copy a freshly built bundle into the cache, atomically (temp folder, then rename).
+    A cache that cannot be written never fails the build."""
+    root = cache_root()
+    folder = root / key
+    if (folder / BUNDLE_FILE).is_file():
+        return folder
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=root))
+        try:
+            shutil.copyfile(bundle_path, tmp / BUNDLE_FILE)
+            with open(tmp / BUNDLE_FILE, "rb") as fh:
+                os.fsync(fh.fileno())
+            if folder.exists():  # a stale or half-removed entry: replaced, never merged
+                shutil.rmtree(folder, ignore_errors=True)
+            os.rename(tmp, folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return folder if (folder / BUNDLE_FILE).is_file() else None  # another writer won the race
+    except OSError:
+        return None
+    return folder

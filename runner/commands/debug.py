@@ -1,0 +1,95 @@
+"""`bundlerun debug BUNDLE --target URL [--case N] [--output NAME] [--report DIR]`: run one case
+with every intermediate output and name the first layer whose error exceeds its share of
+the output's budget (runner/debug.py). Exit codes: 0 no layer exceeds, 1 a first bad layer
+was found, 2 could not run (no ETRecord, a target that cannot dump intermediates, ...)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def run_debug(bundle: Path, target: str, case: int | None = None, output: str | None = None,
+              report_dir: Path | None = None, history_db: Path | None = None, method: str = "forward",
+              timeout: float = 600.0, debug_buffer_mb: int = 64, as_json: bool = False, quiet: bool = False,
+              case_source: str | None = None):
+    """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
+    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug_report import rich_table, verdict_line, write_debug_reports
+    from bundlerun.runner.report import wide_console
+
+    work = (report_dir / "work") if report_dir else None
+    result = debug_bundle(bundle, target, case=case, output=output, method=method, work_dir=work,
+                          history_db=history_db, timeout_s=timeout, debug_buffer_mb=debug_buffer_mb)
+    if case_source:
+        result.case_source = case_source
+    files = write_debug_reports(result, report_dir) if report_dir else {}
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, default=str))
+    elif not quiet:
+        console = wide_console()
+        console.print(rich_table(result))
+        from bundlerun.runner.debug_report import merged_into
+
+        merged = 0
+        for row in result.rows:
+            if row.status == "unmatched" and merged_into(row, result.rows) is not None:
+                merged += 1
+            elif row.status == "unmatched":
+                console.print(f"row {row.index} (instruction {row.instruction}, {row.runtime_op}): unmatched: "
+                              f"{row.note}", markup=False)
+        if merged:
+            console.print(f"{merged} unmatched row(s) marked 'unmatched→#N': their debug handles overlap row N's, so the "
+                          "Inspector merges them and compares the group's output there (notes in report.json)",
+                          markup=False)
+        for note in result.notes:
+            console.print(f"note: {note}", markup=False)
+        console.print(verdict_line(result), markup=False, style="bold red" if result.first_bad is not None else "green")
+    if files:
+        click.echo(f"debug report: {files['json']}", err=True)
+    return result
+
+
+@click.command(name="debug")
+@click.argument("bundle", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--target", default="host://xnnpack", show_default=True,
+              help="Target URL (host:// and tosa:// return intermediates; others say what they need).")
+@click.option("--case", "case", type=click.IntRange(min=0), default=None,
+              help="Case index (default: the worst failing case of this bundle's last recorded run, else 0).")
+@click.option("--output", default=None, help="Output name whose budget is split over the layers (default: the first).")
+@click.option("--method", default="forward", show_default=True)
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
+              help="Write report.json (debug section), summary.md and report.html here.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds for the debug run.")
+@click.option("--debug-buffer-mb", type=click.IntRange(min=1), default=64, show_default=True,
+              help="host://: size of the runtime's debug buffer for intermediate outputs.")
+@click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
+              help="History database to find the last run's worst case in.")
+@click.option("--json", "as_json", is_flag=True, help="Print the debug result as JSON.")
+def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, history_db, as_json):
+    """Name the first layer of BUNDLE that goes wrong on --target (needs `build --etrecord`)."""
+    from bundlerun.runner.history import resolve_history_path
+
+    db = resolve_history_path(str(history_db) if history_db else None, None)
+    result = run_debug(bundle, target, case, output, report_dir, db, method, timeout, debug_buffer_mb, as_json)
+    sys.exit(1 if result.first_bad is not None else 0)
+
+
+def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, quiet: bool = False) -> None:
+    """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.runner.debug import worst_failing_case
+
+    for method in dict.fromkeys(c.get("method", "forward") for c in report.get("cases") or []):
+        case = worst_failing_case(report, method)
+        if case is None:
+            continue
+        try:
+            run_debug(bundle, target, case, None, report_dir, None, method, quiet=quiet,
+                      case_source="worst failing case of this run (--debug-on-fail)")
+        except BundlerunError as exc:
+            click.echo(f"debug-on-fail: {exc}", err=True)
+        return

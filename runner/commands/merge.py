@@ -1,0 +1,73 @@
+"""`bundlerun merge REPORT.json... --report DIR`: reports -> one report (the CLI of runner/merge.py).
+
+The shards of one bundle on one target (`bundlerun run B --shard i/n`), of a farm (`bundlerun
+farm PLAN --shard i/n`) or the reports of `validate --shard` merge into one report; the merge
+itself, with its checks (different bundles/targets/overrides, overlapping and missing shards),
+is `runner.merge.merge_reports` (see its docstring and docs/ci.md). This module reads the
+reports, writes the merged one with the usual writers (report.json, junit.xml, summary.md,
+report.html), annotates it under GitHub Actions and exits with its code; a refused merge
+(`MergeError`) is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
+
+
+def write_merged(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """report.json + junit.xml + summary.md + report.html into out_dir (report.json last, with the file list)."""
+    from bundlerun.runner.report import write_report
+    from bundlerun.runner.reports import write_reports
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bundle_path = (report.get("bundle") or {}).get("path")
+    files = write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
+    files["json"] = out_dir / "report.json"
+    report["files"] = {k: str(v) for k, v in files.items()}
+    write_report(report, out_dir)
+    return files
+
+
+@click.command(name="merge")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), required=True,
+              help="Folder for the merged report (report.json, junit.xml, summary.md, report.html).")
+@click.option("--force", is_flag=True, help="Merge reports of different bundles/targets/overrides, or overlapping shards.")
+@click.option("--allow-partial", is_flag=True, help="Merge even if shards are missing: their cases become errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged summary as JSON on stdout.")
+def command(reports, report_dir, force, allow_partial, as_json):
+    """Merge shard reports (REPORT.json files or their folders) into one report in --report DIR.
+
+    Shards of a run or of a farm give the same cases, verdicts and exit code as one unsharded
+    run (0 pass, 1 numerical failure, 2 could not run). Different bundles/targets, overlapping
+    and missing shards are refused with the cases (or jobs) named.
+    """
+    import json
+
+    from bundlerun.runner import github
+    from bundlerun.runner.report import read_report
+
+    paths = [p / "report.json" if p.is_dir() else p for p in reports]
+    loaded = [read_report(p) for p in paths]
+    merged = merge_reports(loaded, MergeOptions(force=force, allow_partial=allow_partial, paths=[str(p) for p in paths]))
+    merged["run"]["command"] = ["bundlerun", "merge", *map(str, reports), "--report", str(report_dir)]
+    write_merged(merged, report_dir)
+    github.annotate(merged, report_dir / "report.json", stream=sys.stderr if as_json else None)
+    s = merged["summary"]
+    if as_json:
+        click.echo(json.dumps({"summary": s, "report": str(report_dir / "report.json"), "merged": merged["merged"],
+                               "warnings": merged.get("warnings", [])}, indent=2))
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
+        click.echo(f"merged {len(paths)} report(s): {s['verdict']} ({s['cases']} cases; {counts or 'no outputs'})")
+        for w in merged.get("warnings", []):
+            click.echo(f"warning: {w}", err=True)
+    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    sys.exit(s["exit_code"])

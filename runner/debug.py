@@ -1,0 +1,503 @@
+"""`bundlerun debug`: from a failing output to the first layer that went wrong.
+
+1. The case: `--case`, else the worst failing case of the newest recorded run of this
+   exact bundle file (history, read only), else case 0.
+2. The target runs that case with every intermediate output (targets/intermediates.py).
+3. Each runtime intermediate is mapped to the eager graph through the bundle's ETRecord
+   (bundles/etrecord.py) the way ExecuTorch's Inspector does it: instruction id ->
+   debug handles (the ETRecord's debug handle map), overlapping handles merged
+   (`merge_runtime_overlapping_debug_handles`), the reference graph run on the case's
+   inputs with `IntermediateOutputCapturer`, runtime and AOT outputs paired by
+   `map_runtime_aot_intermediate_outputs` (executorch.devtools.inspector). The
+   reference graph is the ETRecord's exported (ATen) program when debug handles
+   propagate back to it, else its edge dialect program - as `calculate_numeric_gap`.
+4. Every pair gets our ErrorStatistics (runner/compare.py): SQNR, max error, cosine.
+   Columns: `fp32` (vs the float eager model) and, for quantized builds, `quantized`
+   (vs the fake-quantized reference = the exported program of an int8 build) plus
+   `quant_vs_fp32` (what quantization alone costs at that layer). The fp32 graph of a
+   quantized build is matched by node name (PT2E keeps them); a conv whose batch norm
+   quantization folded away is compared with that batch norm's output.
+5. Budget: the chosen output's SQNR budget - its `sqnr_min_db` if set, else the SQNR
+   its atol/rtol allow at the output's RMS: 20*log10(rms / (atol + rtol*rms)). Noise
+   adds up along the graph, so compared row k of N gets floor(k) = budget +
+   10*log10(N/k) dB (an equal share of the error power per layer). The first row under
+   its floor, in the column the bundle's reference names (fp32 for eager-fp32, quantized
+   for a quantized reference), is the first bad layer. Attribution (quantized builds):
+   `lowering` when the runtime already misses the quantized reference there,
+   `quantization` when it matches the quantized reference but both miss fp32.
+6. A runtime operator with no eager counterpart is a row with status `unmatched`
+   (never dropped); one folded into a later instruction's debug handle says which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundlerun.bundles.errors import BundlerunError
+
+_QDQ = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
+        "choose_qparams")
+
+
+class DebugError(BundlerunError):
+    """debug could not run (no ETRecord, no such case, target cannot dump intermediates)."""
+
+
+@dataclass
+class Column:
+    sqnr: float | None = None
+    error_max: float | None = None
+    error_mae: float | None = None
+    cosine: float | None = None
+
+    @classmethod
+    def of(cls, actual: np.ndarray | None, expected: np.ndarray | None) -> "Column | None":
+        from bundlerun.runner.compare import error_statistics
+
+        if actual is None or expected is None:
+            return None
+        a, r = np.asarray(actual), np.asarray(expected)
+        if a.shape != r.shape:
+            if a.size != r.size:
+                return None
+            a = a.reshape(r.shape)
+        if a.dtype.kind in "iub" or r.dtype.kind in "iub":
+            a, r = a.astype(np.float64), r.astype(np.float64)
+        s = error_statistics(a, r)
+        return cls(s.sqnr, s.error_max, s.error_mae, s.cosine_similarity)
+
+
+@dataclass
+class LayerRow:
+    index: int
+    instruction: int | None
+    kind: str
+    runtime_op: str
+    status: str  # "matched" | "unmatched"
+    aot_ops: list[str] = field(default_factory=list)
+    debug_handles: list[int] = field(default_factory=list)
+    shape: list[int] = field(default_factory=list)
+    dtype: str | None = None
+    fp32: Column | None = None
+    quantized: Column | None = None
+    quant_vs_fp32: Column | None = None
+    floor_db: float | None = None
+    exceeds: bool = False
+    attribution: str | None = None
+    note: str | None = None
+
+    def judged(self, column: str) -> Column | None:
+        return getattr(self, column)
+
+
+@dataclass
+class DebugResult:
+    bundle: str
+    target: str
+    method: str
+    case: int
+    case_source: str
+    output: str
+    granularity: str
+    reference_graph: str
+    judged_column: str
+    budget_db: float | None
+    budget_source: str
+    rows: list[LayerRow]
+    first_bad: int | None  # index into rows
+    output_stats: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    model: str | None = None
+    dtype: str | None = None
+    backend: str | None = None
+
+    @property
+    def first_bad_row(self) -> LayerRow | None:
+        return None if self.first_bad is None else self.rows[self.first_bad]
+
+    def to_json(self) -> dict[str, Any]:
+        from bundlerun.runner.compare import _clean
+
+        body = asdict(self)
+        body["first_bad_layer"] = None
+        if self.first_bad_row is not None:
+            r = self.first_bad_row
+            body["first_bad_layer"] = {"row": r.index, "instruction": r.instruction, "runtime_op": r.runtime_op,
+                                       "aot_ops": r.aot_ops, "attribution": r.attribution}
+        body["unmatched"] = sum(1 for r in self.rows if r.status == "unmatched")
+        return {"schema": "bundlerun.debug/1", **_clean(body)}
+
+
+# ------------------------------------------------------------------ choosing the case
+
+
+def default_case(bundle_path: Path, history_db: Path | None, method: str, output: str | None) -> tuple[int, str]:
+    """(case, where it came from): the worst failing case of the newest run of this bundle file."""
+    from bundlerun.bundles.fileio import file_sha256
+
+    if history_db is None or not Path(history_db).exists():
+        return 0, "case 0 (no history database to find the last run's worst case)"
+    from bundlerun.runner import history
+
+    sha = file_sha256(bundle_path)
+    conn = history.connect(history_db)
+    try:
+        row = conn.execute("SELECT id FROM runs WHERE bundle_sha256 = ? ORDER BY id DESC LIMIT 1", (sha,)).fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        return 0, "case 0 (this bundle has no recorded run)"
+    report = history.load_report(history_db, int(row[0]))
+    worst = worst_failing_case(report, method, output)
+    if worst is None:
+        return 0, f"case 0 (run #{row[0]} of this bundle has no failing case)"
+    return worst, f"worst failing case of run #{row[0]}"
+
+
+def worst_failing_case(report: dict, method: str = "forward", output: str | None = None) -> int | None:
+    """The failing case of `report` with the lowest SQNR (then the largest max error), or None."""
+    worst: tuple[tuple, int] | None = None
+    for case in report.get("cases") or []:
+        if case.get("method", "forward") != method:
+            continue
+        for out in case.get("outputs") or []:
+            if output is not None and out.get("name") != output:
+                continue
+            if out.get("verdict") != "FAIL":
+                continue
+            stats = out.get("stats") or {}
+            sqnr = stats.get("sqnr")
+            sqnr = sqnr if isinstance(sqnr, (int, float)) else math.inf
+            err = stats.get("error_max")
+            err = err if isinstance(err, (int, float)) else 0.0
+            key = (sqnr, -err)
+            if worst is None or key < worst[0]:
+                worst = (key, int(case.get("case", 0)))
+    return None if worst is None else worst[1]
+
+
+# ------------------------------------------------------------------ budget
+
+
+def output_budget(manifest: dict | None, method: str, output: str, expected: np.ndarray) -> tuple[float | None, str]:
+    """The output's error budget as an SQNR in dB: the strictest of what its criteria allow -
+    sqnr_min_db itself; rel_frobenius_max f: -20*log10(f); cosine_min c: -10*log10(2*(1-c)) (small
+    errors); atol/rtol (+ qtol steps): 20*log10(rms / (atol + rtol*rms)) at the expected output's rms."""
+    outs = (((manifest or {}).get("methods") or {}).get(method) or {}).get("outputs") or []
+    spec = next((o for o in outs if o.get("name") == output), None)
+    crit = dict((spec or {}).get("criteria") or {})
+    if not spec:
+        crit = {"atol": 1e-3, "rtol": 1e-3}
+    num = lambda k: crit.get(k) if isinstance(crit.get(k), (int, float)) else None  # noqa: E731
+    found: list[tuple[float, str]] = []
+    if num("sqnr_min_db") is not None:
+        found.append((float(crit["sqnr_min_db"]), f"sqnr_min_db={crit['sqnr_min_db']:g}"))
+    if num("rel_frobenius_max") is not None and crit["rel_frobenius_max"] > 0:
+        found.append((-20 * math.log10(crit["rel_frobenius_max"]), f"rel_frobenius_max={crit['rel_frobenius_max']:g}"))
+    if num("cosine_min") is not None and crit["cosine_min"] < 1:
+        found.append((-10 * math.log10(2 * (1 - crit["cosine_min"])), f"cosine_min={crit['cosine_min']:g}"))
+    atol = (num("atol") or 0.0) + (num("qtol") or 0.0) * (num("scale") or 0.0)
+    rtol = num("rtol") or 0.0
+    rms = float(np.sqrt(np.mean(np.square(expected.astype(np.float64))))) if expected.size else 0.0
+    if rms > 0 and atol + rtol * rms > 0:
+        found.append((20 * math.log10(rms / (atol + rtol * rms)), f"atol={atol:g} rtol={rtol:g} at rms {rms:.3g}"))
+    if not found:
+        return None, f"{output}: no SQNR budget (its criteria set no error bound this can split)"
+    budget, source = max(found)
+    return budget, f"{output} {source} (strictest of: {', '.join(f'{t} -> {b:.1f} dB' for b, t in found)})"
+
+
+# ------------------------------------------------------------------ mapping
+
+
+def _to_torch(a: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+def _to_numpy(v: Any) -> np.ndarray | None:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        v = v.detach()
+        if v.dtype == torch.bfloat16:
+            v = v.float()
+        return v.contiguous().numpy()
+    if isinstance(v, (list, tuple)):
+        first = next((x for x in v if isinstance(x, torch.Tensor)), None)
+        return _to_numpy(first) if first is not None else None
+    if isinstance(v, (int, float, bool)):
+        return np.asarray(v)
+    return None
+
+
+def _reference_graph(record) -> tuple[Any, str]:
+    from executorch.devtools.inspector._inspector_utils import propagate_back_debug_handle
+
+    try:
+        if record.exported_program is not None and propagate_back_debug_handle(
+                record.exported_program, record.export_graph_id, record.edge_dialect_program):
+            return record.exported_program.module(), "exported_program"
+    except Exception:  # noqa: BLE001 - fall back like Inspector does
+        pass
+    return record.edge_dialect_program.module(), "edge_dialect_exported_program"
+
+
+def _capture_by_name(graph_module, inputs: tuple) -> dict[str, Any]:
+    """Every call_function node's output of `graph_module` on `inputs`, by node name."""
+    import torch
+
+    values: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n.op == "call_function":
+                values[n.name] = result
+            return result
+
+    with torch.no_grad():
+        Recorder(graph_module).run(*inputs)
+    return values
+
+
+def _fp32_counterpart(fp32_gm, name: str) -> str | None:
+    """The fp32 graph node that holds what node `name` of the quantized graph computes."""
+    nodes = {n.name: n for n in fp32_gm.graph.nodes}
+    node = nodes.get(name)
+    if node is None:
+        return None
+    users = list(node.users)
+    if len(users) == 1 and "batch_norm" in str(users[0].target):  # folded into the conv by PT2E
+        return users[0].name
+    return name
+
+
+def _main_op(aot_ops: list[str]) -> str | None:
+    """The compute node of a fused group: the last one that is not a quantize/dequantize."""
+    for name in reversed(aot_ops):
+        if not any(q in name for q in _QDQ):
+            return name
+    return None
+
+
+def _program_ops(program: bytes, method: str) -> dict[tuple[int, int], str]:
+    """(chain, instruction) -> operator name ("aten::convolution.out", "delegate:XnnpackBackend")."""
+    from executorch.exir import schema as S
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    prog = deserialize_pte_binary(bytes(program)).program
+    plan = next(p for p in prog.execution_plan if p.name == method)
+    names = {}
+    for c, chain in enumerate(plan.chains):
+        for i, ins in enumerate(chain.instructions):
+            a = ins.instr_args
+            if isinstance(a, S.KernelCall):
+                op = plan.operators[a.op_index]
+                names[(c, i)] = f"{op.name}.{op.overload}" if op.overload else op.name
+            elif isinstance(a, S.DelegateCall):
+                names[(c, i)] = f"delegate:{plan.delegates[a.delegate_index].id}"
+    return names
+
+
+def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool) -> tuple[list[LayerRow], str]:
+    """One row per runtime intermediate, in execution order, with its comparison columns."""
+    import torch
+    from executorch.devtools.inspector._inspector_utils import (
+        get_aot_debug_handle_to_op_name_mapping,
+        map_runtime_aot_intermediate_outputs,
+        merge_runtime_overlapping_debug_handles,
+    )
+    from executorch.devtools.inspector._intermediate_output_capturer import IntermediateOutputCapturer
+
+    from bundlerun.bundles.etrecord import FP32_GRAPH
+
+    ref_gm, ref_name = _reference_graph(record)
+    with torch.no_grad():
+        aot = IntermediateOutputCapturer(ref_gm).run_and_capture([tuple(case_inputs)])
+    aot_names = get_aot_debug_handle_to_op_name_mapping(ref_gm)
+
+    handle_map = (record._debug_handle_map or {}).get(method) or {}
+    rows: list[LayerRow] = []
+    runtime: dict[tuple, tuple[int, Any, int]] = {}
+    by_handles: dict[tuple, int] = {}
+    for item in run.intermediates:
+        first = item.outputs[0] if item.outputs else None
+        row = LayerRow(len(rows), item.instruction, item.kind, item.op, "unmatched",
+                       shape=list(first.shape) if first is not None else [],
+                       dtype=str(first.dtype) if first is not None else None)
+        rows.append(row)
+        handles = handle_map.get(item.instruction, handle_map.get(str(item.instruction)))
+        if handles is None or not item.outputs:
+            row.note = ("no debug handle for this instruction in the ETRecord" if handles is None
+                        else "the target returned no output for it")
+            continue
+        key = (handles,) if isinstance(handles, int) else tuple(int(h) for h in handles)
+        row.debug_handles = list(key)
+        value = [_to_torch(a) for a in item.outputs]
+        if key in runtime and runtime[key][0] > item.instruction:
+            continue
+        outs_map = (record._instruction_id_to_num_outs_map or {}).get(method) or {}
+        num = outs_map.get(item.instruction, 1)
+        runtime[key] = (item.instruction, value, num if isinstance(num, int) else len(num))  # as Inspector's events
+        by_handles[key] = row.index
+    merged = merge_runtime_overlapping_debug_handles(runtime)
+    # which row each merged runtime key is (the highest instruction of the merged group)
+    merged_row: dict[tuple, int] = {}
+    for mkey, (instr, _v, _n) in merged.items():
+        merged_row[mkey] = next(r.index for r in rows if r.instruction == instr and r.debug_handles
+                                and set(r.debug_handles) <= set(mkey))
+    mapping = map_runtime_aot_intermediate_outputs(aot, {k: (v[1], v[2]) for k, v in merged.items()})
+
+    fp32_values: dict[str, Any] = {}
+    fp32_gm = None
+    if quantized and record.graph_map and f"{FP32_GRAPH}/forward" in record.graph_map:
+        fp32_gm = record.graph_map[f"{FP32_GRAPH}/forward"].module()
+        fp32_values = _capture_by_name(fp32_gm, tuple(case_inputs))
+
+    for (aot_key, aot_value), (rt_key, rt_value) in mapping.items():
+        index = merged_row.get(tuple(rt_key))
+        if index is None:
+            continue
+        row = rows[index]
+        names: list[str] = []
+        for h in aot_key:
+            names += aot_names.get((h,), [])
+        row.status = "matched"
+        row.aot_ops = names or [f"debug handle {h}" for h in aot_key]
+        actual, reference = _to_numpy(rt_value), _to_numpy(aot_value)
+        if actual is not None:  # the value compared (a delegate call's event may log its inputs too)
+            row.shape, row.dtype = list(actual.shape), str(actual.dtype)
+        if quantized:
+            row.quantized = Column.of(actual, reference)
+            main = _main_op(names)
+            fp32_name = _fp32_counterpart(fp32_gm, main) if (fp32_gm is not None and main) else None
+            fp32_ref = _to_numpy(fp32_values.get(fp32_name)) if fp32_name else None
+            row.fp32 = Column.of(actual, fp32_ref)
+            row.quant_vs_fp32 = Column.of(reference, fp32_ref)
+            if fp32_name and fp32_name != main:
+                row.note = f"fp32 counterpart: {fp32_name} (folded into {main} by quantization)"
+        else:
+            row.fp32 = Column.of(actual, reference)
+    # rows whose debug handles were merged into another instruction's group were compared there
+    for row in rows:
+        if row.status == "unmatched" and row.debug_handles and row.note is None:
+            group = next((k for k in merged_row if set(row.debug_handles) <= set(k)), None)
+            keeper = rows[merged_row[group]] if group is not None else None
+            if keeper is not None and keeper is not row:
+                row.note = (f"its debug handles overlap instruction {keeper.instruction} ({keeper.runtime_op}), "
+                            f"merged as the Inspector does and compared there" + ("" if keeper.status == "matched"
+                                                                                 else " (which is unmatched too)"))
+                if row.kind == "delegate" and keeper.status == "matched":
+                    keeper.note = "; ".join(filter(None, [keeper.note, f"covers {row.runtime_op} (instruction "
+                                                          f"{row.instruction}): its outputs are compared here"]))
+            else:
+                row.note = "no operator of the eager graph produces this value"
+    return rows, ref_name
+
+
+def judge_rows(rows: list[LayerRow], column: str, budget: float | None, quantized: bool) -> int | None:
+    """Set each compared row's floor and verdict; the index of the first bad row."""
+    judged = [r for r in rows if r.status == "matched" and r.judged(column) is not None
+              and r.judged(column).sqnr is not None and r.dtype not in ("int8", "uint8", "int16", "int32", "int64")]
+    n = len(judged)
+    first = None
+    for k, row in enumerate(judged, start=1):
+        if budget is None:
+            continue
+        row.floor_db = budget + 10 * math.log10(n / k)
+        sqnr = row.judged(column).sqnr
+        row.exceeds = sqnr < row.floor_db
+        if quantized and row.quantized is not None and row.quantized.sqnr is not None:
+            lowering_bad = row.quantized.sqnr < row.floor_db
+            if row.exceeds or lowering_bad:
+                row.attribution = "lowering" if lowering_bad else "quantization"
+        if row.exceeds and first is None:
+            first = row.index
+    return first
+
+
+# ------------------------------------------------------------------ the command's core
+
+
+def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output: str | None = None,
+                 method: str = "forward", work_dir: Path | None = None, history_db: Path | None = None,
+                 timeout_s: float = 600.0, debug_buffer_mb: int = 64) -> DebugResult:
+    import tempfile
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.etrecord import EtrecordMissing, locate
+    from bundlerun.targets.intermediates import capture
+
+    bundle_path = Path(bundle_path)
+    bundle = read_bundle(bundle_path)
+    manifest = bundle.manifest or {}
+    try:
+        et_path = locate(manifest, bundle_path)
+    except EtrecordMissing as exc:
+        raise DebugError(str(exc)) from None
+    try:
+        suite = bundle.suite(method)
+    except KeyError:
+        raise DebugError(f"{bundle_path} has no method {method!r}") from None
+    out_specs = (((manifest.get("methods") or {}).get(method) or {}).get("outputs") or [])
+    out_names = [o.get("name") for o in out_specs] or [f"out{j}" for j in range(len(suite.test_cases[0].expected_outputs))]
+    if output is not None and output not in out_names:
+        raise DebugError(f"{bundle_path} has no output {output!r}; it has {', '.join(out_names)}")
+    if case is None:
+        case, case_source = default_case(bundle_path, history_db, method, output)
+    else:
+        case_source = "--case"
+    if not 0 <= case < len(suite.test_cases):
+        raise DebugError(f"{bundle_path} has cases 0-{len(suite.test_cases) - 1}, not {case}")
+    output = output or out_names[0]
+    j = out_names.index(output)
+
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
+    run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb)
+
+    from bundlerun.bundles.backends.common import quiet_framework_logs
+
+    quiet_framework_logs()
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        import torch  # torchao prints about optional CUDA kernels while it loads
+        from executorch.devtools.etrecord import parse_etrecord
+
+    record = parse_etrecord(str(et_path))
+    test_case = suite.test_cases[case]
+    inputs = tuple(_to_torch(v.to_array()) if v.kind == "tensor" else v.scalar for v in test_case.inputs)
+    build = manifest.get("build") or {}
+    quantized = bool(build.get("quantization")) or build.get("dtype") in ("int8", "int16")
+    names = _program_ops(bundle.program, method)
+    for item in run.intermediates:
+        item.op = names.get((item.chain, item.instruction), item.op)
+    with torch.no_grad():
+        rows, ref_name = compare_layers(run, record, inputs, method, quantized)
+
+    expected = test_case.expected_outputs[j].to_array()
+    budget, budget_source = output_budget(manifest, method, output, expected)
+    column = "quantized" if (quantized and build.get("reference") == "quantized") else "fp32"
+    first = judge_rows(rows, column, budget, quantized)
+    from bundlerun.runner.compare import error_statistics
+
+    actual = run.outputs[j] if j < len(run.outputs) else None
+    out_stats = error_statistics(actual.astype(np.float64), expected.astype(np.float64)).to_dict() \
+        if actual is not None and actual.shape == expected.shape else {}
+    notes = list(run.notes)
+    if quantized and not any(r.fp32 for r in rows):
+        notes.append("no fp32 column: the ETRecord holds no fp32 graph (rebuild with --etrecord)")
+    return DebugResult(
+        bundle=str(bundle_path), target=target, method=method, case=case, case_source=case_source, output=output,
+        granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
+        budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
+        model=(manifest.get("model") or {}).get("id"), dtype=build.get("dtype"), backend=build.get("backend"),
+    )

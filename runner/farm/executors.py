@@ -1,0 +1,138 @@
+"""Where job attempts run: `local` (a process pool here) or `ray[://ADDRESS]` (Ray tasks).
+
+Both take `submit(payload, device)` and return a concurrent.futures.Future of the attempt's
+report; the scheduler (scheduler.py) decides which device each attempt gets, so a device
+never runs two jobs at once. On Ray the attempt also asks for the device's custom resource
+(`{"adb:SERIAL": 1}`), which places it on the node that holds the device; jobs without a
+device (host, simulators) are CPU tasks (`num_cpus=1`). A device job asks for no CPU: the
+device is what it occupies.
+
+Ray is imported only here, only when asked for (`pip install 'bundlerun[farm]'`).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from typing import Any
+
+from bundlerun.bundles.errors import ConfigError
+
+
+class LocalExecutor:
+    """A pool of worker processes on this machine. On Linux they are forked after the modules a
+    job needs are imported here, so a worker starts in milliseconds instead of importing them
+    again (no thread, target or runtime worker is open in the coordinator at that point; each
+    worker opens its own Session); elsewhere they are spawned."""
+
+    name = "local"
+    ship = False  # workers read the bundles and write the reports in place
+
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+        import sys
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = max(1, int(workers))
+        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        if method == "fork":
+            import bundlerun.bundles.bpte  # noqa: F401 - inherited by the workers
+            import bundlerun.runner.judge  # noqa: F401
+            import bundlerun.runner.report  # noqa: F401
+            import bundlerun.runner.session  # noqa: F401
+            from bundlerun.targets import target_specs
+
+            target_specs()
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context(method))
+
+    @property
+    def capacity(self) -> int | None:
+        return self.workers
+
+    def resources(self) -> set[str] | None:
+        return None  # every device of the plan is reachable from here
+
+    def submit(self, payload: dict[str, Any], device: str | None) -> Future:
+        from bundlerun.runner.farm.worker import run_job
+
+        return self._pool.submit(run_job, payload)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "local", "workers": self.workers}
+
+    def close(self, cancel: bool = False) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+
+
+class RayExecutor:
+    """Each attempt a Ray task. `address`: None (RAY_ADDRESS, else a Ray started here for this
+    command with the plan's devices as resources of this node), `auto`, HOST:PORT of a cluster's
+    GCS, or `ray://HOST:PORT` (Ray Client)."""
+
+    name = "ray"
+    ship = True  # the task may run on another machine: the bundle travels with it, the report back
+
+    def __init__(self, address: str | None, devices: set[str], cpus: int = 2) -> None:
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ConfigError("--executor ray needs Ray: pip install 'bundlerun[farm]'") from None
+        self.ray = ray
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        self.started_here = address is None
+        kw: dict[str, Any] = {"namespace": "bundlerun-farm"}
+        if not str(address or "").startswith("ray://"):  # a driver here (Ray Client takes fewer options)
+            kw.update(log_to_driver=False, configure_logging=False)
+        if self.started_here:
+            kw.update(num_cpus=max(1, cpus), resources={d: 1 for d in sorted(devices)}, include_dashboard=False,
+                      object_store_memory=96 * 1024 * 1024)
+        if ray.is_initialized():
+            ray.shutdown()
+        try:  # "local": a new Ray for this command, never an unrelated cluster found on this machine
+            ray.init(address=address or "local", **kw)
+        except Exception as exc:  # noqa: BLE001 - one line, not Ray's traceback
+            raise ConfigError(f"cannot reach the Ray cluster at {address or 'a new local instance'}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        self.address = address or "local"
+        from bundlerun.runner.farm.worker import run_job_ray
+
+        self._task = ray.remote(run_job_ray)
+
+    @property
+    def capacity(self) -> int | None:
+        return None  # Ray queues CPU tasks itself; device tasks are only sent to a free device
+
+    def resources(self) -> set[str] | None:
+        return {k for k, v in self.ray.cluster_resources().items() if v >= 1}
+
+    def submit(self, payload: dict[str, Any], device: str | None) -> Future:
+        opts: dict[str, Any] = {"max_retries": 0}  # retries are the farm's decision, by failure kind
+        if device:
+            opts.update(num_cpus=0, resources={device: 1})
+        else:
+            opts.update(num_cpus=1)
+        return self._task.options(**opts).remote(payload).future()
+
+    def describe(self) -> dict[str, Any]:
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        return {"name": "ray", "address": self.address, "ray_version": self.ray.__version__,
+                "nodes": [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"),
+                           "devices": sorted(k for k in n.get("Resources", {}) if ":" in k and not k.startswith("node:"))}
+                          for n in nodes]}
+
+    def close(self, cancel: bool = False) -> None:
+        self.ray.shutdown()
+
+
+def make_executor(spec: str, devices: set[str], workers: int) -> LocalExecutor | RayExecutor:
+    """`local`, `ray`, `ray://HOST:PORT` (Ray Client) or `ray:HOST:PORT` (a cluster's GCS address)."""
+    spec = (spec or "local").strip()
+    if spec == "local":
+        return LocalExecutor(workers)
+    if spec == "ray":
+        return RayExecutor(None, devices, cpus=workers)
+    if spec.startswith("ray://"):
+        return RayExecutor(spec, devices, cpus=workers)
+    if spec.startswith("ray:"):
+        return RayExecutor(spec[4:], devices, cpus=workers)
+    raise ConfigError(f"--executor {spec!r}: expected local, ray, ray://HOST:PORT or ray:HOST:PORT")

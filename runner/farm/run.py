@@ -1,0 +1,278 @@
+"""A whole farm run: build what the plan builds, schedule every job, merge, record.
+
+    REPORT/
+      report.json, junit.xml, summary.md, report.html   the merged report (runner/merge.py)
+      bundles/                                          bundles the plan built
+      jobs/<job>/attempt-<n>/report.json (+ work/)      every attempt of every job
+
+The merged report's `farm` section lists each job with all of its attempts (device, node,
+exit code, failure kinds, time), whether it is flaky (passed after a failed attempt), and
+each device's attempts and infrastructure failures. The history gets one run per job (its
+final attempt) plus a row per attempt (runner/history.py `farm_attempts`), which
+`bundlerun history --flaky` ranks by flake rate.
+
+With `shard` ("i/n", `bundlerun farm --shard`) only that part of the plan's jobs runs (split by
+job id, runner/shard.py) and the merged report carries the `shard` record (axis "jobs"), so
+`bundlerun merge` of the shards' reports gives the unsharded farm's report and names the jobs of
+a missing shard. The merge is runner/merge.py's `merge_reports` in its jobs mode.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bundlerun.runner.farm.plan import Device, Job, Plan
+from bundlerun.runner.farm.scheduler import Attempt, Scheduler
+
+
+@dataclass
+class FarmResult:
+    report: dict[str, Any]
+    exit_code: int
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def job_dir_name(job_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@#-]+", "_", job_id).strip("_")[:120]
+
+
+def combine_exit_codes(codes: list[int]) -> int:
+    """One run's rule over jobs: a numerical failure wins, then an infrastructure problem."""
+    if 130 in codes:
+        return 130
+    return 1 if 1 in codes else (2 if 2 in codes or not codes else 0)
+
+
+def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
+    """Build each distinct bundle the plan asks for (through the build cache); job id -> error
+    for the jobs whose build failed."""
+    from bundlerun.bundles.backends.base import default_dtype
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.targets import default_backend
+
+    failed: dict[str, str] = {}
+    done: dict[Path, str | None] = {}
+    for job in jobs:
+        spec = job.build
+        if spec is None:
+            continue
+        if job.bundle not in done:
+            try:
+                backend = spec.backend or default_backend(spec.target)
+                dtype = spec.dtype or default_dtype(backend, spec.target)
+                say(f"building {spec.model} {dtype} for {spec.target} ({backend})")
+                result = build_bundle(BuildRequest(model=spec.model, output=job.bundle, backend=backend, dtype=dtype,
+                                                   cases=spec.cases, seed=spec.seed, target=spec.target,
+                                                   registry=registry, cache=True))
+                done[job.bundle] = None
+                if result.info.get("cache") == "hit":
+                    say(f"  cached build {str(result.info.get('cache_key'))[:12]}")
+            except BundlerunError as exc:
+                done[job.bundle] = f"build of {spec.model} {spec.dtype or ''} for {spec.target} failed: {exc}"
+        if done[job.bundle]:
+            failed[job.id] = done[job.bundle]
+    return failed
+
+
+def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int | None = None,
+             session: Any = None, history_db: Path | None = None,
+             say: Callable[[str], None] = lambda m: None, shard: Any = None) -> FarmResult:
+    """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
+    every attempt's; record the history."""
+    from bundlerun.runner.farm.executors import make_executor
+    from bundlerun.runner.farm.plan import shard_jobs
+    from bundlerun.runner.farm.worker import _bad_report
+    from bundlerun.runner.merge import MergeOptions, merge_reports
+    from bundlerun.runner.report import write_report
+    from bundlerun.runner.session import Session
+
+    session = session or Session()
+    report_dir = Path(report_dir).resolve()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    farm_id, started, t0 = uuid.uuid4().hex, _now(), time.perf_counter()
+    jobs, shard_rec = shard_jobs(plan.jobs(report_dir / "bundles"), shard)
+    if not jobs and shard_rec is not None:
+        return _empty_shard(plan, report_dir, shard_rec, farm_id, started)
+    build_failed = build_bundles(jobs, registry=session.registry if plan.models else None, say=say)
+    runnable = [j for j in jobs if j.id not in build_failed]
+    devices = {d.resource for j in runnable for d in j.group.devices if d.resource}
+    if workers is None:
+        workers = min(32, sum(g.concurrency for g in {id(j.group): j.group for j in runnable}.values()) or 1)
+    project = {k: v for k, v in (session.project or {}).items() if k != "_file"}
+    configs: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def payload(job: Job, attempt: int, device: Device) -> dict[str, Any]:
+        key = (job.group.name, device.url)
+        if key not in configs:
+            configs[key] = {**session.target_config(device.url), **job.group.options}
+        out = report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{attempt}"
+        p = {"job": job.id, "attempt": attempt, "group": job.group.name, "url": device.url,
+             "device": device.resource, "bundle_path": str(job.bundle), "report_dir": str(out),
+             "case_timeout_s": plan.case_timeout_s, "setup_timeout_s": plan.setup_timeout_s, "label": plan.label,
+             "target_config": configs[key], "project": project}
+        if ex.ship:
+            p["bundle_bytes"] = Path(job.bundle).read_bytes()
+        return p
+
+    def on_attempt(a: Attempt) -> None:
+        where = a.device or a.url
+        node = a.node.get("ray_node_id", "")[:12] or a.node.get("host", "")
+        extra = f" [{', '.join(a.kinds)}]" if a.kinds else ""
+        say(f"{a.job} attempt {a.attempt} on {where} ({node}): {a.verdict}{extra}"
+            + (" -> retry" if a.retryable else ""))
+
+    ex = make_executor(executor, devices, workers)
+    try:
+        described = ex.describe()
+        scheduler = Scheduler(runnable, ex, plan.retries, payload, on_attempt)
+        attempts = scheduler.run()
+    except BaseException:
+        ex.close(cancel=True)  # Ctrl-C: queued attempts are dropped, running ones end (their workers got it too)
+        raise
+    ex.close()
+    makespan = time.perf_counter() - t0
+
+    finals: list[dict[str, Any]] = []
+    job_records: list[dict[str, Any]] = []
+    for job in jobs:
+        tries = attempts.get(job.id, []) if job.id not in build_failed else []
+        why = build_failed.get(job.id) or scheduler.unplaceable.get(job.id)
+        if tries:
+            final = tries[-1].report
+        else:
+            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
+                                why or "not run", "bad-bundle" if job.id in build_failed else "tool-missing")
+        flaky = bool(tries) and final["summary"]["exit_code"] == 0 and any(t.exit_code != 0 for t in tries)
+        final_dir = (report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{len(tries)}") if tries else (
+            report_dir / "jobs" / job_dir_name(job.id) / "not-run")
+        if ex.ship and tries:  # Ray: the reports came back as results; write them here
+            for t in tries:
+                write_report(t.report, report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}")
+        farm = dict(final.get("farm") or {})
+        farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
+                    attempts=[t.record() for t in tries])
+        final["farm"] = farm
+        record = {"job": job.id, "group": job.group.name, "bundle": str(job.bundle),
+                  "verdict": final["summary"]["verdict"], "exit_code": final["summary"]["exit_code"],
+                  "flaky": flaky, "attempts": [t.record() for t in tries], "report": str(final_dir / "report.json")}
+        if why and not tries:
+            record["error"] = why
+        if history_db is not None:
+            from bundlerun.runner import history
+
+            try:
+                run_id = history.record_report(history_db, final, report_path=final_dir / "report.json")
+                final["run"]["history_id"] = run_id
+                history.record_farm_attempts(history_db, farm_id, job.id, [
+                    {**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries
+                ] or [{"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": "ERROR",
+                       "error_kinds": [], "final": True, "flaky": False}], run_id=run_id)
+                record["history_id"] = run_id
+            except Exception as exc:  # noqa: BLE001 - history never changes a verdict
+                final.setdefault("warnings", []).append(f"history not recorded in {history_db}: {exc}")
+        write_report(final, final_dir)
+        finals.append(final)
+        job_records.append(record)
+
+    device_stats: dict[str, dict[str, Any]] = {}
+    for rec in job_records:
+        for a in rec["attempts"]:
+            d = device_stats.setdefault(a["url"], {"url": a["url"], "resource": a["device"], "attempts": 0,
+                                                   "infra_failures": 0, "numerical_failures": 0, "passed": 0})
+            d["attempts"] += 1
+            d["infra_failures"] += a["exit_code"] == 2
+            d["numerical_failures"] += a["exit_code"] == 1
+            d["passed"] += a["exit_code"] == 0
+    for d in device_stats.values():
+        d["infra_rate"] = d["infra_failures"] / d["attempts"] if d["attempts"] else 0.0
+    devices_out = sorted(device_stats.values(), key=lambda d: (-d["infra_rate"], d["url"]))
+
+    # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
+    merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
+    exit_code = combine_exit_codes([r["exit_code"] for r in job_records])
+    merged["summary"]["exit_code"] = exit_code
+    merged["summary"]["verdict"] = {0: "PASS", 1: "FAIL"}.get(exit_code, "ERROR")
+    merged["run"].update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
+                         command=["bundlerun", "farm", str(plan.path)])
+    merged["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
+                      "makespan_s": makespan, "jobs": job_records, "devices": devices_out,
+                      "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
+                      "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]]}
+    if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
+        merged["shard"] = shard_rec
+        merged["farm"]["shard"] = shard_rec["spec"]
+    from bundlerun.runner.reports import write_reports
+
+    write_report(merged, report_dir)
+    files = write_reports(merged, report_dir)
+    if "markdown" in files:
+        _add_farm_markdown(Path(files["markdown"]), merged["farm"])
+    merged["files"] = {k: str(v) for k, v in files.items()}
+    write_report(merged, report_dir)
+    return FarmResult(merged, exit_code, job_records, devices_out)
+
+
+def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:
+    """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
+    its report still carries the shard record so `bundlerun merge` counts it."""
+    from bundlerun.runner.report import tool_version, write_report
+    from bundlerun.runner.report_model import SCHEMA, Report
+    from bundlerun.runner.reports import write_reports
+
+    now = _now()
+    report = {
+        "schema": SCHEMA, "tool": {"name": "bundlerun", "version": tool_version()},
+        "run": {"id": farm_id, "label": plan.label, "started": started, "finished": now, "duration_s": 0.0,
+                "command": ["bundlerun", "farm", str(plan.path)]},
+        "bundle": {"model": "0 jobs", "path": None, "sha256": None, "models": []},
+        "target": {"url": "0 targets", "targets": []}, "overrides": [],
+        "warnings": [f"shard {record['spec']} holds none of the {len(record['universe'])} jobs; nothing ran"],
+        "summary": {"verdict": "SKIP", "exit_code": 0, "counts": {v: 0 for v in ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")},
+                    "cases": 0, "outputs": 0},
+        "cases": [], "dataset": None, "jobs": [],
+        "merged": {"mode": "jobs", "reports": 0, "run_ids": [], "from": [], "groups": [], "complete": True},
+        "farm": {"id": farm_id, "plan": str(plan.path), "executor": {"name": None}, "retries": plan.retries,
+                 "makespan_s": 0.0, "jobs": [], "devices": [], "flaky_jobs": [], "flaky_devices": [],
+                 "shard": record["spec"]},
+        "shard": record,
+    }
+    report = Report.from_json(report).to_json()
+    files = write_reports(report, report_dir)
+    report["files"] = {k: str(v) for k, v in files.items()}
+    write_report(report, report_dir)
+    return FarmResult(report, 0, [], [])
+
+
+def _add_farm_markdown(path: Path, farm: dict[str, Any]) -> None:
+    """summary.md: the jobs (verdict, attempts, devices, flaky) and the devices that failed, first."""
+    from bundlerun.bundles.fileio import atomic_write_text
+    from bundlerun.runner.markdown import _md
+
+    lines = [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
+             f"({_md(farm['executor'].get('name'))} executor)", "",
+             "| job | verdict | attempts | devices | flaky |", "|---|---|---:|---|---|"]
+    for job in farm["jobs"]:
+        devices = ", ".join(dict.fromkeys(str(a.get("device") or a["url"]) for a in job["attempts"])) or "–"
+        lines.append(f"| {_md(job['job'])} | {job['verdict']} | {len(job['attempts'])} | {_md(devices)} "
+                     f"| {'flaky' if job['flaky'] else ''} |")
+    bad = [d for d in farm["devices"] if d["infra_failures"]]
+    if bad:
+        lines += ["", "Devices with infrastructure failures:", ""]
+        lines += [f"- {_md(d.get('resource') or d['url'])}: {d['infra_failures']} of {d['attempts']} attempts "
+                  f"({d['infra_rate'] * 100:.0f}%)" for d in bad]
+    try:
+        atomic_write_text(path, "\n".join(lines) + "\n\n" + path.read_text())
+    except OSError:
+        pass  # the summary is a convenience; report.json is the record

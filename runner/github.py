@@ -1,0 +1,131 @@
+"""GitHub Actions: workflow-command annotations and the job's step summary.
+
+When `GITHUB_ACTIONS=true`, `annotate(report)` prints one `::error` per failing output
+(numerical FAIL, and baseline regressions) and one `::warning` per case that could not
+run (infrastructure ERROR/TIMEOUT: a flaky board, not a regression), capped per level
+so a bad run does not drown the job page (GitHub shows at most 10 of each level per
+step); the last one says how many more there were. When `GITHUB_STEP_SUMMARY` is set,
+`append_step_summary(text)` appends Markdown to it (runner/markdown.py's writer does
+this for every report it writes).
+
+Escaping follows GitHub's workflow-command rules (actions/toolkit `command.ts`): in the
+message `%`, `\\r`, `\\n` become `%25`, `%0D`, `%0A`; in a property value `:` and `,`
+also become `%3A` and `%2C`. Text from a bundle, a device or a user therefore cannot
+end the command early or inject a second one.
+
+Nothing here changes a verdict or an exit code. Cheap to import (stdlib only).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+MAX_PER_LEVEL = 10
+
+
+def enabled(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return str(env.get("GITHUB_ACTIONS", "")).lower() == "true"
+
+
+def escape_data(text: Any) -> str:
+    return str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: Any) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def command(level: str, message: str, **props: Any) -> str:
+    """`::level k=v,k=v::message`, escaped. None-valued properties are left out."""
+    shown = ",".join(f"{k}={escape_property(v)}" for k, v in props.items() if v is not None and v != "")
+    return f"::{level}{' ' + shown if shown else ''}::{escape_data(message)}"
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _file_for(report: dict[str, Any], report_path: str | Path | None) -> str | None:
+    """The file an annotation points at: the bundle when it lies in the workspace (relative, so
+    GitHub can link it), else the report.json."""
+    workspace = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
+    for candidate in ((report.get("bundle") or {}).get("path"), report_path):
+        if not candidate:
+            continue
+        try:
+            return str(Path(candidate).resolve().relative_to(Path(workspace).resolve()))
+        except ValueError:
+            continue
+    return str(report_path) if report_path else (report.get("bundle") or {}).get("path")
+
+
+def annotations(report: dict[str, Any], report_path: str | Path | None = None,
+                limit: int = MAX_PER_LEVEL) -> list[str]:
+    """The workflow commands for one report (empty when everything passed)."""
+    bundle = report.get("bundle") or {}
+    model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
+    what = f"{model}{'-' + bundle['dtype'] if bundle.get('dtype') else ''} on {(report.get('target') or {}).get('url') or '?'}"
+    file = _file_for(report, report_path)
+    errors: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    for case in report.get("cases") or []:
+        where = f"{case.get('method', 'forward')}[{case.get('case')}]"
+        for out in case.get("outputs") or []:
+            if out.get("verdict") == "FAIL":
+                failed = "; ".join(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}"
+                                   for f in out.get("failed") or []) or "output did not meet its criteria"
+                stats = out.get("stats") or {}
+                worst = stats.get("worst_index")
+                errors.append((f"bundlerun FAIL: {what} {where}.{out.get('name')}",
+                               failed + (f" (worst element {worst})" if worst is not None else "")))
+        if case.get("verdict") in ("ERROR", "TIMEOUT"):
+            kind = case.get("error_kind") or ("timeout" if case.get("verdict") == "TIMEOUT" else "error")
+            warnings.append((f"bundlerun {case.get('verdict')} ({kind}): {what} {where}",
+                             case.get("error") or "the case could not run"))
+    for reg in report.get("regressions") or []:
+        rule = reg.get("rule") if isinstance(reg, dict) else getattr(reg, "rule", "regression")
+        msg = reg.get("message") if isinstance(reg, dict) else getattr(reg, "message", str(reg))
+        errors.append((f"bundlerun regression ({rule}): {what}", str(msg)))
+    lines: list[str] = []
+    for level, items, noun in (("error", errors, "failing outputs"), ("warning", warnings, "cases that could not run")):
+        shown = items if len(items) <= limit else items[: max(limit - 1, 0)]
+        lines += [command(level, msg, file=file, title=title) for title, msg in shown]
+        if len(items) > len(shown):
+            lines.append(command(level, f"{len(items) - len(shown)} more {noun}; see the job summary and "
+                                        f"{report_path or 'report.json'}",
+                                 file=file, title=f"bundlerun: {what}: {len(items)} {noun}"))
+    return lines
+
+
+def annotate(report: dict[str, Any], report_path: str | Path | None = None, stream: TextIO | None = None,
+             env: dict[str, str] | None = None) -> int:
+    """Print the annotations when running under GitHub Actions; returns how many were printed."""
+    if not enabled(env):
+        return 0
+    lines = annotations(report, report_path)
+    out = stream or sys.stdout
+    for line in lines:
+        out.write(line + "\n")
+    out.flush()
+    return len(lines)
+
+
+def append_step_summary(text: str, env: dict[str, str] | None = None) -> bool:
+    """Append Markdown to $GITHUB_STEP_SUMMARY when it is set; False when not set or not writable."""
+    target = (os.environ if env is None else env).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return False
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(text.rstrip("\n") + "\n\n")
+    except OSError:
+        return False
+    return True
+
+
+def annotate_many(items: Iterable[tuple[dict[str, Any], str | Path | None]], stream: TextIO | None = None) -> int:
+    return sum(annotate(report, path, stream) for report, path in items)

@@ -1,0 +1,120 @@
+"""Child process of `bundlerun debug`: run one case of a bundle with every intermediate output.
+
+    python -m bundlerun.targets.debug_worker host|tosa BUNDLE METHOD CASE WORK_DIR [--debug-buffer-mb N]
+
+host: the program in the real ExecuTorch runtime (pybindings) loaded with ETDump and
+a debug buffer; after the run the ETDump and the buffer are written to WORK_DIR and
+parsed with ExecuTorch's Inspector (no ETRecord here: the parent maps instructions
+to the eager graph). tosa: the program walker with an observer (targets/intermediates.py).
+Writes WORK_DIR/intermediates.{json,npz}; a failure is {"error": ...} in the JSON.
+A crash kills only this process (the parent reports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+# ETDump events that carry no operator output of their own
+_NOT_OPERATORS = ("OPERATOR_CALL", "Method::execute", "Method::init", "Program::load_method")
+
+
+def _inputs(bundle, method: str, case: int) -> list:
+    test_case = bundle.suite(method).test_cases[case]
+    return [v.to_array() if v.kind == "tensor" else v.scalar for v in test_case.inputs]
+
+
+def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: int) -> tuple[dict, list, list]:
+    import numpy as np
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.targets.host_worker import _quiet_imports
+    from bundlerun.targets.intermediates import Intermediate
+    from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy
+
+    bundle = read_bundle(bundle_path)
+    torch, portable_lib = _quiet_imports()
+    module = portable_lib._load_for_executorch_from_buffer(bundle.program, enable_etdump=True,
+                                                           debug_buffer_size=buffer_mb << 20)
+    inputs = [numpy_to_tensor(a, v.scalar_type) if v.kind == "tensor" else a
+              for a, v in zip(_inputs(bundle, method, case), bundle.suite(method).test_cases[case].inputs)]
+    outputs = module.run_method(method, inputs)
+    etdump, buffer = work / "case.etdump", work / "case.debug"
+    module.write_etdump_result_to_file(str(etdump), str(buffer))
+    from executorch.devtools import Inspector
+
+    inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(buffer))
+    items, notes, missing, inside = [], [], 0, 0
+    for block in inspector.event_blocks:
+        for event in block.events:
+            if event.name in _NOT_OPERATORS or event._instruction_id is None:
+                continue
+            if not event.debug_data:
+                if event.is_delegated_op:
+                    inside += 1  # a delegate's own per-operator event (profiling only)
+                else:
+                    missing += 1
+                continue
+            arrays = [tensor_to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t) for t in event.debug_data]
+            kind = "delegate" if event.name == "DELEGATE_CALL" or event.is_delegated_op else "kernel"
+            op = event.name[len("native_call_"):] if event.name.startswith("native_call_") else event.name
+            items.append(Intermediate(len(items), 0, int(event._instruction_id), kind, op, arrays))
+    if inside:
+        notes.append(f"{inside} operator events inside delegates carry no output data (the delegate logs timings "
+                     "only): each delegate call is one row")
+    if missing:
+        notes.append(f"{missing} operator events came back without data: the debug buffer ({buffer_mb} MiB) may be "
+                     "too small; rerun with a larger --debug-buffer-mb")
+    outs = [tensor_to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o) for o in outputs]
+    return {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes}, items, outs
+
+
+def _run_tosa(bundle_path: str, method: str, case: int) -> tuple[dict, list, list]:
+    from bundlerun.targets.intermediates import walker_observer
+    from bundlerun.targets.program.worker import _load
+
+    bundle, loaded, walker, runtime, _dists = _load(bundle_path, "tosa")
+    items: list = []
+    walker.observer = walker_observer(walker, items)
+    outputs = walker.run(method, _inputs(bundle, method, case))
+    return {"runtime": runtime, "notes": []}, items, [a for _code, a in outputs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("host", "tosa"))
+    parser.add_argument("bundle")
+    parser.add_argument("method")
+    parser.add_argument("case", type=int)
+    parser.add_argument("work_dir")
+    parser.add_argument("--debug-buffer-mb", type=int, default=64)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    from bundlerun.targets.intermediates import save
+
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # library chatter goes to the log
+    try:
+        if args.mode == "host":
+            meta, items, outs = _run_host(args.bundle, args.method, args.case, work, args.debug_buffer_mb)
+        else:
+            meta, items, outs = _run_tosa(args.bundle, args.method, args.case)
+    except Exception as exc:  # noqa: BLE001 - reported by the parent in one line
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        (work / "intermediates.json").write_text(json.dumps({"error": str(message).splitlines()[0]}))
+        return 0
+    finally:
+        sys.stdout = real_stdout
+    save(work, meta, items, outs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Per-target "give me every intermediate output of one case" (for `bundlerun debug`).
+
+A target that can returns an `IntermediateRun`: the case's final outputs and, in
+execution order, one `Intermediate` per executed KernelCall / DelegateCall with
+its instruction index (the runtime's instruction id, which the ETRecord's debug
+handle map keys) and raw output arrays. Like a normal run it returns raw data and
+never judges; runner/debug.py maps and compares.
+
+What each target captures:
+
+- host://xnnpack, host://portable: the real runtime (pybindings) in a child
+  process (targets/debug_worker.py), loaded with ETDump and a debug buffer; every
+  kernel output, and every delegate call's outputs (a delegate's inside is not
+  visible: XNNPACK logs no per-operator outputs).
+- tosa://int, tosa://fp: the program walker (targets/program/walker.py) with an
+  observer: every kernel output and every TOSA delegate output. Per TOSA operator
+  inside a delegate: no - `tosa_reference_model.run()` returns only the graph's
+  outputs, and re-running truncated TOSA graphs per operator is not cheap.
+- every other target: `IntermediatesUnsupported` with one line saying what would
+  be needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundlerun.bundles.errors import TargetError
+
+DEFAULT_DEBUG_BUFFER_MB = 64
+
+
+class IntermediatesUnsupported(TargetError):
+    """This target cannot return intermediate outputs (yet); the message says what it needs."""
+
+
+class IntermediatesFailed(TargetError):
+    """The target could not run the case with intermediates (crash, timeout, runtime error)."""
+
+
+@dataclass
+class Intermediate:
+    index: int  # execution order
+    chain: int
+    instruction: int  # instruction index within its chain = the runtime's instruction id
+    kind: str  # "kernel" | "delegate"
+    op: str  # "aten::convolution.out", "delegate:XnnpackBackend", or the ETDump event name
+    outputs: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class IntermediateRun:
+    target: str
+    method: str
+    case: int
+    granularity: str  # what one row is, in words
+    intermediates: list[Intermediate]
+    outputs: list[np.ndarray]
+    notes: list[str] = field(default_factory=list)
+
+
+# scheme -> why it cannot, one line each
+_CANNOT = {
+    "qemu": "needs ExecuTorch's arm_executor_runner built with ETDump and a debug buffer "
+            "(EXECUTORCH_ENABLE_EVENT_TRACER, ET_DUMP_INTERMEDIATE_OUTPUTS, ET_DEBUG_BUFFER_SIZE) and the ETDump read "
+            "back over semihosting",
+    "fvp": "needs an arm_executor_runner built with ETDump and a debug buffer (ET_DUMP_INTERMEDIATE_OUTPUTS, "
+           "ET_DEBUG_BUFFER_SIZE) and the ETDump collected from the semihosting files",
+    "serial": "needs a board runner built with ETDump and a debug buffer that prints the ETDump base64 block on "
+              "its UART",
+    "adb": "needs the device's executor_runner built with the event tracer and a debug buffer (the stock "
+           "--etdump_path writes timings only) and the ETDump + buffer pulled back",
+    "qemu-user": "needs executor_runner built with the event tracer and a debug buffer (the stock --etdump_path "
+                 "writes timings only)",
+    "mlx": "needs the MLX delegate to return per-instruction outputs of its graph (targets/program/mlx_delegate.py)",
+    "ssh": "needs the remote worker to run the inner target's intermediate capture and ship the arrays back",
+}
+
+
+def unsupported_message(url: str) -> str:
+    scheme = url.split("://", 1)[0].lower() if "://" in url else url
+    family = scheme.split("+", 1)[0]
+    why = _CANNOT.get(scheme) or _CANNOT.get(family) or "this target has no way to dump intermediates"
+    return f"{url}: cannot return intermediate outputs (yet): {why}; host:// and tosa:// can"
+
+
+def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
+            timeout_s: float = 600.0, debug_buffer_mb: int = DEFAULT_DEBUG_BUFFER_MB) -> IntermediateRun:
+    """Run `method`[`case`] of the bundle on `url` with every intermediate output."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme == "host":
+        variant = (rest or "xnnpack").split("?", 1)[0].lower()
+        if variant not in ("xnnpack", "portable"):
+            raise TargetError(f"unknown host variant {variant!r} in {url}")
+        mode = "host"
+        granularity = "every kernel call and every delegate call (runtime ETDump + debug buffer)"
+    elif scheme == "tosa":
+        mode = "tosa"
+        granularity = ("every kernel call and every TOSA delegate call (program walker; not per TOSA operator: the "
+                       "reference model returns only a graph's outputs)")
+    else:
+        raise IntermediatesUnsupported(unsupported_message(url))
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "bundlerun.targets.debug_worker", mode, str(Path(bundle_path).resolve()), method,
+            str(case), str(work.resolve()), "--debug-buffer-mb", str(debug_buffer_mb)]
+    log = work / "debug-worker.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(args, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise IntermediatesFailed(f"{url}: the case did not finish within {timeout_s:g} s (log: {log})") from None
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    result = work / "intermediates.json"
+    if rc != 0 or not result.is_file():
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        why = f"exit code {rc}" if rc >= 0 else f"killed by signal {-rc}"
+        raise IntermediatesFailed(f"{url}: the debug run failed ({why}): {' '.join(tail) or 'no output'} (log: {log})")
+    meta = json.loads(result.read_text())
+    if meta.get("error"):
+        raise IntermediatesFailed(f"{url}: {meta['error']}")
+    arrays = np.load(work / "intermediates.npz", allow_pickle=False)
+    items = []
+    for rec in meta["intermediates"]:
+        outs = [arrays[k] for k in rec["outputs"]]
+        items.append(Intermediate(rec["index"], rec["chain"], rec["instruction"], rec["kind"], rec["op"], outs))
+    outputs = [arrays[k] for k in meta["outputs"]]
+    return IntermediateRun(url, method, case, granularity, items, outputs, list(meta.get("notes", [])))
+
+
+# ------------------------------------------------------------------ helpers for the worker
+
+
+def walker_observer(walker: Any, sink: list[Intermediate]):
+    """An observer for ProgramWalker that appends every kernel / delegate output to `sink`."""
+    import torch
+    from executorch.exir import schema as S
+
+    from bundlerun.targets.program.walker import tensor_to_numpy
+
+    def to_arrays(values: list[Any]) -> list[np.ndarray]:
+        out = []
+        for v in values:
+            if isinstance(v, (list, tuple)):
+                out.extend(to_arrays(list(v)))
+            elif isinstance(v, torch.Tensor):
+                out.append(tensor_to_numpy(v.clone()))
+            elif isinstance(v, (int, float, bool)):
+                out.append(np.asarray(v))
+        return out
+
+    def observe(method: str, chain: int, pc: int, ins: Any, frame: Any) -> None:
+        plan = frame.plan
+        if isinstance(ins, S.KernelCall):
+            kernel = walker._kernel(method, plan, ins.op_index)
+            n = len(kernel.schema.arguments)
+            outs = [i for a, i in zip(kernel.schema.arguments, ins.args[:n]) if a.is_out] or list(ins.args[n:])
+            sink.append(Intermediate(len(sink), chain, pc, "kernel", kernel.name, to_arrays([frame.get(i) for i in outs])))
+        else:
+            delegate = plan.delegates[ins.delegate_index]
+            runner = walker.delegate_runners[delegate.id]
+            payload = bytes(walker.loaded.program.backend_delegate_data[delegate.processed.index].data)
+            n_out = runner.num_outputs(payload)
+            outs = list(ins.args[len(ins.args) - n_out:])
+            sink.append(Intermediate(len(sink), chain, pc, "delegate", f"delegate:{delegate.id}",
+                                     to_arrays([frame.get(i) for i in outs])))
+
+    return observe
+
+
+def save(work_dir: Path, run_meta: dict[str, Any], intermediates: list[Intermediate], outputs: list[np.ndarray]) -> None:
+    """Write intermediates.npz + intermediates.json (the worker's result)."""
+    arrays: dict[str, np.ndarray] = {}
+    recs = []
+    for item in intermediates:
+        keys = []
+        for j, a in enumerate(item.outputs):
+            key = f"i{item.index}_o{j}"
+            arrays[key] = np.ascontiguousarray(a)
+            keys.append(key)
+        recs.append({"index": item.index, "chain": item.chain, "instruction": item.instruction, "kind": item.kind,
+                     "op": item.op, "outputs": keys})
+    out_keys = []
+    for j, a in enumerate(outputs):
+        arrays[f"out{j}"] = np.ascontiguousarray(a)
+        out_keys.append(f"out{j}")
+    np.savez(work_dir / "intermediates.npz", **arrays)
+    (work_dir / "intermediates.json").write_text(json.dumps({**run_meta, "intermediates": recs, "outputs": out_keys}))
