@@ -236,6 +236,52 @@ devices = ["sim://emu-1?sleep=0.25&fail_first=1&state={state}&log={log}", "sim:/
     assert r.returncode == 0 and "adb:emu-1" in r.stdout and f"{100 / on_emu1:.0f}%" in r.stdout
 
 
+def test_ctrl_c_writes_the_merged_report_and_keeps_finished_jobs(bundles, tmp_path):
+    """A real SIGINT to `bundlerun farm` once a job has finished: exit 130, the merged report is
+    written and says interrupted, finished jobs keep their verdicts, the rest are `interrupted`,
+    and no history row is made for a job that never ran."""
+    import signal
+    import threading
+    import time
+
+    log, db = tmp_path / "devices.log", tmp_path / "history.sqlite"
+    plan = _write(tmp_path / "plan.toml", f"""
+bundles = ["{bundles}/*.bpte"]
+targets = ["sim://emu-1?sleep=1.5&log={log}"]
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "farm", str(plan),
+         "--report", str(tmp_path / "out"), "--history", str(db)],
+        cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not any("attempt 1" in line and "PASS" in line for line in said):  # the farm has one job's result
+        assert proc.poll() is None, proc.stdout.read() + "".join(said)
+        assert time.monotonic() < deadline, "no job finished"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out = proc.stdout.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = "".join(said)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "interrupted" in err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["summary"]["interrupted"] is True and report["summary"]["exit_code"] == 130
+    jobs = report["farm"]["jobs"]
+    assert len(jobs) == 6
+    finished = [j for j in jobs if j["attempts"]]
+    assert 1 <= len(finished) < 6 and all(j["verdict"] == "PASS" for j in finished)
+    kinds = {c["error_kind"] for c in report["cases"] if c["verdict"] != "PASS"}
+    assert kinds == {"interrupted"}, kinds
+    assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()
+    with sqlite3.connect(db) as con:
+        recorded = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert recorded == len(finished)
+
+
 def test_exhausted_retries_end_with_an_error_verdict(cli, bundles, tmp_path):
     plan = _write(tmp_path / "plan.toml", f"""
 bundles = ["{bundles}/a.bpte"]

@@ -134,14 +134,25 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             + (" -> retry" if a.retryable else ""))
 
     ex = make_executor(executor, devices, workers)
+    scheduler: Scheduler | None = None
+    interrupted = False
     try:
         described = ex.describe()
         scheduler = Scheduler(runnable, ex, plan.retries, payload, on_attempt)
         attempts = scheduler.run()
+    except KeyboardInterrupt:
+        # Ctrl-C: queued attempts are dropped, running ones end (their workers got it too); the jobs
+        # that finished keep their verdicts, the rest become `interrupted`, and the merged report is
+        # still written before the command exits 130.
+        ex.close(cancel=True)
+        if scheduler is None:
+            raise
+        interrupted, attempts = True, dict(scheduler.attempts)
     except BaseException:
-        ex.close(cancel=True)  # Ctrl-C: queued attempts are dropped, running ones end (their workers got it too)
+        ex.close(cancel=True)
         raise
-    ex.close()
+    else:
+        ex.close()
     makespan = time.perf_counter() - t0
 
     finals: list[dict[str, Any]] = []
@@ -151,6 +162,9 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         why = build_failed.get(job.id) or scheduler.unplaceable.get(job.id)
         if tries:
             final = tries[-1].report
+        elif interrupted and job.id not in build_failed:
+            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
+                                "not run: the farm was interrupted (Ctrl-C)", "interrupted")
         else:
             final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
                                 why or "not run", "bad-bundle" if job.id in build_failed else "tool-missing")
@@ -169,7 +183,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
                   "flaky": flaky, "attempts": [t.record() for t in tries], "report": str(final_dir / "report.json")}
         if why and not tries:
             record["error"] = why
-        if history_db is not None:
+        if history_db is not None and (tries or not interrupted):  # a job the Ctrl-C kept from running is no result
             from bundlerun.runner import history
 
             try:
@@ -201,9 +215,11 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 
     # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
     merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
-    exit_code = combine_exit_codes([r["exit_code"] for r in job_records])
+    exit_code = 130 if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
     merged["summary"]["exit_code"] = exit_code
     merged["summary"]["verdict"] = {0: "PASS", 1: "FAIL"}.get(exit_code, "ERROR")
+    if interrupted:
+        merged["summary"]["interrupted"] = True
     merged["run"].update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
                          command=["bundlerun", "farm", str(plan.path)])
     merged["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
@@ -221,6 +237,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         _add_farm_markdown(Path(files["markdown"]), merged["farm"])
     merged["files"] = {k: str(v) for k, v in files.items()}
     write_report(merged, report_dir)
+    if interrupted:
+        raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130
     return FarmResult(merged, exit_code, job_records, devices_out)
 
 
