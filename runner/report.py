@@ -106,7 +106,10 @@ def save_outputs(run: TargetRun, out_dir: Path) -> Path:
 
 # ---------------------------------------------------------------------------- terminal
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f]}
+# C0 controls but tab and newline, DEL, the C1 controls (0x9b is a one-byte CSI) and lone
+# surrogates (from surrogateescape'd bytes): shown as escapes, never sent to the terminal
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+_CONTROL.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
 
 
 def plain(text: object) -> str:
@@ -115,7 +118,6 @@ def plain(text: object) -> str:
     from rich.markup import escape
 
     return escape(str(text).translate(_CONTROL))
-
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:

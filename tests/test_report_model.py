@@ -74,7 +74,7 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     from bundlerun.runner.report import print_summary
 
     data = quick_report(errors={0: "error"})
-    evil = "[/x] [bold]|x| <b>`\x1b[2J"
+    evil = "[/x] [bold]|x| <b>`\x1b[2J \x9b2J \ud800"  # a one-byte C1 CSI and a lone surrogate too
     data["bundle"]["model"] = evil
     data["cases"][0]["error"] = evil
     data["cases"][1]["outputs"][0]["name"] = evil
@@ -83,6 +83,7 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     print_summary(data, Console(file=buf, width=300, color_system=None))
     text = buf.getvalue()
     assert "\x1b" not in text and "[/x] [bold]|x|" in text and "\\x1b[2J" in text
+    assert "\x9b" not in text and "\ud800" not in text and "\\x9b2J" in text and "\\ud800" in text
     md = render_markdown(data)
     assert "\x1b" not in md and "<b>" not in md and "\\[/x\\]" in md and "\\|x\\|" in md
     floor = {"criterion": "sqnr_min_db", "measured": 45.35, "limit": 48.0, "detail": ""}
