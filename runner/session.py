@@ -339,7 +339,22 @@ class Session:
             if not sep or not key:
                 raise ConfigError(f"--target-opt {item!r}: expected KEY=VALUE")
             section[key] = value
+        if scheme == "ssh" and "://" in url.split("://", 1)[1]:
+            # ssh://HOST/<inner URL>: the inner target's own [targets.<inner>] section travels to the
+            # remote worker (--target-opt stays with ssh://; inner options go in the inner URL)
+            inner = url.split("://", 1)[1].split("/", 1)[1] if "/" in url.split("://", 1)[1] else ""
+            inner_section = self._sections(inner) if "://" in inner else {}
+            if inner_section:
+                section["inner_config"] = inner_section
         return section
+
+    def _sections(self, url: str) -> dict[str, Any]:
+        """[targets.<family>] + [targets.<scheme>] of the project config for `url` (no --target-opt)."""
+        saved, self.target_opts = self.target_opts, ()
+        try:
+            return self.target_config(url)
+        finally:
+            self.target_opts = saved
 
     def run(self, req: RunRequest, bundle: Bundle | None = None,
             amend: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -150,6 +150,7 @@ class SshTarget:
     port: int | None
     inner: str
     settings: SshSettings
+    inner_config: dict = field(default_factory=dict)  # the inner target's [targets.X] section, sent to the worker
     timings: dict[str, float] = field(default_factory=dict)
     _unreaped: list[str] = field(default_factory=list)  # session ids whose remote processes may linger
 
@@ -259,8 +260,10 @@ class SshTarget:
         parts = [f"exec env {env}" if env else "exec", s.bundlerun, "worker", "--target", shlex.quote(self.inner),
                  "--case-timeout", f"{options.case_timeout_s:g}", "--setup-timeout", f"{options.setup_timeout_s:g}",
                  "--expect-version", shlex.quote(__version__), "--work-dir", shlex.quote(workspace + "/runs"),
-                 "--session", session_id, shlex.quote(remote_bundle)]
-        return " ".join(parts)
+                 "--session", session_id]
+        if self.inner_config:  # checked by the inner target on the remote side, like a local config
+            parts += ["--config-json", shlex.quote(json.dumps(self.inner_config, default=str))]
+        return " ".join([*parts, shlex.quote(remote_bundle)])
 
     def _run_cases(self, t, remote_bundle: str, workspace: str, pairs: list[tuple[str, int]], options: RunOptions):
         from bundlerun.targets.remote.transport import TransportError
@@ -497,6 +500,10 @@ SPEC = TargetSpec(
 
 def create(url: TargetURL, config: dict) -> SshTarget:
     user, host, port, inner, ssh_q, inner_q = split_url(url)
+    config = dict(config)
+    inner_config = config.pop("inner_config", None) or {}  # the inner's [targets.X] (runner.session)
+    if not isinstance(inner_config, dict):
+        raise ConfigError(f"{url.raw}: inner_config must be a table of the inner target's settings")
     settings = parse_settings(SshSettings, {**config, **ssh_q}, "targets.ssh")
     inner_url = _check_inner(inner, inner_q, url.raw)
-    return SshTarget(url.raw, user, host, port, inner_url, settings)
+    return SshTarget(url.raw, user, host, port, inner_url, settings, inner_config)

@@ -406,6 +406,24 @@ def test_inner_target_refusal_comes_back_as_one_clear_error(sshd, mlp3, tmp_path
     assert wait_gone(str(ws)) == []
 
 
+def test_inner_target_config_section_travels_to_the_remote_worker(sshd, mlp3, tmp_path):
+    """`[targets.host]` of the local bundlerun.toml reaches the remote host:// (checked there): a
+    valid section runs, an invalid one is the remote target's own bad-config error."""
+    ws = tmp_path / "ws"
+    url = sshd.url("host://xnnpack", workspace=ws)  # key, known_hosts and the remote bundlerun in the URL
+    (tmp_path / "bundlerun.toml").write_text("[targets.host]\nthreads = 1\n")
+    ok = run_cli("run", str(mlp3), "--target", url, "--report", str(tmp_path / "ok"), "--no-history", "--quiet",
+                 cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr + ok.stdout
+    (tmp_path / "bundlerun.toml").write_text("[targets.host]\nthreadz = 1\n")
+    bad = run_cli("run", str(mlp3), "--target", url, "--report", str(tmp_path / "bad"), "--no-history", "--quiet",
+                  cwd=tmp_path)
+    report = json.loads((tmp_path / "bad" / "report.json").read_text())
+    assert bad.returncode == 2 and {c["error_kind"] for c in report["cases"]} == {"bad-config"}
+    assert "threadz" in report["cases"][0]["error"] and "threads" in report["cases"][0]["error"]  # did-you-mean
+    assert wait_gone(str(ws)) == []
+
+
 def test_local_bundlerun_killed_leaves_nothing_on_either_side(sshd, mlp3, tmp_path):
     """SIGKILL of the local `bundlerun run` (no cleanup code runs) while a case hangs remotely: the
     ssh master and worker channel lose their stdin, the remote worker its session; everything ends."""
