@@ -211,6 +211,15 @@ def display_time(value: Any, utc: bool = False) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S ") + when.strftime("%z")[:3] + ":" + when.strftime("%z")[3:]
 
 
+def _run_filters(where: list[str], args: list[Any], target: str | None, dtype: str | None) -> tuple[list[str], list[Any]]:
+    """WHERE clauses (and their arguments) narrowed to one target and one dtype when given."""
+    for column, value in (("r.target", target), ("r.dtype", dtype)):
+        if value:
+            where.append(f"{column} = ?")
+            args.append(_sql_text(value))
+    return where, args
+
+
 def _sql_text(value: Any) -> Any:
     """Strings as SQLite can store them: a lone surrogate (a label from a non-UTF-8 argv, a
     `\\ud800` in a JSON manifest) becomes its `\\udXXX` text instead of failing the write."""
@@ -609,13 +618,7 @@ def trend(
         raise HistoryError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
     if not Path(db_path).exists():
         return []
-    where, args = ["r.model = ?"], [_sql_text(model)]
-    if target:
-        where.append("r.target = ?")
-        args.append(_sql_text(target))
-    if dtype:
-        where.append("r.dtype = ?")
-        args.append(_sql_text(dtype))
+    where, args = _run_filters(["r.model = ?"], [_sql_text(model)], target, dtype)
     w = " AND ".join(where)
     if metric in ("sqnr", "mae", "max"):
         col = {"sqnr": "sqnr", "mae": "error_mae", "max": "error_max"}[metric]
@@ -699,13 +702,7 @@ def perf_trend(
     name = PERF_ALIASES.get(figure, figure)
     if not Path(db_path).exists():
         return [], {"name": name}
-    where, args = ["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)]
-    if target:
-        where.append("r.target = ?")
-        args.append(_sql_text(target))
-    if dtype:
-        where.append("r.dtype = ?")
-        args.append(_sql_text(dtype))
+    where, args = _run_filters(["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)], target, dtype)
     sql = (f"SELECT r.id, r.started, r.label, r.target, r.dtype, p.phase, p.value, p.unit, p.kind "
            f"FROM runs r JOIN perf_figures p ON p.run_id = r.id WHERE {' AND '.join(where)} ORDER BY r.id")
     conn = connect(db_path)

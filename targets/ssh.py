@@ -38,6 +38,7 @@ from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backen
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, RunOptions, TargetRun, safe_name, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
+from bundlerun.targets.worker_process import tail_lines as _tail
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -132,14 +133,6 @@ def _kind(transport_kind: str) -> FailureKind:
     return {UNAUTHORIZED: FailureKind.AUTH_REFUSED, HOST_KEY: FailureKind.HOST_KEY, NO_SPACE: FailureKind.DEVICE_FULL,
             TIMEOUT: FailureKind.HOST_TIMEOUT, "absent": FailureKind.TOOL_MISSING}.get(transport_kind,
                                                                                      FailureKind.TRANSPORT)
-
-
-def _tail(path: Path, lines: int = 12) -> list[str]:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in text if line.strip()][-lines:]
 
 
 @dataclass

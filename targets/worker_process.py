@@ -69,7 +69,8 @@ def _signal_name(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def _tail(path: Path, lines: int = 12) -> list[str]:
+def tail_lines(path: Path, lines: int = 12) -> list[str]:
+    """The last non-empty lines of a log (a case's excerpt after a crash or hang)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -336,14 +337,14 @@ class WorkerSupervisor:
                             results[(m, c)] = CaseResult(
                                 m, c, CaseStatus.TIMEOUT,
                                 error=f"runtime did not load the program within {opts.setup_timeout_s:g} s",
-                                error_kind="load-timeout", log_excerpt=_tail(log_path), log_path=str(log_path),
+                                error_kind="load-timeout", log_excerpt=tail_lines(log_path), log_path=str(log_path),
                             )
                         return "fatal"
                     m, c = current or pairs[0]
                     results[(m, c)] = CaseResult(
                         m, c, CaseStatus.TIMEOUT,
                         error=f"case did not finish within {opts.case_timeout_s:g} s (process killed)",
-                        error_kind="hang", log_excerpt=_tail(log_path), log_path=str(log_path),
+                        error_kind="hang", log_excerpt=tail_lines(log_path), log_path=str(log_path),
                         elapsed_s=opts.case_timeout_s,
                     )
                     self._notify(results[(m, c)])
@@ -356,7 +357,7 @@ class WorkerSupervisor:
                         results[(m, c)] = CaseResult(
                             m, c, CaseStatus.ERROR,
                             error=f"runtime crashed ({_signal_name(proc.returncode)}) while running this case",
-                            error_kind="crash", log_excerpt=_tail(log_path), log_path=str(log_path),
+                            error_kind="crash", log_excerpt=tail_lines(log_path), log_path=str(log_path),
                         )
                         self._notify(results[(m, c)])
                         return "crash"
@@ -365,7 +366,7 @@ class WorkerSupervisor:
                             results[(m, c)] = CaseResult(
                                 m, c, CaseStatus.ERROR,
                                 error=f"runtime exited before loading the program ({_signal_name(proc.returncode)})",
-                                error_kind="load", log_excerpt=_tail(log_path), log_path=str(log_path),
+                                error_kind="load", log_excerpt=tail_lines(log_path), log_path=str(log_path),
                             )
                         return "fatal"
                     return "eof"
@@ -399,7 +400,7 @@ class WorkerSupervisor:
                             (m, c),
                             CaseResult(
                                 m, c, CaseStatus.ERROR, error=msg.get("error", "runtime failed"),
-                                error_kind=msg.get("kind", "load"), log_excerpt=_tail(log_path), log_path=str(log_path),
+                                error_kind=msg.get("kind", "load"), log_excerpt=tail_lines(log_path), log_path=str(log_path),
                             ),
                         )
                     channel.idle = True  # a warm worker that could not load this bundle waits for the next
@@ -413,7 +414,7 @@ class WorkerSupervisor:
         if msg["event"] == "error":
             return CaseResult(
                 method, case, CaseStatus.ERROR, error=msg.get("error"), error_kind=msg.get("kind", "runtime"),
-                log_excerpt=_tail(log_path), log_path=str(log_path), elapsed_s=msg.get("elapsed_s"),
+                log_excerpt=tail_lines(log_path), log_path=str(log_path), elapsed_s=msg.get("elapsed_s"),
             )
         outputs = []
         for out in msg.get("outputs", []):
