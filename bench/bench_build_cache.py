@@ -12,26 +12,12 @@ Goal: second run at least 5x faster than the first.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-
-def validate(models: list[str], dtypes: str, cases: int, report: Path, env: dict[str, str]) -> tuple[float, dict, str]:
-    cmd = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "validate", *models,
-           "--dtype", dtypes, "--cases", str(cases), "--report", str(report), "--no-history", "--json"]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - t
-    try:
-        summary = json.loads(proc.stdout)
-    except ValueError:
-        raise SystemExit(f"validate failed ({proc.returncode}): {proc.stderr[-3000:]}") from None
-    return elapsed, summary, proc.stderr
+from validate_run import timed_validate
 
 
 def main() -> int:
@@ -49,9 +35,9 @@ def main() -> int:
         env = {**os.environ, "BUNDLERUN_CACHE": str(cache)}
         env.pop("BUNDLERUN_WARM_WORKER", None)
         load0 = os.getloadavg()
-        first, s1, err1 = validate(args.models, args.dtypes, args.cases, Path(tmp) / "r1", env)
+        first, s1, err1 = timed_validate(args.models, args.dtypes, args.cases, Path(tmp) / "r1", env)
         load1 = os.getloadavg()
-        second, s2, err2 = validate(args.models, args.dtypes, args.cases, Path(tmp) / "r2", env)
+        second, s2, err2 = timed_validate(args.models, args.dtypes, args.cases, Path(tmp) / "r2", env)
         load2 = os.getloadavg()
         runs = len(s1["runs"])
         hits1, hits2 = err1.count(": cached build "), err2.count(": cached build ")

@@ -17,25 +17,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from validate_run import timed_validate
+
 
 def validate(models: list[str], dtypes: str, cases: int, report: Path, env: dict[str, str]) -> tuple[float, dict, int]:
-    cmd = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "validate", *models,
-           "--dtype", dtypes, "--cases", str(cases), "--report", str(report), "--no-history", "--json",
-           "--target", "host://xnnpack"]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - t
-    try:
-        summary = json.loads(proc.stdout)
-    except ValueError:
-        raise SystemExit(f"validate failed ({proc.returncode}): {proc.stderr[-3000:]}") from None
-    return elapsed, summary, proc.stderr.count(": cached build ")
+    elapsed, summary, err = timed_validate(models, dtypes, cases, report, env, "--target", "host://xnnpack")
+    return elapsed, summary, err.count(": cached build ")
 
 
 def workers(summary: dict) -> list[str | None]:

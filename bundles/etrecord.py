@@ -27,12 +27,12 @@ The manifest's `build.etrecord` records {"path" (file name, beside the bundle),
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.fileio import file_sha256
 
 SUFFIX = ".etrecord"
 FP32_GRAPH = "eager_fp32"  # graph_map key prefix of the fp32 eager export (quantized builds)
@@ -65,14 +65,6 @@ def recording(enabled: bool, lower: Callable[[Any], Any]) -> Callable[[Any], Any
             exir.to_edge_transform_and_lower = original
 
     return run
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def manifest_entry(enabled: bool, lowering: Any, fp32_module: Any, example_inputs: tuple,
@@ -108,7 +100,7 @@ def manifest_entry(enabled: bool, lowering: Any, fp32_module: Any, example_input
     handles = record._debug_handle_map or {}
     return {"etrecord": {
         "path": path.name,
-        "sha256": sha256_file(path),
+        "sha256": file_sha256(path),
         "bytes": path.stat().st_size,
         "debug_handles": sum(len(m) for m in handles.values() if isinstance(m, dict)),
         "graphs": graphs,
@@ -142,7 +134,7 @@ def locate(manifest: dict | None, bundle_path: str | Path) -> Path:
     path = Path(bundle_path).parent / Path(str(entry["path"])).name
     if not path.is_file():
         raise EtrecordMissing(f"the ETRecord {path} recorded by {bundle_path} is missing; rebuild with: {hint}")
-    got = sha256_file(path)
+    got = file_sha256(path)
     if entry.get("sha256") and got != entry["sha256"]:
         raise EtrecordMissing(f"the ETRecord {path} does not belong to {bundle_path} (sha256 {got[:16]}..., the "
                               f"manifest records {str(entry['sha256'])[:16]}...); rebuild with: {hint}")

@@ -41,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from bundlerun.runner.farm.plan import BuildSpec
+
 PLUGIN_NAME = "bundlerun-runner"
 OPTIONS = ("bundlerun_target", "bundlerun_plan", "bundlerun_bundles", "bundlerun_models")
 
@@ -101,26 +103,13 @@ class Pool:
 
 
 @dataclass
-class Build:
-    model: str
-    dtype: str | None
-    backend: str | None = None
-    cases: int = 4
-    seed: int = 0
-
-    def slug(self) -> str:
-        name = Path(self.model.split(":")[0]).stem if ":" in self.model else self.model
-        return f"{name}-{self.dtype or 'default'}"
-
-
-@dataclass
 class Spec:
     """One item: a bundle file or a build, on a pool."""
 
     name: str
     pool: Pool
     bundle: Path | None = None
-    build: Build | None = None
+    build: "BuildSpec | None" = None  # target "": build for the leased device's URL
 
 
 # ---------------------------------------------------------------------------- the leased target
@@ -213,8 +202,7 @@ class BundlerunPlugin:
         if plan is not None:
             for job in plan.jobs(self.report_root / "builds"):
                 pool = Pool(job.group.name, [d.url for d in job.group.devices], dict(job.group.options))
-                build = None if job.build is None else Build(job.build.model, job.build.dtype, job.build.backend,
-                                                             job.build.cases, job.build.seed)
+                build = job.build  # with the plan's backend and build_target, as the farm builds it
                 specs.append(Spec(job.id, pool, bundle=None if build else Path(job.bundle), build=build))
             if not pools:
                 return specs
@@ -239,7 +227,7 @@ class BundlerunPlugin:
                 specs.append(Spec(f"{stems[path]}[{pool.name}]", pool, bundle=path))
             for model in models:
                 for dtype in dtypes:
-                    build = Build(model, dtype, cases=config.getoption("bundlerun_cases"))
+                    build = BuildSpec(model, dtype, None, "", config.getoption("bundlerun_cases"), 0)
                     specs.append(Spec(f"{build.slug()}[{pool.name}]", pool, build=build))
         return specs
 
@@ -252,13 +240,15 @@ class BundlerunPlugin:
             self._session = Session.load(None, no_history=True).open()
         return self._session
 
-    def build(self, build: Build, url: str) -> Path:
+    def build(self, build: "BuildSpec", url: str) -> Path:
+        """Build for the spec's build target (a plan's `build_target`), else for the device's URL."""
         from bundlerun.bundles.builder import BuildRequest, build_bundle
         from bundlerun.runner.cli import resolve_backend_dtype
 
-        backend, dtype = resolve_backend_dtype(url, build.backend, build.dtype)
-        out = self.report_root / "builds" / f"{build.slug()}-{_safe(url)}.bpte"
-        result = build_bundle(BuildRequest(model=build.model, output=out, backend=backend, target=url, dtype=dtype,
+        target = build.target or url
+        backend, dtype = resolve_backend_dtype(target, build.backend, build.dtype)
+        out = self.report_root / "builds" / f"{build.slug()}-{_safe(target)}.bpte"
+        result = build_bundle(BuildRequest(model=build.model, output=out, backend=backend, target=target, dtype=dtype,
                                            cases=build.cases, seed=build.seed, registry=self.session().registry,
                                            cache=True))
         return result.path

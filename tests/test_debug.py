@@ -112,13 +112,13 @@ def int8_bundles(tmp_path_factory):
 
 
 def test_build_etrecord_is_written_and_recorded(fp32_bundles):
-    from bundlerun.bundles.etrecord import sha256_file
+    from bundlerun.bundles.fileio import file_sha256
 
     manifest = read_bundle(fp32_bundles / "good.bpte").manifest
     entry = manifest["build"]["etrecord"]
     path = fp32_bundles / entry["path"]
     assert path.name == "good.etrecord" and path.is_file()
-    assert entry["sha256"] == sha256_file(path) and entry["bytes"] == path.stat().st_size
+    assert entry["sha256"] == file_sha256(path) and entry["bytes"] == path.stat().st_size
     assert entry["debug_handles"] >= 9  # tiny-cnn: one per kernel of the program
 
 
