@@ -7,7 +7,12 @@ model): anything else is refused in one line unless `--force`.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import click
+
+from bundlerun.bundles.errors import ConfigError
 
 
 def _fmt(value, key: str) -> str:
@@ -59,6 +64,16 @@ def _counts(counts: dict) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
 
 
+def _overridden(rules, flags: dict[str, tuple[str, float | None]]):
+    """`rules` with each given --flag's value (finite, >= 0) in place of the config's."""
+    for flag, (name, value) in flags.items():
+        if value is not None:
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{flag} must be a non-negative number, got {value}")
+            rules = replace(rules, **{name: value})
+    return rules
+
+
 @click.command(name="compare")
 @click.argument("baseline")
 @click.argument("current")
@@ -90,11 +105,8 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     runs are unrelated.
     """
     import json
-    import math
     import sys
-    from dataclasses import replace
 
-    from bundlerun.bundles.errors import ConfigError
     from bundlerun.bundles.project_config import load_project_config
     from bundlerun.runner import history
     from bundlerun.runner.regression import (
@@ -103,21 +115,15 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     )
 
     config = load_project_config() or {}
-    rules = RegressionRules.from_config(config)
-    for name, value in (("sqnr_drop_db", sqnr_drop), ("error_growth", error_growth), ("top1_drop_points", top1_drop)):
-        if value is not None:
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"--{name.split('_')[0]}-{name.split('_')[1]} must be a non-negative number, got {value}")
-            rules = replace(rules, **{name: value})
+    rules = _overridden(RegressionRules.from_config(config), {
+        "--sqnr-drop": ("sqnr_drop_db", sqnr_drop), "--error-growth": ("error_growth", error_growth),
+        "--top1-drop": ("top1_drop_points", top1_drop)})
     if force:
         rules = replace(rules, allow_unrelated=True)
-    perf_rules = PerfRules.from_config(config)
-    for name, value in (("cycles_regression", cycles_regression), ("memory_regression", memory_regression),
-                        ("latency_regression", latency_regression)):
-        if value is not None:
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a non-negative number, got {value}")
-            perf_rules = replace(perf_rules, **{name: value})
+    perf_rules = _overridden(PerfRules.from_config(config), {
+        "--cycles-regression": ("cycles_regression", cycles_regression),
+        "--memory-regression": ("memory_regression", memory_regression),
+        "--latency-regression": ("latency_regression", latency_regression)})
     if gate_host_latency:
         perf_rules = replace(perf_rules, gate_host_latency=True)
     db = history.resolve_history_path(history_db, config)
