@@ -377,7 +377,8 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
-        _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json)
+        _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json,
+               target_config=session.target_config(target))
     sys.exit(report["summary"]["exit_code"])
 
 

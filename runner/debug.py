@@ -428,7 +428,8 @@ def judge_rows(rows: list[LayerRow], column: str, budget: float | None, quantize
 
 def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output: str | None = None,
                  method: str = "forward", work_dir: Path | None = None, history_db: Path | None = None,
-                 timeout_s: float = 600.0, debug_buffer_mb: int = 64) -> DebugResult:
+                 timeout_s: float = 600.0, debug_buffer_mb: int = 64,
+                 target_config: dict[str, Any] | None = None) -> DebugResult:
     import tempfile
 
     from bundlerun.bundles.bpte import read_bundle
@@ -460,7 +461,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     j = out_names.index(output)
 
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
-    run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb)
+    run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config)
 
     from bundlerun.bundles.backends.common import quiet_framework_logs
 

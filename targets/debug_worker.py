@@ -19,10 +19,6 @@ import sys
 import warnings
 from pathlib import Path
 
-# ETDump events that carry no operator output of their own
-_NOT_OPERATORS = ("OPERATOR_CALL", "Method::execute", "Method::init", "Program::load_method")
-
-
 def _inputs(bundle, method: str, case: int) -> list:
     test_case = bundle.suite(method).test_cases[case]
     return [v.to_array() if v.kind == "tensor" else v.scalar for v in test_case.inputs]
@@ -33,7 +29,6 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
 
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.targets.host_worker import _quiet_imports
-    from bundlerun.targets.intermediates import Intermediate
     from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy
 
     bundle = read_bundle(bundle_path)
@@ -45,30 +40,9 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
     outputs = module.run_method(method, inputs)
     etdump, buffer = work / "case.etdump", work / "case.debug"
     module.write_etdump_result_to_file(str(etdump), str(buffer))
-    from executorch.devtools import Inspector
+    from bundlerun.targets.intermediates import parse_etdump
 
-    inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(buffer))
-    items, notes, missing, inside = [], [], 0, 0
-    for block in inspector.event_blocks:
-        for event in block.events:
-            if event.name in _NOT_OPERATORS or event._instruction_id is None:
-                continue
-            if not event.debug_data:
-                if event.is_delegated_op:
-                    inside += 1  # a delegate's own per-operator event (profiling only)
-                else:
-                    missing += 1
-                continue
-            arrays = [tensor_to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t) for t in event.debug_data]
-            kind = "delegate" if event.name == "DELEGATE_CALL" or event.is_delegated_op else "kernel"
-            op = event.name[len("native_call_"):] if event.name.startswith("native_call_") else event.name
-            items.append(Intermediate(len(items), 0, int(event._instruction_id), kind, op, arrays))
-    if inside:
-        notes.append(f"{inside} operator events inside delegates carry no output data (the delegate logs timings "
-                     "only): each delegate call is one row")
-    if missing:
-        notes.append(f"{missing} operator events came back without data: the debug buffer ({buffer_mb} MiB) may be "
-                     "too small; rerun with a larger --debug-buffer-mb")
+    items, notes = parse_etdump(etdump, buffer, f"{buffer_mb} MiB", "rerun with a larger --debug-buffer-mb")
     outs = [tensor_to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o) for o in outputs]
     return {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes}, items, outs
 

@@ -92,11 +92,27 @@ def unsupported_message(url: str) -> str:
     return f"{url}: cannot return intermediate outputs (yet): {why}; host:// and tosa:// can"
 
 
+# scheme -> module with `capture(url, config, bundle_path, method, case, work_dir, timeout_s,
+# debug_buffer_mb) -> IntermediateRun`, for targets whose runtime is a device runner (its ETDump +
+# debug buffer come back as files and are read by `parse_etdump`)
+_DEVICE_CAPTURE = {
+    "qemu": "bundlerun.targets.arm.intermediates",
+    "fvp": "bundlerun.targets.arm.intermediates",
+    "serial": "bundlerun.targets.arm.intermediates",
+    "adb": "bundlerun.targets.android.intermediates",
+    "qemu-user": "bundlerun.targets.android.intermediates",
+    "mlx": "bundlerun.targets.mlx_intermediates",
+}
+
+
 def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
-            timeout_s: float = 600.0, debug_buffer_mb: int = DEFAULT_DEBUG_BUFFER_MB) -> IntermediateRun:
-    """Run `method`[`case`] of the bundle on `url` with every intermediate output."""
+            timeout_s: float = 600.0, debug_buffer_mb: int = DEFAULT_DEBUG_BUFFER_MB,
+            config: dict[str, Any] | None = None) -> IntermediateRun:
+    """Run `method`[`case`] of the bundle on `url` (with its `[targets.X]` config) with every
+    intermediate output."""
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
+    family = scheme.split("+", 1)[0]
     if scheme == "host":
         variant = (rest or "xnnpack").split("?", 1)[0].lower()
         if variant not in ("xnnpack", "portable"):
@@ -107,6 +123,19 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
         mode = "tosa"
         granularity = ("every kernel call and every TOSA delegate call (program walker; not per TOSA operator: the "
                        "reference model returns only a graph's outputs)")
+    elif (scheme if scheme in _DEVICE_CAPTURE else family) in _DEVICE_CAPTURE:
+        import importlib
+
+        name = _DEVICE_CAPTURE[scheme if scheme in _DEVICE_CAPTURE else family]
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            raise IntermediatesUnsupported(unsupported_message(url)) from None
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        return module.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
+                              debug_buffer_mb)
     else:
         raise IntermediatesUnsupported(unsupported_message(url))
     work = Path(work_dir)
@@ -144,6 +173,49 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
 
 
 # ------------------------------------------------------------------ helpers for the worker
+
+# ETDump events that carry no operator output of their own
+_NOT_OPERATORS = ("OPERATOR_CALL", "Method::execute", "Method::init", "Program::load_method")
+
+
+def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_size: str,
+                 larger_hint: str) -> tuple[list[Intermediate], list[str]]:
+    """Every operator / delegate output an ETDump + its debug buffer hold, in execution order.
+
+    Read with ExecuTorch's own Inspector (no ETRecord: the caller maps instruction ids to the
+    eager graph). `buffer_size` and `larger_hint` word the note when events came back without
+    data (a debug buffer too small for every intermediate)."""
+    import torch
+    from executorch.devtools import Inspector
+
+    from bundlerun.targets.program.walker import tensor_to_numpy
+
+    inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(debug_buffer) if debug_buffer else None)
+    items: list[Intermediate] = []
+    notes: list[str] = []
+    missing = inside = 0
+    for block in inspector.event_blocks:
+        for event in block.events:
+            if event.name in _NOT_OPERATORS or event._instruction_id is None:
+                continue
+            if not event.debug_data:
+                if event.is_delegated_op:
+                    inside += 1  # a delegate's own per-operator event (profiling only)
+                else:
+                    missing += 1
+                continue
+            arrays = [tensor_to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t) for t in event.debug_data]
+            kind = "delegate" if event.name == "DELEGATE_CALL" or event.is_delegated_op else "kernel"
+            op = event.name[len("native_call_"):] if event.name.startswith("native_call_") else event.name
+            items.append(Intermediate(len(items), 0, int(event._instruction_id), kind, op, arrays))
+    if inside:
+        notes.append(f"{inside} operator events inside delegates carry no output data (the delegate logs timings "
+                     "only): each delegate call is one row")
+    if missing:
+        notes.append(f"{missing} operator events came back without data: the debug buffer ({buffer_size}) may be "
+                     f"too small; {larger_hint}")
+    return items, notes
+
 
 
 def walker_observer(walker: Any, sink: list[Intermediate]):

@@ -15,7 +15,7 @@ import click
 def run_debug(bundle: Path, target: str, case: int | None = None, output: str | None = None,
               report_dir: Path | None = None, history_db: Path | None = None, method: str = "forward",
               timeout: float = 600.0, debug_buffer_mb: int = 64, as_json: bool = False, quiet: bool = False,
-              case_source: str | None = None):
+              case_source: str | None = None, target_config: dict | None = None):
     """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
     from bundlerun.runner.debug import debug_bundle
     from bundlerun.runner.debug_report import rich_table, verdict_line, write_debug_reports
@@ -23,7 +23,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 
     work = (report_dir / "work") if report_dir else None
     result = debug_bundle(bundle, target, case=case, output=output, method=method, work_dir=work,
-                          history_db=history_db, timeout_s=timeout, debug_buffer_mb=debug_buffer_mb)
+                          history_db=history_db, timeout_s=timeout, debug_buffer_mb=debug_buffer_mb,
+                          target_config=target_config)
     if case_source:
         result.case_source = case_source
     files = write_debug_reports(result, report_dir) if report_dir else {}
@@ -65,20 +66,30 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
               help="Write report.json (debug section), summary.md and report.html here.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds for the debug run.")
 @click.option("--debug-buffer-mb", type=click.IntRange(min=1), default=64, show_default=True,
-              help="host://: size of the runtime's debug buffer for intermediate outputs.")
+              help="Size of the runtime's debug buffer for intermediate outputs (host://, and device runners "
+                   "that take it at run time; a firmware runner's buffer is fixed when it is built).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="bundlerun.toml to use (default: searched upward from the current directory).")
+@click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE",
+              help="Target setting (overrides [targets.<scheme>] in config), as for `run`.")
 @click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
               help="History database to find the last run's worst case in.")
 @click.option("--json", "as_json", is_flag=True, help="Print the debug result as JSON.")
-def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, history_db, as_json):
+def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, config_path, target_opts,
+            history_db, as_json):
     """Name the first layer of BUNDLE that goes wrong on --target (needs `build --etrecord`)."""
     from bundlerun.runner.history import resolve_history_path
+    from bundlerun.runner.session import Session
 
-    db = resolve_history_path(str(history_db) if history_db else None, None)
-    result = run_debug(bundle, target, case, output, report_dir, db, method, timeout, debug_buffer_mb, as_json)
+    session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db)
+    db = resolve_history_path(str(history_db) if history_db else None, session.project)
+    result = run_debug(bundle, target, case, output, report_dir, db, method, timeout, debug_buffer_mb, as_json,
+                       target_config=session.target_config(target))
     sys.exit(1 if result.first_bad is not None else 0)
 
 
-def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, quiet: bool = False) -> None:
+def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, quiet: bool = False,
+                  target_config: dict | None = None) -> None:
     """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.runner.debug import worst_failing_case
@@ -89,7 +100,7 @@ def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, qui
             continue
         try:
             run_debug(bundle, target, case, None, report_dir, None, method, quiet=quiet,
-                      case_source="worst failing case of this run (--debug-on-fail)")
+                      case_source="worst failing case of this run (--debug-on-fail)", target_config=target_config)
         except BundlerunError as exc:
             click.echo(f"debug-on-fail: {exc}", err=True)
         return

@@ -390,6 +390,11 @@ class IncrementalLogParser:
         return st.log.simulation_stopped is not None
 
     @property
+    def eot_seen(self) -> bool:
+        """The runner's closing EOT byte (0x04) arrived: nothing more will follow."""
+        return self._state.log.eot_seen
+
+    @property
     def crashed(self) -> bool:
         return self._state.log.crashed
 

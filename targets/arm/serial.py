@@ -43,6 +43,9 @@ _BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
 # ET_CHECK_MSG(model_ok == true, "Problem running model") follows a failed BundleIO
 # check: the runner aborts by design, after printing outputs, verdict and ETDump.
 _CHUNK = 16384
+# After "Program complete, exiting." the runner sends EOT (0x04); older runners send nothing more.
+# Wait this long for it so the raw capture is the whole session, without stalling those runners.
+_EOT_GRACE_S = 0.5
 # Transport faults worth another attempt (RunOptions.retries); never numerics or reboots.
 _TRANSIENT = ("port-lost", "port-busy", "port-missing", "flash-timeout")
 # Capture.status -> how the stream ended, for the shared Arm runner protocol.
@@ -457,8 +460,11 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
     data = bytearray()
     start = time.monotonic()
     last_data = start
+    finished_at: float | None = None  # "Program complete" seen; the EOT byte may still be in flight
     while True:
         now = time.monotonic()
+        if finished_at is not None and (parser.eot_seen or now - finished_at >= _EOT_GRACE_S or now >= deadline):
+            return Capture(bytes(data), "finished", None, now - start)
         if now >= deadline:
             status = "timeout" if data else "no-output"
             return Capture(bytes(data), status, None, now - start)
@@ -474,7 +480,8 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
             # after the runner's last line lost the whole tail). So: wait for one byte (bounded by
             # read_timeout_s), then take what is already there without waiting (timeout 0 for that
             # read; set on `_timeout` so rfc2217 does not renegotiate the port twice per chunk).
-            wanted = max(0.001, min(settings.read_timeout_s, deadline - now))
+            limit = deadline if finished_at is None else min(deadline, finished_at + _EOT_GRACE_S)
+            wanted = max(0.001, min(settings.read_timeout_s, limit - now))
             if port.timeout != wanted:
                 port.timeout = wanted
             chunk = port.read(1)
@@ -495,6 +502,8 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
                     parser.feed(chunk)
                     raise lost
         except (serial.SerialException, OSError) as exc:
+            if finished_at is not None:  # the board closed the port after its last line: a clean end
+                return Capture(bytes(data), "finished", None, time.monotonic() - start)
             if parser.crashed:  # the runner had aborted (e.g. QEMU exits on the abort): not a link fault
                 return Capture(bytes(data), "aborted", f"port closed after the runner aborted ({exc})",
                                time.monotonic() - start)
@@ -510,8 +519,8 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
                 # The parser pairs a semihosting "Running executor..." with its "PTE @".
                 if parser.result().boots > 1:
                     return Capture(bytes(data), "reboot", None, now - start)
-            if parser.finished:
-                return Capture(bytes(data), "finished", None, now - start)
+            if parser.finished and finished_at is None:
+                finished_at = now  # keep reading briefly: the runner's EOT follows its last line
         elif parser.crashed and now - last_data >= settings.settle_s:
             return Capture(bytes(data), "aborted", None, now - start)
 
