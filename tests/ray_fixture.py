@@ -85,8 +85,9 @@ class RayCluster:
     def start(self, head: dict[str, float], nodes: list[dict[str, float]]) -> "RayCluster":
         common = ["--num-cpus", str(self.cpus), "--object-store-memory", str(80 * 1024 * 1024),
                   "--disable-usage-stats"]
+        self.client_address = f"ray://127.0.0.1:{free_port()}"  # the head's Ray Client server
         self._spawn(["--head", "--port", str(self.port), "--resources", json.dumps(head), "--include-dashboard=false",
-                     "--temp-dir", str(self.tmp / "r"), "--ray-client-server-port", str(free_port()),
+                     "--temp-dir", str(self.tmp / "r"), "--ray-client-server-port", self.client_address.rsplit(":", 1)[1],
                      "--min-worker-port", "0", "--max-worker-port", "0", *common], "head.log")
         self._wait_for(next(iter(head)) if head else "CPU")
         for i, resources in enumerate(nodes):

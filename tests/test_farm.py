@@ -506,6 +506,27 @@ def test_ray_jobs_run_on_the_node_holding_their_device(cli, bundles, ray_cluster
     assert {(j["job"], j["verdict"]) for j in local["farm"]["jobs"]} == {(j["job"], j["verdict"]) for j in merged["farm"]["jobs"]}
 
 
+def test_ray_client_address_runs_the_plan_on_the_cluster(cli, bundles, ray_cluster, tmp_path):
+    """`--executor ray://HOST:PORT`: the driver is a Ray Client of the head's client server (no
+    Ray runtime in the farm process); jobs still land on the node holding their device."""
+    nodes = ray_cluster.nodes()
+    holder = {res: node for node, resources in nodes.items() for res in resources if res.startswith("adb:")}
+    plan = _ray_plan(tmp_path, bundles, "client")
+    r = cli("farm", str(plan), "--executor", ray_cluster.client_address, "--report", str(tmp_path / "client"),
+            "--no-history", "--json", env=ENV, timeout=900)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]  # the scale=2 group fails numerically
+    result = json.loads(r.stdout)
+    attempts = [a for j in result["jobs"] for a in j["attempts"]]
+    assert len(result["jobs"]) == 12 and len(attempts) == 13
+    for a in attempts:
+        if a["device"]:
+            assert a["node"]["ray_node_id"] == holder[a["device"]], a
+    merged = json.loads((tmp_path / "client" / "report.json").read_text())
+    assert merged["farm"]["executor"]["address"] == ray_cluster.client_address
+    assert len(merged["farm"]["executor"]["nodes"]) == 2
+    assert len(list((tmp_path / "client" / "jobs").glob("*/attempt-*/report.json"))) == 13
+
+
 def test_ray_device_missing_from_cluster_is_an_error_not_a_hang(cli, bundles, ray_cluster, tmp_path):
     plan = _write(tmp_path / "plan.toml", f"""
 bundles = ["{bundles}/a.bpte"]
@@ -654,3 +675,50 @@ options = {{state = "{tmp_path / 'state'}"}}
     attempts = [a for j in merged["farm"]["jobs"] for a in j["attempts"]]
     assert len(attempts) == 3 and {a["node"]["ray_node_id"] for a in attempts} == {executor["nodes"][0]["node_id"]}
     assert [j["flaky"] for j in merged["farm"]["jobs"]].count(True) == 1
+
+
+def test_a_killed_local_worker_is_replaced_and_its_attempt_retried(bundles, tmp_path):
+    """A real SIGKILL to the pool's worker process while it holds a job (what the OOM killer does):
+    that attempt is a crash and is retried, a new pool takes over, and every job still passes."""
+    import signal
+    import threading
+    import time
+
+    log = tmp_path / "devices.log"
+    plan = _write(tmp_path / "plan.toml", f"""
+bundles = ["{bundles}/*.bpte"]
+targets = ["sim://emu-k?sleep=1.0&log={log}"]
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "farm", str(plan),
+         "--report", str(tmp_path / "out"), "--no-history", "--jobs", "1"],
+        cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not any("attempt 1" in line and "PASS" in line for line in said):  # one job done: the worker is warm
+        assert proc.poll() is None, "".join(said)
+        assert time.monotonic() < deadline, "no job finished"
+        time.sleep(0.05)
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+    assert len(workers) == 1, workers  # --jobs 1: one pool process, now running the next job
+    os.kill(int(workers[0]), signal.SIGKILL)
+    out = proc.stdout.read()
+    proc.wait(timeout=300)
+    reader.join(timeout=10)
+    err = "".join(said)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["farm"]["executor"]["pools_replaced"] == 1
+    jobs = report["farm"]["jobs"]
+    assert len(jobs) == 6 and all(j["verdict"] == "PASS" for j in jobs)
+    crashed = [a for j in jobs for a in j["attempts"] if a["exit_code"] != 0]
+    assert len(crashed) == 1 and crashed[0]["retried"] is True
+    assert sum("attempt 1" in line and "ERROR [crash] -> retry" in line for line in said) == 1, err[-3000:]
+    attempt_reports = sorted((tmp_path / "out" / "jobs").glob("*/attempt-*/report.json"))
+    assert len(attempt_reports) == 7  # six jobs, one retried: every attempt folder holds its report
+    died = [p for p in attempt_reports if "the attempt's worker died" in p.read_text()]
+    assert len(died) == 1 and died[0].parent.name == "attempt-1"
+    assert sum(1 for j in jobs if j["flaky"]) == 1

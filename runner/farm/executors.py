@@ -43,7 +43,9 @@ class LocalExecutor:
             from bundlerun.targets import target_specs
 
             target_specs()
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context(method))
+        self._context = multiprocessing.get_context(method)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+        self.replaced = 0  # pools replaced after a worker died
 
     @property
     def capacity(self) -> int | None:
@@ -53,9 +55,21 @@ class LocalExecutor:
         return None  # every device of the plan is reachable from here
 
     def submit(self, payload: dict[str, Any], device: str | None) -> Future:
+        """A worker that dies (OOM killer, a native crash in a runtime) breaks the whole pool: the
+        attempts it held come back as crashes (the scheduler retries them) and a new pool takes
+        the later ones, so one dead worker does not fail the rest of the run."""
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
         from bundlerun.runner.farm.worker import run_job
 
-        return self._pool.submit(run_job, payload)
+        try:
+            return self._pool.submit(run_job, payload)
+        except BrokenProcessPool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+            self.replaced += 1
+            return self._pool.submit(run_job, payload)
 
     def describe(self) -> dict[str, Any]:
         return {"name": "local", "workers": self.workers}

@@ -171,9 +171,12 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         flaky = bool(tries) and final["summary"]["exit_code"] == 0 and any(t.exit_code != 0 for t in tries)
         final_dir = (report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{len(tries)}") if tries else (
             report_dir / "jobs" / job_dir_name(job.id) / "not-run")
-        if ex.ship and tries:  # Ray: the reports came back as results; write them here
-            for t in tries:
-                write_report(t.report, report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}")
+        for t in tries:
+            attempt_dir = report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}"
+            # Ray: the reports came back as results; local: a worker that died wrote none (the
+            # scheduler's crash report stands in), so every attempt folder holds its report
+            if ex.ship or not (attempt_dir / "report.json").is_file():
+                write_report(t.report, attempt_dir)
         farm = dict(final.get("farm") or {})
         farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
                     attempts=[t.record() for t in tries])
@@ -222,6 +225,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         merged["summary"]["interrupted"] = True
     merged["run"].update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
                          command=["bundlerun", "farm", str(plan.path)])
+    if getattr(ex, "replaced", 0):
+        described["pools_replaced"] = ex.replaced  # local: a worker died and its pool was replaced
     merged["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
                       "makespan_s": makespan, "jobs": job_records, "devices": devices_out,
                       "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
