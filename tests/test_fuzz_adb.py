@@ -356,8 +356,9 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
             struct.pack_into("<I", header, rng.choice((4, 8)), rng.choice((0, 1, 2, 3, 0xFFFFFFFF, rng.getrandbits(32))))
         elif op == 2:  # length field lies (payload unchanged)
             old = struct.unpack_from("<I", header, 12)[0]
-            struct.pack_into("<I", header, 12, rng.choice((0, max(0, old - 1), old + 1, old * 2, 0xFFFFFFFF,
-                                                           1 << 20, (1 << 20) + 1, rng.getrandbits(32))))
+            lie = rng.choice((0, max(0, old - 1), old + 1, old * 2, 0xFFFFFFFF, 1 << 20, (1 << 20) + 1,
+                              rng.getrandbits(32)))
+            struct.pack_into("<I", header, 12, lie & 0xFFFFFFFF)  # a field already mutated to 2^32-1 wraps
         elif op == 3:  # magic
             struct.pack_into("<I", header, 20, rng.getrandbits(32))
         elif op == 4:  # drop a packet
