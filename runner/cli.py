@@ -402,13 +402,19 @@ def _validate_slug(model: str, dtype: str) -> str:
 @click.option("--no-cache", is_flag=True, help="Rebuild every bundle even if the build cache has it.")
 @click.option("--shard", default=None, metavar="I/N",
               help="Build and run only shard I of N of the models x dtypes (stable split; `bundlerun merge` joins them).")
+@click.option("--etrecord", is_flag=True,
+              help="Also write each bundle's ETRecord beside it (for `bundlerun debug`; skips the build cache).")
+@click.option("--debug-on-fail", is_flag=True,
+              help="On a numerical failure, drill into that model's worst failing case (`bundlerun debug`, report in "
+                   "REPORT/<model>-<dtype>/debug); implies --etrecord.")
 @_apply(run_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf, as_json, no_cache, shard):
+             config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
-    Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report.
+    Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report (and with --etrecord its
+    ETRecord; with --debug-on-fail a failing one's debug report in debug/).
     """
     from bundlerun.runner.report import plain, wide_console
     from rich.table import Table
@@ -439,10 +445,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 continue
             out = report_dir / slug
             bundle_path = out / f"{slug}.bpte"
+            record = etrecord or debug_on_fail  # debug needs the ETRecord
             try:
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
-                               overrides=parse_tolerances(tolerances), registry=session.registry, cache=not no_cache)
+                               overrides=parse_tolerances(tolerances), registry=session.registry,
+                               cache=not no_cache and not record, etrecord=record)
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:
@@ -463,6 +471,11 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
                     click.echo(format_regressions(report["regressions"]))
             s = report["summary"]
+            if debug_on_fail and s["exit_code"] == 1:  # runner/commands/debug.py, as `run --debug-on-fail`
+                from bundlerun.runner.commands.debug import debug_on_fail as _drill
+
+                _drill(bundle_path, target, report, out / "debug", quiet=as_json,
+                       target_config=session.target_config(target))
             results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
     codes = [r[2] for r in results]
     code = 1 if 1 in codes else (2 if 2 in codes else 0)

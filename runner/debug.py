@@ -27,6 +27,22 @@
    `quantization` when it matches the quantized reference but both miss fp32.
 6. A runtime operator with no eager counterpart is a row with status `unmatched`
    (never dropped); one folded into a later instruction's debug handle says which.
+7. Operators inside a delegate call (kind "delegate-op": TOSA operators on tosa://,
+   MLX instructions on mlx://) are mapped through the delegate graphs `build
+   --etrecord` recorded (bundles/etrecord.py, `<stem>.delegates.json`): a TOSA tensor
+   is named after the Arm backend's FX node that produced it (`tosa_conv2d_default_1`,
+   a node of the graph after the Arm passes - not in the ETRecord, which is why it is
+   recorded), and that node keeps the edge graph's debug handle; an MLX instruction
+   is mapped by (chain, index) to the FX node it was emitted for. Per debug handle,
+   the last operator of the call carrying it holds the group's value and is compared
+   with the reference graph's output for that handle - or for the handle of the
+   furthest node the backend folded into the group (a ReLU, a quantize after a conv:
+   `absorbed`); integer tensors are dequantized with the scale / zero point recorded
+   per tensor (an int32 accumulator: input x weight scale; a RESCALE output: input
+   scale / its factor) and channels-last tensors transposed back. A convolution
+   before its RESCALE is compared too (its accumulator is the conv's output); other
+   operators inside a group (layout transposes, the pieces of a decomposition) are
+   `unmatched` rows that say where their group is compared.
 """
 
 from __future__ import annotations
@@ -90,6 +106,9 @@ class LayerRow:
     exceeds: bool = False
     attribution: str | None = None
     note: str | None = None
+    delegate_op: int | None = None  # kind "delegate-op": operator / instruction index inside the delegate payload
+    tensor: str | None = None  # kind "delegate-op": its output tensor (TOSA) or slot (MLX)
+    compared_at: int | None = None  # a step inside a delegate group: the row where the group's value is compared
 
     def judged(self, column: str) -> Column | None:
         return getattr(self, column)
@@ -127,8 +146,8 @@ class DebugResult:
         body["first_bad_layer"] = None
         if self.first_bad_row is not None:
             r = self.first_bad_row
-            body["first_bad_layer"] = {"row": r.index, "instruction": r.instruction, "runtime_op": r.runtime_op,
-                                       "aot_ops": r.aot_ops, "attribution": r.attribution}
+            body["first_bad_layer"] = {"row": r.index, "instruction": r.instruction, "delegate_op": r.delegate_op,
+                                       "runtime_op": r.runtime_op, "aot_ops": r.aot_ops, "attribution": r.attribution}
         body["unmatched"] = sum(1 for r in self.rows if r.status == "unmatched")
         return {"schema": "bundlerun.debug/1", **_clean(body)}
 
@@ -306,7 +325,154 @@ def _program_ops(program: bytes, method: str) -> dict[tuple[int, int], str]:
     return names
 
 
-def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool) -> tuple[list[LayerRow], str]:
+# a convolution's output inside its group (before the RESCALE that requantizes it) is the eager conv's value
+_COMPLETE_STEPS = ("tosa.CONV2D", "tosa.DEPTHWISE_CONV2D", "tosa.CONV3D", "tosa.TRANSPOSE_CONV2D")
+
+
+def _squeezed(shape) -> tuple:
+    return tuple(int(d) for d in shape if int(d) != 1)
+
+
+def _delegate_value(array: np.ndarray, node: dict) -> tuple[np.ndarray | None, str | None]:
+    """A delegate operator's output in the eager graph's terms: dequantized with the scale / zero point
+    recorded for its tensor, channels-last transposed back. (value, None) or (None, why not)."""
+    a = np.asarray(array)
+    if a.dtype.kind in "iu" and "scale" in node:
+        scale = np.asarray(node["scale"], dtype=np.float64)
+        zp = np.asarray(node.get("zero_point", 0), dtype=np.float64)
+        if scale.ndim and a.ndim and scale.shape[0] != a.shape[-1]:
+            return None, f"its {scale.shape[0]} per-channel scales do not fit its shape {list(a.shape)}"
+        a = ((a.astype(np.float64) - zp) * scale).astype(np.float32)
+    elif a.dtype.kind in "iu" and str(node.get("op", "")).startswith("tosa."):
+        return None, (f"no quantization scale is known for this {a.dtype} tensor (the Arm backend graph gives "
+                      "none), so it cannot be compared with the float eager graph")
+    perm = node.get("layout")
+    if perm and len(perm) == a.ndim:
+        a = np.ascontiguousarray(a.transpose(np.argsort(perm)))
+    return a, None
+
+
+def _find_delegate_graph(graphs: dict | None, reason: str, items: list) -> tuple[dict | None, str]:
+    """The recorded graph of one delegate call's operators, or (None, why none fits)."""
+    if graphs is None:
+        return None, reason
+    backend = items[0].info.get("backend")
+    candidates = [g for g in graphs.get("graphs") or [] if g.get("backend") == backend]
+    errors = "; ".join(graphs.get("errors") or [])
+    if not candidates:
+        return None, (f"the build recorded no {backend} graph" + (f" ({errors})" if errors else ""))
+    if backend == "MLXBackend":
+        digest = items[0].info.get("digest")
+        found = next((g for g in candidates if g.get("digest") == digest), None)
+        return (found, "") if found else (None, "no recorded MLX instruction map has this payload's instructions "
+                                                "(another build's delegate graphs?)")
+    names = [i.name for i in items]
+    best = max(candidates, key=lambda g: sum(1 for n in names if n in (g.get("nodes") or {})))
+    if not any(n in (best.get("nodes") or {}) for n in names):
+        return None, "none of this delegate's TOSA tensors is in the recorded Arm backend graphs (another build's?)"
+    return best, ""
+
+
+def _delegate_node(graph: dict, item) -> dict | None:
+    if graph.get("backend") == "MLXBackend":
+        chain = item.info.get("chain", 0)
+        return next((dict(i, op=f"mlx.{i['op']}") for i in graph.get("instructions") or []
+                     if i["chain"] == chain and i["index"] == item.delegate_op), None)
+    nodes = graph.get("nodes") or {}
+    if item.name in nodes:
+        return dict(nodes[item.name], node=item.name)
+    # an extra tensor the serializer derived from a node's name (e.g. "<node>_<suffix>"): the longest such node
+    prefix = max((n for n in nodes if item.name and item.name.startswith(n + "_")), key=len, default=None)
+    return dict(nodes[prefix], node=prefix) if prefix else None
+
+
+def compare_delegate_ops(pairs: list, graphs: dict | None, reason: str, ref_gm, case_inputs: tuple, aot: dict,
+                         aot_names: dict, quantized: bool, fp32_gm, fp32_values: dict) -> None:
+    """Map and compare the rows of operators inside delegate calls (module docstring, item 7)."""
+    by_call: dict[tuple[int, int], list] = {}
+    for row, item in pairs:
+        by_call.setdefault((item.chain, item.instruction), []).append((row, item))
+    ref_values: dict[str, Any] | None = None
+    for members in by_call.values():
+        graph, why = _find_delegate_graph(graphs, reason, [item for _r, item in members])
+        nodes = [(row, item, _delegate_node(graph, item) if graph else None) for row, item in members]
+        last: dict[int, LayerRow] = {}
+        for row, _item, node in nodes:
+            if node is not None and node.get("debug_handle") is not None:
+                last[int(node["debug_handle"])] = row
+        absorbed = {int(k): int(v) for k, v in ((graph or {}).get("absorbed") or {}).items()}
+        for row, item, node in nodes:
+            if node is None:
+                row.note = why or (f"{item.name or row.runtime_op} is not in the recorded "
+                                   f"{item.info.get('backend', 'delegate')} graph")
+                continue
+            where = node.get("node") or item.name
+            h = node.get("debug_handle")
+            if h is None:
+                row.note = f"{where} carries no debug handle back to the eager graph"
+                continue
+            h = int(h)
+            row.debug_handles = [h]
+            if not item.outputs:
+                row.note = "this instruction writes no tensor (value-slot arithmetic or control flow)"
+                continue
+            roots = [r for r in node.get("roots") or []]
+            keeper = last[h]
+            if keeper is row:
+                key = absorbed.get(h, h)
+                reference = aot.get((key,))
+                names = list(aot_names.get((key,), []))
+                if key != h:
+                    row.note = (f"the backend folded {', '.join(names) or f'debug handle {key}'} into this group: "
+                                "compared with its output")
+            elif row.runtime_op in _COMPLETE_STEPS and roots:
+                if ref_values is None:
+                    ref_values = _capture_by_name(ref_gm, tuple(case_inputs))
+                reference = ref_values.get(roots[0])
+                names = [roots[0]]
+            else:
+                row.compared_at = keeper.index
+                row.note = (f"a step inside the group of {', '.join(roots) or where} (backend node {where}): no eager "
+                            f"node holds this value; the group's output is compared at row {keeper.index} "
+                            f"({keeper.runtime_op})")
+                continue
+            if reference is None:
+                row.note = f"the reference graph has no value for {', '.join(names) or f'debug handle {h}'}"
+                continue
+            actual, problem = _delegate_value(item.outputs[0], node)
+            if actual is None:
+                row.note = problem
+                continue
+            expected = _to_numpy(reference)
+            if expected is not None and expected.dtype.kind in "iu" and "scale" in node and np.ndim(node["scale"]) == 0:
+                # the reference graph's quantize node: its integer output, in the same quantization as this tensor
+                expected = ((expected.astype(np.float64) - float(node.get("zero_point", 0))) * float(node["scale"])
+                            ).astype(np.float32)
+            if expected is None or _squeezed(actual.shape) != _squeezed(expected.shape):
+                row.note = (f"its value {list(actual.shape)} does not line up with the eager value "
+                            f"{list(expected.shape) if expected is not None else '(none)'} of "
+                            f"{', '.join(names) or h}")
+                continue
+            actual = actual.reshape(expected.shape)
+            row.status = "matched"
+            row.aot_ops = [r for r in roots if r not in names] + names
+            row.shape, row.dtype = list(actual.shape), str(actual.dtype)
+            if quantized:
+                row.quantized = Column.of(actual, expected)
+                main = _main_op(names)
+                fp32_name = _fp32_counterpart(fp32_gm, main) if (fp32_gm is not None and main) else None
+                fp32_ref = _to_numpy(fp32_values.get(fp32_name)) if fp32_name else None
+                row.fp32 = Column.of(actual, fp32_ref)
+                row.quant_vs_fp32 = Column.of(expected, fp32_ref)
+                if fp32_name and fp32_name != main:
+                    row.note = "; ".join(filter(None, [row.note, f"fp32 counterpart: {fp32_name} (folded into {main} "
+                                                                 "by quantization)"]))
+            else:
+                row.fp32 = Column.of(actual, expected)
+
+
+def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool, delegate_graphs: dict | None = None,
+                   delegate_graphs_reason: str = "") -> tuple[list[LayerRow], str]:
     """One row per runtime intermediate, in execution order, with its comparison columns."""
     import torch
     from executorch.devtools.inspector._inspector_utils import (
@@ -327,12 +493,17 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
     rows: list[LayerRow] = []
     runtime: dict[tuple, tuple[int, Any, int]] = {}
     by_handles: dict[tuple, int] = {}
+    inner: list[tuple[LayerRow, Any]] = []  # operators inside delegate calls: mapped by compare_delegate_ops
     for item in run.intermediates:
         first = item.outputs[0] if item.outputs else None
         row = LayerRow(len(rows), item.instruction, item.kind, item.op, "unmatched",
                        shape=list(first.shape) if first is not None else [],
                        dtype=str(first.dtype) if first is not None else None)
         rows.append(row)
+        if item.kind == "delegate-op":
+            row.delegate_op, row.tensor = item.delegate_op, item.name
+            inner.append((row, item))
+            continue
         handles = handle_map.get(item.instruction, handle_map.get(str(item.instruction)))
         if handles is None or not item.outputs:
             row.note = ("no debug handle for this instruction in the ETRecord" if handles is None
@@ -352,7 +523,7 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
     merged_row: dict[tuple, int] = {}
     for mkey, (instr, _v, _n) in merged.items():
         merged_row[mkey] = next(r.index for r in rows if r.instruction == instr and r.debug_handles
-                                and set(r.debug_handles) <= set(mkey))
+                                and r.kind != "delegate-op" and set(r.debug_handles) <= set(mkey))
     mapping = map_runtime_aot_intermediate_outputs(aot, {k: (v[1], v[2]) for k, v in merged.items()})
 
     fp32_values: dict[str, Any] = {}
@@ -385,8 +556,13 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
                 row.note = f"fp32 counterpart: {fp32_name} (folded into {main} by quantization)"
         else:
             row.fp32 = Column.of(actual, reference)
+    if inner:
+        compare_delegate_ops(inner, delegate_graphs, delegate_graphs_reason, ref_gm, case_inputs, aot, aot_names,
+                             quantized, fp32_gm, fp32_values)
     # rows whose debug handles were merged into another instruction's group were compared there
     for row in rows:
+        if row.kind == "delegate-op":
+            continue
         if row.status == "unmatched" and row.debug_handles and row.note is None:
             group = next((k for k in merged_row if set(row.debug_handles) <= set(k)), None)
             keeper = rows[merged_row[group]] if group is not None else None
@@ -480,9 +656,15 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     quantized = bool(build.get("quantization")) or build.get("dtype") in ("int8", "int16")
     names = _program_ops(bundle.program, method)
     for item in run.intermediates:
-        item.op = names.get((item.chain, item.instruction), item.op)
+        if item.kind != "delegate-op":  # an operator inside a delegate keeps its own name ("tosa.CONV2D")
+            item.op = names.get((item.chain, item.instruction), item.op)
+    graphs, graphs_reason = None, ""
+    if any(item.kind == "delegate-op" for item in run.intermediates):
+        from bundlerun.bundles.etrecord import load_delegate_graphs
+
+        graphs, graphs_reason = load_delegate_graphs(manifest, bundle_path)
     with torch.no_grad():
-        rows, ref_name = compare_layers(run, record, inputs, method, quantized)
+        rows, ref_name = compare_layers(run, record, inputs, method, quantized, graphs, graphs_reason)
 
     expected = test_case.expected_outputs[j].to_array()
     budget, budget_source = output_budget(manifest, method, output, expected)
@@ -494,6 +676,13 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     out_stats = error_statistics(actual.astype(np.float64), expected.astype(np.float64)).to_dict() \
         if actual is not None and actual.shape == expected.shape else {}
     notes = list(run.notes)
+    ops = [r for r in rows if r.kind == "delegate-op"]
+    if ops:
+        steps = sum(1 for r in ops if r.compared_at is not None)
+        unmatched = sum(1 for r in ops if r.status == "unmatched" and r.compared_at is None)
+        notes.append(f"{len(ops)} operator(s) inside delegate calls: {len(ops) - steps - unmatched} compared, {steps} "
+                     f"step(s) of a group compared at its last operator, {unmatched} unmatched"
+                     + (f" ({graphs_reason})" if graphs is None and graphs_reason else ""))
     if quantized and not any(r.fp32 for r in rows):
         notes.append("no fp32 column: the ETRecord holds no fp32 graph (rebuild with --etrecord)")
     return DebugResult(

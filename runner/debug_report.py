@@ -39,7 +39,23 @@ def merged_into(row: LayerRow, rows: list[LayerRow]) -> int | None:
                  and f"overlap instruction {r.instruction} " in row.note), None)
 
 
+def instr_text(row: LayerRow) -> str:
+    """The instruction column: "4", or "1:19" for operator 19 inside the delegate call at instruction 1."""
+    return f"{row.instruction}:{row.delegate_op}" if row.delegate_op is not None else str(row.instruction)
+
+
+def where_text(row: LayerRow) -> str:
+    """"instruction 4", or "instruction 1, TOSA operator 19" for an operator inside a delegate call."""
+    if row.delegate_op is None:
+        return f"instruction {row.instruction}"
+    inside = "MLX instruction" if row.runtime_op.startswith("mlx.") else (
+        "TOSA operator" if row.runtime_op.startswith("tosa.") else "delegate operator")
+    return f"instruction {row.instruction}, {inside} {row.delegate_op}"
+
+
 def status_text(row: LayerRow, result: DebugResult) -> str:
+    if row.status == "unmatched" and row.compared_at is not None:
+        return f"step→#{row.compared_at}"
     if row.status == "unmatched":
         target = merged_into(row, result.rows)
         return f"unmatched→#{target}" if target is not None else "unmatched"
@@ -70,7 +86,7 @@ def verdict_line(result: DebugResult) -> str:
         return f"no layer exceeds its share of the budget ({where})"
     col = row.judged(result.judged_column)
     attribution = f"; attributed to {row.attribution}" if row.attribution else ""
-    return (f"first bad layer: instruction {row.instruction} {row.runtime_op} = {ops_text(row.aot_ops, 6)}: "
+    return (f"first bad layer: {where_text(row)} {row.runtime_op} = {ops_text(row.aot_ops, 6)}: "
             f"SQNR {_f(col.sqnr, '.1f')} dB < floor {_f(row.floor_db, '.1f')} dB, max error {_f(col.error_max)}"
             f"{attribution} ({where})")
 
@@ -99,7 +115,7 @@ def rich_table(result: DebugResult):
     for r in result.rows:
         status = status_text(r, result)
         style = {"FIRST BAD": "bold red", "exceeds": "red"}.get(status, "dim" if r.status == "unmatched" else "")
-        cells = [str(r.index), str(r.instruction), short_op(r.runtime_op), ops_text(r.aot_ops),
+        cells = [str(r.index), instr_text(r), short_op(r.runtime_op), ops_text(r.aot_ops),
                  "x".join(map(str, r.shape)) or "—",
                  _f(r.fp32.sqnr if r.fp32 else None, ".1f"), _f(r.fp32.error_max if r.fp32 else None)]
         if not quantized:
@@ -178,7 +194,7 @@ def summary_md(result: DebugResult) -> str:
         status = status_text(r, result).replace("FIRST BAD", "**FIRST BAD**")
         if r.attribution and r.exceeds:
             status += f" ({r.attribution})"
-        cells = [str(r.index), str(r.instruction), f"`{r.runtime_op}`", ops_text(r.aot_ops),
+        cells = [str(r.index), instr_text(r), f"`{r.runtime_op}`", ops_text(r.aot_ops),
                  _f(r.fp32.sqnr if r.fp32 else None, ".1f"), _f(r.fp32.error_max if r.fp32 else None),
                  _f(r.fp32.cosine if r.fp32 else None, ".5f")]
         if quantized:
@@ -196,7 +212,7 @@ def html_page(result: DebugResult, png: bytes) -> str:
     for r in result.rows:
         cls = "bad" if r.index == result.first_bad else ("exceeds" if r.exceeds else r.status)
         status = status_text(r, result)
-        cells = [r.index, r.instruction, r.runtime_op, ops_text(r.aot_ops),
+        cells = [r.index, instr_text(r), r.runtime_op, ops_text(r.aot_ops),
                  "x".join(map(str, r.shape)), _f(r.fp32.sqnr if r.fp32 else None, ".1f"),
                  _f(r.fp32.error_max if r.fp32 else None), _f(r.fp32.cosine if r.fp32 else None, ".5f"),
                  _f(r.quantized.sqnr if r.quantized else None, ".1f"),

@@ -1,11 +1,14 @@
 """Child process of `bundlerun debug`: run one case of a bundle with every intermediate output.
 
-    python -m bundlerun.targets.debug_worker host|tosa BUNDLE METHOD CASE WORK_DIR [--debug-buffer-mb N]
+    python -m bundlerun.targets.debug_worker host|tosa|mlx BUNDLE METHOD CASE WORK_DIR
+        [--debug-buffer-mb N] [--device cpu|gpu]
 
 host: the program in the real ExecuTorch runtime (pybindings) loaded with ETDump and
 a debug buffer; after the run the ETDump and the buffer are written to WORK_DIR and
 parsed with ExecuTorch's Inspector (no ETRecord here: the parent maps instructions
-to the eager graph). tosa: the program walker with an observer (targets/intermediates.py).
+to the eager graph). tosa: the program walker with an observer (targets/intermediates.py
+`walker_observer`), the TOSA delegate recording every operator's outputs. mlx: the
+same walker with the MLX delegate (on --device) recording every instruction's outputs.
 Writes WORK_DIR/intermediates.{json,npz}; a failure is {"error": ...} in the JSON.
 A crash kills only this process (the parent reports it).
 """
@@ -47,25 +50,31 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
     return {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes}, items, outs
 
 
-def _run_tosa(bundle_path: str, method: str, case: int) -> tuple[dict, list, list]:
+def _run_walker(bundle_path: str, method: str, case: int, delegates: str) -> tuple[dict, list, list]:
     from bundlerun.targets.intermediates import walker_observer
     from bundlerun.targets.program.worker import _load
 
-    bundle, loaded, walker, runtime, _dists = _load(bundle_path, "tosa")
+    bundle, loaded, walker, runtime, _dists = _load(bundle_path, delegates)
     items: list = []
     walker.observer = walker_observer(walker, items)
     outputs = walker.run(method, _inputs(bundle, method, case))
-    return {"runtime": runtime, "notes": []}, items, [a for _code, a in outputs]
+    notes = []
+    ops = sum(1 for i in items if i.kind == "delegate-op")
+    calls = sum(1 for i in items if i.kind == "delegate")
+    if calls and not ops:
+        notes.append(f"{calls} delegate call(s) returned no per-operator outputs: each is one row")
+    return {"runtime": runtime, "notes": notes}, items, [a for _code, a in outputs]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("host", "tosa"))
+    parser.add_argument("mode", choices=("host", "tosa", "mlx"))
     parser.add_argument("bundle")
     parser.add_argument("method")
     parser.add_argument("case", type=int)
     parser.add_argument("work_dir")
     parser.add_argument("--debug-buffer-mb", type=int, default=64)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="mlx: the MLX device")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -78,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.mode == "host":
             meta, items, outs = _run_host(args.bundle, args.method, args.case, work, args.debug_buffer_mb)
+        elif args.mode == "tosa":
+            meta, items, outs = _run_walker(args.bundle, args.method, args.case, "tosa")
         else:
-            meta, items, outs = _run_tosa(args.bundle, args.method, args.case)
+            meta, items, outs = _run_walker(args.bundle, args.method, args.case, f"mlx-{args.device}")
     except Exception as exc:  # noqa: BLE001 - reported by the parent in one line
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         (work / "intermediates.json").write_text(json.dumps({"error": str(message).splitlines()[0]}))

@@ -3,8 +3,11 @@
 A target that can returns an `IntermediateRun`: the case's final outputs and, in
 execution order, one `Intermediate` per executed KernelCall / DelegateCall with
 its instruction index (the runtime's instruction id, which the ETRecord's debug
-handle map keys) and raw output arrays. Like a normal run it returns raw data and
-never judges; runner/debug.py maps and compares.
+handle map keys) and raw output arrays - and, where the delegate's inside is
+visible, one `Intermediate` of kind "delegate-op" per operator inside the call
+(listed before the call's own row, carrying the call's chain / instruction, its
+operator index in the payload, its output tensor's name). Like a normal run it
+returns raw data and never judges; runner/debug.py maps and compares.
 
 What each target captures:
 
@@ -13,11 +16,16 @@ What each target captures:
   kernel output, and every delegate call's outputs (a delegate's inside is not
   visible: XNNPACK logs no per-operator outputs).
 - tosa://int, tosa://fp: the program walker (targets/program/walker.py) with an
-  observer: every kernel output and every TOSA delegate output. Per TOSA operator
-  inside a delegate: no - `tosa_reference_model.run()` returns only the graph's
-  outputs, and re-running truncated TOSA graphs per operator is not cheap.
+  observer, in a child process: every kernel output, every TOSA delegate call's
+  outputs and every TOSA operator inside it. The reference model returns only a
+  block's outputs, so the delegate payload is rewritten with every operator's
+  output tensor as an extra block output and run once
+  (targets/program/tosa_delegate.py `with_operator_outputs`).
+- mlx://cpu, mlx://gpu (targets/mlx_intermediates.py): the same walker with the
+  MLX delegate recording every main-chain instruction's outputs, in a child
+  process; plus the kernel calls outside the delegate.
 - every other target: `IntermediatesUnsupported` with one line saying what would
-  be needed.
+  be needed (device runners have their own modules, `_DEVICE_CAPTURE`).
 """
 
 from __future__ import annotations
@@ -51,9 +59,12 @@ class Intermediate:
     index: int  # execution order
     chain: int
     instruction: int  # instruction index within its chain = the runtime's instruction id
-    kind: str  # "kernel" | "delegate"
-    op: str  # "aten::convolution.out", "delegate:XnnpackBackend", or the ETDump event name
+    kind: str  # "kernel" | "delegate" | "delegate-op" (an operator inside the delegate call `instruction`)
+    op: str  # "aten::convolution.out", "delegate:XnnpackBackend", "tosa.CONV2D", "mlx.Addmm", or the ETDump event name
     outputs: list[np.ndarray] = field(default_factory=list)
+    delegate_op: int | None = None  # kind "delegate-op": the operator's / instruction's index inside the payload
+    name: str | None = None  # kind "delegate-op": its output tensor's name (TOSA) or slot (MLX "chain 0 #5")
+    info: dict[str, Any] = field(default_factory=dict)  # kind "delegate-op": backend, digest, tensor names, dtypes
 
 
 @dataclass
@@ -80,7 +91,8 @@ _CANNOT = {
            "--etdump_path writes timings only) and the ETDump + buffer pulled back",
     "qemu-user": "needs executor_runner built with the event tracer and a debug buffer (the stock --etdump_path "
                  "writes timings only)",
-    "mlx": "needs the MLX delegate to return per-instruction outputs of its graph (targets/program/mlx_delegate.py)",
+    "mlx": "needs the mlx package (pip install 'mlx[cpu]' on Linux) to run the MLX delegate with per-instruction "
+           "outputs",
     "ssh": "needs the remote worker to run the inner target's intermediate capture and ship the arrays back",
 }
 
@@ -89,7 +101,7 @@ def unsupported_message(url: str) -> str:
     scheme = url.split("://", 1)[0].lower() if "://" in url else url
     family = scheme.split("+", 1)[0]
     why = _CANNOT.get(scheme) or _CANNOT.get(family) or "this target has no way to dump intermediates"
-    return f"{url}: cannot return intermediate outputs (yet): {why}; host:// and tosa:// can"
+    return f"{url}: cannot return intermediate outputs (yet): {why}; host://, tosa:// and mlx:// can"
 
 
 # scheme -> module with `capture(url, config, bundle_path, method, case, work_dir, timeout_s,
@@ -121,8 +133,8 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
         granularity = "every kernel call and every delegate call (runtime ETDump + debug buffer)"
     elif scheme == "tosa":
         mode = "tosa"
-        granularity = ("every kernel call and every TOSA delegate call (program walker; not per TOSA operator: the "
-                       "reference model returns only a graph's outputs)")
+        granularity = ("every kernel call, every TOSA delegate call and every TOSA operator inside it (program "
+                       "walker; the reference model run once with every operator's output as a graph output)")
     elif (scheme if scheme in _DEVICE_CAPTURE else family) in _DEVICE_CAPTURE:
         import importlib
 
@@ -138,10 +150,18 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
                               debug_buffer_mb)
     else:
         raise IntermediatesUnsupported(unsupported_message(url))
+    return run_worker(url, mode, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb, granularity)
+
+
+def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
+               timeout_s: float, debug_buffer_mb: int, granularity: str,
+               extra_args: tuple[str, ...] = ()) -> IntermediateRun:
+    """Run targets/debug_worker.py `mode` in a child process (a crash or hang kills only it) and load
+    its intermediates.{json,npz}."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "bundlerun.targets.debug_worker", mode, str(Path(bundle_path).resolve()), method,
-            str(case), str(work.resolve()), "--debug-buffer-mb", str(debug_buffer_mb)]
+            str(case), str(work.resolve()), "--debug-buffer-mb", str(debug_buffer_mb), *extra_args]
     log = work / "debug-worker.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(args, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
@@ -163,13 +183,21 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
     meta = json.loads(result.read_text())
     if meta.get("error"):
         raise IntermediatesFailed(f"{url}: {meta['error']}")
-    arrays = np.load(work / "intermediates.npz", allow_pickle=False)
-    items = []
-    for rec in meta["intermediates"]:
-        outs = [arrays[k] for k in rec["outputs"]]
-        items.append(Intermediate(rec["index"], rec["chain"], rec["instruction"], rec["kind"], rec["op"], outs))
-    outputs = [arrays[k] for k in meta["outputs"]]
+    items, outputs = load(work)
     return IntermediateRun(url, method, case, granularity, items, outputs, list(meta.get("notes", [])))
+
+
+def load(work_dir: Path) -> tuple[list[Intermediate], list[np.ndarray]]:
+    """Read what `save` wrote: the intermediates and the case's outputs."""
+    meta = json.loads((Path(work_dir) / "intermediates.json").read_text())
+    with np.load(Path(work_dir) / "intermediates.npz", allow_pickle=False) as arrays:
+        items = []
+        for rec in meta["intermediates"]:
+            items.append(Intermediate(rec["index"], rec["chain"], rec["instruction"], rec["kind"], rec["op"],
+                                      [arrays[k] for k in rec["outputs"]], rec.get("delegate_op"), rec.get("name"),
+                                      dict(rec.get("info") or {})))
+        outputs = [arrays[k] for k in meta["outputs"]]
+    return items, outputs
 
 
 # ------------------------------------------------------------------ helpers for the worker
@@ -219,11 +247,17 @@ def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_siz
 
 
 def walker_observer(walker: Any, sink: list[Intermediate]):
-    """An observer for ProgramWalker that appends every kernel / delegate output to `sink`."""
+    """An observer for ProgramWalker that appends every kernel / delegate output to `sink`, and for a
+    delegate whose runner records its inside (`capture_inner`, turned on here), one "delegate-op"
+    row per operator of the call first (in the payload's order), then the call's own row."""
     import torch
     from executorch.exir import schema as S
 
     from bundlerun.targets.program.walker import tensor_to_numpy
+
+    for runner in walker.delegate_runners.values():
+        if hasattr(runner, "capture_inner"):
+            runner.capture_inner = True
 
     def to_arrays(values: list[Any]) -> list[np.ndarray]:
         out = []
@@ -249,6 +283,11 @@ def walker_observer(walker: Any, sink: list[Intermediate]):
             payload = bytes(walker.loaded.program.backend_delegate_data[delegate.processed.index].data)
             n_out = runner.num_outputs(payload)
             outs = list(ins.args[len(ins.args) - n_out:])
+            for inner in getattr(runner, "last_inner", None) or []:
+                sink.append(Intermediate(len(sink), chain, pc, "delegate-op", inner.op, list(inner.outputs),
+                                         inner.index, inner.name, dict(inner.info)))
+            if hasattr(runner, "last_inner"):
+                runner.last_inner = []
             sink.append(Intermediate(len(sink), chain, pc, "delegate", f"delegate:{delegate.id}",
                                      to_arrays([frame.get(i) for i in outs])))
 
@@ -265,8 +304,11 @@ def save(work_dir: Path, run_meta: dict[str, Any], intermediates: list[Intermedi
             key = f"i{item.index}_o{j}"
             arrays[key] = np.ascontiguousarray(a)
             keys.append(key)
-        recs.append({"index": item.index, "chain": item.chain, "instruction": item.instruction, "kind": item.kind,
-                     "op": item.op, "outputs": keys})
+        rec = {"index": item.index, "chain": item.chain, "instruction": item.instruction, "kind": item.kind,
+               "op": item.op, "outputs": keys}
+        if item.kind == "delegate-op" or item.delegate_op is not None:
+            rec.update(delegate_op=item.delegate_op, name=item.name, info=item.info)
+        recs.append(rec)
     out_keys = []
     for j, a in enumerate(outputs):
         arrays[f"out{j}"] = np.ascontiguousarray(a)

@@ -1,6 +1,8 @@
 """`bundlerun debug`: ETRecord at build time, intermediates on host:// and tosa://, the first bad
 layer of a program miscompiled on purpose, quantization vs lowering attribution, unmatched
-operators, reports (browser-checked) and `run --debug-on-fail`. Real builds, real runtime."""
+operators, reports (browser-checked), `run --debug-on-fail` and `validate --etrecord --debug-on-fail`.
+Real builds, real runtime. Per TOSA operator: test_debug_tosa_ops.py; per MLX instruction:
+test_debug_mlx.py."""
 
 from __future__ import annotations
 
@@ -148,15 +150,16 @@ def test_debug_refuses_an_etrecord_of_another_build(tmp_path, fp32_bundles, int8
 # ------------------------------------------------------------------ 2. targets return intermediates
 
 
-def test_unsupported_targets_say_what_they_need():
+def test_unsupported_targets_say_what_they_need(tmp_path):
     from bundlerun.targets.intermediates import IntermediatesUnsupported, capture
 
-    for url, needs in (("qemu://mps3-an547", "ETDump and a debug buffer"), ("adb://emulator-5554", "etdump_path"),
-                       ("mlx://cpu", "per-instruction outputs"), ("fvp://corstone-300/ethos-u55-128", "debug buffer")):
+    for url, needs in (("ssh://box/host://portable", "remote worker to run the inner target's intermediate capture"),
+                       ("labgrid://place", "no way to dump intermediates")):
         with pytest.raises(IntermediatesUnsupported) as info:
-            capture(url, "x.bpte", "forward", 0, "/tmp/unused")
+            capture(url, tmp_path / "x.bpte", "forward", 0, tmp_path / "unused")
         text = str(info.value)
-        assert text.startswith(url) and needs in text and "\n" not in text
+        assert text.startswith(f"{url}: cannot return intermediate outputs (yet): ") and needs in text
+        assert text.endswith("host://, tosa:// and mlx:// can") and "\n" not in text
 
 
 # ------------------------------------------------------------------ 3. the miscompiled layer is named
@@ -270,38 +273,33 @@ def test_run_debug_on_fail_and_debug_from_history_write_reports(fp32_bundles, tm
     assert img["complete"] and img["naturalWidth"] > 600 and img["naturalHeight"] > 300
 
 
-def test_tosa_delegate_miscompiled_weight_is_a_lowering_error(tmp_path):
-    """A TOSA-lowered int8 bundle with one convolution's weights negated inside the TOSA payload:
-    on tosa:// the row of the delegate's group is the first bad one and the quantized column says lowering."""
-    from dataclasses import replace
+# the TOSA delegate miscompiled inside its payload, per TOSA operator: tests/test_debug_tosa_ops.py;
+# mlx:// per MLX instruction: tests/test_debug_mlx.py
 
-    from bundlerun.runner.debug import debug_bundle
-    from bundlerun.targets.program.tosa_delegate import _block
-    from bundlerun.targets.program.walker import load_program
 
-    build_bundle(BuildRequest(model="tiny-cnn", output=tmp_path / "good.bpte", backend="arm", target="tosa://int",
-                              dtype="int8", cases=1, etrecord=True))
-    bundle = read_bundle(tmp_path / "good.bpte")
-    loaded = load_program(bundle.program)
-    delegate = loaded.program.execution_plan[0].delegates[0]
-    block = _block(bytes(loaded.program.backend_delegate_data[delegate.processed.index].data))
-    weight = next(block.Tensors(i) for i in range(block.TensorsLength())
-                  if block.Tensors(i).Name() == b"aten_convolution_default_1_weight_ohwi")
-    raw = weight.DataAsNumpy().tobytes()
-    assert bundle.program.count(raw) == 1
-    flipped = np.clip(-np.frombuffer(raw, np.int8).astype(np.int16), -127, 127).astype(np.int8).tobytes()
-    write_bundle(replace(bundle, program=bundle.program.replace(raw, flipped)), tmp_path / "bad.bpte")
-    (tmp_path / "bad.etrecord").write_bytes((tmp_path / "good.etrecord").read_bytes())
+def test_validate_etrecord_and_debug_on_fail(tmp_path):
+    """`validate --etrecord` writes each bundle's ETRecord beside it; with --debug-on-fail a failing model
+    drills into its worst case, the debug report in that model's report folder."""
+    out = tmp_path / "v"
+    proc = _cli("validate", "tiny-cnn", "--target", "host://portable", "--cases", "2", "--etrecord",
+                "--debug-on-fail", "--tolerance", "sqnr_min_db=300", "--report", out)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = out / "tiny-cnn-fp32"
+    manifest = read_bundle(folder / "tiny-cnn-fp32.bpte").manifest
+    assert manifest["build"]["etrecord"]["path"] == "tiny-cnn-fp32.etrecord"
+    assert (folder / "tiny-cnn-fp32.etrecord").is_file()
+    report = json.loads((folder / "report.json").read_text())
+    from bundlerun.runner.debug import worst_failing_case
 
-    good = debug_bundle(tmp_path / "good.bpte", "tosa://int", case=0, work_dir=tmp_path / "wg")
-    bad = debug_bundle(tmp_path / "bad.bpte", "tosa://int", case=0, work_dir=tmp_path / "wb")
-    assert good.first_bad is None
-    row = bad.first_bad_row
-    assert row is not None and "conv2d_1" in row.aot_ops and row.attribution == "lowering"
-    assert "covers delegate:TOSABackend" in row.note
-    assert any(r.kind == "delegate" and r.status == "unmatched" and "merged" in r.note for r in bad.rows)
-    good_row = next(r for r in good.rows if r.index == row.index)
-    assert good_row.quantized.sqnr > 60 and row.quantized.sqnr < 20
+    debug = json.loads((folder / "debug" / "report.json").read_text())["debug"]
+    assert debug["case"] == worst_failing_case(report) and debug["case_source"].endswith("(--debug-on-fail)")
+    assert debug["budget_db"] == 300 and debug["first_bad_layer"]["row"] == 0  # nothing reaches 300 dB
+    assert len(debug["rows"]) == 10 and "first bad layer: instruction 0" in proc.stdout
+    # --etrecord without --debug-on-fail: the ETRecord, no drill-down
+    proc = _cli("validate", "mlp", "--target", "host://portable", "--cases", "1", "--etrecord",
+                "--tolerance", "sqnr_min_db=300", "--report", out, "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["runs"][0]["verdict"] == "FAIL"
+    assert (out / "mlp-fp32" / "mlp-fp32.etrecord").is_file() and not (out / "mlp-fp32" / "debug").exists()
 
 
 def test_output_budget_takes_the_strictest_criterion():

@@ -35,17 +35,25 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
         console.print(rich_table(result))
         from bundlerun.runner.debug_report import merged_into
 
-        merged = 0
+        from bundlerun.runner.debug_report import where_text
+
+        merged = steps = 0
         for row in result.rows:
-            if row.status == "unmatched" and merged_into(row, result.rows) is not None:
+            if row.status == "unmatched" and row.compared_at is not None:
+                steps += 1
+            elif row.status == "unmatched" and merged_into(row, result.rows) is not None:
                 merged += 1
             elif row.status == "unmatched":
-                console.print(f"row {row.index} (instruction {row.instruction}, {row.runtime_op}): unmatched: "
-                              f"{row.note}", markup=False)
+                console.print(f"row {row.index} ({where_text(row)}, {row.runtime_op}): unmatched: {row.note}",
+                              markup=False)
         if merged:
             console.print(f"{merged} unmatched row(s) marked 'unmatched→#N': their debug handles overlap row N's, so the "
                           "Inspector merges them and compares the group's output there (notes in report.json)",
                           markup=False)
+        if steps:
+            console.print(f"{steps} row(s) inside delegates marked 'step→#N': a step of an eager node's computation "
+                          "(a layout transpose, part of a decomposition) whose value no eager node holds; the node's "
+                          "output is compared at row N", markup=False)
         for note in result.notes:
             console.print(f"note: {note}", markup=False)
         console.print(verdict_line(result), markup=False, style="bold red" if result.first_bad is not None else "green")
@@ -57,7 +65,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 @click.command(name="debug")
 @click.argument("bundle", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--target", default="host://xnnpack", show_default=True,
-              help="Target URL (host:// and tosa:// return intermediates; others say what they need).")
+              help="Target URL (host://, tosa:// - per TOSA operator - and mlx:// - per MLX instruction - return "
+                   "intermediates; others say what they need).")
 @click.option("--case", "case", type=click.IntRange(min=0), default=None,
               help="Case index (default: the worst failing case of this bundle's last recorded run, else 0).")
 @click.option("--output", default=None, help="Output name whose budget is split over the layers (default: the first).")

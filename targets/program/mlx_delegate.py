@@ -12,6 +12,12 @@ returns each output made contiguous and cast to the program's output dtype.
     outputs = ProgramWalker(load_program(pte), delegate_runners()).run("forward", inputs)
 
 Needs `pip install "mlx[cpu]"` on Linux (plain `mlx` has no CPU library there).
+
+Per-instruction outputs (`bundlerun debug`, `capture_inner = True`): every
+instruction of the main chain, after it ran, yields an `InnerOutput` with the
+tensors its `out` / `outs` / `outputs` fields name (evaluated, copied to numpy;
+bfloat16 as float32), tagged with the payload's op digest so the debugger finds
+the instruction map recorded at build time (bundles/etrecord.py).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bundlerun.targets.program.walker import DelegateInvocation, WalkError
+from bundlerun.targets.program.walker import DelegateInvocation, InnerOutput, WalkError
 
 MLX_BACKEND_ID = "MLXBackend"
 MAX_SCHEMA_VERSION = 1
@@ -80,6 +86,8 @@ class MLXDelegateRunner:
         self.device = device
         self._loaded: dict[str, _Loaded] = {}
         self._output_counts: dict[str, int] = {}
+        self.capture_inner = False  # `bundlerun debug`: record every main-chain instruction's outputs
+        self.last_inner: list[InnerOutput] = []
 
     def num_outputs(self, payload: bytes) -> int:
         from bundlerun.targets.program.mlx_graph import count_outputs
@@ -175,7 +183,14 @@ class MLXDelegateRunner:
                 st.set_v(idx, v)
             else:
                 raise WalkError("backend-error", f"MLX input slot type {slot_type} is not handled")
-        self._run_chain(st, graph.main_chain)
+        if self.capture_inner:
+            from bundlerun.bundles.etrecord import mlx_ops_digest
+
+            self.last_inner = []
+            digest = mlx_ops_digest([[ins.op for ins in chain] for chain in graph.chains])
+            self._run_chain(st, graph.main_chain, record=(self.last_inner, digest))
+        else:
+            self._run_chain(st, graph.main_chain)
         outputs = []
         tensor_slots = [(i, s) for i, s in graph.output_map if s == SLOT_TENSOR]
         if len(tensor_slots) != len(graph.output_map):
@@ -194,7 +209,7 @@ class MLXDelegateRunner:
             outputs.append(out)
         return outputs
 
-    def _run_chain(self, st, chain_idx: int) -> None:
+    def _run_chain(self, st, chain_idx: int, record: tuple[list[InnerOutput], str] | None = None) -> None:
         from bundlerun.targets.program.mlx_ops import HANDLERS
 
         graph = st.graph
@@ -208,11 +223,36 @@ class MLXDelegateRunner:
                     self._run_chain(st, ins.f["then_chain_idx"] if st.i(ins.f["cond"]) != 0 else ins.f["else_chain_idx"])
                 else:
                     HANDLERS[ins.op](st, ins.f)
+                if record is not None:
+                    record[0].append(self._inner(st, chain_idx, pos, ins, record[1]))
             except WalkError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an mlx error is this case's backend error
                 msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise WalkError("backend-error", f"MLX {ins.op}Node (chain {chain_idx}, instruction {pos}) failed: {msg}") from None
+
+    @staticmethod
+    def _inner(st, chain_idx: int, pos: int, ins, digest: str) -> InnerOutput:
+        """The tensors instruction `pos` wrote (its out / outs / outputs fields), as numpy copies."""
+        mx = st.mx
+        tids: list[int] = []
+        for key in ("out", "outs", "outputs"):
+            value = ins.f.get(key)
+            if isinstance(value, int):
+                tids.append(value)
+            elif isinstance(value, list):
+                tids.extend(v for v in value if isinstance(v, int))
+        arrays, dtypes = [], []
+        for tid in tids:
+            arr = st.t(tid)
+            dtypes.append(str(arr.dtype).replace("mlx.core.", ""))
+            if arr.dtype == mx.bfloat16:
+                arr = arr.astype(mx.float32)
+            mx.eval(arr)
+            arrays.append(np.array(arr, copy=True))
+        return InnerOutput(pos, f"mlx.{ins.op}", f"chain {chain_idx} #{pos}", arrays,
+                           {"backend": MLX_BACKEND_ID, "chain": chain_idx, "digest": digest, "tids": tids,
+                            "dtypes": dtypes})
 
     def _scan(self, st, f: dict) -> None:
         mx = st.mx

@@ -51,6 +51,20 @@ class DelegateInvocation:
     named_data: dict[str, bytes] = field(default_factory=dict)  # the program's named data (e.g. MLX constants)
 
 
+@dataclass
+class InnerOutput:
+    """One operator / instruction inside a delegate call and its output arrays (`bundlerun debug`).
+
+    A runner that can look inside its payload has `capture_inner` (set it True to record) and
+    `last_inner` (the list of the last call's InnerOutputs, in execution order)."""
+
+    index: int  # operator / instruction index inside the payload
+    op: str  # "tosa.CONV2D", "mlx.Addmm"
+    name: str  # the output tensor's name (TOSA) or slot ("chain 0 #5", MLX)
+    outputs: list[np.ndarray]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
 class DelegateRunner(Protocol):
     """Executes one backend's delegate payloads (e.g. TOSA graphs on the reference model)."""
 
