@@ -206,6 +206,18 @@ def load(work_dir: Path) -> tuple[list[Intermediate], list[np.ndarray]]:
 _NOT_OPERATORS = ("OPERATOR_CALL", "Method::execute", "Method::init", "Program::load_method")
 
 
+def intermediate_array(value: Any) -> np.ndarray:
+    """An intermediate as numpy for comparison: bfloat16 widened to float32 (numpy has no bfloat16,
+    and the raw uint16 words `tensor_to_numpy` keeps for bit-exact outputs would compare as integers)."""
+    import torch
+
+    from bundlerun.targets.program.walker import tensor_to_numpy
+
+    if isinstance(value, torch.Tensor):
+        return tensor_to_numpy(value.float() if value.dtype == torch.bfloat16 else value)
+    return np.asarray(value)
+
+
 def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_size: str,
                  larger_hint: str) -> tuple[list[Intermediate], list[str]]:
     """Every operator / delegate output an ETDump + its debug buffer hold, in execution order.
@@ -213,10 +225,7 @@ def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_siz
     Read with ExecuTorch's own Inspector (no ETRecord: the caller maps instruction ids to the
     eager graph). `buffer_size` and `larger_hint` word the note when events came back without
     data (a debug buffer too small for every intermediate)."""
-    import torch
     from executorch.devtools import Inspector
-
-    from bundlerun.targets.program.walker import tensor_to_numpy
 
     inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(debug_buffer) if debug_buffer else None)
     items: list[Intermediate] = []
@@ -232,7 +241,7 @@ def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_siz
                 else:
                     missing += 1
                 continue
-            arrays = [tensor_to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t) for t in event.debug_data]
+            arrays = [intermediate_array(t) for t in event.debug_data]
             kind = "delegate" if event.name == "DELEGATE_CALL" or event.is_delegated_op else "kernel"
             op = event.name[len("native_call_"):] if event.name.startswith("native_call_") else event.name
             items.append(Intermediate(len(items), 0, int(event._instruction_id), kind, op, arrays))
@@ -253,8 +262,6 @@ def walker_observer(walker: Any, sink: list[Intermediate]):
     import torch
     from executorch.exir import schema as S
 
-    from bundlerun.targets.program.walker import tensor_to_numpy
-
     for runner in walker.delegate_runners.values():
         if hasattr(runner, "capture_inner"):
             runner.capture_inner = True
@@ -265,7 +272,7 @@ def walker_observer(walker: Any, sink: list[Intermediate]):
             if isinstance(v, (list, tuple)):
                 out.extend(to_arrays(list(v)))
             elif isinstance(v, torch.Tensor):
-                out.append(tensor_to_numpy(v.clone()))
+                out.append(intermediate_array(v.clone()))
             elif isinstance(v, (int, float, bool)):
                 out.append(np.asarray(v))
         return out

@@ -332,3 +332,19 @@ def test_etrecord_recording_restores_the_lowering_entry_point():
         recording(True, lower)(None)
     assert seen["wrapped"] and exir.to_edge_transform_and_lower is original
     assert recording(False, lower) is lower
+
+
+def test_bfloat16_intermediates_are_compared_as_values_not_raw_words():
+    """bf16 outputs keep their raw uint16 words for bit-exact reports; an intermediate is compared,
+    so it must come back as its value (1.5 is 0x3FC0 = 16320 as a word)."""
+    import torch
+
+    from bundlerun.runner.debug import Column
+    from bundlerun.targets.intermediates import intermediate_array
+
+    t = torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16)
+    a = intermediate_array(t)
+    assert a.dtype == np.float32 and a.tolist() == [1.5, -2.0, 0.25]
+    col = Column.of(a, np.array([1.5, -2.0, 0.25], dtype=np.float32))
+    assert col.sqnr == float("inf") or col.sqnr > 100
+    assert intermediate_array(torch.tensor([3], dtype=torch.int8)).dtype == np.int8  # others unchanged
