@@ -476,7 +476,8 @@ def check_baseline(
 # ------------------------------------------------------------------------------------------- performance
 #
 # Per method x figure x phase, over the cases both runs have (docs/performance.md):
-# - cycle figures (unit cycles: device or simulator cycle counters): the median over the common cases
+# - cycle figures (unit cycles: device or simulator cycle counters; and QEMU's instruction count, unit
+#   instructions): the median over the common cases
 #   (per inference where both runs printed it) rising more than `cycles_regression` is a regression;
 # - memory figures in use (bytes: program size, allocator use, planned buffers; never a pool's
 #   capacity, which is the runner's configuration): more than `memory_regression`;
@@ -524,7 +525,8 @@ def perf_gate(fig: dict[str, Any], rules: "PerfRules") -> tuple[str | None, str 
     """(gate, why not): which gate a figure goes through (cycles | memory | latency), or None with
     the reason it is shown but not gated."""
     kind, unit, name = fig.get("kind"), fig.get("unit"), str(fig.get("name"))
-    if unit == "cycles" and kind in ("device-cycles", "simulation-cycles", "device-counter", "simulation-counter"):
+    if unit in ("cycles", "instructions") and kind in ("device-cycles", "simulation-cycles", "device-counter",
+                                                       "simulation-counter"):
         return ("cycles", None) if rules.gate_cycles else (None, "[perf] gate_cycles = false")
     if kind == "memory":
         if _capacity(name):

@@ -170,8 +170,8 @@ def format_amount(value: Any, unit: Any, exact: bool = False) -> str:
         if scaled is None:
             return f"{value:.0f} B"
         return f"{value:.0f} B ({scaled})" if exact else scaled
-    if unit in ("cycles", "count"):
-        return f"{value:.0f}" + (" cycles" if unit == "cycles" else "")
+    if unit in ("cycles", "instructions", "count"):
+        return f"{value:.0f}" + ("" if unit == "count" else f" {unit}")
     if unit == "s" and abs(value) < 1:
         return f"{value * 1000:.4g} ms"
     return f"{value:.4g} {unit}"

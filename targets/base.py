@@ -88,7 +88,7 @@ class PerfFigure:
 
     name: str  # e.g. "inference_cpu_cycles", "method_allocator_used", "execution_time"
     value: float | int  # the total over the run's inferences where the runner sums them
-    unit: str  # "cycles" | "events" | "ms" | "s" | "bytes" | "count" | "%"
+    unit: str  # "cycles" | "instructions" | "events" | "ms" | "s" | "bytes" | "count" | "%"
     kind: str
     source: str  # e.g. "arm_executor_runner log (arm_perf_monitor.cpp)"
     per_inference: float | None = None  # as the runner printed it, when it ran several inferences

@@ -6,6 +6,8 @@
 #   build_qemu_runner.sh --ops-from a.bpte b.bpte        exactly the ops of these bundles
 #   build_qemu_runner.sh --mode uart                     bundle read from 0x7C000000, log on UART0
 #   build_qemu_runner.sh --fault hardfault               a runner that faults in execute()
+#   build_qemu_runner.sh --etdump --ops-from a.bpte      the debug runner of `bundlerun debug`:
+#                                                        ETDump + every intermediate output
 #
 # Options (--opt VALUE and --opt=VALUE both work):
 #   --executorch-src DIR     ExecuTorch checkout with submodules (default: the tarballs in
@@ -18,7 +20,16 @@
 #   --mode M                 semihosting (default: -m/-i/-o files on the host, outputs as
 #                            out-N.bin) | uart (bundle at --model-addr, log + printed outputs on UART0)
 #   --model-addr 0xADDR      uart mode: where QEMU's -device loader places the bundle (0x7C000000)
-#   --method-pool-size N     method allocator pool in bytes (default 0x4000000 = 64 MiB)
+#   --method-pool-size N     method allocator pool in bytes (default 0x4000000 = 64 MiB; with
+#                            --etdump 64 MiB + the debug buffer)
+#   --etdump                 event tracer + intermediate outputs: the runtime built with
+#                            -DEXECUTORCH_ENABLE_EVENT_TRACER=ON (its own library tree) and the runner
+#                            with ET_EVENT_TRACER_ENABLED, ET_DUMP_INTERMEDIATE_OUTPUTS and
+#                            ET_DEBUG_BUFFER_SIZE. Semihosting: etdump.bin + debug_buffer.bin in the
+#                            cwd; uart: a '#[RUN THIS]' ... base64 ... '#[END]' block on UART0
+#   --debug-buffer-size N    with --etdump: ET_DEBUG_BUFFER_SIZE in bytes, decimal or 0x hex
+#                            (default 0x200000 = 2 MiB, the runner's own default); it is taken
+#                            from the method pool, so it must fit there with room to spare
 #   --fault F                none (default) | spin | hardfault | short-output: test runners
 #   --print-ops              print the resolved operator list and exit
 #   --dry-run                print what would be built (commands, cache folder) and exit
@@ -29,7 +40,9 @@
 # Output: the last stdout line is the runner folder ($BUNDLERUN_CACHE/runners/<key>/, holding
 # arm_executor_runner.elf and runner.json). The ExecuTorch libraries are built once per
 # source tree + toolchain under $BUNDLERUN_CACHE/build/arm-qemu-<key>/; runner variants
-# (mode, fault, pool size, op set) reuse that tree and rebuild only what differs.
+# (mode, fault, pool size, op set) reuse that tree and rebuild only what differs. --etdump
+# builds use a second tree (its key adds the event-tracer flags), configured from a private
+# symlink view of the sources in <tree>/src; every debug buffer size shares it.
 #
 # Run it on QEMU (semihosting; the semihosting cwd is QEMU's cwd):
 #   qemu-system-arm -M mps3-an547 -nographic -monitor none -serial none \
@@ -55,6 +68,9 @@ method_pool="0x4000000"
 file_pool="0x2000000"
 temp_pool="0x200000"
 fault="none"
+etdump=false
+debug_buffer_size=""
+method_pool_given=false
 print_ops=false
 dry_run=false
 force=false
@@ -80,7 +96,9 @@ while (($#)); do
       while (($#)) && [[ "$1" != --* ]]; do ops_from+=("$1"); shift; done ;;
     --mode) need_value "$@"; mode="$2"; shift 2 ;;
     --model-addr) need_value "$@"; model_addr="$2"; shift 2 ;;
-    --method-pool-size) need_value "$@"; method_pool="$2"; shift 2 ;;
+    --method-pool-size) need_value "$@"; method_pool="$2"; method_pool_given=true; shift 2 ;;
+    --etdump) etdump=true; shift ;;
+    --debug-buffer-size) need_value "$@"; debug_buffer_size="$2"; shift 2 ;;
     --fault) need_value "$@"; fault="$2"; shift 2 ;;
     --jobs|-j) need_value "$@"; jobs="$2"; shift 2 ;;
     --python) need_value "$@"; python_bin="$2"; shift 2 ;;
@@ -99,6 +117,24 @@ case "$fault" in none|spin|hardfault|short-output) ;; *) die "--fault must be no
 if [[ "$method_pool" =~ ^0x[0-9a-fA-F]{1,8}$ ]]; then method_pool=$((method_pool)); fi
 [[ "$method_pool" =~ ^[0-9]+$ ]] && ((method_pool >= 16 && method_pool <= 0x8000000)) \
   || die "--method-pool-size must be 16..134217728 bytes (decimal or 0x hex), not '$method_pool'"
+# ETDump: the debug buffer comes out of the method allocator pool (runner_init allocates it there
+# before loading the method), so the pool grows by the buffer unless it was given.
+if [[ -n "$debug_buffer_size" ]] && ! $etdump; then
+  die "--debug-buffer-size needs --etdump"
+fi
+if $etdump; then
+  debug_buffer_size="${debug_buffer_size:-0x200000}"
+  if [[ "$debug_buffer_size" =~ ^0x[0-9a-fA-F]{1,8}$ ]]; then debug_buffer_size=$((debug_buffer_size)); fi
+  [[ "$debug_buffer_size" =~ ^[0-9]+$ ]] && ((debug_buffer_size >= 16 && debug_buffer_size <= 0x8000000)) \
+    || die "--debug-buffer-size must be 16..134217728 bytes (decimal or 0x hex), not '$debug_buffer_size'"
+  if ! $method_pool_given; then
+    method_pool=$((method_pool + debug_buffer_size))
+    ((method_pool <= 0x8000000)) || die "--debug-buffer-size $debug_buffer_size does not fit the method pool: the default pool (64 MiB) plus the buffer exceeds the 128 MiB maximum; pass a smaller buffer (at most 67108864 bytes)"
+  fi
+  # the program's planned memory and the method's own tables come from the same pool
+  ((debug_buffer_size + 0x10000 <= method_pool)) \
+    || die "--debug-buffer-size $debug_buffer_size does not fit the method pool ($method_pool bytes, which also holds the program's planned memory): pass a larger --method-pool-size or a smaller buffer"
+fi
 if [[ "$fault" == short-output && "$mode" != semihosting ]]; then
   die "--fault short-output needs --mode semihosting (it shortens output files)"
 fi
@@ -163,22 +199,38 @@ python_abs="$(command -v "$python_bin")"
 
 # ---- cache keys ------------------------------------------------------------------------
 fingerprint="$(et_source_fingerprint "$et_root")"
-lib_key="$(et_cache_key "arm-qemu-lib-v1" "$fingerprint" "$toolchain" "$build_type" "$cmsis_dir" "$flatc" "$python_abs")"
+# The event tracer changes the compile flags of the whole runtime (ET_EVENT_TRACER_ENABLED): an
+# --etdump build has its own library tree (its key adds the flags; the plain key is unchanged).
+lib_flags=()
+runner_flags=()
+if $etdump; then
+  lib_flags=("etdump=1" "EXECUTORCH_BUILD_ARM_ETDUMP=ON" "EXECUTORCH_ENABLE_EVENT_TRACER=ON")
+  runner_flags=("etdump=1" "ET_EVENT_TRACER_ENABLED" "ET_DUMP_INTERMEDIATE_OUTPUTS" "ET_DEBUG_BUFFER_SIZE=$debug_buffer_size")
+fi
+lib_key="$(et_cache_key "arm-qemu-lib-v1" "$fingerprint" "$toolchain" "$build_type" "$cmsis_dir" "$flatc" "$python_abs" ${lib_flags[@]+"${lib_flags[@]}"})"
 lib_dir="$BUNDLERUN_CACHE/build/arm-qemu-$lib_key"
 build_dir="$lib_dir/build"
 runner_key="$(et_cache_key "arm-qemu-runner-v1" "$lib_key" "mode=$mode" "fault=$fault" \
   "method_pool=$method_pool" "file_pool=$file_pool" "temp_pool=$temp_pool" "model_addr=$model_addr" \
-  "uart_base=$uart_base" "max_kernels=$max_kernels" "ops=$ops_csv" \
-  "$here/qemu/CMakeLists.txt" "$here/qemu/startup.c" "$here/qemu/faults.c" "$here/qemu/printf_z.c" "$here/qemu/mps3-an547.ld")"
+  "uart_base=$uart_base" "max_kernels=$max_kernels" "ops=$ops_csv" ${runner_flags[@]+"${runner_flags[@]}"} \
+  "$here/qemu/CMakeLists.txt" "$here/qemu/startup.c" "$here/qemu/faults.c" "$here/qemu/printf_z.c" "$here/qemu/mps3-an547.ld" \
+  ${runner_flags[@]+"$here/qemu/newlib_compat.c"})"
 runner_dir="$BUNDLERUN_CACHE/runners/$runner_key"
+# flatcc writes libflatccrt.a into its *source* folder and every ExecuTorch configure deletes that
+# folder: the --etdump tree (the only one here that builds flatccrt, for the Cortex-M55) configures
+# from a private symlink view of the sources (et_build_tree), so no other build can take it away.
+src_root="$et_root"
+if $etdump; then src_root="$lib_dir/src/executorch"; fi
 
 semihosting=ON
 [[ "$mode" == uart ]] && semihosting=OFF
+etdump_on=OFF
+if $etdump; then etdump_on=ON; fi
 cmake_cmd=(cmake -S "$here/qemu" -B "$build_dir" -G Ninja -Wno-dev
   -DCMAKE_BUILD_TYPE="$build_type"
-  -DCMAKE_TOOLCHAIN_FILE="$et_root/examples/arm/ethos-u-setup/arm-none-eabi-gcc.cmake"
-  -DEXECUTORCH_ROOT="$et_root"
-  -DEXECUTORCH_BUILD_DEVTOOLS=ON -DEXECUTORCH_BUILD_ARM_ETDUMP=OFF -DEXECUTORCH_BUILD_ARM_BAREMETAL=OFF
+  -DCMAKE_TOOLCHAIN_FILE="$src_root/examples/arm/ethos-u-setup/arm-none-eabi-gcc.cmake"
+  -DEXECUTORCH_ROOT="$src_root"
+  -DEXECUTORCH_BUILD_DEVTOOLS=ON -DEXECUTORCH_BUILD_ARM_ETDUMP="$etdump_on" -DEXECUTORCH_BUILD_ARM_BAREMETAL=OFF
   -DEXECUTORCH_BUILD_KERNELS_QUANTIZED=OFF -DEXECUTORCH_BUILD_PTHREADPOOL=OFF -DEXECUTORCH_BUILD_CPUINFO=OFF
   -DEXECUTORCH_BUILD_CORTEX_M=ON -DCMSIS_NN_LOCAL_PATH="$cmsis_dir"
   -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$python_abs"
@@ -187,11 +239,19 @@ cmake_cmd=(cmake -S "$here/qemu" -B "$build_dir" -G Ninja -Wno-dev
   -DBUNDLERUN_METHOD_POOL_SIZE="$method_pool" -DBUNDLERUN_FILE_POOL_SIZE="$file_pool"
   -DBUNDLERUN_TEMP_POOL_SIZE="$temp_pool" -DBUNDLERUN_MODEL_ADDR="$model_addr"
   -DBUNDLERUN_UART_BASE="$uart_base")
+if $etdump; then
+  cmake_cmd+=(-DEXECUTORCH_ENABLE_EVENT_TRACER=ON -DBUNDLERUN_ETDUMP=ON -DBUNDLERUN_DEBUG_BUFFER_SIZE="$debug_buffer_size")
+else
+  cmake_cmd+=(-DBUNDLERUN_ETDUMP=OFF)
+fi
 ninja_cmd=(ninja -C "$build_dir" -j "$jobs" arm_executor_runner)
 
 if $dry_run; then
   echo "# ExecuTorch: $et_root ($fingerprint); CMSIS-NN: $cmsis_dir; $toolchain"
   echo "# ${#ops[@]} ops, kernel registry of $max_kernels; libraries: $lib_dir"
+  if $etdump; then
+    echo "# etdump: debug buffer $debug_buffer_size bytes, method pool $method_pool bytes; sources: a private view of $et_root in $lib_dir/src (et_build_tree)"
+  fi
   printf '%q ' "${cmake_cmd[@]}"; echo
   printf '%q ' "${ninja_cmd[@]}"; echo
   echo "$runner_dir"
@@ -213,9 +273,17 @@ if ! $force && [[ -f "$runner_dir/runner.json" && -f "$runner_dir/arm_executor_r
 fi
 lib_cached=false
 [[ -f "$lib_dir/.libs-built" ]] && lib_cached=true
+if $etdump && [[ ! -f "$lib_dir/src/.view-complete" ]]; then
+  rm -f "$lib_dir/.libs-built"
+  lib_cached=false
+  et_build_tree "$et_root" "$lib_dir/src" >/dev/null
+  touch "$lib_dir/src/.view-complete"
+fi
 log="$lib_dir/build-$runner_key.log"
 start=$(date +%s)
-echo "build_qemu_runner.sh: building $mode runner (fault=$fault, ${#ops[@]} ops) in $build_dir$($lib_cached && echo ' (libraries cached)'); log: $log" >&2
+what="$mode runner (fault=$fault, ${#ops[@]} ops)"
+if $etdump; then what="$mode runner (fault=$fault, ${#ops[@]} ops, etdump, debug buffer $debug_buffer_size B)"; fi
+echo "build_qemu_runner.sh: building $what in $build_dir$($lib_cached && echo ' (libraries cached)'); log: $log" >&2
 if ! { "${cmake_cmd[@]}" && "${ninja_cmd[@]}"; } >"$log" 2>&1; then
   echo "---- last lines of $log ----" >&2
   tail -n 25 "$log" >&2
@@ -235,11 +303,16 @@ RUNNER_DIR="$runner_dir" MODE="$mode" FAULT="$fault" OPS="$ops_csv" METHOD_POOL=
 FILE_POOL="$file_pool" TEMP_POOL="$temp_pool" MODEL_ADDR="$model_addr" UART_BASE="$uart_base" \
 MAX_KERNELS="$max_kernels" BUILD_TYPE="$build_type" ET_ROOT="$et_root" FINGERPRINT="$fingerprint" \
 CMSIS="$cmsis_dir" TOOLCHAIN="$toolchain" SECONDS_="$seconds" LIB_CACHED="$lib_cached" \
-LIB_DIR="$lib_dir" SIZE_LINE="$size_line" OUT="$tmp/runner.json" "$python_bin" - <<'PY' || die "cannot write runner.json"
+LIB_DIR="$lib_dir" SIZE_LINE="$size_line" ETDUMP="$etdump" DEBUG_BUFFER_SIZE="$debug_buffer_size" \
+OUT="$tmp/runner.json" "$python_bin" - <<'PY' || die "cannot write runner.json"
 import datetime, json, os
 e = os.environ
 text, data, bss = (int(x) for x in e["SIZE_LINE"].split()[:3])
 semihosting = e["MODE"] == "semihosting"
+etdump = e["ETDUMP"] == "true"
+debug_buffer_size = int(e["DEBUG_BUFFER_SIZE"]) if etdump else None
+etdump_defines = (["ET_EVENT_TRACER_ENABLED", "ET_DUMP_INTERMEDIATE_OUTPUTS",
+                   f"ET_DEBUG_BUFFER_SIZE={debug_buffer_size}"] if etdump else [])
 record = {
     "kind": "arm-qemu",
     "machine": "mps3-an547",
@@ -247,8 +320,12 @@ record = {
     "mode": e["MODE"],
     "elf": os.path.join(e["RUNNER_DIR"], "arm_executor_runner.elf"),
     "ops": e["OPS"].split(","),
+    "etdump": etdump,
+    "debug_buffer_size": debug_buffer_size,
     "flags": {
         "fault": e["FAULT"],
+        "etdump": etdump,
+        "debug_buffer_size": debug_buffer_size,
         "method_pool_size": int(e["METHOD_POOL"]),
         "semihosting_file_pool_size": int(e["FILE_POOL"], 0),
         "scratch_temp_pool_size": int(e["TEMP_POOL"], 0),
@@ -257,7 +334,9 @@ record = {
         "uart_base": None if semihosting else e["UART_BASE"],
         "build_type": e["BUILD_TYPE"],
         "defines": ["ET_BUNDLE_IO"] + (["SEMIHOSTING"] if semihosting else
-                                       ["ET_MODEL_PTE_ADDR=" + e["MODEL_ADDR"], "ET_LOG_DUMP_OUTPUT"]),
+                                       ["ET_MODEL_PTE_ADDR=" + e["MODEL_ADDR"], "ET_LOG_DUMP_OUTPUT"])
+                   + etdump_defines,
+        "cmake": ["-DEXECUTORCH_BUILD_ARM_ETDUMP=ON", "-DEXECUTORCH_ENABLE_EVENT_TRACER=ON"] if etdump else [],
     },
     "sources": {"executorch": e["ET_ROOT"], "fingerprint": e["FINGERPRINT"], "cmsis_nn": e["CMSIS"]},
     "toolchain": e["TOOLCHAIN"],

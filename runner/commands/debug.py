@@ -75,8 +75,9 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
               help="Write report.json (debug section), summary.md and report.html here.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds for the debug run.")
 @click.option("--debug-buffer-mb", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Size of the runtime's debug buffer for intermediate outputs (host://, and device runners "
-                   "that take it at run time; a firmware runner's buffer is fixed when it is built).")
+              help="Size of the runtime's debug buffer for intermediate outputs: host:// and runners that take it "
+                   "at run time; qemu:// builds (or finds) an --etdump runner with this buffer (at most 64); a given "
+                   "debug_elf keeps the size it was built with.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="bundlerun.toml to use (default: searched upward from the current directory).")
 @click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE",

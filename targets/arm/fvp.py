@@ -399,7 +399,8 @@ class FVPTarget:
 # Settings of [targets.fvp]; each may also sit in a per-platform table
 # ([targets.fvp."corstone-300/ethos-u55-128"], [targets.fvp.ethos-u55-128]) or a `<name>s` map.
 SETTINGS = ("mode", "fvp_path", "runner_elf", "uart_runner_elf", "timelimit", "host_timeout_grace_s",
-            "exit_grace_s", "fast", "extra_args", "model_addr")
+            "exit_grace_s", "fast", "extra_args", "model_addr",
+            "debug_elf")  # debug_elf: `bundlerun debug`'s runner built with ETDump (targets/arm/intermediates.py)
 
 
 def check_settings(cfg: dict[str, Any]) -> None:

@@ -63,6 +63,11 @@ _FATAL_RES = (
 _FATAL_ANY = re.compile(
     "|".join(f"(?i:{r.pattern})" if r.flags & re.IGNORECASE else f"(?:{r.pattern})" for r in _FATAL_RES[1:])
 )
+# ETDumpGen's debug buffer ran full (data_sinks/buffer_data_sink.cpp logs the E line, then
+# etdump_flatcc.cpp's log_evalue aborts with the F line): the intermediates do not fit.
+DEBUG_BUFFER_FULL_RE = re.compile(r"failed to write tensor to debug buffer|Ran out of space to store intermediate outputs")
+# arm_executor_runner.cpp runner_init(): how large the debug buffer it set up is
+DEBUG_BUFFER_SIZE_RE = re.compile(r"ETDump: Allocated (?:intermediate )?output buffer size: (?P<size>\d+)")
 _BOOT_RUNNER = "Running executor with parameter:"
 _MODEL_START_RE = re.compile(r"^(PTE @ |PTE in 0x|Model in (0x)?[0-9A-Fa-f]+)")
 _BANNER_RE = re.compile(r"Ethos-U rev [0-9a-fA-F]+ ---")
@@ -425,3 +430,41 @@ def parse_runner_log(data: str | bytes) -> RunnerLog:
         data = data.encode("utf-8", errors="replace")
     parser.feed(data)
     return parser.result()
+
+
+class EtdumpBlockError(ValueError):
+    """The runner's ETDump block cannot be decoded; the message is one line."""
+
+
+def etdump_block_files(log: RunnerLog) -> tuple[bytes, bytes | None] | None:
+    """The files of the runner's `#[RUN THIS]` ... `#[END]` block, decoded: (etdump.bin,
+    debug_buffer.bin or None); None when the log has no block. An unfinished block or
+    corrupt base64 raises EtdumpBlockError."""
+    import base64
+    import binascii
+
+    if log.etdump_b64 is None:
+        return None
+    if not log.etdump_complete:
+        raise EtdumpBlockError("the ETDump block is incomplete (no '#[END]': the log was cut short)")
+
+    def decode(text: str, name: str) -> bytes:
+        try:
+            return base64.b64decode("".join(text.split()), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise EtdumpBlockError(f"{name} in the ETDump block is not valid base64 ({exc})") from None
+
+    etdump = decode(log.etdump_b64, "etdump.bin")
+    if not etdump:
+        raise EtdumpBlockError("the ETDump block holds an empty etdump.bin")
+    debug = decode(log.debug_buffer_b64, "debug_buffer.bin") if log.debug_buffer_b64 is not None else None
+    return etdump, debug
+
+
+def debug_buffer_size(log: RunnerLog) -> int | None:
+    """The debug buffer size the runner reports setting up (`ETDump: Allocated ... buffer size: N`)."""
+    for ln in log.lines:
+        m = DEBUG_BUFFER_SIZE_RE.search(ln.message)
+        if m:
+            return int(m.group("size"))
+    return None

@@ -18,6 +18,10 @@ the runner wrote its files into. Semantics checked against
 * A run that printed its success marker and then hit a simulator limit succeeded.
 * E lines with no F line followed by silence are a runner error naming the first
   E line, even when the host's wall-clock bound ends the run.
+* On a build without semihosting, `et_pal_abort()` ends in a trap (`udf`), which a
+  fault handler reports as a hard fault (UNDEFINSTR) right after the F line: that
+  fault is the abort itself, judged by its F line (a failed BundleIO check then
+  still gives the device's verdict and the outputs), not a crash.
 """
 
 from __future__ import annotations
@@ -144,10 +148,13 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
     if end.how == "reboot" or log.boots > 1:
         return Failure(FailureKind.REBOOT, f"the target rebooted during the run ({max(log.boots, 2)} starts)", evidence)
     faults = [f for f in log.fatal if FAULT_RE.search(f)]
+    fatal = log.fatal
+    if faults and _fault_is_abort_trap(log):
+        faults, fatal = [], [f for f in log.fatal if not FAULT_RE.search(f)]
     if faults:
         return Failure(FailureKind.HARD_FAULT, f"target crashed: {_from_marker(faults[0])}", evidence)
     causes = [e for e in log.causes if not _is_verify_line(e.message)]
-    asserts = [f for f in log.fatal if "CPU time has been exceeded" not in f and not _is_verify_line(f)]
+    asserts = [f for f in fatal if "CPU time has been exceeded" not in f and not _is_verify_line(f)]
     if causes:
         kind, message = _cause_kind(causes)
         if kind in (FailureKind.RUNNER_ERROR, FailureKind.RUNNER_ABORT) and asserts and not any(
@@ -186,6 +193,27 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
         return Failure(FailureKind.INCOMPLETE, "runner stopped before 'Program complete, exiting.'"
                        + (f" ({end.tool}: {log.simulation_stopped})" if log.simulation_stopped else ""), evidence)
     return None
+
+
+_CFSR_RE = re.compile(r"cfsr=(0x[0-9a-fA-F]+)")
+_UNDEFINSTR = 1 << 16  # CFSR.UFSR.UNDEFINSTR: what `udf` (__builtin_trap) raises
+
+
+def _fault_is_abort_trap(log: RunnerLog) -> bool:
+    """The first fault line follows an F (abort) line and is an undefined-instruction trap (or
+    says nothing about its cause): et_pal_abort()'s trap on a UART build, not a crash."""
+    abort_at = fault_at = None
+    for i, ln in enumerate(log.lines):
+        is_fault = bool(FAULT_RE.search(ln.raw))
+        if is_fault:
+            fault_at = i
+            break
+        if ln.level == "F" and abort_at is None:
+            abort_at = i
+    if abort_at is None or fault_at is None:
+        return False
+    m = _CFSR_RE.search(log.lines[fault_at].raw)
+    return m is None or bool(int(m.group(1), 16) & _UNDEFINSTR)
 
 
 def _from_marker(raw: str) -> str:

@@ -12,7 +12,10 @@ log is judged by the one Arm runner protocol (targets.arm.protocol). A
 wall-clock bound ends hangs; QEMU runs in its own process group, always reaped.
 
 The runner comes from `firmware_scripts/arm/build_qemu_runner.sh` (its cache is
-searched when `runner_elf` is not set).
+searched when `runner_elf` is not set). Runners built with `--etdump` (the event
+tracer and a debug buffer, for `bundlerun debug`) are never picked for a run: they
+are found or built by `debug_runner` (targets/arm/intermediates.py), or given as
+`debug_elf`.
 
 The same UART runner also plays a board on a wire for the serial lane
 (`serial+socket://` with a per-case `launch` of QEMU, UART0 as a TCP server):
@@ -25,11 +28,12 @@ from typing import TYPE_CHECKING
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets.arm import qemu_plugin
 from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
@@ -52,10 +56,12 @@ class QemuSettings:
     """[targets.qemu] / qemu://mps3-an547?KEY=VALUE"""
 
     runner_elf: Path | None = None  # default: the newest matching runner in the build cache
+    debug_elf: Path | None = None  # `bundlerun debug`: a runner built with --etdump (default: found or built)
     qemu: str = "qemu-system-arm"  # binary name or path
     mode: str = "semihosting"  # semihosting | uart
     model_addr: str = "0x7C000000"  # uart: where -device loader places the bundle (the runner's ET_MODEL_PTE_ADDR)
     icount: bool = False  # -icount shift=0: deterministic instruction-counted time (slower)
+    insn_count: bool = True  # load bundlerun's TCG plugin (build_qemu_plugin.sh) for the session_instructions figure
     host_timeout_grace_s: float = 10.0  # added to --timeout for QEMU start-up
     exit_grace_s: float = 3.0  # after the log says done, how long QEMU may linger
 
@@ -79,8 +85,15 @@ def _doctor(section: dict) -> list[Check]:
     for r in runners:
         flags = r.get("flags", {})
         what = f"{r.get('mode')} runner, {len(r.get('ops', []))} ops" + (
-            f", fault={flags['fault']}" if flags.get("fault") not in (None, "none") else "")
+            f", fault={flags['fault']}" if flags.get("fault") not in (None, "none") else "") + (
+            f", etdump (debug buffer {r.get('debug_buffer_size')} B: bundlerun debug only)" if is_etdump_runner(r) else "")
         rows.append(Check(f"QEMU runner {Path(r['dir']).name}", Path(str(r.get("elf"))).is_file(), what, r["dir"]))
+    qemu = shutil.which(str(section.get("qemu", "qemu-system-arm")))
+    plugin = qemu_plugin.find_plugin(qemu) if qemu else None
+    rows.append(Check("QEMU instruction-count plugin", True if plugin else None,  # optional: a perf figure
+                      "built for this QEMU (session_instructions)" if plugin else
+                      f"none for this QEMU: {qemu_plugin.BUILD_HINT} (session_instructions stays absent)",
+                      str(plugin.parent) if plugin else ""))
     return rows
 
 
@@ -100,6 +113,7 @@ class QemuTarget:
     url: str
     machine: str
     settings: QemuSettings
+    _plugin: Path | None = field(default=None, init=False, repr=False)  # the instruction-count plugin of this run
 
     def _runner(self, bundle: Bundle) -> Path:
         """The configured ELF, else a cached runner of this mode, built without a test fault, whose
@@ -113,22 +127,15 @@ class QemuTarget:
         from bundlerun.bundles.program_meta import program_operators
 
         needed = program_operators(bundle.program, "bundle program")
-        candidates = [r for r in cached_runners(RUNNER_KIND) if r.get("mode") == s.mode
-                      and r.get("flags", {}).get("fault", "none") == "none" and Path(str(r.get("elf"))).is_file()]
-        if not candidates:
+        record, lacking = pick_cached_runner(needed, s.mode)
+        if record is None and lacking is None:
             raise TargetError(f"no {s.mode} runner for {self.machine} in the build cache; {BUILD_HINT}"
                               + (" --mode uart" if s.mode == "uart" else ""))
-        covering = [r for r in candidates if needed <= set(r.get("ops", []))]
-        if not covering:
-            best = max(candidates, key=lambda r: len(needed & set(r.get("ops", []))))
-            lacking = sorted(needed - set(best.get("ops", [])))
+        if record is None:
             raise TargetError(f"no cached {s.mode} runner has every operator of this bundle (the closest lacks "
-                              f"{', '.join(lacking)}); build one with firmware_scripts/arm/build_qemu_runner.sh "
+                              f"{', '.join(lacking or [])}); build one with firmware_scripts/arm/build_qemu_runner.sh "
                               f"--ops-from BUNDLE" + (" --mode uart" if s.mode == "uart" else ""), kind="tool-missing")
-        # test variants built with a small pool must not be picked over the real thing
-        covering.sort(key=lambda r: (int(r.get("flags", {}).get("method_pool_size") or 0), str(r.get("built_at"))),
-                      reverse=True)
-        return Path(str(covering[0]["elf"]))
+        return Path(str(record["elf"]))
 
     def _qemu(self) -> str:
         found = shutil.which(self.settings.qemu)
@@ -136,11 +143,14 @@ class QemuTarget:
             raise TargetError(f"{self.settings.qemu} not found on PATH (apt-get install qemu-system-arm)")
         return found
 
-    def command(self, qemu: str, elf: Path, placed_bundle: Path | None = None) -> list[str]:
-        """The QEMU command line of one session."""
+    def command(self, qemu: str, elf: Path, placed_bundle: Path | None = None,
+                plugin_log: Path | None = None) -> list[str]:
+        """The QEMU command line of one session (`plugin_log`: load the instruction-count plugin)."""
         cmd = [qemu, "-M", self.machine, "-nographic", "-monitor", "none"]
         if self.settings.icount:
             cmd += ["-icount", "shift=0"]
+        if plugin_log is not None and self._plugin is not None:
+            cmd += qemu_plugin.plugin_args(self._plugin, plugin_log)
         if placed_bundle is None:
             args = ",".join(f"arg={a}" for a in ("arm_executor_runner", "-m", BUNDLE_NAME, "-i", DUMMY_INPUT,
                                                    "-o", OUTPUT_BASENAME))
@@ -154,8 +164,13 @@ class QemuTarget:
         work, logs = Path(options.work_dir) / "qemu", Path(options.work_dir) / "logs"
         work.mkdir(parents=True, exist_ok=True)
         wall = options.case_timeout_s + self.settings.host_timeout_grace_s
+        self._plugin = qemu_plugin.find_plugin(qemu) if self.settings.insn_count else None
         run = TargetRun(self.url, [], info={"qemu": qemu, "runner_elf": str(elf), "machine": self.machine,
-                                             "mode": self.settings.mode, "icount": self.settings.icount})
+                                             "mode": self.settings.mode, "icount": self.settings.icount,
+                                             "insn_count_plugin": str(self._plugin) if self._plugin else None})
+        if self.settings.insn_count and self._plugin is None:
+            run.info["insn_count_note"] = (f"no instruction-count plugin built for this QEMU: run "
+                                           f"{qemu_plugin.BUILD_HINT} (session_instructions is absent)")
         for method, index in selected_cases(bundle, options):
             result = self._case(bundle, method, index, qemu, elf, work, logs, wall)
             run.record(result, options)
@@ -172,15 +187,112 @@ class QemuTarget:
         semihosting = self.settings.mode == "semihosting"
         if semihosting:
             (case_dir / DUMMY_INPUT).write_bytes(b"\0\0\0\0")
-        cmd = self.command(qemu, elf, None if semihosting else (case_dir / BUNDLE_NAME).resolve())
         log_path = logs / f"qemu-{safe_name(method)}-{index}.log"
+        logs.mkdir(parents=True, exist_ok=True)
+        plugin_log = (logs / f"qemu-{safe_name(method)}-{index}.insn.log").resolve()  # QEMU's cwd is the case dir
+        plugin_log.unlink(missing_ok=True)
+        cmd = self.command(qemu, elf, None if semihosting else (case_dir / BUNDLE_NAME).resolve(), plugin_log)
         outcome = run_session_process(cmd, case_dir, log_path, wall, exit_grace_s=self.settings.exit_grace_s,
                                       env={**os.environ, "QEMU_AUDIO_DRV": "none"})
-        return case_from_session(
+        result = case_from_session(
             outcome.log, session_end(outcome, "QEMU", wall), method, index, expected_layout(bundle, method, index),
             case_dir if semihosting else None, log_path, outcome.elapsed_s,
             extra={"qemu_returncode": outcome.returncode}, prefer="files" if semihosting else "auto",
         )
+        insns = qemu_plugin.read_count(plugin_log) if self._plugin is not None else None
+        if insns is not None:  # QEMU exited by itself (a killed session wrote no count: absent, not 0)
+            result.add_perf([insns])
+        return result
+
+
+def is_etdump_runner(record: dict) -> bool:
+    """A runner.json of a build with --etdump (event tracer + debug buffer)."""
+    flags = record.get("flags") if isinstance(record.get("flags"), dict) else {}
+    return bool(record.get("etdump") or flags.get("etdump"))
+
+
+def pick_cached_runner(needed: set[str], mode: str, etdump: bool = False,
+                       debug_buffer_size: int | None = None) -> tuple[dict | None, list[str] | None]:
+    """(runner.json record, None) of the best cached runner of `mode` built without a test fault whose
+    operator set covers `needed`; (None, ops the closest one lacks) when none covers them; (None,
+    None) when there is no candidate at all. `etdump`: only --etdump runners (with exactly this
+    debug buffer size when given), else only runners without it. The largest method pool, then the
+    newest, wins (test variants built with a small pool must not be picked over the real thing)."""
+    candidates = []
+    for r in cached_runners(RUNNER_KIND):
+        flags = r.get("flags") if isinstance(r.get("flags"), dict) else {}
+        if r.get("mode") != mode or flags.get("fault", "none") != "none" or not Path(str(r.get("elf"))).is_file():
+            continue
+        if is_etdump_runner(r) != etdump:
+            continue
+        if etdump and debug_buffer_size is not None and int(r.get("debug_buffer_size") or 0) != debug_buffer_size:
+            continue
+        candidates.append(r)
+    if not candidates:
+        return None, None
+    covering = [r for r in candidates if needed <= set(r.get("ops", []))]
+    if not covering:
+        best = max(candidates, key=lambda r: len(needed & set(r.get("ops", []))))
+        return None, sorted(needed - set(best.get("ops", [])))
+    covering.sort(key=lambda r: (int(r.get("flags", {}).get("method_pool_size") or 0), str(r.get("built_at"))),
+                  reverse=True)
+    return covering[0], None
+
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "firmware_scripts" / "arm" / "build_qemu_runner.sh"
+MAX_DEBUG_BUFFER = 64 << 20  # the script's default 64 MiB method pool grows by the buffer, up to 128 MiB
+
+
+def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: Path,
+                 timeout_s: float = 3600.0) -> tuple[Path, dict]:
+    """(ELF, runner.json) of a runner built with `--etdump --debug-buffer-size N` whose operators
+    cover the bundle's: from the build cache, else built now with
+    `build_qemu_runner.sh --etdump --ops-from BUNDLE` (content-addressed; the first build of the
+    ETDump library tree takes minutes, later variants seconds). Its stderr goes to a log in
+    `log_dir`; a failed build is a TargetError naming the script's own one-line reason."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.program_meta import program_operators
+
+    if not 16 <= debug_buffer_size <= MAX_DEBUG_BUFFER:
+        raise ConfigError(f"qemu://: the debug buffer must be 16 B..{MAX_DEBUG_BUFFER >> 20} MiB (it comes out of the "
+                          f"runner's method pool, at most 128 MiB), not {debug_buffer_size} B")
+    needed = program_operators(read_bundle(bundle_path).program, "bundle program")
+    record, _ = pick_cached_runner(needed, mode, etdump=True, debug_buffer_size=debug_buffer_size)
+    if record is not None:
+        return Path(str(record["elf"])), record
+    if not BUILD_SCRIPT.is_file():
+        raise TargetError(f"no cached --etdump runner covers this bundle and {BUILD_SCRIPT} is not there to build one",
+                          kind="tool-missing")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "build_qemu_runner.log"
+    cmd = ["bash", str(BUILD_SCRIPT), "--etdump", "--debug-buffer-size", str(debug_buffer_size), "--mode", mode,
+           "--ops-from", str(Path(bundle_path).resolve())]
+    print(f"qemu://: building the ETDump runner ({' '.join(cmd[1:])}); log: {log}", file=sys.stderr, flush=True)
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except BaseException:  # timeout, Ctrl-C: the whole build goes
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+    lines = log.read_text(errors="replace").strip().splitlines()
+    if proc.returncode != 0:
+        reason = next((ln for ln in reversed(lines) if ln.startswith("build_qemu_runner.sh:")), lines[-1] if lines
+                      else f"exit code {proc.returncode}")
+        raise TargetError(f"building the ETDump runner failed: {reason} (log: {log})", kind="tool-failed")
+    folder = Path(out.decode().strip().splitlines()[-1])
+    meta = json.loads((folder / "runner.json").read_text())
+    return Path(str(meta["elf"])), meta
 
 
 def create(url: TargetURL, config: dict) -> QemuTarget:

@@ -67,6 +67,7 @@ class SerialSettings:
     flash_timeout_s: float = 180.0
     target: str | None = None  # substituted as {target} (e.g. a pyOCD target name)
     elf: str | None = None  # substituted as {elf}
+    debug_elf: str | None = None  # `bundlerun debug`: a runner built with --etdump, used as {elf} (targets/arm/intermediates.py)
     read_timeout_s: float = 0.1  # bound of every single read
     settle_s: float = 1.0  # quiet time after an abort/fatal line before the capture stops
     boot_timeout_s: float | None = None  # no byte at all after reset within this -> TIMEOUT

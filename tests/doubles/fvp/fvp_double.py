@@ -124,6 +124,7 @@ _LN = {
     "n_outputs": 889, "writing": 933, "stats": 1092, "match": 1106, "mismatch": 1110,
     "result_fail": 1115, "status": 1117, "model_run": 1156, "main_model_run": 1362,
     "complete": 1369, "eot": 1373, "fatal": 1366, "etdump_size": 1005,
+    "etdump_setup": 807, "etdump_buffer": 827, "etdump_write_debug": 1231, "etdump_write": 1253,
     # runner_init / log_mem_status, numbered as in the extracted sources (examples/arm/executor_runner)
     "planned_buffer": 740, "mem_program_addr": 958, "mem_loaded_addr": 962, "mem_program": 967,
     "mem_loaded": 971, "mem_input_file": 979, "mem_method": 992, "mem_planned": 1000,
@@ -466,6 +467,8 @@ class Fvp:
         self.log_mem_status(model, program_len, file_sizes if cwd is not None else None, pte_at_addr)
         if cwd is None and os.environ.get("BUNDLERUN_FVP_ETDUMP") == "1":
             self.print_etdump(model, method)
+        if cwd is not None and os.environ.get("BUNDLERUN_FVP_ETDUMP") == "1":
+            self.write_etdump_files(model, method, cwd)
         if not ok:
             self.log("F", "fatal", "In function main(), assert failed (model_ok == true): Problem running model")
             if cwd is not None:
@@ -534,6 +537,18 @@ class Fvp:
         self.log("I", "mem_method_input", "method_allocator_input:    0 bytes", func)
         self.log("I", "mem_method_executor", "method_allocator_executor: 0 bytes", func)
         self.log("I", "mem_temp", f"temp_allocator:            {TEMP_POOL}", func)
+
+    def write_etdump_files(self, model: bytes, method: str, cwd: Path) -> None:
+        """A semihosting --etdump runner's write_etdump(): debug_buffer.bin and etdump.bin in the
+        cwd (here: ExecuTorch's pybindings with ETDump + a debug buffer, every intermediate)."""
+        etdump, debug = run_case0_etdump(model, method)
+        self.log("I", "etdump_setup", "Setting up ETDump", "runner_init")
+        self.log("I", "etdump_buffer", f"ETDump: Allocated intermediate output buffer size: {1 << 20} at 0x70100000",
+                 "runner_init")
+        self.log("I", "etdump_write_debug", "Writing etdump debug_buffer to file: debug_buffer.bin", "write_etdump")
+        (cwd / "debug_buffer.bin").write_bytes(debug)
+        self.log("I", "etdump_write", "Writing etdump to file: etdump.bin", "write_etdump")
+        (cwd / "etdump.bin").write_bytes(etdump)
 
     def print_etdump(self, model: bytes, method: str) -> None:
         etdump, debug = run_case0_etdump(model, method)
