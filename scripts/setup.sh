@@ -42,6 +42,8 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
+  command -v gcc >/dev/null 2>&1 || missing+=(gcc)  # the QEMU instruction-count plugin (build_qemu_plugin.sh)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)  # fetches that plugin's header from Debian's QEMU source
   command -v ser2net >/dev/null 2>&1 || [ -x /usr/sbin/ser2net ] || missing+=(ser2net)  # labgrid exporter in the labgrid:// tests
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
@@ -54,11 +56,14 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
 fi
 # ExecuTorch's own runners, built from source into the content-addressed cache
 # (~/.cache/bundlerun/runners/; a second call returns at once): the Arm runner for
-# qemu://mps3-an547 and the aarch64 executor_runner for qemu-user:// and the Android tests.
+# qemu://mps3-an547, the aarch64 executor_runner for qemu-user:// and the Android tests, bundlerun's
+# aarch64 debug runner (`bundlerun debug` on adb:// / qemu-user://) and the QEMU instruction-count plugin.
 BUILD_RUNNERS="${BUILD_RUNNERS:-$WITH_SYSTEM_PACKAGES}"
 if [ "$BUILD_RUNNERS" = "1" ]; then
   for build in "firmware_scripts/arm/build_qemu_runner.sh --jobs 2" \
-               "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --jobs 2"; do
+               "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --jobs 2" \
+               "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --debug-runner --jobs 2" \
+               "firmware_scripts/arm/build_qemu_plugin.sh"; do
     log="$(mktemp)"
     start=$(date +%s)
     if ! PYTHON="$PWD/.venv/bin/python" bash $build >"$log" 2>&1; then

@@ -24,8 +24,15 @@ What each target captures:
 - mlx://cpu, mlx://gpu (targets/mlx_intermediates.py): the same walker with the
   MLX delegate recording every main-chain instruction's outputs, in a child
   process; plus the kernel calls outside the delegate.
+- qemu://, fvp://, serial (targets/arm/intermediates.py): ExecuTorch's
+  arm_executor_runner built with --etdump (event tracer + debug buffer); its
+  etdump.bin / debug_buffer.bin come back as semihosting files or as the UART's
+  base64 block.
+- adb://, qemu-user:// (targets/android/intermediates.py): bundlerun's debug runner
+  (firmware_scripts/android/debug_runner, qnn_executor_runner's debug flags) or
+  the device's qnn_executor_runner; the ETDump and debug output are pulled back.
 - every other target: `IntermediatesUnsupported` with one line saying what would
-  be needed (device runners have their own modules, `_DEVICE_CAPTURE`).
+  be needed.
 """
 
 from __future__ import annotations
@@ -80,20 +87,8 @@ class IntermediateRun:
 
 # scheme -> why it cannot, one line each
 _CANNOT = {
-    "qemu": "needs ExecuTorch's arm_executor_runner built with ETDump and a debug buffer "
-            "(EXECUTORCH_ENABLE_EVENT_TRACER, ET_DUMP_INTERMEDIATE_OUTPUTS, ET_DEBUG_BUFFER_SIZE) and the ETDump read "
-            "back over semihosting",
-    "fvp": "needs an arm_executor_runner built with ETDump and a debug buffer (ET_DUMP_INTERMEDIATE_OUTPUTS, "
-           "ET_DEBUG_BUFFER_SIZE) and the ETDump collected from the semihosting files",
-    "serial": "needs a board runner built with ETDump and a debug buffer that prints the ETDump base64 block on "
-              "its UART",
-    "adb": "needs the device's executor_runner built with the event tracer and a debug buffer (the stock "
-           "--etdump_path writes timings only) and the ETDump + buffer pulled back",
-    "qemu-user": "needs executor_runner built with the event tracer and a debug buffer (the stock --etdump_path "
-                 "writes timings only)",
-    "mlx": "needs the mlx package (pip install 'mlx[cpu]' on Linux) to run the MLX delegate with per-instruction "
-           "outputs",
     "ssh": "needs the remote worker to run the inner target's intermediate capture and ship the arrays back",
+    "labgrid": "needs the inner serial lane's capture run through the labgrid agent",
 }
 
 
@@ -101,7 +96,8 @@ def unsupported_message(url: str) -> str:
     scheme = url.split("://", 1)[0].lower() if "://" in url else url
     family = scheme.split("+", 1)[0]
     why = _CANNOT.get(scheme) or _CANNOT.get(family) or "this target has no way to dump intermediates"
-    return f"{url}: cannot return intermediate outputs (yet): {why}; host://, tosa:// and mlx:// can"
+    return (f"{url}: cannot return intermediate outputs (yet): {why}; host://, tosa://, mlx://, qemu://, fvp://, "
+            "serial, adb:// and qemu-user:// can")
 
 
 # scheme -> module with `capture(url, config, bundle_path, method, case, work_dir, timeout_s,

@@ -52,6 +52,10 @@ class QemuUserSettings:
     qemu: str | None = None  # default: qemu-<arch> on PATH
     etdump: bool = True  # keep the runner's ETDump (it writes one whenever the event tracer is built in)
     print_output: str = "none"
+    # `bundlerun debug` (targets/android/intermediates.py): bundlerun's debug runner (default: the cached
+    # build_executor_runner.sh --toolchain gnu --debug-runner for this arch, built on first use)
+    debug_runner: Path | None = None
+    debug_buffer_bytes: int | None = None  # the debug buffer in bytes (default: --debug-buffer-mb)
 
 
 def _doctor(section: dict) -> list[Check]:
@@ -79,6 +83,32 @@ SPEC = TargetSpec(
 )
 
 
+def qemu_for(arch: str, configured: str | None = None) -> str:
+    """The qemu user-mode emulator for `arch` (`configured` name or path, else qemu-<arch>) on PATH."""
+    qemu_name = configured or ARCHES[arch]
+    qemu = shutil.which(qemu_name)
+    if qemu is None:
+        raise TargetError(f"{qemu_name} not found on PATH (apt-get install qemu-user)")
+    return qemu
+
+
+def run_under_qemu(qemu: str, runner: Path, args: list[str], cwd: Path, log_path: Path,
+                   timeout_s: float) -> tuple[int | None, float, str]:
+    """Run `runner args` under `qemu` in `cwd`, stdout + stderr into `log_path`, in its own process
+    group, bounded by `timeout_s` and always reaped: (exit status or None on timeout, seconds, log)."""
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([qemu, str(runner), *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            kill_process_group(proc)
+    return rc, time.monotonic() - start, log_path.read_text(errors="replace")
+
+
 @dataclass
 class QemuUserTarget:
     url: str
@@ -86,10 +116,7 @@ class QemuUserTarget:
     settings: QemuUserSettings
 
     def _binaries(self) -> tuple[str, Path]:
-        qemu_name = self.settings.qemu or ARCHES[self.arch]
-        qemu = shutil.which(qemu_name)
-        if qemu is None:
-            raise TargetError(f"{qemu_name} not found on PATH (apt-get install qemu-user)")
+        qemu = qemu_for(self.arch, self.settings.qemu)
         runner = self.settings.runner or find_runner(RUNNER_KIND, "binary", arch=self.arch)
         if runner is None or not Path(runner).is_file():
             raise TargetError(f"no {self.arch} executor_runner" + (f" at {runner}" if runner else " in the build cache")
@@ -121,18 +148,7 @@ class QemuUserTarget:
         args = executor_runner.runner_args("model.bpte", method, "out/output", print_output=self.settings.print_output,
                                            etdump=etdump, num_executions=executions)
         log_path = folder / "runner.log"
-        start = time.monotonic()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([qemu, str(runner), *args], cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
-            try:
-                rc: int | None = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                rc = None
-            finally:
-                kill_process_group(proc)
-        elapsed = time.monotonic() - start
-        output = log_path.read_text(errors="replace")
+        rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log_path, timeout_s)
         verdict = executor_runner.device_verdict(output)
         base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed, device_verdict=verdict,
                     perf=executor_runner.perf_figures(output, simulated=True))

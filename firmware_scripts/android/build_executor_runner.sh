@@ -26,6 +26,14 @@
 #     Output: ${BUNDLERUN_CACHE:-~/.cache/bundlerun}/runners/<key>/{executor_runner,runner.json};
 #     the last stdout line is that folder. A second call with the same inputs prints it at once.
 #     --backends vulkan (x86_64 only) links the Vulkan delegate dynamically against libvulkan.
+#
+#   --debug-runner (either toolchain): build bundlerun's debug runner (debug_runner/debug_runner.cpp)
+#     instead of the executor_runner: the same ExecuTorch configure, the same libraries, one more
+#     target (bundlerun_debug_runner) added to ExecuTorch's own build by debug_runner/inject.cmake.
+#     It runs one bundled test case (--testset_idx) with ETDump + a debug buffer and writes every
+#     intermediate output, for `bundlerun debug --target qemu-user://... | adb://...`. gnu: cached as
+#     runners/<key>/{debug_runner,runner.json} (kind "debug_runner"); ndk: BUILD_DIR/bundlerun_debug_runner
+#     (the event tracer is switched on), pointed at with [targets.adb] debug_runner = PATH.
 set -euo pipefail
 
 HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,6 +53,7 @@ ARCH="aarch64"
 REBUILD=0
 CACHED_ONLY=0
 PYTHON_BIN="${PYTHON:-}"
+DEBUG_RUNNER=0
 
 die() { echo "build_executor_runner.sh: $*" >&2; exit 2; }
 run() { if [ "$DRY_RUN" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi; }
@@ -70,8 +79,9 @@ while [ $# -gt 0 ]; do
     --python) need_arg "$@"; PYTHON_BIN="$2"; shift 2;;
     --rebuild) REBUILD=1; shift;;
     --cached-only) CACHED_ONLY=1; shift;;
+    --debug-runner) DEBUG_RUNNER=1; shift;;
     --dry-run) DRY_RUN=1; shift;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0;;
     *) die "unknown option $1 (see --help)";;
   esac
 done
@@ -143,10 +153,17 @@ build_gnu() {
   if [ "$vulkan" = OFF ]; then
     flags+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
   fi
-  local key dest lock
-  # the toolchain file counts by content (a checkout elsewhere must hit the same cache entry)
-  key="$(et_cache_key "executor_runner" "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"})"
+  local key dest lock kind="executor_runner" target="executor_runner" product="executor_runner"
+  local extra_key=()
+  if [ "$DEBUG_RUNNER" = 1 ]; then
+    kind="debug_runner"; target="bundlerun_debug_runner"; product="debug_runner"
+    extra_key=("$HERE/debug_runner/inject.cmake" "$HERE/debug_runner/debug_runner.cmake" "$HERE/debug_runner/debug_runner.cpp")
+  fi
+  # the toolchain file and the debug runner's sources count by content (a checkout elsewhere must
+  # hit the same cache entry); the executor_runner's key is unchanged by the debug runner's files
+  key="$(et_cache_key "$kind" "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${extra_key[@]+"${extra_key[@]}"})"
   [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
+  [ "$DEBUG_RUNNER" = 0 ] || flags+=(-DCMAKE_PROJECT_executorch_INCLUDE="$HERE/debug_runner/inject.cmake")
   dest="$BUNDLERUN_CACHE/runners/$key"
   local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN")
   local build="$dest.build"
@@ -154,16 +171,16 @@ build_gnu() {
   if [ "$DRY_RUN" = 1 ]; then
     echo "# sources: a private symlink view of $et in $build/src (et_build_tree)"
     run cmake -S "$build/src/executorch" -B "$build/out" -G Ninja "${all_flags[@]}"
-    run cmake --build "$build/out" --target executor_runner -j "${JOBS:-2}"
+    run cmake --build "$build/out" --target "$target" -j "${JOBS:-2}"
     echo "$dest"
     return 0
   fi
-  if [ "$REBUILD" = 0 ] && [ -f "$dest/runner.json" ] && [ -x "$dest/executor_runner" ]; then
+  if [ "$REBUILD" = 0 ] && [ -f "$dest/runner.json" ] && [ -x "$dest/$product" ]; then
     echo "$dest"
     return 0
   fi
   if [ "$CACHED_ONLY" = 1 ]; then
-    echo "build_executor_runner.sh: no cached executor_runner for $ARCH at $dest" >&2
+    echo "build_executor_runner.sh: no cached $product for $ARCH at $dest" >&2
     exit 3
   fi
   mkdir -p "$BUNDLERUN_CACHE/runners"
@@ -183,27 +200,33 @@ build_gnu() {
         mkdir -p "$build"
         tree="$(et_build_tree "$et" "$build/src")"  # flatcc writes into its source folder
       fi
-      echo "building executor_runner ($ARCH) into $dest; log: $logf" >&2
+      echo "building $product ($ARCH) into $dest; log: $logf" >&2
       if ! { cmake -S "$tree" -B "$build/out" -G Ninja "${all_flags[@]}" \
-             && cmake --build "$build/out" --target executor_runner -j "${JOBS:-2}"; } >"$logf" 2>&1; then
+             && cmake --build "$build/out" --target "$target" -j "${JOBS:-2}"; } >"$logf" 2>&1; then
         tail -n 30 "$logf" >&2
         die "build failed (full log: $logf)"
       fi
-      [ -x "$build/out/executor_runner" ] || die "build finished but $build/out/executor_runner is missing"
+      [ -x "$build/out/$target" ] || die "build finished but $build/out/$target is missing"
       t1="$(date +%s)"
       rm -rf "$dest.partial"
       mkdir -p "$dest.partial"
-      cp "$build/out/executor_runner" "$dest.partial/executor_runner"
+      cp "$build/out/$target" "$dest.partial/$product"
       cp "$logf" "$dest.partial/build.log"
       BR_DEST="$dest" BR_ARCH="$ARCH" BR_FP="$fp" BR_ET="$et" BR_CV="$compiler_version" BR_TC="$tcfile" \
-      BR_SECS="$((t1 - t0))" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" \
+      BR_SECS="$((t1 - t0))" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" BR_KIND="$kind" BR_PRODUCT="$product" \
         "$PYTHON_BIN" - "${flags[@]}" > "$dest.partial/runner.json" <<'PY'
-import json, os, sys
+import json, os, sys, time
 e = os.environ
+extra = {}
+if e["BR_KIND"] == "debug_runner":  # its command line (firmware_scripts/android/README.md)
+    extra["cli"] = {"flags": ["--model_path", "--method_name", "--testset_idx", "--etdump_path",
+                              "--dump_intermediate_outputs", "--debug_output_path", "--debug_buffer_size",
+                              "--output_folder_path", "--bundleio_rtol", "--bundleio_atol"],
+                    "outputs": "output_0_<i>.raw", "exit_debug_buffer_overflow": 3}
 print(json.dumps({
-    "kind": "executor_runner",
+    "kind": e["BR_KIND"],
     "arch": e["BR_ARCH"],
-    "binary": os.path.join(e["BR_DEST"], "executor_runner"),
+    "binary": os.path.join(e["BR_DEST"], e["BR_PRODUCT"]),
     "static": e["BR_VULKAN"] == "OFF",
     "flags": sys.argv[1:],
     "kernels": ["portable", "quantized"],
@@ -214,6 +237,8 @@ print(json.dumps({
     "toolchain": {"compiler": e["BR_CV"], "file": e["BR_TC"] or None},
     "build_seconds": int(e["BR_SECS"]),
     "jobs": int(e["BR_JOBS"]),
+    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    **extra,
 }, indent=2))
 PY
       mv "$dest.partial" "$dest"
@@ -243,6 +268,7 @@ TOOLCHAIN="$NDK/build/cmake/android.toolchain.cmake"
 BUILD_DIR="${BUILD_DIR:-$ET_DIR/cmake-out-android-bundlerun}"
 
 XNNPACK=OFF; VULKAN=OFF; QNN=OFF
+NDK_TARGET=executor_runner
 IFS=',' read -r -a _backends <<< "$BACKENDS"
 for b in "${_backends[@]}"; do
   case "$b" in
@@ -255,6 +281,11 @@ for b in "${_backends[@]}"; do
 done
 
 EXTRA=()
+if [ "$DEBUG_RUNNER" = 1 ]; then  # the debug runner needs the event tracer (ETDump + debug buffer)
+  ETDUMP=ON
+  NDK_TARGET=bundlerun_debug_runner
+  EXTRA+=("-DCMAKE_PROJECT_executorch_INCLUDE=$HERE/debug_runner/inject.cmake")
+fi
 if [ "$QNN" = ON ]; then
   [ -n "${QNN_SDK_ROOT:-}" ] || die "the qnn backend needs QNN_SDK_ROOT (Qualcomm AI Engine Direct SDK)"
   EXTRA+=("-DQNN_SDK_ROOT=$QNN_SDK_ROOT")
@@ -280,9 +311,9 @@ run cmake -S "$ET_DIR" -B "$BUILD_DIR" \
   -DEXECUTORCH_BUILD_QNN="$QNN" \
   -DEXECUTORCH_BUILD_KERNELS_QUANTIZED=ON \
   "${EXTRA[@]}"
-run cmake --build "$BUILD_DIR" --target executor_runner -j "$JOBS"
+run cmake --build "$BUILD_DIR" --target "$NDK_TARGET" -j "$JOBS"
 
-RUNNER="$BUILD_DIR/executor_runner"
+RUNNER="$BUILD_DIR/$NDK_TARGET"
 if [ "$DRY_RUN" = 0 ]; then
   [ -x "$RUNNER" ] || die "build finished but $RUNNER is missing"
   if [ "$QNN" = ON ]; then

@@ -52,6 +52,10 @@ class AndroidTargetConfig:
     htp_arch: str | None = None  # e.g. "75"; else from soc_model / ro.soc.model
     soc_model: str | None = None
     qnn_backend_lib: Path | None = None  # libqnn_executorch_backend.so from the ExecuTorch build
+    # `bundlerun debug` (targets/android/intermediates.py)
+    debug_runner: Path | None = None  # bundlerun's debug runner for the device (NDK build); default: the
+    #                                  cached gnu build for the device's ABI (built on first use)
+    debug_buffer_bytes: int | None = None  # the debug buffer in bytes (default: --debug-buffer-mb)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], query: dict[str, str] | None = None) -> "AndroidTargetConfig":
@@ -87,7 +91,7 @@ class AndroidTargetConfig:
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
     try:
-        if key in ("runner", "key_path", "qnn_sdk_root", "qnn_backend_lib"):
+        if key in ("runner", "key_path", "qnn_sdk_root", "qnn_backend_lib", "debug_runner"):
             return Path(os.path.expanduser(str(value))) if value not in (None, "") else None
         if key == "libraries":
             items = value.split(",") if isinstance(value, str) else list(value)
@@ -98,7 +102,7 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
             return {str(k): str(v) for k, v in dict(value).items()}
         if isinstance(default, bool):
             return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
-        if key in ("server_port", "cpu_threads", "retries", "num_executions"):
+        if key in ("server_port", "cpu_threads", "retries", "num_executions", "debug_buffer_bytes"):
             return None if value in (None, "") else int(value)
         if isinstance(default, float):
             return float(value)

@@ -530,6 +530,7 @@ class FakeAdbd:
             'case "$1" in\n'
             f'  ro.product.model) echo "{self.model}";;\n'
             f'  ro.soc.model) echo "{self.soc}";;\n'
+            '  ro.product.cpu.abi) echo arm64-v8a;;\n'
             '  ro.build.version.release) echo 14;;\n'
             '  *) echo;;\n'
             "esac\n"

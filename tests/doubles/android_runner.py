@@ -12,6 +12,10 @@ qnn_executor_runner  --model_path (plain .pte) --input_list_path --output_folder
                      inference per input_list line, writes
                      output_<inference>_<output>.raw; dlopens libQnnHtp.so and
                      libQnnSystem.so from LD_LIBRARY_PATH like the real one.
+                     --dump_intermediate_outputs --debug_output_path --debug_buffer_size:
+                     as the real one, the runtime runs with ETDumpGen + a debug buffer of
+                     that size (the pybindings' own ETDumpGen) and writes the ETDump to
+                     --etdump_path and the buffer to --debug_output_path.
 
 The numerics come from the host ExecuTorch runtime (pybindings). Faults are read
 from the device's fault file (tests/doubles/adbd.py FAULT_FILE): segv, hang,
@@ -53,7 +57,7 @@ def _log(level: str, msg: str, line: int = 0) -> None:
     sys.stderr.flush()
 
 
-def _parse_flags(argv: list[str], known: dict[str, str]) -> dict[str, str] | str:
+def _parse_flags(argv: list[str], known: dict[str, str], bools: tuple[str, ...] = ()) -> dict[str, str] | str:
     flags = dict(known)
     i = 0
     while i < len(argv):
@@ -63,7 +67,9 @@ def _parse_flags(argv: list[str], known: dict[str, str]) -> dict[str, str] | str
         name, eq, value = arg[2:].partition("=")
         if name not in flags:
             return f"ERROR: unknown command line flag '{name}'"
-        if not eq:
+        if not eq and name in bools:  # gflags: a bare --flag sets a bool flag
+            value = "true"
+        elif not eq:
             i += 1
             if i >= len(argv):
                 return f"ERROR: flag '--{name}' is missing its argument"
@@ -172,7 +178,9 @@ def qnn_executor_runner(argv: list[str]) -> int:
     flags = _parse_flags(argv, {
         "model_path": "", "input_list_path": "input_list.txt", "output_folder_path": "outputs",
         "method_index": "0", "iteration": "1", "etdump_path": "etdump.etdp", "shared_buffer": "false",
-    })
+        "dump_intermediate_outputs": "false", "debug_output_path": "debug_output.bin",
+        "debug_buffer_size": "100000000",
+    }, bools=("shared_buffer", "dump_intermediate_outputs"))
     if isinstance(flags, str):
         _log("E", flags)
         return 1
@@ -190,7 +198,12 @@ def qnn_executor_runner(argv: list[str]) -> int:
     import torch
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    module = _load_for_executorch_from_buffer(data)
+    dump = flags["dump_intermediate_outputs"].lower() in ("true", "1", "yes")
+    if dump:
+        module = _load_for_executorch_from_buffer(data, enable_etdump=True,
+                                                  debug_buffer_size=int(flags["debug_buffer_size"]))
+    else:
+        module = _load_for_executorch_from_buffer(data)
     method = module.method_names()[int(flags["method_index"])] if int(flags["method_index"]) else "forward"
     meta = module.method_meta(method)
     out_dir = Path(flags["output_folder_path"])
@@ -211,6 +224,10 @@ def qnn_executor_runner(argv: list[str]) -> int:
                 raw = raw[:-4]
             (out_dir / f"output_{inference}_{k}.raw").write_bytes(raw)
         _log("I", f"[Qnn ExecuTorch]: inference {inference} done")
+    if dump:
+        module.write_etdump_result_to_file(flags["etdump_path"], flags["debug_output_path"])
+        _log("I", f"Write etdump to {flags['etdump_path']}")
+        _log("I", f"Write debug output binary to {flags['debug_output_path']}, Size = {flags['debug_buffer_size']}")
     return int(faults.get("exit_code", 0))
 
 
