@@ -65,8 +65,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 @click.command(name="debug")
 @click.argument("bundle", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--target", default="host://xnnpack", show_default=True,
-              help="Target URL (host://, tosa:// - per TOSA operator - and mlx:// - per MLX instruction - return "
-                   "intermediates; others say what they need).")
+              help="Target URL: host://, tosa:// (per TOSA operator), mlx:// (per MLX instruction), qemu://, fvp://, "
+                   "serial, adb:// and qemu-user:// return intermediates; others say what they need.")
 @click.option("--case", "case", type=click.IntRange(min=0), default=None,
               help="Case index (default: the worst failing case of this bundle's last recorded run, else 0).")
 @click.option("--output", default=None, help="Output name whose budget is split over the layers (default: the first).")
