@@ -298,6 +298,24 @@ def _fp32_counterpart(fp32_gm, name: str) -> str | None:
     return name
 
 
+def _fill_columns(row: "LayerRow", actual: Any, reference: Any, names: list[str], quantized: bool, fp32_gm: Any,
+                  fp32_values: dict[str, Any]) -> None:
+    """A matched row's columns: vs the reference graph's value (the quantized reference of an int8
+    build, whose fp32 counterpart adds the fp32 and quantization-alone columns), else fp32."""
+    if not quantized:
+        row.fp32 = Column.of(actual, reference)
+        return
+    row.quantized = Column.of(actual, reference)
+    main = _main_op(names)
+    fp32_name = _fp32_counterpart(fp32_gm, main) if (fp32_gm is not None and main) else None
+    fp32_ref = _to_numpy(fp32_values.get(fp32_name)) if fp32_name else None
+    row.fp32 = Column.of(actual, fp32_ref)
+    row.quant_vs_fp32 = Column.of(reference, fp32_ref)
+    if fp32_name and fp32_name != main:
+        row.note = "; ".join(filter(None, [row.note, f"fp32 counterpart: {fp32_name} (folded into {main} by "
+                                                     "quantization)"]))
+
+
 def _main_op(aot_ops: list[str]) -> str | None:
     """The compute node of a fused group: the last one that is not a quantize/dequantize."""
     for name in reversed(aot_ops):
@@ -457,18 +475,7 @@ def compare_delegate_ops(pairs: list, graphs: dict | None, reason: str, ref_gm, 
             row.status = "matched"
             row.aot_ops = [r for r in roots if r not in names] + names
             row.shape, row.dtype = list(actual.shape), str(actual.dtype)
-            if quantized:
-                row.quantized = Column.of(actual, expected)
-                main = _main_op(names)
-                fp32_name = _fp32_counterpart(fp32_gm, main) if (fp32_gm is not None and main) else None
-                fp32_ref = _to_numpy(fp32_values.get(fp32_name)) if fp32_name else None
-                row.fp32 = Column.of(actual, fp32_ref)
-                row.quant_vs_fp32 = Column.of(expected, fp32_ref)
-                if fp32_name and fp32_name != main:
-                    row.note = "; ".join(filter(None, [row.note, f"fp32 counterpart: {fp32_name} (folded into {main} "
-                                                                 "by quantization)"]))
-            else:
-                row.fp32 = Column.of(actual, expected)
+            _fill_columns(row, actual, expected, names, quantized, fp32_gm, fp32_values)
 
 
 def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool, delegate_graphs: dict | None = None,
@@ -545,17 +552,7 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
         actual, reference = _to_numpy(rt_value), _to_numpy(aot_value)
         if actual is not None:  # the value compared (a delegate call's event may log its inputs too)
             row.shape, row.dtype = list(actual.shape), str(actual.dtype)
-        if quantized:
-            row.quantized = Column.of(actual, reference)
-            main = _main_op(names)
-            fp32_name = _fp32_counterpart(fp32_gm, main) if (fp32_gm is not None and main) else None
-            fp32_ref = _to_numpy(fp32_values.get(fp32_name)) if fp32_name else None
-            row.fp32 = Column.of(actual, fp32_ref)
-            row.quant_vs_fp32 = Column.of(reference, fp32_ref)
-            if fp32_name and fp32_name != main:
-                row.note = f"fp32 counterpart: {fp32_name} (folded into {main} by quantization)"
-        else:
-            row.fp32 = Column.of(actual, reference)
+        _fill_columns(row, actual, reference, names, quantized, fp32_gm, fp32_values)
     if inner:
         compare_delegate_ops(inner, delegate_graphs, delegate_graphs_reason, ref_gm, case_inputs, aot, aot_names,
                              quantized, fp32_gm, fp32_values)

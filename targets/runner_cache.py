@@ -47,3 +47,31 @@ def find_runner(kind: str, binary_key: str, **flags: Any) -> Path | None:
             if path.is_file():
                 return path
     return None
+
+
+def run_build(cmd: list[str], log: Path, timeout_s: float, script: str) -> tuple[Path | None, str]:
+    """Run a firmware_scripts build in its own process group (the whole build is killed on a
+    timeout or Ctrl-C), its stderr into `log`. Returns (the folder the script printed last, "")
+    or (None, why: the script's own last error line `<script>: ...`, else the log's last line)."""
+    import signal
+    import subprocess
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except BaseException:  # timeout, Ctrl-C: the whole build goes
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        why = next((ln for ln in reversed(lines) if ln.startswith(f"{script}:")),
+                   lines[-1] if lines else f"exit code {proc.returncode}")
+        return None, why
+    return Path(out.decode().strip().splitlines()[-1]), ""

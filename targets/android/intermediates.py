@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import posixpath
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -115,29 +113,16 @@ def cached_debug_runner(arch: str, log_dir: Path, build: bool = True, timeout_s:
     if probe.returncode != 3 or not build:
         reason = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
         raise IntermediatesFailed(f"no {arch} debug runner: {reason} (build it: {' '.join(base[1:])})")
-    log_dir.mkdir(parents=True, exist_ok=True)
+    from bundlerun.targets.runner_cache import run_build
+
     log = log_dir / f"build_debug_runner-{arch}.log"
     cmd = base + ["--jobs", "2"]
     print(f"bundlerun debug: building the {arch} debug runner from ExecuTorch's sources ({' '.join(cmd[1:])}); "
           f"log: {log}", file=sys.stderr, flush=True)
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except BaseException:  # timeout, Ctrl-C: the whole build goes
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            raise
-    if proc.returncode != 0:
-        lines = log.read_text(errors="replace").strip().splitlines()
-        reason = next((ln for ln in reversed(lines) if ln.startswith("build_executor_runner.sh:")),
-                      lines[-1] if lines else f"exit code {proc.returncode}")
-        raise IntermediatesFailed(f"building the {arch} debug runner failed: {reason} (log: {log})")
-    return _runner_binary(Path(out.decode().strip().splitlines()[-1]))
+    folder, why = run_build(cmd, log, timeout_s, "build_executor_runner.sh")
+    if folder is None:
+        raise IntermediatesFailed(f"building the {arch} debug runner failed: {why} (log: {log})")
+    return _runner_binary(folder)
 
 
 def _runner_binary(folder: Path) -> Path:

@@ -37,7 +37,7 @@ from bundlerun.targets.arm import qemu_plugin
 from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
-from bundlerun.targets.runner_cache import cached_runners
+from bundlerun.targets.runner_cache import cached_runners, run_build
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -251,8 +251,6 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
     ETDump library tree takes minutes, later variants seconds). Its stderr goes to a log in
     `log_dir`; a failed build is a TargetError naming the script's own one-line reason."""
     import json
-    import signal
-    import subprocess
     import sys
 
     from bundlerun.bundles.bpte import read_bundle
@@ -268,29 +266,13 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
     if not BUILD_SCRIPT.is_file():
         raise TargetError(f"no cached --etdump runner covers this bundle and {BUILD_SCRIPT} is not there to build one",
                           kind="tool-missing")
-    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "build_qemu_runner.log"
     cmd = ["bash", str(BUILD_SCRIPT), "--etdump", "--debug-buffer-size", str(debug_buffer_size), "--mode", mode,
            "--ops-from", str(Path(bundle_path).resolve())]
     print(f"qemu://: building the ETDump runner ({' '.join(cmd[1:])}); log: {log}", file=sys.stderr, flush=True)
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except BaseException:  # timeout, Ctrl-C: the whole build goes
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            raise
-    lines = log.read_text(errors="replace").strip().splitlines()
-    if proc.returncode != 0:
-        reason = next((ln for ln in reversed(lines) if ln.startswith("build_qemu_runner.sh:")), lines[-1] if lines
-                      else f"exit code {proc.returncode}")
-        raise TargetError(f"building the ETDump runner failed: {reason} (log: {log})", kind="tool-failed")
-    folder = Path(out.decode().strip().splitlines()[-1])
+    folder, why = run_build(cmd, log, timeout_s, "build_qemu_runner.sh")
+    if folder is None:
+        raise TargetError(f"building the ETDump runner failed: {why} (log: {log})", kind="tool-failed")
     meta = json.loads((folder / "runner.json").read_text())
     return Path(str(meta["elf"])), meta
 

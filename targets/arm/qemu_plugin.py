@@ -16,7 +16,6 @@ and says so. Without a plugin built for this QEMU the figure is absent, never 0.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from functools import lru_cache
@@ -31,9 +30,9 @@ BUILD_HINT = "firmware_scripts/arm/build_qemu_plugin.sh"
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("BUNDLERUN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bundlerun")
-    return Path(base) / "qemu-plugins"
+    from bundlerun.targets.runner_cache import cache_root
+
+    return cache_root() / "qemu-plugins"
 
 
 @lru_cache(maxsize=8)
