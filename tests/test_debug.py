@@ -166,17 +166,23 @@ def test_unsupported_targets_say_what_they_need(tmp_path):
 # ------------------------------------------------------------------ 3. the miscompiled layer is named
 
 
-@pytest.mark.parametrize("target", ["host://portable", "tosa://fp"])
-def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
-
-    bad = debug_bundle(fp32_bundles / "bad.bpte", target, case=2, work_dir=tmp_path / "bad")
+def assert_conv2d_1_first_bad(bad) -> None:
+    """`bad.bpte` (tiny-cnn with conv2d_1's weights changed after lowering), case 2, on any target:
+    conv2d_1 (instruction 4) is the first bad row and the 4 matched rows before it are exact."""
     row = bad.first_bad_row
     assert row is not None, [(r.aot_ops, r.fp32) for r in bad.rows]
     assert row.aot_ops == ["conv2d_1"] and "convolution" in row.runtime_op and row.instruction == 4
     assert row.fp32.sqnr < 10
     earlier = [r for r in bad.rows if r.status == "matched" and r.index < row.index]
     assert len(earlier) == 4 and all(r.fp32.sqnr > 100 and not r.exceeds for r in earlier)
+
+
+@pytest.mark.parametrize("target", ["host://portable", "tosa://fp"])
+def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path):
+    from bundlerun.runner.debug import debug_bundle
+
+    bad = debug_bundle(fp32_bundles / "bad.bpte", target, case=2, work_dir=tmp_path / "bad")
+    assert_conv2d_1_first_bad(bad)
     # the same case of the untouched build: nothing exceeds
     good = debug_bundle(fp32_bundles / "good.bpte", target, case=2, work_dir=tmp_path / "good")
     assert good.first_bad is None and all(r.fp32.sqnr > 100 for r in good.rows if r.fp32 is not None)

@@ -33,7 +33,7 @@ import pytest
 from bundlerun.bundles.bpte import read_bundle
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, fake_qnn_sdk, runner_binaries
-from test_debug import fp32_bundles  # noqa: F401 - the shared module fixture (good.bpte / bad.bpte)
+from tests.test_debug import assert_conv2d_1_first_bad, fp32_bundles  # noqa: F401 - fp32_bundles: the shared fixture
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "android" / "build_executor_runner.sh"
 BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
@@ -77,12 +77,7 @@ def _no_qemu_left() -> bool:
 
 
 def _assert_names_conv2d_1(bad, good) -> None:
-    row = bad.first_bad_row
-    assert row is not None, [(r.aot_ops, r.fp32) for r in bad.rows]
-    assert row.aot_ops == ["conv2d_1"] and "convolution" in row.runtime_op and row.instruction == 4
-    assert row.fp32.sqnr < 10
-    earlier = [r for r in bad.rows if r.status == "matched" and r.index < row.index]
-    assert len(earlier) == 4 and all(r.fp32.sqnr > 100 and not r.exceeds for r in earlier)
+    assert_conv2d_1_first_bad(bad)
     assert len(bad.rows) == 10  # every kernel call of tiny-cnn is a row (the permute is merged, not dropped)
     assert good.first_bad is None and all(r.fp32.sqnr > 100 for r in good.rows if r.fp32 is not None)
     assert sum(r.status == "matched" for r in good.rows) == 9
