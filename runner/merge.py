@@ -103,6 +103,13 @@ def _identity(report: dict[str, Any]) -> tuple:
     return bundle, str((report.get("target") or {}).get("url") or "?")
 
 
+def _overlapping(message: str, opts: "MergeOptions", notes: list[str]) -> None:
+    """Shards that both hold a result: refused, or with --force the first report's kept and said."""
+    if not opts.force:
+        raise MergeError(message + " (--force keeps the first)")
+    notes.append(message + "; the first report's result kept")
+
+
 def _list(items: Sequence[str], limit: int = 12) -> str:
     items = list(items)
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
@@ -220,10 +227,7 @@ def _merge_group(group: list[tuple[dict, str]], opts: MergeOptions, notes: list[
             seen[key] = path
             cases.append(copy.deepcopy(case))
     if overlaps:
-        message = f"{what}: overlapping shards: {_list(overlaps)} in more than one report"
-        if not opts.force:
-            raise MergeError(message + " (--force keeps the first)")
-        notes.append(message + "; the first report's result kept")
+        _overlapping(f"{what}: overlapping shards: {_list(overlaps)} in more than one report", opts, notes)
     missing: list[str] = []
     if universe is not None and axis == "cases":
         shard_of = assignment(universe, count)
@@ -345,10 +349,7 @@ def merge_reports(reports: Sequence[dict[str, Any]], options: MergeOptions | Non
             owner[name] = path
             carried.append((name, by_job.get(name, []), copy.deepcopy(entry)))
     if overlaps:
-        message = f"overlapping shards: jobs {_list(overlaps)} in more than one report"
-        if not opts.force:
-            raise MergeError(message + " (--force keeps the first)")
-        notes.append(message + "; the first report's result kept")
+        _overlapping(f"overlapping shards: jobs {_list(overlaps)} in more than one report", opts, notes)
 
     # -- each bundle x target (or each job of a farm) merged with the shard checks
     infos: list[dict] = []

@@ -31,7 +31,6 @@ class LocalExecutor:
     def __init__(self, workers: int) -> None:
         import multiprocessing
         import sys
-        from concurrent.futures import ProcessPoolExecutor
 
         self.workers = max(1, int(workers))
         method = "fork" if sys.platform.startswith("linux") else "spawn"
@@ -44,8 +43,13 @@ class LocalExecutor:
 
             target_specs()
         self._context = multiprocessing.get_context(method)
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+        self._pool = self._new_pool()
         self.replaced = 0  # pools replaced after a worker died
+
+    def _new_pool(self):
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
 
     @property
     def capacity(self) -> int | None:
@@ -58,7 +62,6 @@ class LocalExecutor:
         """A worker that dies (OOM killer, a native crash in a runtime) breaks the whole pool: the
         attempts it held come back as crashes (the scheduler retries them) and a new pool takes
         the later ones, so one dead worker does not fail the rest of the run."""
-        from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         from bundlerun.runner.farm.worker import run_job
@@ -67,7 +70,7 @@ class LocalExecutor:
             return self._pool.submit(run_job, payload)
         except BrokenProcessPool:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+            self._pool = self._new_pool()
             self.replaced += 1
             return self._pool.submit(run_job, payload)
 
