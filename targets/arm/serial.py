@@ -447,11 +447,12 @@ class Capture:
     elapsed_s: float
 
 
-def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> Capture:
+def capture_uart(port, settings: SerialSettings, deadline: float, sink=None, started: float | None = None) -> Capture:
     """Read until the runner is done, the board reboots, the port dies, or the deadline.
 
     Each read is bounded by the port timeout (`read_timeout_s`); `sink(chunk)`
-    receives every chunk (the caller writes the raw capture as it arrives).
+    receives every chunk (the caller writes the raw capture as it arrives). `started`: the
+    monotonic time the deadline counts from, so a timeout's elapsed time is never short of it.
     """
     import serial
 
@@ -459,7 +460,7 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None) -> 
 
     parser = IncrementalLogParser()
     data = bytearray()
-    start = time.monotonic()
+    start = time.monotonic() if started is None else started
     last_data = start
     finished_at: float | None = None  # "Program complete" seen; the EOT byte may still be in flight
     while True:
@@ -767,7 +768,7 @@ class SerialTarget:
 
                 reset_board(port, s, values, work / f"{stem}.reset.log")
                 t0 = time.monotonic()
-                capture = capture_uart(port, s, t0 + options.case_timeout_s, sink)
+                capture = capture_uart(port, s, t0 + options.case_timeout_s, sink, started=t0)
                 if board is not None and capture.status not in ("finished", "aborted"):
                     # The UART went quiet or closed: did the board process itself die (emulator
                     # crash, OOM kill)? Asked before the port closes (a bridge may end with it).
