@@ -281,6 +281,13 @@ class Agent:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+            deadline = time.monotonic() + 2.0  # the agent's own children die (and are reaped by init) async
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(proc.pid, 0)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(0.02)
             proc.stdout.close()
         try:
             self.stderr.close()
