@@ -1,7 +1,8 @@
-"""`qemu-user://aarch64`: ExecuTorch's portable `executor_runner`, cross-built from source for
-aarch64 Linux (firmware_scripts/android/build_executor_runner.sh --toolchain gnu), run here
-under `qemu-aarch64`. What a phone's CPU would compute with portable kernels, without a phone
-or adb: a quick cross-architecture check of numerics.
+"""`qemu-user://aarch64`: ExecuTorch's `executor_runner`, cross-built from source for aarch64
+Linux (firmware_scripts/android/build_executor_runner.sh --toolchain gnu: portable + quantized
+kernels and the XNNPACK delegate with KleidiAI), run here under `qemu-aarch64 -cpu max`. What a
+phone's CPU computes - XNNPACK's aarch64 NEON / dot-product / fp16-arithmetic kernels, not the x86
+ones host://xnnpack runs - without a phone or adb: a cross-architecture check of numerics.
 
 Each case runs as its own one-case bundle (the runner checks case 0 only) in its own folder;
 outputs come back bit exact from `--output_file` (`output-<i>.bin`), the ETDump beside them.
@@ -33,7 +34,7 @@ from bundlerun.targets.base import (
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group
-from bundlerun.targets.runner_cache import cached_runners, find_runner
+from bundlerun.targets.runner_cache import cached_runners
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -50,8 +51,18 @@ class QemuUserSettings:
 
     runner: Path | None = None  # default: the cached aarch64 executor_runner
     qemu: str | None = None  # default: qemu-<arch> on PATH
-    etdump: bool = True  # keep the runner's ETDump (it writes one whenever the event tracer is built in)
+    # keep the runner's ETDump (it writes one whenever the event tracer is built in) for the report's
+    # per-operator profile. Off by default: reading ETDumps imports executorch.devtools (exir, torch), which
+    # cost more than the 32 runs of bench/bench_qemu_user.py, for timings that are emulation time anyway
+    etdump: bool = False
     print_output: str = "none"
+    # qemu's -cpu model. `max` is also qemu-aarch64's default; named so the report says which CPU ran
+    # (QEMU 7.2's max: NEON, dotprod, fp16 arithmetic, i8mm, bf16, SVE; the runner's XNNPACK picks its
+    # kernels from these features at run time, e.g. `cortex-a53` gives the plain-NEON ones)
+    cpu: str = "max"
+    # --cpu_threads of the runner (XNNPACK's threadpool). 1: numerics do not depend on it and idle
+    # pthreadpool workers spin under emulation, slowing a shared host; None: the runner's default
+    cpu_threads: int | None = 1
     # `bundlerun debug` (targets/android/intermediates.py): bundlerun's debug runner (default: the cached
     # build_executor_runner.sh --toolchain gnu --debug-runner for this arch, built on first use)
     debug_runner: Path | None = None
@@ -67,19 +78,43 @@ def _doctor(section: dict) -> list[Check]:
     if not runners and not section.get("runner"):
         rows.append(Check("aarch64 executor_runner", False, f"none built; {BUILD_HINT}"))
     for r in runners:
+        delegates = ", ".join(r.get("backends") or []) or "none (portable only)"
         rows.append(Check(f"aarch64 executor_runner {Path(r['dir']).name}", Path(str(r.get("binary"))).is_file(),
-                          f"static={r.get('static')}, built {r.get('built_at', '?')}", r["dir"]))
+                          f"delegates: {delegates}; static={r.get('static')}, built {r.get('built_at', '?')}", r["dir"]))
+    if runners and not any("xnnpack" in (r.get("backends") or []) for r in runners):
+        rows.append(Check("aarch64 executor_runner with XNNPACK", False, f"none built (XNNPACK bundles cannot run); "
+                          f"{BUILD_HINT}"))
     return rows
+
+
+def cached_runner(arch: str) -> dict | None:
+    """The cached executor_runner build for `arch` to use: the one with the most delegates (an XNNPACK
+    build runs portable bundles too, a portable-only one cannot run XNNPACK bundles), then the newest."""
+    runners = [r for r in cached_runners(RUNNER_KIND) if r.get("arch") == arch and Path(str(r.get("binary"))).is_file()]
+    runners.sort(key=lambda r: len(r.get("backends") or []), reverse=True)  # stable: newest first within a tie
+    return runners[0] if runners else None
+
+
+def runner_meta(runner: Path) -> dict:
+    """The runner.json beside a cached runner binary ({} for a runner built elsewhere)."""
+    import json
+
+    try:
+        meta = json.loads((Path(runner).parent / "runner.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) and Path(str(meta.get("binary", ""))) == Path(runner) else {}
 
 
 SPEC = TargetSpec(
     name="qemu-user",
     schemes=("qemu-user",),
-    summary="ExecuTorch's executor_runner cross-built for aarch64 Linux, under qemu-aarch64 (portable kernels)",
+    summary="ExecuTorch's executor_runner cross-built for aarch64 Linux (portable kernels + XNNPACK), under qemu-aarch64",
     examples=("qemu-user://aarch64",),
     default_backend="portable",
     settings=QemuUserSettings,
     doctor=_doctor,
+    command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine
 )
 
 
@@ -93,20 +128,43 @@ def qemu_for(arch: str, configured: str | None = None) -> str:
 
 
 def run_under_qemu(qemu: str, runner: Path, args: list[str], cwd: Path, log_path: Path,
-                   timeout_s: float) -> tuple[int | None, float, str]:
-    """Run `runner args` under `qemu` in `cwd`, stdout + stderr into `log_path`, in its own process
-    group, bounded by `timeout_s` and always reaped: (exit status or None on timeout, seconds, log)."""
+                   timeout_s: float, cpu: str | None = None) -> tuple[int | None, float, str]:
+    """Run `runner args` under `qemu` (`-cpu cpu` when given) in `cwd`, stdout + stderr into
+    `log_path`, in its own process group, bounded by `timeout_s` and always reaped: (exit status or
+    None on timeout, seconds, log)."""
     start = time.monotonic()
+    from bundlerun.targets import argv  # the runner is qemu's positional argument: absolute, never an option
+
+    cpu_args = ["-cpu", argv.word(cpu, "qemu cpu")] if cpu else []
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([qemu, str(runner), *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner"), *args],
+                                cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
+            rc = wait_exit(proc, timeout_s)
         finally:
             kill_process_group(proc)
     return rc, time.monotonic() - start, log_path.read_text(errors="replace")
+
+
+def wait_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    """`proc`'s exit status, or None when it is still running after `timeout_s`. Why not Popen.wait(timeout):
+    with a timeout CPython polls, sleeping up to 50 ms between polls, which a 32-case run pays 32 times;
+    a pidfd (Linux >= 5.3) wakes the moment the process ends."""
+    import select
+
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd here: the polling wait
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    return proc.wait() if ready else None
 
 
 @dataclass
@@ -117,7 +175,8 @@ class QemuUserTarget:
 
     def _binaries(self) -> tuple[str, Path]:
         qemu = qemu_for(self.arch, self.settings.qemu)
-        runner = self.settings.runner or find_runner(RUNNER_KIND, "binary", arch=self.arch)
+        cached = None if self.settings.runner else cached_runner(self.arch)
+        runner = self.settings.runner or (cached or {}).get("binary")
         if runner is None or not Path(runner).is_file():
             raise TargetError(f"no {self.arch} executor_runner" + (f" at {runner}" if runner else " in the build cache")
                               + f"; {BUILD_HINT}")
@@ -126,8 +185,15 @@ class QemuUserTarget:
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         qemu, runner = self._binaries()
         work = Path(options.work_dir) / "qemu-user"
-        run = TargetRun(self.url, [], info={"qemu": qemu, "runner": str(runner), "arch": self.arch,
-                                             "kernels": "portable", "timing": "emulated CPU time, not device latency"})
+        meta = runner_meta(runner)
+        delegates = meta.get("backends") if meta else None
+        run = TargetRun(self.url, [], info={
+            "qemu": qemu, "cpu": self.settings.cpu, "cpu_threads": self.settings.cpu_threads, "runner": str(runner),
+            "arch": self.arch, "kernels": "+".join(meta.get("kernels") or ["portable"]),
+            "delegates": delegates if delegates is not None else "unknown (runner built elsewhere)",
+            "timing": "emulated CPU time, not device latency"})
+        if meta.get("xnnpack"):
+            run.info["xnnpack"] = meta["xnnpack"]
         executions = executor_runner.executions_for(getattr(options, "repeat", 1))
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
@@ -138,17 +204,19 @@ class QemuUserTarget:
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,
               timeout_s: float, executions: int = 1) -> CaseResult:
-        from bundlerun.bundles.bpte import write_bundle
+        from bundlerun.bundles.bpte import serialize_bundle
 
         folder = work / f"{safe_name(method)}-{index}"
         shutil.rmtree(folder, ignore_errors=True)
         (folder / "out").mkdir(parents=True)
-        write_bundle(bundle.single_case(method, index), folder / "model.bpte")
+        # the scratch input of one process: a plain write (write_bundle's durable, fsync'd write is for results)
+        (folder / "model.bpte").write_bytes(serialize_bundle(bundle.single_case(method, index)))
         etdump = "out/model.etdump" if self.settings.etdump else None
         args = executor_runner.runner_args("model.bpte", method, "out/output", print_output=self.settings.print_output,
-                                           etdump=etdump, num_executions=executions)
+                                           etdump=etdump, num_executions=executions,
+                                           cpu_threads=self.settings.cpu_threads)
         log_path = folder / "runner.log"
-        rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log_path, timeout_s)
+        rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log_path, timeout_s, cpu=self.settings.cpu)
         verdict = executor_runner.device_verdict(output)
         base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed, device_verdict=verdict,
                     perf=executor_runner.perf_figures(output, simulated=True))

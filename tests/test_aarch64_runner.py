@@ -92,14 +92,23 @@ def test_gnu_dry_run_prints_the_cmake_lines_and_the_cache_folder(tmp_path):
     assert res.returncode == 0, res.stderr
     for flag in ("aarch64-linux-gnu.cmake", "-DEXECUTORCH_BUILD_EXECUTOR_RUNNER=ON", "-DEXECUTORCH_ENABLE_BUNDLE_IO=ON",
                  "-DEXECUTORCH_BUILD_DEVTOOLS=ON", "-DEXECUTORCH_ENABLE_EVENT_TRACER=ON",
-                 "-DEXECUTORCH_BUILD_KERNELS_QUANTIZED=ON", "-DEXECUTORCH_BUILD_XNNPACK=OFF",
-                 "-DCMAKE_EXE_LINKER_FLAGS=-static", "-DFLATC_EXECUTABLE=", "--target executor_runner -j 2"):
+                 "-DEXECUTORCH_BUILD_KERNELS_QUANTIZED=ON", "-DCMAKE_EXE_LINKER_FLAGS=-static", "-DFLATC_EXECUTABLE=",
+                 # aarch64 default: XNNPACK with KleidiAI, its threadpool/cpuinfo, no SME kernels (QEMU 7.2 has no SME2)
+                 "-DEXECUTORCH_BUILD_XNNPACK=ON", "-DEXECUTORCH_BUILD_PTHREADPOOL=ON", "-DEXECUTORCH_BUILD_CPUINFO=ON",
+                 "-DEXECUTORCH_XNNPACK_ENABLE_KLEIDI=ON", "-DXNNPACK_ENABLE_ARM_SME=OFF", "-DXNNPACK_ENABLE_ARM_SME2=OFF",
+                 "-DLIBM=", "toolchains/kleidiai-gcc12.cmake", "-DCMAKE_PROJECT_executorch_INCLUDE=",
+                 # one build tree makes both the executor_runner and the debug runner
+                 "--target executor_runner bundlerun_debug_runner -j 2"):
         assert flag in res.stdout, flag
     folder = Path(res.stdout.strip().splitlines()[-1])
     assert folder.parent == tmp_path / "cache" / "runners" and len(folder.name) == 20
     host = _script("--toolchain", "gnu", "--arch", "x86_64", "--executorch-src", str(src), "--dry-run", env=env)
     assert host.returncode == 0 and "aarch64-linux-gnu.cmake" not in host.stdout
+    assert "-DEXECUTORCH_BUILD_XNNPACK=OFF" in host.stdout and "KleidiAI" not in host.stdout  # host://xnnpack has its own
     assert Path(host.stdout.strip().splitlines()[-1]) != folder  # the key covers the architecture
+    portable = _script("--toolchain", "gnu", "--backends", "portable", "--executorch-src", str(src), "--dry-run", env=env)
+    assert portable.returncode == 0 and "-DEXECUTORCH_BUILD_XNNPACK=OFF" in portable.stdout
+    assert Path(portable.stdout.strip().splitlines()[-1]) != folder  # ... and the delegates built in
     assert not (tmp_path / "cache" / "runners").exists()  # a dry run builds nothing
 
 
@@ -107,7 +116,8 @@ def test_gnu_dry_run_prints_the_cmake_lines_and_the_cache_folder(tmp_path):
     (["--toolchain", "gnu", "--arch", "sparc"], "unknown --arch 'sparc'"),
     (["--toolchain", "msvc"], "unknown --toolchain 'msvc'"),
     (["--toolchain", "gnu", "--jobs", "two"], "--jobs must be a positive integer"),
-    (["--toolchain", "gnu", "--backends", "xnnpack"], "XNNPACK"),
+    (["--toolchain", "gnu", "--backends", "qnn"], "qnn needs the Android NDK and QNN SDK"),
+    (["--toolchain", "gnu", "--backends", "xnnpack,coreml"], "unknown backend 'coreml' for --toolchain gnu"),
     (["--toolchain", "gnu", "--executorch-src", "/nonexistent"], "not an ExecuTorch checkout"),
     (["--toolchain", "gnu", "--arch"], "--arch needs a value"),
 ])
@@ -115,6 +125,14 @@ def test_gnu_bad_input_is_one_line(args, message, tmp_path):
     res = _script(*args, "--dry-run", env={"BUNDLERUN_CACHE": str(tmp_path)})
     assert res.returncode == 2 and message in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_checkout_without_the_xnnpack_submodules_is_one_line(tmp_path):
+    src = _fake_checkout(tmp_path / "et")
+    res = _script("--toolchain", "gnu", "--executorch-src", str(src), env={"BUNDLERUN_CACHE": str(tmp_path / "c")})
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "backends/xnnpack/third-party/XNNPACK is missing" in res.stderr and "git submodule update" in res.stderr
+    assert not (tmp_path / "c" / "runners").exists()
 
 
 def test_ndk_path_still_dry_runs(tmp_path):
@@ -131,6 +149,14 @@ def test_cached_runner_is_a_static_aarch64_elf_described_by_runner_json(runner):
     assert Path(meta["binary"]) == runner and meta["build_seconds"] > 0
     assert "-DEXECUTORCH_ENABLE_BUNDLE_IO=ON" in meta["flags"] and meta["sources"]["fingerprint"]
     assert "aarch64-linux-gnu-g++" in meta["toolchain"]["compiler"]
+    assert meta["backends"] == ["xnnpack"] and meta["xnnpack"]["kleidiai"] and not meta["xnnpack"]["arm_sme2"]
+    assert Path(meta["xnnpack"]["kleidiai_source"]).is_dir()  # from the tarball, not downloaded
+    # the debug runner came out of the same build tree: same flags, same build, its own cache entry
+    dbg = _script("--toolchain", "gnu", "--debug-runner", "--cached-only")
+    assert dbg.returncode == 0, dbg.stderr
+    dmeta = json.loads((Path(dbg.stdout.strip().splitlines()[-1]) / "runner.json").read_text())
+    assert dmeta["kind"] == "debug_runner" and dmeta["flags"] == meta["flags"] and dmeta["backends"] == ["xnnpack"]
+    assert dmeta["build_seconds"] == meta["build_seconds"]
     head = runner.read_bytes()[:64]
     assert head[:4] == b"\x7fELF" and struct.unpack_from("<H", head, 18)[0] == 183  # EM_AARCH64
     phoff, = struct.unpack_from("<Q", head, 32)
@@ -221,3 +247,24 @@ def test_int8_bundles_run_on_the_quantized_kernels(runner, bundle_cache, tmp_pat
     for got, ref in zip(outs, _host_outputs(bundle, 0)):
         # dequantized values: one quantization step apart at most when rounding differs
         np.testing.assert_allclose(got, ref, rtol=0, atol=0.05)
+
+
+# -- XNNPACK: the aarch64 kernels vs the x86 ones of the host pybindings ----------------------------
+
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_xnnpack_fp32_every_case_close_to_the_x86_kernels(runner, bundle_cache, tmp_path, model):
+    """The same XNNPACK program and inputs: aarch64 NEON kernels (under qemu-aarch64) vs x86 AVX kernels (the
+    pybindings' XNNPACK): different kernels, the same numbers to float32 rounding."""
+    from bundlerun.targets.program.walker import read_delegates
+
+    bundle = read_bundle(bundle_cache(model, backend="xnnpack", cases=2, target="qemu-user://aarch64"))
+    assert any(d.backend_id == "XnnpackBackend" for d in read_delegates(bytes(bundle.program)))
+    for index in range(2):
+        res, outs = _run_case(runner, bundle, index, tmp_path / str(index), "--cpu_threads", "1")
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "is not registered" not in res.stderr
+        host = _host_outputs(bundle, index)
+        assert len(outs) == len(host)
+        for got, ref in zip(outs, host):
+            assert got.shape == ref.shape and got.dtype == ref.dtype
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

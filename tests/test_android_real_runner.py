@@ -11,11 +11,13 @@ not registered." lines, a corrupted push, SIGKILL mid-run, a link cut mid-pull, 
 full device.
 
 Which runner each Android test uses:
-  real aarch64 executor_runner  this file
-  Python double                 test_android_target.py, test_android_faults.py,
-                                test_android_cli.py (XNNPACK bundles: the tarball set
-                                has no XNNPACK sources; QNN's qnn_executor_runner
-                                layout; injected segv/hang/missing-library faults)
+  real aarch64 executor_runner  this file, and the executor-runner profile tests of
+                                test_android_target.py, test_android_faults.py and
+                                test_android_cli.py (portable and XNNPACK bundles: the
+                                runner carries XNNPACK, built from the tarballs)
+  Python double                 only QNN's qnn_executor_runner layout and faults injected
+                                into the runner (segv, missing library, short output,
+                                missing flag, logcat), each test saying so
 
 The missing-kernel, missing-delegate and corrupted-bundle tests check the
 classification of the real runner's log (targets/executor_runner.py).
@@ -187,19 +189,41 @@ def test_missing_operator_is_classified_with_its_name(arm64, home, runner, fft_b
 
 
 @pytest.fixture(scope="module")
-def xnnpack_bundle(bundle_cache):
-    return bundle_cache("mlp", backend="xnnpack", cases=1, target="adb+tcp://127.0.0.1:5555")
+def vulkan_bundle(bundle_cache):
+    """A delegate the aarch64 runner lacks (it has XNNPACK, not Vulkan)."""
+    return bundle_cache("mlp", backend="vulkan", cases=1, target="adb+tcp://127.0.0.1:5555")
 
 
-def test_missing_backend_prints_the_real_line(arm64, home, runner, xnnpack_bundle, tmp_path):
-    case = _run(arm64, runner, xnnpack_bundle, tmp_path).cases[0]
+def test_missing_backend_prints_the_real_line(arm64, home, runner, vulkan_bundle, tmp_path):
+    case = _run(arm64, runner, vulkan_bundle, tmp_path).cases[0]
     assert case.status == CaseStatus.ERROR and not case.outputs
-    assert "Backend XnnpackBackend is not registered." in _log(case)
+    assert "Backend VulkanBackend is not registered." in _log(case)
 
 
-def test_missing_backend_is_classified_with_its_name(arm64, home, runner, xnnpack_bundle, tmp_path):
-    case = _run(arm64, runner, xnnpack_bundle, tmp_path).cases[0]
-    assert _kind(case) == FailureKind.MISSING_BACKEND and "XnnpackBackend" in case.error
+def test_missing_backend_is_classified_with_its_name(arm64, home, runner, vulkan_bundle, tmp_path):
+    case = _run(arm64, runner, vulkan_bundle, tmp_path).cases[0]
+    assert _kind(case) == FailureKind.MISSING_BACKEND and "VulkanBackend" in case.error
+
+
+# -- XNNPACK bundles on the real runner (XNNPACK's aarch64 kernels) --------------------------------
+
+@pytest.mark.parametrize("model, dtype", [(m, "fp32") for m in ZOO] + [("tiny-cnn", "fp16"), ("mobile-net", "int8")])
+def test_xnnpack_bundle_every_case_over_adb_tcp(arm64, home, runner, bundle_cache, tmp_path, model, dtype):
+    """The Android lane's main job: an XNNPACK bundle, every case, through the real runner's XNNPACK delegate."""
+    path = bundle_cache(model, dtype=dtype, backend="xnnpack", cases=3, target="adb+tcp://127.0.0.1:5555")
+    bundle = read_bundle(path)
+    run = _run(arm64, runner, path, tmp_path)
+    assert [c.case_index for c in run.cases] == [0, 1, 2]
+    for case in run.cases:
+        assert case.status == CaseStatus.OK, (case.error, case.log_excerpt)
+        assert "executorch:executor_runner.cpp" in _log(case) and "is not registered" not in _log(case)
+        want = bundle.suite("forward").test_cases[case.case_index].expected_outputs
+        for got, exp in zip(case.outputs, want):
+            assert got.scalar_type == exp.scalar_type and got.shape == list(exp.sizes)
+            tol = {"fp32": 1e-4, "fp16": 2e-2, "int8": 0.05}[dtype]  # loose: the host judges with the registry
+            np.testing.assert_allclose(got.to_array().astype(np.float32), exp.to_array().astype(np.float32),
+                                       rtol=tol, atol=tol)
+    assert _wait_idle(arm64) == []
 
 
 def test_corrupted_push_fails_the_case_then_the_cache_heals(arm64, home, runner, mlp_bundle, tmp_path):

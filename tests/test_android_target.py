@@ -1,16 +1,25 @@
 """The Android target end to end against the emulated device, through both clients.
 
-Bundles are real (zoo models lowered to XNNPACK by the builder); the runner
-stand-ins run them through the host ExecuTorch runtime "on the device".
+Bundles are real (zoo models lowered to XNNPACK by the builder). Which runner each test uses:
+  real aarch64 executor_runner  (ExecuTorch's, cross-built from source with XNNPACK; the emulated arm64
+                                device of tests/doubles/adbd.py runs it under qemu-aarch64): the
+                                executor-runner profile tests and the device-cache test
+  Python double                 (tests/doubles/android_runner.py): the qnn-executor-runner profile only -
+                                Qualcomm's qnn_executor_runner and a phone's HTP cannot run here
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle
-from doubles.android_env import PrivateAdbServer, adb_available, fake_qnn_sdk, runner_binaries
+from doubles.adbd import FakeAdbd
+from doubles.android_env import (PrivateAdbServer, adb_available, fake_qnn_sdk, real_executor_runner,
+                                 runner_binaries)
 from bundlerun.targets import open_target
 from bundlerun.targets.android.profiles import sort_qnn_outputs
 from bundlerun.targets.base import CaseStatus, RunOptions
@@ -18,13 +27,35 @@ from bundlerun.targets.base import CaseStatus, RunOptions
 WORKSPACE = "/data/local/tmp/bundle run's; $(x)"
 
 
-
-
+@pytest.fixture(scope="module")
+def runners(tmp_path_factory):
+    """The Python double's runner scripts: used for the QNN profile only."""
+    return runner_binaries(tmp_path_factory.mktemp("runners"))
 
 
 @pytest.fixture(scope="module")
-def runners(tmp_path_factory):
-    return runner_binaries(tmp_path_factory.mktemp("runners"))
+def real_runner() -> Path:
+    """ExecuTorch's aarch64 executor_runner with XNNPACK (scripts/setup.sh builds it; fails, never skips)."""
+    try:
+        folder = real_executor_runner("aarch64")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    meta = json.loads((folder / "runner.json").read_text())
+    assert "xnnpack" in meta["backends"], f"{folder}: the aarch64 runner has no XNNPACK delegate; rebuild it"
+    return Path(meta["binary"])
+
+
+@pytest.fixture
+def arm64(tmp_path):
+    """An emulated arm64 device: pushed aarch64 ELFs run under qemu-aarch64; nothing may survive a test."""
+    try:
+        d = FakeAdbd(tmp_path / "device", arm64=True)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    d.start()
+    yield d
+    d.stop()
+    assert d.live_processes() == []
 
 
 @pytest.fixture(scope="module")
@@ -44,31 +75,34 @@ def _assert_outputs_match_expected(bundle, run):
 
 
 @pytest.mark.slow
-def test_adb_tcp_executor_runner_all_cases_then_nothing_pushed(device, home, runners, bundle_path, tmp_path):
+def test_adb_tcp_executor_runner_all_cases_then_nothing_pushed(arm64, home, real_runner, bundle_path, tmp_path):
+    """The real aarch64 runner: XNNPACK's aarch64 kernels run every case of the XNNPACK bundle."""
     bundle = read_bundle(bundle_path)
-    cfg = {"runner": str(runners["executor-runner"]), "workspace": WORKSPACE}
-    target = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg)
+    cfg = {"runner": str(real_runner), "workspace": WORKSPACE}
+    target = open_target(f"adb+tcp://127.0.0.1:{arm64.port}", cfg)
     run = target.run(bundle, bundle_path, RunOptions(work_dir=tmp_path / "w1", case_timeout_s=120))
     assert [(c.method, c.case_index) for c in run.cases] == [("forward", 0), ("forward", 1)]
     _assert_outputs_match_expected(bundle, run)
     assert all(c.device_verdict["verdict"] == "PASS" for c in run.cases)
+    assert all("executorch:executor_runner.cpp" in open(c.log_path).read() for c in run.cases)  # the real binary
     assert run.info["pushed"].count("model.bpte") == 2 and "executor_runner" in run.info["pushed"]
-    pushes = len(device.stats.pushes)
-    again = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
+    pushes = len(arm64.stats.pushes)
+    again = open_target(f"adb+tcp://127.0.0.1:{arm64.port}", cfg).run(
         bundle, bundle_path, RunOptions(work_dir=tmp_path / "w2", case_timeout_s=120, cases=[1]))
     assert again.cases[0].status == CaseStatus.OK
-    assert again.info["pushed"] == [] and len(device.stats.pushes) == pushes
-    assert device.stats.auth_prompts == 1  # the saved key is trusted from then on
+    assert again.info["pushed"] == [] and len(arm64.stats.pushes) == pushes
+    assert arm64.stats.auth_prompts == 1  # the saved key is trusted from then on
 
 
 @pytest.mark.skipif(not adb_available(), reason="the adb binary is not installed")
-def test_adb_server_executor_runner(device, home, runners, bundle_path, tmp_path):
+def test_adb_server_executor_runner(arm64, home, real_runner, bundle_path, tmp_path):
+    """The real aarch64 runner over the real adb CLI and a private adb server."""
     server = PrivateAdbServer(tmp_path / "adbhome").start()
     try:
         bundle = read_bundle(bundle_path)
-        cfg = {"runner": str(runners["executor-runner"]), "workspace": WORKSPACE, "server_port": server.port}
+        cfg = {"runner": str(real_runner), "workspace": WORKSPACE, "server_port": server.port}
         # the target runs `adb connect` itself for a HOST:PORT serial
-        run = open_target(f"adb://127.0.0.1:{device.port}", cfg).run(
+        run = open_target(f"adb://127.0.0.1:{arm64.port}", cfg).run(
             bundle, bundle_path, RunOptions(work_dir=tmp_path / "w", case_timeout_s=120))
         _assert_outputs_match_expected(bundle, run)
         assert run.info["transport"].startswith("adb CLI")
@@ -77,6 +111,7 @@ def test_adb_server_executor_runner(device, home, runners, bundle_path, tmp_path
 
 
 def test_qnn_profile_extracts_pte_and_inputs(device, home, runners, bundle_path, tmp_path):
+    """Uses the PYTHON DOUBLE of qnn_executor_runner: Qualcomm's binary and a phone's HTP cannot run here."""
     bundle = read_bundle(bundle_path)
     sdk = fake_qnn_sdk(tmp_path / "qnn", "75")
     cfg = {"runner": str(runners["qnn-executor-runner"]), "profile": "qnn-executor-runner",
@@ -129,10 +164,12 @@ def test_bad_config_is_rejected():
     assert t.transport.serial == "SERIAL1"
 
 
-def test_device_cache_is_bounded_lru(device, home, runners, bundle_path, tmp_path):
+def test_device_cache_is_bounded_lru(arm64, home, real_runner, bundle_path, tmp_path):
+    """The real runner (about 10 MB, static): the bound is this run's files plus 1.5 stale entries."""
     import os
     import time
 
+    device = arm64
     cache = device.root / "data/local/tmp/bundlerun/cache"
     stale = []
     for i in range(3):  # three old 300 kB entries, 0 the least recently used
@@ -141,11 +178,13 @@ def test_device_cache_is_bounded_lru(device, home, runners, bundle_path, tmp_pat
         (d / "old.bpte").write_bytes(b"x" * 300_000)
         os.utime(d, (time.time() - 3600 + i * 60,) * 2)
         stale.append(d)
-    device.set_faults(runner={"segv": True})  # the run itself does not matter here
-    cfg = {"runner": str(runners["executor-runner"]), "cache_max_mb": 0.5}
+    # du counts 4 kB blocks: this run's two entries + one stale entry (296 kB) fit, a second one does not
+    bound = real_runner.stat().st_size + bundle_path.stat().st_size + 2 * 4096 + 296 * 1024 + 150_000
+    cfg = {"runner": str(real_runner), "cache_max_mb": bound / (1024 * 1024)}
     run = open_target(f"adb+tcp://127.0.0.1:{device.port}", cfg).run(
         read_bundle(bundle_path), bundle_path, RunOptions(work_dir=tmp_path / "w", cases=[0]))
-    # this run's files (touched, newest) + the newest stale entry fit in 0.5 MB; the older two go
+    assert run.cases[0].status == CaseStatus.OK, (run.cases[0].error, run.cases[0].log_excerpt)
+    # this run's files (touched, newest) + the newest stale entry fit in the bound; the older two go
     assert sorted(run.info["pruned"]) == [stale[0].name, stale[1].name]
     assert not stale[0].exists() and not stale[1].exists() and stale[2].exists()
     assert len(list(cache.iterdir())) == 3  # runner, case bundle, newest stale entry

@@ -91,8 +91,9 @@ def _device_dir(device: FakeAdbd, method: str = "forward", case: int = 2) -> Pat
 
 
 def test_debug_runner_build_is_the_executor_runner_build_plus_one_target(tmp_path):
-    """--debug-runner: the same configure flags + the injected target, its own cache key (the executor_runner's
-    cache entry is untouched), and the NDK path builds the same target."""
+    """--debug-runner: the very configure and build tree of the executor_runner (the injected target is in both,
+    one cold build makes both), its own cache key (the executor_runner's cache entry is untouched), and the NDK
+    path builds the same target."""
     src = tmp_path / "et"
     (src / "runtime").mkdir(parents=True)
     (src / "CMakeLists.txt").write_text("")
@@ -107,8 +108,9 @@ def test_debug_runner_build_is_the_executor_runner_build_plus_one_target(tmp_pat
     assert plain.returncode == 0 and debug.returncode == 0, plain.stderr + debug.stderr
     cmake = lambda out: next(ln for ln in out.stdout.splitlines() if ln.startswith("cmake -S")).split()  # noqa: E731
     inject = f"-DCMAKE_PROJECT_executorch_INCLUDE={BUILD_SCRIPT.parent / 'debug_runner' / 'inject.cmake'}"
-    assert set(cmake(debug)) - set(cmake(plain)) == {inject} | {w for w in cmake(debug) if ".build/" in w}
-    assert "--target bundlerun_debug_runner" in debug.stdout and "--target executor_runner" in plain.stdout
+    assert cmake(debug) == cmake(plain) and inject in cmake(plain)  # one configure, one build tree
+    assert "--target bundlerun_debug_runner executor_runner" in debug.stdout  # the one asked for, then the other
+    assert "--target executor_runner bundlerun_debug_runner" in plain.stdout
     assert debug.stdout.strip().splitlines()[-1] != plain.stdout.strip().splitlines()[-1]
     ndk = subprocess.run(["bash", str(BUILD_SCRIPT), "--executorch", str(src), "--ndk", "/opt/ndk", "--debug-runner",
                           "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
@@ -236,15 +238,16 @@ def test_missing_debug_runner_is_a_clear_failure(fp32_bundles, arm64, home, tmp_
 
 def test_runner_that_dies_on_the_device_is_classified_and_cleaned(fp32_bundles, debug_runner, arm64, home,  # noqa: F811
                                                                    bundle_cache, tmp_path):
-    """An XNNPACK bundle: the portable-only debug runner's own 'Backend ... is not registered.' line."""
+    """A Vulkan bundle: the debug runner (portable + quantized + XNNPACK) logs its own 'Backend ... is not
+    registered.' line."""
     from bundlerun.targets.intermediates import IntermediatesFailed, capture
 
-    xnn = bundle_cache("mlp", backend="xnnpack", cases=1, target="adb+tcp://127.0.0.1:5555")
+    vulkan = bundle_cache("mlp", backend="vulkan", cases=1, target="adb+tcp://127.0.0.1:5555")
     with pytest.raises(IntermediatesFailed) as info:
-        capture(f"adb+tcp://127.0.0.1:{arm64.port}", xnn, "forward", 0, tmp_path / "w",
+        capture(f"adb+tcp://127.0.0.1:{arm64.port}", vulkan, "forward", 0, tmp_path / "w",
                 config={"workspace": WORKSPACE})
     text = str(info.value)
-    assert "bundlerun's debug runner failed on forward[0]" in text and "XnnpackBackend" in text
+    assert "bundlerun's debug runner failed on forward[0]" in text and "VulkanBackend" in text
     assert not _device_dir(arm64, case=0).exists()
 
 

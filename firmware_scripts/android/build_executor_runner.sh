@@ -17,12 +17,14 @@
 #   --toolchain gnu: Linux with Debian's gcc (aarch64-linux-gnu-g++ cross, or the host g++
 #     for --arch x86_64), a static binary, cached content-addressed:
 #     build_executor_runner.sh --toolchain gnu [--arch aarch64|x86_64] [--executorch-src DIR]
-#                              [--backends portable|vulkan] [--jobs 2] [--rebuild] [--dry-run]
+#                              [--backends portable|xnnpack|vulkan] [--jobs 2] [--rebuild] [--dry-run]
 #                              [--cached-only]   (print the cached folder or exit 3; never build)
 #     Sources: --executorch-src DIR (a checkout), else the tarballs of ../shared/third_party
 #     (firmware_scripts/lib/et_sources.sh). Kernels: portable + quantized (quantized_decomposed).
-#     BundleIO, ETDump (event tracer) and logging on. Optimized kernels and XNNPACK are off:
-#     their submodules (eigen, pthreadpool, cpuinfo, XNNPACK) are not in the tarball set.
+#     BundleIO, ETDump (event tracer) and logging on. aarch64 default: + XNNPACK with KleidiAI (cpuinfo,
+#     pthreadpool, FP16 from the tarballs; no SME/SME2 kernels), --backends portable for none. Optimized
+#     kernels are off (the eigen submodule is not in the tarball set). One build tree makes both the
+#     executor_runner and the debug runner (each cached under its own key).
 #     Output: ${BUNDLERUN_CACHE:-~/.cache/bundlerun}/runners/<key>/{executor_runner,runner.json};
 #     the last stdout line is that folder. A second call with the same inputs prints it at once.
 #     --backends vulkan (x86_64 only) links the Vulkan delegate dynamically against libvulkan.
@@ -81,7 +83,7 @@ while [ $# -gt 0 ]; do
     --cached-only) CACHED_ONLY=1; shift;;
     --debug-runner) DEBUG_RUNNER=1; shift;;
     --dry-run) DRY_RUN=1; shift;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0;;
     *) die "unknown option $1 (see --help)";;
   esac
 done
@@ -93,15 +95,16 @@ done
 build_gnu() {
   # shellcheck source=../lib/et_sources.sh
   source "$HERE/../lib/et_sources.sh"
-  local vulkan=OFF b
-  IFS=',' read -r -a _backends <<< "${BACKENDS:-portable}"
+  local vulkan=OFF xnnpack=OFF b default_backends=portable
+  [ "$ARCH" != aarch64 ] || default_backends=xnnpack  # aarch64: the Android lane's CPU delegate
+  IFS=',' read -r -a _backends <<< "${BACKENDS:-$default_backends}"
   for b in "${_backends[@]}"; do
     case "$b" in
       portable|"") ;;
       vulkan) vulkan=ON;;
-      xnnpack) die "xnnpack needs the XNNPACK, cpuinfo and pthreadpool submodules, which the tarball set lacks; build with --toolchain ndk from a full checkout";;
+      xnnpack) xnnpack=ON;;
       qnn) die "qnn needs the Android NDK and QNN SDK: use --toolchain ndk or build_qnn_executor_runner.sh";;
-      *) die "unknown backend '$b' for --toolchain gnu (portable, vulkan)";;
+      *) die "unknown backend '$b' for --toolchain gnu (portable, xnnpack, vulkan)";;
     esac
   done
   local cc cxx tcfile=""
@@ -128,6 +131,16 @@ build_gnu() {
   et="$(et_resolve_sources "$ET_DIR")"
   fp="$(et_source_fingerprint "$et")"
   flatc="$(et_wheel_flatc "$PYTHON_BIN")"
+  local kleidiai="" kai_fix=""
+  if [ "$xnnpack" = ON ]; then
+    local dep
+    for dep in XNNPACK cpuinfo pthreadpool FP16 FXdiv; do
+      [ "$DRY_RUN" = 1 ] || [ -f "$et/backends/xnnpack/third-party/$dep/CMakeLists.txt" ] \
+        || die "xnnpack: $et/backends/xnnpack/third-party/$dep is missing (a checkout needs its submodules: git submodule update --init --recursive; the tarball set needs $dep.tar.xz)"
+    done
+    kleidiai="$(et_kleidiai_dir "$et")"
+    kai_fix="$HERE/toolchains/kleidiai-gcc12.cmake"  # GCC 12 vectorizer ICE on KleidiAI's bf16 kernels
+  fi
   if command -v "$cxx" >/dev/null; then compiler_version="$("$cxx" --version | head -n 1)"; else compiler_version="$cxx (not installed)"; fi
 
   local flags=(
@@ -145,33 +158,50 @@ build_gnu() {
     -DEXECUTORCH_BUILD_PORTABLE_OPS=ON
     -DEXECUTORCH_BUILD_KERNELS_QUANTIZED=ON
     -DEXECUTORCH_BUILD_KERNELS_OPTIMIZED=OFF
-    -DEXECUTORCH_BUILD_XNNPACK=OFF
-    -DEXECUTORCH_BUILD_PTHREADPOOL=OFF
-    -DEXECUTORCH_BUILD_CPUINFO=OFF
+    -DEXECUTORCH_BUILD_XNNPACK="$xnnpack"
+    -DEXECUTORCH_BUILD_PTHREADPOOL="$xnnpack"
+    -DEXECUTORCH_BUILD_CPUINFO="$xnnpack"
     -DEXECUTORCH_BUILD_VULKAN="$vulkan"
   )
+  if [ "$xnnpack" = ON ]; then
+    # As ExecuTorch's Android builds (tools/cmake/preset/android.cmake; KleidiAI is default.cmake's
+    # EXECUTORCH_XNNPACK_ENABLE_KLEIDI=ON), for the one CPU emulated here: qemu-aarch64's default
+    # (= -cpu max) in QEMU 7.2 has NEON, dotprod, fp16 arithmetic, i8mm, bf16 and SME *1* only, so
+    # XNNPACK's SME/SME2 kernels are left out (no SME2 to run them on; SME1-only phones are rare).
+    # XNNPACK builds no tests/benchmarks and no non-production kernels under ExecuTorch
+    # (backends/xnnpack/cmake/Dependencies.cmake), and only arm64 kernels for an arm64 target.
+    flags+=(-DEXECUTORCH_XNNPACK_ENABLE_KLEIDI=ON -DEXECUTORCH_XNNPACK_ENABLE_WEIGHT_CACHE=ON
+            -DEXECUTORCH_XNNPACK_SHARED_WORKSPACE=ON -DXNNPACK_ENABLE_ARM_SME=OFF -DXNNPACK_ENABLE_ARM_SME2=OFF)
+  fi
   if [ "$vulkan" = OFF ]; then
     flags+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
+    # XNNPACK's CMakeLists.txt find_library(LIBM m)s the shared libm.so, which a static link refuses
+    # ("attempted static link of dynamic object libm.so"): give it the compiler's own libm.a
+    [ "$xnnpack" = OFF ] || flags+=(-DLIBM="$(realpath -m "$("$cc" -print-file-name=libm.a 2>/dev/null || echo libm.a)")")
   fi
-  local key dest lock kind="executor_runner" target="executor_runner" product="executor_runner"
-  local extra_key=()
-  if [ "$DEBUG_RUNNER" = 1 ]; then
-    kind="debug_runner"; target="bundlerun_debug_runner"; product="debug_runner"
-    extra_key=("$HERE/debug_runner/inject.cmake" "$HERE/debug_runner/debug_runner.cmake" "$HERE/debug_runner/debug_runner.cpp")
-  fi
-  # the toolchain file and the debug runner's sources count by content (a checkout elsewhere must
-  # hit the same cache entry); the executor_runner's key is unchanged by the debug runner's files
-  key="$(et_cache_key "$kind" "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${extra_key[@]+"${extra_key[@]}"})"
+  # The toolchain file and the debug runner's sources count by content (a checkout elsewhere must
+  # hit the same cache entry); the executor_runner's key is unchanged by the debug runner's files.
+  # One configure and one build tree make both products (they link the same libraries): a cold call
+  # builds both and caches each under its own key; a debug-runner edit rebuilds only the debug runner.
+  local key_er key_dr key lock kind="executor_runner" target="executor_runner" product="executor_runner"
+  key_er="$(et_cache_key executor_runner "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${kai_fix:+"$kai_fix"})"
+  key_dr="$(et_cache_key debug_runner "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${kai_fix:+"$kai_fix"} \
+            "$HERE/debug_runner/inject.cmake" "$HERE/debug_runner/debug_runner.cmake" "$HERE/debug_runner/debug_runner.cpp")"
+  key="$key_er"
+  [ "$DEBUG_RUNNER" = 0 ] || { kind="debug_runner"; target="bundlerun_debug_runner"; product="debug_runner"; key="$key_dr"; }
   [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
-  [ "$DEBUG_RUNNER" = 0 ] || flags+=(-DCMAKE_PROJECT_executorch_INCLUDE="$HERE/debug_runner/inject.cmake")
-  dest="$BUNDLERUN_CACHE/runners/$key"
-  local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN")
-  local build="$dest.build"
+  flags+=(-DCMAKE_PROJECT_executorch_INCLUDE="$HERE/debug_runner/inject.cmake")
+  local dest="$BUNDLERUN_CACHE/runners/$key"
+  local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN" -DPython_EXECUTABLE="$PYTHON_BIN")
+  [ -z "$kleidiai" ] || all_flags+=(-DKLEIDIAI_SOURCE_DIR="$kleidiai")
+  [ -z "$kai_fix" ] || all_flags+=(-DCMAKE_PROJECT_KleidiAI_INCLUDE="$kai_fix")
+  local build="$BUNDLERUN_CACHE/runners/$key_er.build"
 
   if [ "$DRY_RUN" = 1 ]; then
     echo "# sources: a private symlink view of $et in $build/src (et_build_tree)"
     run cmake -S "$build/src/executorch" -B "$build/out" -G Ninja "${all_flags[@]}"
-    run cmake --build "$build/out" --target "$target" -j "${JOBS:-2}"
+    local other=executor_runner; [ "$kind" = debug_runner ] || other=debug_runner
+    run cmake --build "$build/out" --target "$(gnu_target_of "$kind")" "$(gnu_target_of "$other")" -j "${JOBS:-2}"
     echo "$dest"
     return 0
   fi
@@ -184,11 +214,17 @@ build_gnu() {
     exit 3
   fi
   mkdir -p "$BUNDLERUN_CACHE/runners"
-  lock="$BUNDLERUN_CACHE/runners/.$key.lock"
+  lock="$BUNDLERUN_CACHE/runners/.$key_er.lock"  # the build tree's
   (
     flock 9
-    if [ "$REBUILD" = 1 ] || [ ! -f "$dest/runner.json" ]; then
-      local t0 t1 logf
+    # what this build makes: the product asked for, and the other one while it is not cached
+    local products=() p
+    [ "$REBUILD" = 0 ] && [ -f "$dest/runner.json" ] || products+=("$kind")
+    if [ "$kind" = executor_runner ]; then p=debug_runner; else p=executor_runner; fi
+    [ -f "$BUNDLERUN_CACHE/runners/$(gnu_key_of "$p")/runner.json" ] || products+=("$p")
+    if [ "${#products[@]}" -gt 0 ] && { [ "$REBUILD" = 1 ] || [ ! -f "$dest/runner.json" ]; }; then
+      local t0 t1 logf targets=()
+      for p in "${products[@]}"; do targets+=("$(gnu_target_of "$p")"); done
       t0="$(date +%s)"
       local tree="$build/src/executorch"
       logf="$build/build.log"
@@ -200,24 +236,47 @@ build_gnu() {
         mkdir -p "$build"
         tree="$(et_build_tree "$et" "$build/src")"  # flatcc writes into its source folder
       fi
-      echo "building $product ($ARCH) into $dest; log: $logf" >&2
+      echo "building ${products[*]} ($ARCH) in $build; log: $logf" >&2
       if ! { cmake -S "$tree" -B "$build/out" -G Ninja "${all_flags[@]}" \
-             && cmake --build "$build/out" --target "$target" -j "${JOBS:-2}"; } >"$logf" 2>&1; then
+             && cmake --build "$build/out" --target "${targets[@]}" -j "${JOBS:-2}"; } >"$logf" 2>&1; then
         tail -n 30 "$logf" >&2
         die "build failed (full log: $logf)"
       fi
-      [ -x "$build/out/$target" ] || die "build finished but $build/out/$target is missing"
       t1="$(date +%s)"
-      rm -rf "$dest.partial"
-      mkdir -p "$dest.partial"
-      cp "$build/out/$target" "$dest.partial/$product"
-      cp "$logf" "$dest.partial/build.log"
-      BR_DEST="$dest" BR_ARCH="$ARCH" BR_FP="$fp" BR_ET="$et" BR_CV="$compiler_version" BR_TC="$tcfile" \
-      BR_SECS="$((t1 - t0))" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" BR_KIND="$kind" BR_PRODUCT="$product" \
-        "$PYTHON_BIN" - "${flags[@]}" > "$dest.partial/runner.json" <<'PY'
+      for p in "${products[@]}"; do
+        gnu_publish "$p" "$BUNDLERUN_CACHE/runners/$(gnu_key_of "$p")" "$build/out/$(gnu_target_of "$p")" "$logf" "$((t1 - t0))"
+      done
+      rm -rf "$build"
+      echo "built in $((t1 - t0)) s" >&2
+    fi
+  ) 9>"$lock" || exit $?
+  echo "$dest"
+}
+
+gnu_key_of() { if [ "$1" = debug_runner ]; then echo "$key_dr"; else echo "$key_er"; fi; }
+gnu_target_of() { if [ "$1" = debug_runner ]; then echo bundlerun_debug_runner; else echo executor_runner; fi; }
+
+# Cache one built product: $1 kind (= its file name), $2 cache folder, $3 the built binary, $4 build
+# log, $5 seconds. Uses build_gnu's locals (bash functions see their caller's).
+gnu_publish() {
+  local kind="$1" to="$2" bin="$3" backends=""
+  [ -x "$bin" ] || die "build finished but $bin is missing"
+  rm -rf "$to.partial"
+  mkdir -p "$to.partial"
+  cp "$bin" "$to.partial/$kind"
+  cp "$4" "$to.partial/build.log"
+  [ "$vulkan" = OFF ] || backends="vulkan"
+  [ "$xnnpack" = OFF ] || backends="${backends:+$backends,}xnnpack"
+  BR_DEST="$to" BR_ARCH="$ARCH" BR_FP="$fp" BR_ET="$et" BR_CV="$compiler_version" BR_TC="$tcfile" \
+  BR_SECS="$5" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" BR_KIND="$kind" BR_PRODUCT="$kind" \
+  BR_BACKENDS="$backends" BR_KLEIDIAI="$kleidiai" \
+    "$PYTHON_BIN" - "${flags[@]}" > "$to.partial/runner.json" <<'PY'
 import json, os, sys, time
 e = os.environ
 extra = {}
+if "xnnpack" in e["BR_BACKENDS"].split(","):  # what the XNNPACK delegate was built with (see the flags)
+    extra["xnnpack"] = {"kleidiai": True, "kleidiai_source": e["BR_KLEIDIAI"] or "downloaded by XNNPACK's CMake",
+                        "arm_sme": False, "arm_sme2": False, "threadpool": "pthreadpool (--cpu_threads)"}
 if e["BR_KIND"] == "debug_runner":  # its command line (firmware_scripts/android/README.md)
     extra["cli"] = {"flags": ["--model_path", "--method_name", "--testset_idx", "--etdump_path",
                               "--dump_intermediate_outputs", "--debug_output_path", "--debug_buffer_size",
@@ -230,7 +289,7 @@ print(json.dumps({
     "static": e["BR_VULKAN"] == "OFF",
     "flags": sys.argv[1:],
     "kernels": ["portable", "quantized"],
-    "backends": ["vulkan"] if e["BR_VULKAN"] == "ON" else [],
+    "backends": [b for b in e["BR_BACKENDS"].split(",") if b],
     "bundle_io": True,
     "etdump": True,
     "sources": {"path": e["BR_ET"], "fingerprint": e["BR_FP"]},
@@ -241,12 +300,8 @@ print(json.dumps({
     **extra,
 }, indent=2))
 PY
-      mv "$dest.partial" "$dest"
-      rm -rf "$build"
-      echo "built in $((t1 - t0)) s" >&2
-    fi
-  ) 9>"$lock" || exit $?
-  echo "$dest"
+  rm -rf "$to"
+  mv "$to.partial" "$to"
 }
 
 case "$TOOLCHAIN_KIND" in

@@ -33,13 +33,14 @@ et_third_party_dir() {
 
 # Extract the tarballs (checksums verified) into the cache once; print the executorch folder.
 # Layout: executorch/, executorch/third-party/{flatbuffers,flatcc,gflags,json},
-# executorch/backends/xnnpack/third-party/FXdiv, executorch/backends/vulkan/third-party/{...},
-# and CMSIS-NN/ beside executorch/.
+# executorch/backends/xnnpack/third-party/{FXdiv,XNNPACK,cpuinfo,pthreadpool,FP16},
+# executorch/backends/vulkan/third-party/{...}, and CMSIS-NN/, kleidiai/ beside executorch/.
 et_extract_tarballs() {
   local tp="$1" sums key dest lock
   sums="$(sha256sum "$tp/SHA256SUMS" | cut -c1-16)"
   dest="$BUNDLERUN_CACHE/src/$sums"
   if [ -f "$dest/.complete" ]; then
+    et_extract_xnnpack_family "$tp" "$dest"
     echo "$dest/executorch"
     return 0
   fi
@@ -71,7 +72,47 @@ et_extract_tarballs() {
       touch "$dest/.complete"
     fi
   ) 9>"$lock" || exit $?
+  et_extract_xnnpack_family "$tp" "$dest"
   echo "$dest/executorch"
+}
+
+# XNNPACK and its dependencies, from the tarballs when the set has them, where ExecuTorch's CMake
+# looks (backends/xnnpack/third-party/{XNNPACK,cpuinfo,pthreadpool,FP16}) and KleidiAI beside
+# executorch/ (XNNPACK takes -DKLEIDIAI_SOURCE_DIR=, else it downloads it). Its own marker, so a
+# tree extracted before these tarballs existed gets them too (the set's checksum already covers them).
+et_extract_xnnpack_family() {
+  local tp="$1" dest="$2" lock name et="$2/executorch"
+  [ -f "$dest/.xnnpack-family" ] && return 0
+  [ -f "$tp/XNNPACK.tar.xz" ] || return 0
+  lock="$dest.xnnpack.lock"
+  (
+    flock 9
+    if [ ! -f "$dest/.xnnpack-family" ]; then
+      for name in XNNPACK cpuinfo pthreadpool FP16 kleidiai; do
+        local into="$et/backends/xnnpack/third-party"
+        [ "$name" != kleidiai ] || into="$dest"
+        rm -rf "$into/$name" "$dest/.x.partial"
+        mkdir -p "$dest/.x.partial"
+        tar -xJf "$tp/$name.tar.xz" -C "$dest/.x.partial" || et_die "cannot extract $tp/$name.tar.xz"
+        mv "$dest/.x.partial/$name" "$into/$name"
+      done
+      rm -rf "$dest/.x.partial"
+      touch "$dest/.xnnpack-family"
+    fi
+  ) 9>"$lock" || exit $?
+}
+
+# KleidiAI for XNNPACK's -DKLEIDIAI_SOURCE_DIR: beside tarball-extracted sources, or $2 when given;
+# empty when absent (XNNPACK then downloads it at configure time, as in a plain checkout).
+et_kleidiai_dir() {
+  local et="$1" given="${2:-}" cand
+  for cand in "$given" "$et/../kleidiai" "$et/backends/xnnpack/third-party/kleidiai"; do
+    if [ -n "$cand" ] && [ -f "$cand/CMakeLists.txt" ] && [ -d "$cand/kai" ]; then
+      (cd "$cand" && pwd)
+      return 0
+    fi
+  done
+  return 0
 }
 
 # Print the ExecuTorch source folder to build from. $1: the user's --executorch-src (may be empty).

@@ -26,6 +26,8 @@ SPEC = TargetSpec(
     default_backend="xnnpack",
     settings=AndroidTargetConfig,
     doctor=_doctor,
+    # the local adb binary; programs, libraries and environment run on the device
+    command_settings=("adb_path", "runner", "libraries", "env", "qnn_sdk_root", "qnn_backend_lib", "debug_runner"),
 )
 
 

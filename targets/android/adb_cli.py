@@ -69,9 +69,14 @@ class AdbCliTransport:
 
     def __init__(self, serial: str | None, *, adb_path: str | None = None, server_host: str | None = None,
                  server_port: int | None = None, auto_connect: bool = True, connect_timeout_s: float = 20.0):
-        self.adb = adb_path or shutil.which("adb") or "adb"
+        from bundlerun.targets import argv  # each value below reaches adb's argv (`adb connect SERIAL`)
+
+        self.adb = argv.program(adb_path or shutil.which("adb") or "adb", "adb", "adb")
         self.serial = serial or os.environ.get("ANDROID_SERIAL") or None
-        self.server_host, self.server_port = server_host, server_port
+        if self.serial is not None:
+            self.serial = argv.serial(self.serial, "adb serial", "adb")
+        self.server_host = None if server_host is None else argv.host(server_host, "adb server host", "adb")
+        self.server_port = None if server_port is None else argv.port(server_port, "adb server port", "adb")
         self.auto_connect = auto_connect
         self.connect_timeout_s = connect_timeout_s
         self.description = f"adb CLI ({self.adb}), serial {self.serial or '(only device)'}"
@@ -178,14 +183,20 @@ class AdbCliTransport:
         return out
 
     def push(self, local: Path, remote: str, timeout_s: float) -> None:
-        res = _run(self._device_argv() + ["push", str(local), remote], timeout_s)
+        from bundlerun.targets import argv
+
+        res = _run(self._device_argv() + ["push", argv.local_path(local, "push source"),
+                                          argv.remote_path(remote, "push destination")], timeout_s)
         if res.returncode != 0:
             raise self._fail(f"push {Path(local).name} -> {remote} failed", res)
 
     def pull(self, remote: str, local: Path, timeout_s: float) -> None:
         local = Path(local)
         tmp = local.with_name(f".{local.name}.partial")
-        res = _run(self._device_argv() + ["pull", remote, str(tmp)], timeout_s)
+        from bundlerun.targets import argv
+
+        res = _run(self._device_argv() + ["pull", argv.remote_path(remote, "pull source"),
+                                          argv.local_path(tmp, "pull destination")], timeout_s)
         if res.returncode != 0:
             tmp.unlink(missing_ok=True)
             err = self._fail(f"pull {remote} failed", res)

@@ -77,6 +77,18 @@ class AndroidTargetConfig:
         return cfg
 
     def validate(self) -> None:
+        import math
+
+        from bundlerun.bundles.limits import MAX_REPEAT, MAX_TIMEOUT_S
+
+        for name in ("connect_timeout_s", "auth_timeout_s", "transfer_timeout_s", "command_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):  # inf/nan overflow timers
+                raise ConfigError(f"[targets.adb] {name} = {value!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
+        if not (math.isfinite(self.cache_max_mb) and self.cache_max_mb >= 0):
+            raise ConfigError(f"[targets.adb] cache_max_mb = {self.cache_max_mb!r}: give a finite size in MB")
+        if not 1 <= self.num_executions <= MAX_REPEAT:
+            raise ConfigError(f"[targets.adb] num_executions = {self.num_executions}: give 1 to {MAX_REPEAT}")
         if self.profile not in PROFILES:
             raise ConfigError(f"[targets.adb] profile {self.profile!r} is unknown; use one of {', '.join(PROFILES)}")
         ws = posixpath.normpath(self.workspace)

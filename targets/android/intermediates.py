@@ -231,7 +231,7 @@ def _capture_qemu_user(url: str, config: dict, bundle, bundle_path: Path, method
     (folder / OUT).mkdir(parents=True)
     args = debug_runner_args(method, case, size, model=str(Path(bundle_path).resolve()))
     log = folder / "runner.log"
-    rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log, timeout_s)
+    rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log, timeout_s, cpu=settings.cpu)
     desc = f"the {arch} debug runner"
     _check_run(url, method, case, output, rc, timeout_s, size, desc, log)
     notes = [f"runner: bundlerun's debug runner {runner} ({how}), {arch} under {qemu}, debug buffer {_size(size)}, "
