@@ -1,0 +1,414 @@
+"""`bundlerun bisect`: which delegated node makes a case fail, on targets that cannot dump it.
+
+A delegate that returns only its final outputs (a QNN context binary, a Vulkan subgraph, an
+XNNPACK runtime, a TOSA graph on a device) cannot be debugged layer by layer. Its *lowering* can be
+controlled, though: the model is re-lowered with the delegate restricted to a subset of the nodes
+its partitioner took (bundles/partition_control.py: by exported-program node, the same mechanism
+on every recipe), each candidate is built (through the build cache) and its failing case run on
+the same target, and the delegated node list is bisected.
+
+The search (`minimal_failing`): the units (exported-program nodes) the delegate took, in
+topological order. Known: delegating all of them fails, delegating none passes (checked first; a
+case that fails with nothing delegated is the portable kernels' or the model's, and is reported
+as such without bisecting). A binary search finds the shortest failing prefix; its last unit is a
+culprit. If delegating the culprits found so far fails on its own, that is the answer: one
+culprit in ceil(log2 n) + 1 runs. Otherwise the failure needs an earlier unit too (interacting
+culprits: a wrong layout handed between two delegated nodes, a fused pattern): the search repeats
+over the units before the culprit, with the culprits found kept delegated, each further member
+costing another ceil(log2 n) + 1. Finally everything *except* the culprit set is delegated: if
+that still fails there is an independent culprit, and the search runs again over the rest
+(bounded by --max-lowerings). Every candidate is memoized by its set of delegated units.
+
+Predicate: a candidate fails when the judged output(s) of the case FAIL (numerics), judged with
+the bundle's own criteria. When the full build's case ended ERROR / TIMEOUT (a crash) instead,
+those count as failing (a crash bisection). A candidate that cannot be built, or whose run errors
+in a numerics bisection, stops the search (exit 2) with what was found so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bundlerun.bundles.errors import BundlerunError
+
+SCHEMA = "bundlerun.bisect/1"
+# Failure kinds (targets/failures.py) that say the case could not be run at all - not a crash of the
+# program a bisection could localize: the search stops there (exit 2).
+NOT_BISECTABLE = ("bad-bundle", "unsupported", "bad-config", "tool-missing", "tool-failed", "transport",
+                  "auth-refused", "host-key", "version-mismatch", "device-full", "device-busy", "interrupted",
+                  "not-run", "missing-backend", "missing-operator")
+
+
+class BisectError(BundlerunError):
+    """The bisection could not run (the full build failed, the target could not run it, ...)."""
+
+
+class BisectStopped(Exception):
+    """A candidate could not be decided (its build or run failed): the search stops there."""
+
+
+@dataclass
+class Step:
+    """One re-lowering and its run."""
+
+    index: int
+    role: str  # "all" | "none" | "search" | "culprits" | "all-but-culprits"
+    delegated: list[str]  # unit keys delegated in this candidate
+    verdict: str | None = None  # the judged outputs' worst verdict (PASS/FAIL/ERROR/TIMEOUT), None when not run
+    failing: bool | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # name, verdict, stats (sqnr, error_max, ...), failed
+    error: str | None = None
+    error_kind: str | None = None
+    target: str | None = None  # where it ran (the undelegated build may run elsewhere, see BisectRequest)
+    cache: str | None = None  # build cache: hit / miss / off
+    delegate_calls: int | None = None
+    bundle: str | None = None
+    report: str | None = None
+    build_s: float | None = None
+    run_s: float | None = None
+
+
+@dataclass
+class BisectRequest:
+    model: str
+    target: str
+    report_dir: Path
+    case: int = 0
+    method: str = "forward"
+    output: str | None = None  # judge only this output (default: every output)
+    backend: str | None = None
+    dtype: str | None = None
+    cases: int = 8
+    seed: int = 0
+    reference: str | None = None
+    distribution: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    cache: bool = True
+    timeout_s: float = 120.0
+    max_lowerings: int | None = None  # default: bound(n) for up to four culprit nodes
+    target_config: dict[str, Any] = field(default_factory=dict)
+    # Where the build with nothing delegated runs: the target itself, unless it refuses a program
+    # without its delegate (FailureKind UNSUPPORTED, as qnn://htp-sim does): then this URL runs it
+    # (default host://portable: the same ExecuTorch portable kernels on this host), said in the report.
+    undelegated_target: str = "host://portable"
+
+
+@dataclass
+class BisectResult:
+    model: str
+    target: str
+    backend: str | None
+    dtype: str | None
+    method: str
+    case: int
+    output: str | None
+    mechanism: str
+    outcome: str  # "culprit" | "fails-undelegated" | "nothing-fails" | "nothing-delegated" | "stopped" | "interrupted"
+    units: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    culprits: list[dict[str, Any]] = field(default_factory=list)  # culprit sets: {"units", "interacting", ...}
+    failure_mode: str | None = None  # "numerics" | "crash"
+    bound: int | None = None
+    budget: int | None = None
+    notes: list[str] = field(default_factory=list)
+    export_divergence: dict[str, Any] | None = None
+    interrupted: str | None = None
+
+    @property
+    def lowerings(self) -> int:
+        return len(self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            from bundlerun.runner import interrupts
+
+            return interrupts.exit_code()
+        return {"culprit": 1, "fails-undelegated": 1, "nothing-fails": 0}.get(self.outcome, 2)
+
+    def to_json(self) -> dict[str, Any]:
+        from bundlerun.runner.compare import _clean
+
+        body = asdict(self)
+        body["lowerings"] = self.lowerings
+        body["exit_code"] = self.exit_code
+        return {"schema": SCHEMA, **_clean(body)}
+
+
+def search_bound(n: int, culprit_nodes: int = 1) -> int:
+    """Lowerings for `culprit_nodes` culprits among `n` delegated units: the full build and the
+    undelegated one, then per culprit node a binary search (ceil(log2 n)) and the check that the
+    culprits found fail alone, then the build with everything but the culprits."""
+    per = max(1, math.ceil(math.log2(max(n, 2)))) + 1
+    return 3 + culprit_nodes * per
+
+
+def minimal_failing(universe: list[str], fails: Callable[[list[str]], bool]) -> list[str]:
+    """The culprit set within `universe` (topological order), given fails(universe) and not fails([]).
+
+    Invariant: fails(core + cands). Each round binary-searches the shortest failing prefix of
+    `cands` (with `core` delegated), takes its last unit into `core` and keeps the units before
+    it as candidates, until `core` fails on its own."""
+    core: list[str] = []
+    cands = list(universe)
+    while cands:
+        if core and fails(core):
+            break
+        lo, hi = 0, len(cands)  # fails(core + cands[:hi]) holds, fails(core + cands[:lo]) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fails(core + cands[:mid]):
+                hi = mid
+            else:
+                lo = mid
+        core.append(cands[hi - 1])
+        cands = cands[:hi - 1]
+    order = {key: i for i, key in enumerate(universe)}
+    return sorted(core, key=order.get)
+
+
+class Bisector:
+    """Builds and runs the candidates of one bisection (memoized by their delegated set)."""
+
+    def __init__(self, req: BisectRequest, session: Any, progress: Callable[[str], None] | None = None) -> None:
+        self.req = req
+        self.session = session
+        self.say = progress or (lambda _m: None)
+        self.memo: dict[frozenset[str] | None, Step] = {}
+        self.result: BisectResult | None = None
+        self.model = None
+        self.order: dict[str, int] = {}
+        self.t0 = time.monotonic()
+
+    # ---------------------------------------------------------------- one candidate
+
+    def _build(self, step: Step, allowed: frozenset[str] | None, folder: Path):
+        from bundlerun.bundles import partition_control
+        from bundlerun.bundles.builder import BuildRequest, build_bundle
+
+        req = self.req
+        folder.mkdir(parents=True, exist_ok=True)
+        out = folder / "candidate.bpte"
+        t = time.monotonic()
+        roots = None if allowed is None else frozenset(r for u in self.result.units if u["key"] in allowed
+                                                      for r in u.get("roots") or [u["key"]])
+        previous = logging.root.manager.disable
+        logging.disable(max(previous, logging.INFO))  # partitioners log every decision at INFO
+        try:
+            with partition_control.restricting(partition_control.Restriction(roots, str(folder / "partition.json"))):
+                built = build_bundle(BuildRequest(
+                    model=req.model, output=out, backend=req.backend, target=req.target, dtype=req.dtype,
+                    cases=req.cases, seed=req.seed, reference=req.reference, distribution=req.distribution,
+                    overrides=dict(req.overrides), resolved_model=self.model, registry=self.session.registry,
+                    cache=req.cache))
+        finally:
+            logging.disable(previous)
+        step.build_s = time.monotonic() - t
+        step.cache = built.info.get("cache", "off") if req.cache else "off"
+        lowering = built.manifest.build.get("lowering") or {}
+        step.delegate_calls = lowering.get("delegate_calls")
+        step.bundle = str(out)
+        return built, (lowering.get("partition_control") or {})
+
+    def _run(self, step: Step, bundle_path: Path, folder: Path, target: str | None = None) -> None:
+        from bundlerun.runner.session import RunRequest, execute_run
+
+        req = self.req
+        t = time.monotonic()
+        target = target or req.target
+        step.target = target
+        config = dict(req.target_config) if target == req.target else self.session.target_config(target)
+        run_req = RunRequest(bundle_path=bundle_path, target=target, report_dir=folder, case_timeout_s=req.timeout_s,
+                             methods=[req.method], cases=[req.case], target_config=config)
+        pool = self.session.workers
+        if pool is not None:
+            with pool.activate():
+                report = execute_run(run_req, opener=self.session.open_target)
+        else:
+            report = execute_run(run_req)
+        step.run_s = time.monotonic() - t
+        step.report = str(folder / "report.json")
+        if (report.get("summary") or {}).get("interrupted"):  # the run kept its report; the bisection stops too
+            raise KeyboardInterrupt
+        case = next((c for c in report.get("cases") or [] if c.get("method") == req.method
+                     and int(c.get("case", -1)) == req.case), None)
+        if case is None:
+            raise BisectStopped(f"the run of step {step.index} has no {req.method}[{req.case}]")
+        outs = [o for o in case.get("outputs") or [] if req.output is None or o.get("name") == req.output]
+        step.outputs = [{"name": o.get("name"), "verdict": o.get("verdict"), "stats": _brief(o.get("stats")),
+                         "failed": [f.get("detail") or f.get("criterion") for f in o.get("failed") or []]}
+                        for o in outs]
+        verdicts = [o.get("verdict") for o in outs] or [case.get("verdict")]
+        step.verdict = next((v for v in ("FAIL", "ERROR", "TIMEOUT") if v in verdicts), verdicts[0])
+        step.error = str(case.get("error")) if case.get("error") else None
+        step.error_kind = str(case.get("error_kind")) if case.get("error_kind") else None
+
+    def evaluate(self, role: str, allowed: frozenset[str] | None) -> Step:
+        """Build + run one candidate (or return the memoized one)."""
+        if allowed in self.memo:
+            return self.memo[allowed]
+        assert self.result is not None
+        if self.result.budget is not None and len(self.result.steps) >= self.result.budget:
+            raise BisectStopped(f"--max-lowerings {self.result.budget} reached")
+        index = len(self.result.steps)
+        delegated = sorted(allowed, key=lambda k: self.order.get(k, 0)) if allowed is not None else \
+            [u["key"] for u in self.result.units]
+        step = Step(index, role, list(delegated))
+        self.result.steps.append(step)
+        self.memo[allowed] = step
+        folder = Path(self.req.report_dir) / "steps" / f"{index:02d}-{role}"
+        n = len(self.result.units)
+        self.say(f"[{index + 1}] {role}: " + ("delegating every node the partitioner takes" if allowed is None else
+                                             f"delegating {_count(len(delegated), n)} {_span(delegated)}"))
+        try:
+            built, control = self._build(step, allowed, folder)
+        except BundlerunError as exc:
+            step.error = f"build failed: {exc}"
+            self.say(f"    build failed: {exc}")
+            raise BisectStopped(f"step {index} ({role}) could not be built: {exc}") from None
+        if allowed is None:  # the full build says which units the delegate takes
+            self.result.units = [u for u in control.get("units") or []]
+            self.order = {u["key"]: i for i, u in enumerate(self.result.units)}
+            step.delegated = [u["key"] for u in self.result.units]
+        self._run(step, built.path, folder)
+        if (allowed == frozenset() and step.verdict == "ERROR" and step.error_kind == "unsupported"
+                and self.req.undelegated_target and self.req.undelegated_target != self.req.target):
+            self.result.notes.append(f"{self.req.target} refuses a program with nothing delegated ({step.error}); "
+                                     f"that build ran on {self.req.undelegated_target} (the same ExecuTorch portable "
+                                     "kernels, on this host)")
+            self.say(f"    {self.req.target} refuses it: running it on {self.req.undelegated_target}")
+            self._run(step, built.path, folder / "undelegated", self.req.undelegated_target)
+        step.failing = self._is_failing(step)
+        self.say(f"    {step.verdict}{_stats_text(step)} (build {step.build_s:.1f} s, {step.cache}; run "
+                 f"{step.run_s:.1f} s)")
+        return step
+
+    def _is_failing(self, step: Step) -> bool:
+        assert self.result is not None
+        if step.verdict == "FAIL":
+            return True
+        if step.verdict == "PASS":
+            return False
+        if self.result.failure_mode == "crash" or self.result.failure_mode is None:
+            return True
+        raise BisectStopped(f"step {step.index} ({step.role}) ended {step.verdict}: {step.error or 'no detail'}; a "
+                            "numerics bisection cannot decide it")
+
+    def fails(self, keys: list[str]) -> bool:
+        step = self.evaluate("search" if keys else "none", frozenset(keys))
+        return bool(step.failing)
+
+    # ---------------------------------------------------------------- the whole search
+
+    def run(self) -> BisectResult:
+        from bundlerun.bundles.model_source import resolve_model
+        from bundlerun.bundles.partition_control import MECHANISM
+
+        req = self.req
+        self.result = result = BisectResult(model=req.model, target=req.target, backend=req.backend, dtype=req.dtype,
+                                            method=req.method, case=req.case, output=req.output, mechanism=MECHANISM,
+                                            outcome="stopped")
+        try:
+            self.model = resolve_model(req.model, req.distribution)
+            full = self.evaluate("all", None)
+            n = len(result.units)
+            if full.verdict not in ("FAIL", "PASS") and (full.error_kind in NOT_BISECTABLE or not full.error_kind):
+                raise BisectStopped(f"the full build could not run on {full.target}: {full.error or full.verdict}")
+            result.failure_mode = "numerics" if full.verdict in ("FAIL", "PASS") else "crash"
+            result.bound = search_bound(n)
+            result.budget = req.max_lowerings or search_bound(n, 4)
+            if not full.failing:
+                result.outcome = "nothing-fails"
+                return result
+            if n == 0:
+                result.outcome = "nothing-delegated"
+                result.notes.append("the delegate took no node: the failure is the portable kernels' or the model's")
+                return result
+            none = self.evaluate("none", frozenset())
+            if none.failing:
+                result.outcome = "fails-undelegated"
+                result.notes.append("the case fails with nothing delegated: the cause is in the portable kernels or "
+                                    "in the model itself (as exported), not in the delegate")
+                return result
+            universe = [u["key"] for u in result.units]
+            remaining = list(universe)
+            while remaining:
+                core = minimal_failing(remaining, self.fails)
+                alone = self.memo.get(frozenset(core))
+                rest = [k for k in universe if k not in {c for s in result.culprits for c in s["keys"]} | set(core)]
+                without = self.evaluate("all-but-culprits", frozenset(rest))
+                result.culprits.append(self._culprit_set(core, alone, without))
+                result.outcome = "culprit"
+                if not without.failing:
+                    break
+                remaining = [k for k in remaining if k not in core]
+                result.notes.append(f"delegating everything but culprit set {len(result.culprits)} still fails: "
+                                    "searching the rest for an independent culprit")
+        except BisectStopped as exc:
+            result.notes.append(f"stopped: {exc}")
+            if result.outcome != "culprit":
+                result.outcome = "stopped"
+        except KeyboardInterrupt:
+            from bundlerun.runner import interrupts
+
+            result.interrupted = interrupts.describe()
+            result.notes.append(f"{interrupts.describe()} after {len(result.steps)} lowering(s); what was found so far is "
+                                "kept")
+        return result
+
+    def _culprit_set(self, core: list[str], alone: Step | None, without: Step) -> dict[str, Any]:
+        assert self.result is not None
+        units = [u for u in self.result.units if u["key"] in set(core)]
+        return {
+            "keys": list(core),
+            "units": units,
+            "interacting": len(core) > 1,
+            "with": {"step": alone.index if alone else None, "delegated": "only these",
+                     "verdict": alone.verdict if alone else None, "outputs": alone.outputs if alone else []},
+            "without": {"step": without.index, "delegated": "everything else", "verdict": without.verdict,
+                        "outputs": without.outputs},
+        }
+
+
+def _brief(stats: dict[str, Any] | None) -> dict[str, Any]:
+    keys = ("sqnr", "error_max", "error_mae", "cosine_similarity", "mismatch_count", "error_max_steps", "error_mae_steps")
+    return {k: stats.get(k) for k in keys if stats and stats.get(k) is not None}
+
+
+def _count(k: int, n: int) -> str:
+    return f"{k} of {n} unit(s)" if n else f"{k} unit(s)"
+
+
+def _span(keys: list[str]) -> str:
+    if not keys:
+        return ""
+    if len(keys) <= 3:
+        return f"({', '.join(keys)})"
+    return f"({keys[0]} .. {keys[-1]})"
+
+
+def _stats_text(step: Step) -> str:
+    parts = []
+    for out in step.outputs:
+        s = out.get("stats") or {}
+        bits = []
+        if isinstance(s.get("sqnr"), (int, float)):
+            bits.append(f"SQNR {s['sqnr']:.1f} dB")
+        elif s.get("sqnr") is not None:
+            bits.append(f"SQNR {s['sqnr']} dB")
+        if isinstance(s.get("error_max"), (int, float)):
+            bits.append(f"max |err| {s['error_max']:.3g}")
+        if bits:
+            parts.append(f"{out.get('name')}: {', '.join(bits)}")
+    return f" ({'; '.join(parts)})" if parts else (f" ({step.error})" if step.error else "")
+
+
+def unit_label(unit: dict[str, Any]) -> str:
+    """`conv2d_1 = aten.convolution.default in conv2 (Conv2d)`."""
+    where = f" in {unit['module']}" if unit.get("module") else ""
+    return f"{unit.get('key')} = {unit.get('op')}{where}"

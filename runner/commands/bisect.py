@@ -1,0 +1,75 @@
+"""`bundlerun bisect MODEL --target URL [--case N] [--report DIR]`: re-lower MODEL with the delegate
+restricted to subsets of the nodes it takes, run the failing case of each candidate on URL, and
+name the smallest set of delegated nodes whose delegation makes it fail (runner/bisect.py).
+Exit codes: 0 nothing fails, 1 culprit found (or: fails with nothing delegated), 2 could not run,
+130/143 interrupted (the report of what was found is written)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command(name="bisect")
+@click.argument("model")
+@click.option("--target", default="host://xnnpack", show_default=True, help="Target URL the candidates run on.")
+@click.option("--case", "case", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The failing case index.")
+@click.option("--method", default="forward", show_default=True)
+@click.option("--output", default=None, help="Judge only this output (default: any failing output counts).")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder for report.json, summary.md and every candidate's bundle and run (default out/bisect-MODEL).")
+@click.option("--backend", default=None, help="Lowering backend (default: the one --target declares).")
+@click.option("--dtype", default=None, help="As for `build` (default: the backend's default for --target).")
+@click.option("--cases", "num_cases", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Cases bundled in each candidate (as the failing bundle was built).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
+@click.option("--distribution", default=None)
+@click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE", help="As for `build`.")
+@click.option("--no-cache", is_flag=True, help="Build every candidate even when the build cache has it.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds for the case on the target.")
+@click.option("--max-lowerings", type=click.IntRange(min=2), default=None,
+              help="Stop after this many candidates (default: the bound for up to four culprit nodes).")
+@click.option("--undelegated-target", default="host://portable", show_default=True,
+              help="Where the build with nothing delegated runs when --target refuses a program without its delegate "
+                   "(qnn:// does): the same ExecuTorch portable kernels on this host.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
+@click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE", help="Target setting, as for `run`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+def command(model, target, case, method, output, report_dir, backend, dtype, num_cases, seed, reference, distribution,
+            tolerances, no_cache, timeout, max_lowerings, undelegated_target, config_path, target_opts, as_json):
+    """Find the delegated node(s) of MODEL (zoo name or path.py:factory) that make a case fail on --target."""
+    from bundlerun.runner.bisect import BisectRequest, Bisector
+    from bundlerun.runner.bisect_report import print_result, write_reports
+    from bundlerun.runner.cli import _report_dir, parse_tolerances, resolve_backend_dtype
+    from bundlerun.runner.report import wide_console
+    from bundlerun.runner.session import Session
+
+    backend, dtype = resolve_backend_dtype(target, backend, dtype)
+    slug = Path(model.split(":")[0]).stem if ":" in model else model
+    report_dir = _report_dir(report_dir or Path("out") / f"bisect-{slug}")
+    session = Session.load(config_path, target_opts=tuple(target_opts), no_history=True)
+    req = BisectRequest(model=model, target=target, report_dir=report_dir, case=case, method=method, output=output,
+                        backend=backend, dtype=dtype, cases=num_cases, seed=seed, reference=reference,
+                        distribution=distribution, overrides=parse_tolerances(tolerances), cache=not no_cache,
+                        timeout_s=timeout, max_lowerings=max_lowerings, target_config=session.target_config(target),
+                        undelegated_target=undelegated_target)
+    console = wide_console(stderr=True)
+    with session:
+        bisector = Bisector(req, session, progress=lambda m: console.print(m, markup=False, highlight=False))
+        result = bisector.run()
+    if result.outcome == "fails-undelegated" and not result.interrupted:
+        from bundlerun.runner.export_divergence import check_model
+
+        result.export_divergence = check_model(bisector.model, result, report_dir)
+    files = write_reports(result, report_dir)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, default=str))
+    else:
+        print_result(result, wide_console())
+    click.echo(f"bisect report: {files['json']}", err=True)
+    sys.exit(result.exit_code)

@@ -1,0 +1,270 @@
+"""Determinism replay (`run/validate --replay N`): is each output the same run after run?
+
+Each case runs N times on the target. Where the target declares `replay=True` in its TargetSpec
+(host://, tosa://: the host worker or program walker loops inside one loaded program), its own loop
+does it and the later runs' outputs come back in `CaseResult.replays`. Elsewhere the runner repeats
+the whole target run N-1 times (each a full deploy/boot/run of the selected cases), which every
+target can do.
+
+Per output: how many distinct results came back (bytes compared), the spread (the largest
+difference between runs at any element: max over elements of max - min across runs, in the
+output's values) and the verdict of every run, judged like the first with the bundle's criteria.
+An output whose results differ is non-deterministic: the finding `nondeterministic-output`, and
+`flaky-numerics` when its verdict flips between runs - a failure that a rerun may hide, told
+apart from a stable wrong result ("wrong numerics"). A flip makes the exit code 1 (some run
+failed) even when the first run passed, as a regression does. Findings go into report.json
+(top-level `replay`, each output's `replay`), JUnit (a `replay` suite), Markdown, HTML, the
+console and the history (table `replay_outputs`).
+"""
+
+from __future__ import annotations
+
+from copy import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundlerun.bundles.errors import BundlerunError
+
+FLAKY = "flaky-numerics"
+NONDETERMINISTIC = "nondeterministic-output"
+
+
+def _declared(url: str) -> bool:
+    try:
+        from bundlerun.targets import spec_for
+
+        return bool(getattr(spec_for(url), "replay", False))
+    except Exception:  # noqa: BLE001 - an unknown URL was reported by the run itself
+        return False
+
+
+def complete(target: Any, url: str, bundle: Any, bundle_path: Path, options: Any, run: Any, n: int) -> dict[str, Any]:
+    """Make every finished case of `run` carry n-1 replays: the target's own loop when it declares
+    replay, else n-1 more whole runs. Returns how it was done (the report's replay.mode/how)."""
+    if n <= 1:
+        return {}
+    ok = [c for c in run.cases if getattr(c.status, "value", c.status) == "ok"]
+    if _declared(url) and all(len(c.replays) >= n - 1 for c in ok):
+        return {"mode": "in-process", "how": f"{url}: the target ran each case {n} times in one loaded program "
+                                              "(one process)"}
+    by_key = {(c.method, c.case_index): c for c in ok}
+    for c in ok:
+        c.replays = []
+    for k in range(1, n):
+        again = copy(options)
+        again.work_dir = Path(options.work_dir) / f"replay-{k}"
+        again.work_dir.mkdir(parents=True, exist_ok=True)
+        again.progress, again.replay = None, 1
+        try:
+            repeat = target.run(bundle, Path(bundle_path), again)
+        except BundlerunError as exc:  # a later run that cannot start: every case says so
+            for case in by_key.values():
+                case.extra.setdefault("replay_errors", []).append(f"run {k + 1}: {exc}")
+            continue
+        got = {(c.method, c.case_index): c for c in repeat.cases}
+        for key, case in by_key.items():
+            other = got.get(key)
+            if other is not None and getattr(other.status, "value", other.status) == "ok":
+                case.replays.append(list(other.outputs))
+            else:
+                case.extra.setdefault("replay_errors", []).append(
+                    f"run {k + 1}: {(other.error if other is not None else None) or 'no result'}")
+    return {"mode": "whole-run", "how": f"{url} declares no replay loop: the runner repeated the whole run {n - 1} "
+                                        "more time(s) (deploy, start and run each time)"}
+
+
+def _values(raw: Any) -> np.ndarray:
+    from bundlerun.bundles import scalar_types as st
+
+    arr = raw.to_array()
+    return st.to_float_array(raw.scalar_type, arr) if raw.scalar_type == st.BFLOAT16 else arr
+
+
+def _spread(arrays: list[np.ndarray]) -> float | None:
+    if len(arrays) < 2 or any(a.shape != arrays[0].shape for a in arrays):
+        return None
+    stack = np.stack([a.astype(np.float64) for a in arrays])
+    if stack.size == 0:
+        return 0.0
+    nan = np.isnan(stack)
+    if nan.any() and not (nan.all(axis=0) | ~nan.any(axis=0)).all():
+        return float("inf")  # NaN in some runs only
+    with np.errstate(invalid="ignore"):
+        spread = np.nanmax(stack, axis=0) - np.nanmin(stack, axis=0)
+    spread = spread[np.isfinite(spread)] if not np.isfinite(spread).all() else spread
+    return float(spread.max()) if spread.size else 0.0
+
+
+def add_to_report(report: dict[str, Any], bundle: Any, run: Any, ctx: Any, n: int, how: dict[str, Any]) -> None:
+    """Judge every replay, put each output's `replay` record and the report's `replay` section in."""
+    if n <= 1:
+        return
+    from bundlerun.runner.judge import judge_case
+    from bundlerun.targets.base import CaseResult, CaseStatus
+
+    records = {(c["method"], int(c["case"])): c for c in report.get("cases") or []}
+    findings: list[dict[str, Any]] = []
+    checked = 0
+    for result in run.cases:
+        record = records.get((result.method, result.case_index))
+        if record is None or getattr(result.status, "value", result.status) != "ok" or not result.replays:
+            continue
+        replay_records = [judge_case(bundle, CaseResult(result.method, result.case_index, CaseStatus.OK, outputs=outs),
+                                     ctx) for outs in result.replays]
+        for j, out in enumerate(record.get("outputs") or []):
+            if out.get("verdict") not in ("PASS", "FAIL") or j >= len(result.outputs):
+                continue
+            runs = [result.outputs[j]] + [outs[j] for outs in result.replays if j < len(outs)]
+            verdicts = [out["verdict"]] + [(r.get("outputs") or [{}])[j].get("verdict") if j < len(r.get("outputs") or [])
+                                           else "ERROR" for r in replay_records]
+            distinct = len({(raw.scalar_type, tuple(raw.shape), bytes(raw.data)) for raw in runs})
+            counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+            entry = {"runs": len(runs), "distinct": distinct, "spread": _spread([_values(r) for r in runs]),
+                     "verdicts": counts, "flips": len(counts) > 1, "deterministic": distinct == 1}
+            if entry["flips"]:
+                entry["finding"] = FLAKY
+            elif distinct > 1:
+                entry["finding"] = NONDETERMINISTIC
+            out["replay"] = entry
+            checked += 1
+            if distinct > 1 or entry["flips"]:
+                findings.append({"finding": entry["finding"], "method": result.method, "case": result.case_index,
+                                 "output": out.get("name"), **{k: entry[k] for k in ("runs", "distinct", "spread",
+                                                                                    "verdicts", "flips")}})
+        errors = (result.extra or {}).get("replay_errors")
+        if errors:
+            record.setdefault("extra", {})["replay_errors"] = errors
+    flaky = sum(1 for f in findings if f["flips"])
+    report["replay"] = {
+        "runs": n, **how, "outputs": checked, "nondeterministic": len(findings), "flaky": flaky,
+        "verdict": "nondeterministic" if findings else ("deterministic" if checked else "not checked"),
+        "findings": findings,
+    }
+    if flaky and report["summary"].get("exit_code") == 0:
+        report["summary"]["exit_code"] = 1  # a run failed: a rerun may hide it (as a regression does)
+
+
+# ------------------------------------------------------------------ the report formats
+
+
+def finding_text(f: dict[str, Any]) -> str:
+    spread = f.get("spread")
+    spread_text = f"{spread:.3g}" if isinstance(spread, (int, float)) else str(spread)
+    verdicts = ", ".join(f"{k} {v}" for k, v in (f.get("verdicts") or {}).items())
+    label = "flaky numerics (verdict flips between runs)" if f.get("flips") else "non-deterministic output"
+    return (f"{f.get('method')}[{f.get('case')}].{f.get('output')}: {label}: {f.get('distinct')} distinct results in "
+            f"{f.get('runs')} runs, spread {spread_text}, verdicts {verdicts}")
+
+
+def console_lines(report: dict[str, Any]) -> list[str]:
+    section = report.get("replay")
+    if not section:
+        return []
+    head = (f"replay: {section.get('runs')} runs per case ({section.get('mode')}): {section.get('outputs')} output(s) "
+            f"checked, {section.get('nondeterministic')} non-deterministic, {section.get('flaky')} flaky")
+    return [head] + [f"  {finding_text(f)}" for f in section.get("findings") or []]
+
+
+def markdown_lines(report: dict[str, Any]) -> list[str]:
+    section = report.get("replay")
+    if not section:
+        return []
+    from bundlerun.runner.markdown import _md
+
+    icon = "⚠️" if section.get("findings") else "✅"
+    lines = [f"### {icon} Determinism replay: {section.get('runs')} runs per case ({_md(section.get('mode'))})", "",
+             _md(section.get("how") or ""), ""]
+    if not section.get("findings"):
+        return lines + [f"All {section.get('outputs')} output(s) gave the same bytes in every run.", ""]
+    lines += ["| case | output | finding | distinct | spread | verdicts |", "|---|---|---|---:|---:|---|"]
+    for f in section["findings"]:
+        spread = f.get("spread")
+        lines.append(f"| {_md(f.get('method'))}[{f.get('case')}] | {_md(f.get('output'))} | {_md(f.get('finding'))} | "
+                     f"{f.get('distinct')}/{f.get('runs')} | "
+                     f"{format(spread, '.3g') if isinstance(spread, (int, float)) else _md(spread)} | "
+                     f"{_md(', '.join(f'{k} {v}' for k, v in (f.get('verdicts') or {}).items()))} |")
+    return lines + [""]
+
+
+def html_section(report: dict[str, Any]) -> str:
+    section = report.get("replay")
+    if not section:
+        return ""
+    from html import escape
+
+    rows = "".join(
+        f"<tr class='{'bad' if f.get('flips') else 'warn'}'><td>{escape(str(f.get('method')))}[{f.get('case')}]</td>"
+        f"<td>{escape(str(f.get('output')))}</td><td>{escape(str(f.get('finding')))}</td>"
+        f"<td>{f.get('distinct')}/{f.get('runs')}</td><td>{escape(format(f['spread'], '.3g') if isinstance(f.get('spread'), (int, float)) else str(f.get('spread')))}</td>"
+        f"<td>{escape(', '.join(f'{k} {v}' for k, v in (f.get('verdicts') or {}).items()))}</td></tr>"
+        for f in section.get("findings") or [])
+    body = (f"<table><tr><th>case</th><th>output</th><th>finding</th><th>distinct/runs</th><th>spread</th>"
+            f"<th>verdicts</th></tr>{rows}</table>" if rows else
+            f"<p>All {section.get('outputs')} output(s) gave the same bytes in every run.</p>")
+    return (f"<section id='replay'><h2>Determinism replay: {section.get('runs')} runs per case "
+            f"({escape(str(section.get('mode')))})</h2><p class='meta'>{escape(str(section.get('how') or ''))}</p>"
+            f"{body}</section>")
+
+
+def junit_suite(root: Any, report: dict[str, Any], model: str, target: str) -> tuple[int, int]:
+    """A `replay` testsuite: one testcase per replayed output, failing (type flaky-numerics /
+    nondeterministic-output) when its results differ. Returns (tests, failures) for the totals."""
+    import xml.etree.ElementTree as ET
+
+    from bundlerun.runner.junit import _clean
+
+    section = report.get("replay")
+    if not section:
+        return 0, 0
+    suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/replay", time="0.000000", errors="0", skipped="0")
+    tests = failures = 0
+    found = {(f["method"], f["case"], f["output"]): f for f in section.get("findings") or []}
+    for case in report.get("cases") or []:
+        for out in case.get("outputs") or []:
+            entry = out.get("replay")
+            if not entry:
+                continue
+            tests += 1
+            tc = ET.SubElement(suite, "testcase", name=_clean(f"case[{case.get('case')}].{out.get('name')} x{entry['runs']}"),
+                               classname=f"{model}/{target}/replay", time="0.000000")
+            f = found.get((case.get("method"), case.get("case"), out.get("name")))
+            if f is not None:
+                failures += 1
+                ET.SubElement(tc, "failure", message=_clean(finding_text(f)), type=f["finding"]).text = \
+                    _clean(finding_text(f))
+    suite.set("tests", str(tests))
+    suite.set("failures", str(failures))
+    return tests, failures
+
+
+# ------------------------------------------------------------------ history
+
+def history_rows(run_id: int, report: dict[str, Any]) -> list[tuple]:
+    """One row per replayed output for the history's `replay_outputs` table (runner/history.py schema;
+    finding NULL when deterministic)."""
+    import json
+
+    rows = []
+    for case in report.get("cases") or []:
+        for out in case.get("outputs") or []:
+            entry = out.get("replay")
+            if not isinstance(entry, dict):
+                continue
+            spread = entry.get("spread")
+            rows.append((run_id, str(case.get("method", "forward")), int(case.get("case", 0)), int(out.get("index", 0)),
+                         out.get("name"), entry.get("runs"), entry.get("distinct"),
+                         float(spread) if isinstance(spread, (int, float)) else None, int(bool(entry.get("flips"))),
+                         entry.get("finding"), json.dumps(entry.get("verdicts") or {})))
+    return rows
+
+
+def flaky_outputs(db_path: str | Path, run_id: int) -> list[dict[str, Any]]:
+    """The replay findings the history holds for one run (what a HUD shows as flaky vs wrong)."""
+    from bundlerun.runner.history import read_rows
+
+    rows = read_rows(db_path, "SELECT * FROM replay_outputs WHERE run_id = ? AND finding IS NOT NULL "
+                              "ORDER BY method, case_index, output_index", (int(run_id),),
+                     types={"runs": "int", "distinct_results": "int", "spread": "real", "flips": "int"})
+    return [dict(r) for r in rows]
