@@ -287,21 +287,22 @@ def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) ->
     return bundle
 
 
-def load_bundle(buf: bytes, source: str = "bundle") -> Bundle:
+def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) -> Bundle:
     """Parse and validate (manifest schema, consistency with the program, integrity): what
-    every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`."""
+    every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`;
+    with `require_seal` an unsealed bundle is an IntegrityError (`--require-seal`)."""
     from bundlerun.bundles.integrity import validate_bundle
 
     bundle = parse_bundle(buf, source)
     try:
-        return validate_bundle(bundle, source)
+        return validate_bundle(bundle, source, require_seal)
     except BundleFormatError:
         raise
     except (struct.error, IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise BundleFormatError(f"{source}: bundle is corrupted ({type(exc).__name__}: {exc})"[:400]) from None
 
 
-def read_bundle(path: str | Path) -> Bundle:
+def read_bundle(path: str | Path, require_seal: bool = False) -> Bundle:
     """Read and validate a `.bpte` file (see `load_bundle`)."""
     path = Path(path)
     try:
@@ -312,7 +313,7 @@ def read_bundle(path: str | Path) -> Bundle:
         raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
     except OSError as exc:
         raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    return load_bundle(buf, str(path))
+    return load_bundle(buf, str(path), require_seal)
 
 
 def _aligned_bytes(builder: flatbuffers.Builder, data: bytes, alignment: int) -> int:

@@ -142,7 +142,14 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
         "python": platform.python_version(),
         "machine": platform.machine(),
         "env": {name: os.environ.get(name) for name in BUILD_ENV},
+        **_partition_control(),  # `bundlerun bisect` builds: which nodes the delegate may take ({} otherwise)
     }
+
+
+def _partition_control() -> dict[str, Any]:
+    from bundlerun.bundles.partition_control import cache_material
+
+    return cache_material()
 
 
 def cache_key(material: dict[str, Any]) -> str:

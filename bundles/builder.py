@@ -158,8 +158,12 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         req.dtype = default_dtype(backend, req.target)
     if req.dtype not in DTYPES:
         raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
-    if req.cases < 1:
-        raise BuildError("--cases must be at least 1")
+    from bundlerun.bundles.limits import MAX_CASES, MAX_SEED
+
+    if isinstance(req.cases, bool) or not isinstance(req.cases, int) or not 1 <= req.cases <= MAX_CASES:
+        raise BuildError(f"--cases {req.cases!r}: give 1 to {MAX_CASES} test cases (bundlerun's limit, docs/security.md)")
+    if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
+        raise BuildError(f"--seed {req.seed!r}: give a whole number from 0 to {MAX_SEED}")
     reference = req.reference or "eager-fp32"
     if reference not in REFERENCES:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
@@ -193,7 +197,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     say(f"lowering for {backend} ({req.dtype})")
     from bundlerun.bundles import etrecord as _etrecord
 
-    lowering = _etrecord.recording(req.etrecord, recipe.lower)(
+    from bundlerun.bundles import partition_control  # `bundlerun bisect`: the delegate restricted to some nodes
+
+    lowering = _etrecord.recording(req.etrecord, partition_control.wrap(recipe.lower))(
         LoweringRequest(
             model=model.module,
             example_inputs=to_torch(case_arrays[0]),

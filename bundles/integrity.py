@@ -79,8 +79,28 @@ def seal(bundle: "Bundle") -> "Bundle":
     return replace(bundle, manifest=manifest)
 
 
-def verify(bundle: "Bundle", source: str) -> list[str]:
-    """Raise IntegrityError on any mismatch; warnings (unsealed bundle) otherwise."""
+SEAL_REQUIRED = ("--require-seal (on by default when $CI is set) refuses it; rebuild it with `bundlerun build` "
+                 "to seal it, or pass --no-require-seal to judge it anyway")
+
+
+def require_sealed(bundle: "Bundle", source: str) -> None:
+    """IntegrityError unless the bundle carries a seal (its digests are checked by `verify`).
+    An unsealed bundle (no `integrity` section, or no bundlerun manifest at all: ExecuTorch's own
+    BundledProgram API) cannot show that its expected outputs and criteria are the ones it was
+    built with: an `"integrity": {...}` section overwritten with spaces reads as unsealed."""
+    if bundle.manifest is None:
+        raise IntegrityError(f"{source}: the bundle has no bundlerun manifest, so no seal: its expected outputs and "
+                             f"criteria cannot be checked against tampering; {SEAL_REQUIRED}")
+    if bundle.manifest.get("integrity") is None:
+        raise IntegrityError(f"{source}: the bundle is not sealed (its manifest records no sha256 of the program, "
+                             f"test cases and criteria): changes to it cannot be detected; {SEAL_REQUIRED}")
+
+
+def verify(bundle: "Bundle", source: str, require_seal: bool = False) -> list[str]:
+    """Raise IntegrityError on any mismatch (and, with `require_seal`, on a bundle without a
+    seal); warnings (an unsealed bundle) otherwise."""
+    if require_seal:
+        require_sealed(bundle, source)
     if bundle.manifest is None:
         return []
     integrity = bundle.manifest.get("integrity")
@@ -109,13 +129,14 @@ def verify(bundle: "Bundle", source: str) -> list[str]:
     return []
 
 
-def validate_bundle(bundle: "Bundle", source: str) -> "Bundle":
+def validate_bundle(bundle: "Bundle", source: str, require_seal: bool = False) -> "Bundle":
     """The checks every reader runs after parsing: manifest schema, consistency of test cases
-    with the program and manifest, integrity. Returns the bundle with its warnings set."""
+    with the program and manifest, integrity (`require_seal`: an unsealed bundle is an error).
+    Returns the bundle with its warnings set."""
     from bundlerun.bundles.consistency import check_consistency
     from bundlerun.bundles.manifest_schema import validate_manifest
 
     if bundle.manifest is not None:
         validate_manifest(bundle.manifest, source)
     warnings = check_consistency(bundle, source)
-    return replace(bundle, warnings=list(bundle.warnings) + warnings + verify(bundle, source))
+    return replace(bundle, warnings=list(bundle.warnings) + warnings + verify(bundle, source, require_seal))

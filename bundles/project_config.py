@@ -74,13 +74,10 @@ def perf_section(config: dict[str, Any] | None, source: str | None = None) -> di
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    """Bounded (size, nesting: bundles/toml_read.py): a deeply nested file is one line, not a RecursionError."""
+    from bundlerun.bundles.toml_read import read_toml
+
+    return read_toml(path)
 
 
 def _pyproject_section(path: Path) -> dict[str, Any] | None:

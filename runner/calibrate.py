@@ -238,6 +238,7 @@ def _toml_value(key: str, v: float) -> str:
 def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> str:
     """Ready-to-paste bundlerun.toml text: one model override per output."""
     from bundlerun.bundles.registry import Registry, tier_for
+    from bundlerun.runner.safe_text import visible
 
     lines = [f"# bundlerun tolerance suggest --margin {margin:g}: {obs.runs} run(s)",
              "# paste into bundlerun.toml (in pyproject.toml: [[tool.bundlerun.tolerances.model_overrides]])"]
@@ -245,12 +246,13 @@ def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> s
     for p in proposals:
         values = p.proposed()
         if not values:
-            lines.append(f"# {p.method}.{p.output}: nothing to propose")
+            lines.append(f"# {visible(p.method)}.{visible(p.output)}: nothing to propose")  # a comment stays one line
             continue
         lines.append("")
         max_abs = next((r["measured"] for r in p.rows if r["criterion"] == "max |a-r|"), None)
         if max_abs == 0:
-            lines.append(f"# {p.method}.{p.output}: no error observed in {p.cases} case(s); a margin cannot scale zero")
+            lines.append(f"# {visible(p.method)}.{visible(p.output)}: no error observed in {p.cases} case(s); a margin "
+                         "cannot scale zero")
         if m is not None and m.model.get("id") and m.build.get("backend"):
             backend = m.build["backend"]
             lines.append("[[tolerances.model_overrides]]")
@@ -275,4 +277,14 @@ def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> s
 
 
 def _q(text: str) -> str:
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string. Names come from the bundle: a newline or control character is escaped,
+    so a hostile output name cannot end the string and add lines to the config it is pasted into."""
+    out = []
+    for ch in str(text):
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif not ch.isprintable() or ch in "\u2028\u2029":
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

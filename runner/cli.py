@@ -13,6 +13,9 @@ from pathlib import Path
 import click
 
 from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
+from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY, MAX_TIMEOUT_S  # bundlerun's bounds (docs/security.md)
+from bundlerun.runner import seal  # --require-seal: click only
+from bundlerun.runner.outcome import EXIT_INFRA  # every exit code is defined in runner/outcome.py
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
@@ -29,10 +32,10 @@ LAZY_COMMANDS: dict[str, str] = {
     "farm": "bundlerun.runner.commands.farm",  # a plan of bundles x targets on a process pool or Ray
     "worker": "bundlerun.runner.commands.worker",  # hidden: the remote half of ssh://
     "debug": "bundlerun.runner.commands.debug",
+    "bisect": "bundlerun.runner.commands.bisect",  # which delegated node makes a case fail (runner/bisect.py)
+    "import-goldens": "bundlerun.runner.commands.import_goldens",  # the backend test suite's GOLDEN_ARTIFACTS_DIR
 }
 
-EXIT_INFRA = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: one Ctrl-C stops the whole command, finished cases kept
 
 
 def _version() -> str:
@@ -86,8 +89,8 @@ def _positive_seconds(ctx, param, value):
     """--timeout/--setup-timeout: a positive, finite number of seconds."""
     import math
 
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise click.BadParameter(f"{value!r}: give a positive number of seconds")
+    if value is None or not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_S:
+        raise click.BadParameter(f"{value!r}: give a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
     return value
 
 
@@ -107,7 +110,8 @@ def _report_dir(path: Path) -> Path:
 
 def _select_cases(bundle, text: str | None, methods: list[str] | None) -> list[int] | None:
     """--select 0-3,7 as case indexes, each of which must exist in every selected method."""
-    cases = _parse_cases(text)
+    sizes = [len(s.test_cases) for s in bundle.method_test_suites if not methods or s.method_name in methods]
+    cases = _parse_cases(text, max(sizes, default=0))
     if cases is None:
         return None
     for suite in bundle.method_test_suites:
@@ -120,19 +124,27 @@ def _select_cases(bundle, text: str | None, methods: list[str] | None) -> list[i
     return cases
 
 
-def _parse_cases(text: str | None) -> list[int] | None:
-    """'0-3,7' -> [0, 1, 2, 3, 7]."""
+def _parse_cases(text: str | None, limit: int = MAX_CASES) -> list[int] | None:
+    """'0-3,7' -> [0, 1, 2, 3, 7]. Each index is checked against `limit` (the bundle's case count)
+    before a range is expanded: `0-99999999999` is an error, not a list that exhausts memory."""
     if not text:
         return None
     out: list[int] = []
-    for part in text.split(","):
+    parts = text.split(",")
+    if len(parts) > MAX_CASES:
+        raise click.BadParameter(f"{len(parts)} parts; at most {MAX_CASES}", param_hint="--select")
+    for part in parts:
         lo, _, hi = part.partition("-")
         try:
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+            first, last = int(lo), int(hi) if hi else int(lo)
         except ValueError:
-            raise click.BadParameter(f"{text!r} is not a case list like 0-3,7") from None
+            raise click.BadParameter(f"{text[:100]!r} is not a case list like 0-3,7", param_hint="--select") from None
+        if last >= min(limit, MAX_CASES) and last >= first >= 0:
+            raise click.BadParameter(f"there is no case {last}: the bundle has cases 0-{limit - 1}",
+                                     param_hint="--select")
+        out.extend(range(first, last + 1))
     if not out or min(out) < 0:
-        raise click.BadParameter(f"{text!r} selects no case (indexes start at 0)")
+        raise click.BadParameter(f"{text[:100]!r} selects no case (indexes start at 0)", param_hint="--select")
     return sorted(set(out))
 
 
@@ -183,7 +195,8 @@ build_options = [
                  help="Lowering backend (default: the one --target declares)."),
     click.option("--dtype", default=None,
                  help="fp32, fp16, bf16, int8 (PTQ) or int16 (default: int8 for integer Arm targets, else fp32)."),
-    click.option("--cases", "num_cases", type=int, default=8, show_default=True, help="Test cases to bundle."),
+    click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True,
+                 help="Test cases to bundle."),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input generator."),
     click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None,
                  help="What expected outputs come from (default eager-fp32)."),
@@ -266,10 +279,17 @@ run_options = [
                  help="Target setting, e.g. runner_elf=path (overrides [targets.<scheme>] in config)."),
     click.option("--runner-elf", type=click.Path(path_type=Path), default=None,
                  help="fvp:// targets: the arm_executor_runner ELF (same as --target-opt runner_elf=PATH)."),
-    click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
+    seal.option,  # --require-seal/--no-require-seal (runner/seal.py): default on when $CI is set
+    click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=1, show_default=True,
+                 expose_value=False,
                  callback=lambda ctx, _param, value: ctx.meta.__setitem__("bundlerun.repeat", value),
                  help="Measured executions per case after one warm-up execution (excluded from the warm "
                       "figures); latency is gated only with repeated samples. host://, adb://, qemu-user://."),
+    click.option("--replay", type=click.IntRange(min=1, max=MAX_REPLAY), default=1, show_default=True,
+                 expose_value=False,
+                 callback=lambda ctx, _param, value: ctx.meta.__setitem__("bundlerun.replay", value),
+                 help="Determinism replay: run each case N times and report, per output, the distinct results, "
+                      "their spread and verdict flips (runner/replay.py; in one process on host:// and tosa://)."),
 ]
 
 
@@ -311,14 +331,15 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
-            repeat=_repeat(),
+            repeat=_repeat(), require_seal=seal.required(),
+            replay=_repeat("bundlerun.replay"),
         ), bundle=bundle, amend=amend)
 
 
-def _repeat() -> int:
-    """--repeat of the running command (kept in the context: every command with run_options has it)."""
+def _repeat(key: str = "bundlerun.repeat") -> int:
+    """--repeat (or --replay) of the running command (kept in the context: every command with run_options has it)."""
     ctx = click.get_current_context(silent=True)
-    return int(ctx.meta.get("bundlerun.repeat", 1)) if ctx is not None else 1
+    return int(ctx.meta.get(key, 1)) if ctx is not None else 1
 
 
 @cli.command()
@@ -340,7 +361,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.runner.report import print_summary
 
-    parsed = read_bundle(bundle)  # bad input fails here, before anything starts
+    parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
     report_dir = _report_dir(report_dir or Path("out") / bundle.stem)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
@@ -373,6 +394,10 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
             from bundlerun.runner.regression import format_regressions
 
             click.echo(format_regressions(report["regressions"]))
+    if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
+        from bundlerun.runner.report import echo_must_show
+
+        echo_must_show(report)
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
     if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
@@ -393,7 +418,7 @@ def _validate_slug(model: str, dtype: str) -> str:
 @click.option("--backend", default=None, help="Lowering backend (default: from --target).")
 @click.option("--dtype", "dtypes", default=None,
               help="Comma list, e.g. fp32,fp16,int8 (default: int8 for integer Arm targets, else fp32).")
-@click.option("--cases", "num_cases", type=int, default=8, show_default=True)
+@click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
 @click.option("--distribution", default=None)
@@ -464,7 +489,11 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
             from bundlerun.runner import github
 
             github.annotate(report, out / "report.json", stream=sys.stderr if as_json else None)
-            if not as_json:
+            if as_json:  # the JSON mode hides the table, never that the run is missing from the history
+                from bundlerun.runner.report import echo_must_show
+
+                echo_must_show(report)
+            else:
                 print_summary(report)
                 if report.get("regressions"):
                     from bundlerun.runner.regression import format_regressions
@@ -498,17 +527,25 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: BundlerunError -> one line on stderr, exit code 2."""
+    from bundlerun.runner import interrupts
+
     debug = "--debug" in (argv or sys.argv) or os.environ.get("BUNDLERUN_DEBUG")
+    interrupts.install()  # SIGTERM (a CI cancelling the job) ends a command exactly like Ctrl-C
     try:
-        cli.main(args=argv, prog_name="bundlerun", standalone_mode=False)
+        # Outside standalone mode click *returns* a command's `ctx.exit(code)` instead of exiting:
+        # that code is the process's exit code (judge's verdict was lost here once).
+        code = cli.main(args=argv, prog_name="bundlerun", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
+        from bundlerun.runner.safe_text import visible  # messages quote file contents: one inert line
+
+        exc.message = visible(exc.message)
         exc.show()
         sys.exit(EXIT_INFRA)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("bundlerun: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        click.echo(f"bundlerun: {interrupts.describe()}", err=True)
+        sys.exit(interrupts.exit_code())
     except SystemExit:
         raise
     except Exception as exc:
@@ -517,11 +554,16 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if isinstance(exc, BundlerunError):
-            click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{exc}", err=True)
+            from bundlerun.runner.safe_text import visible
+
+            click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{visible(exc)}", err=True)
             sys.exit(exc.exit_code)
-        click.echo(f"bundlerun: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
-                   err=True)
+        from bundlerun.runner.safe_text import visible
+
+        click.echo(f"bundlerun: internal error: {type(exc).__name__}: {visible(exc)} (rerun with --debug for a "
+                   "traceback)", err=True)
         sys.exit(EXIT_INFRA)
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 if __name__ == "__main__":

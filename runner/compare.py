@@ -61,6 +61,8 @@ class OutputStats:
     nan_expected: int = 0
     inf_expected: int = 0
     nonfinite_mismatch: int = 0  # positions where NaN/Inf of actual and expected disagree
+    error_max_steps: float | None = None  # quantized outputs: error_max / the output's quantization scale
+    error_mae_steps: float | None = None  # quantized outputs: error_mae / the output's quantization scale
 
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -423,6 +425,7 @@ def judge_output(
         actual = np.asarray(actual).astype(np.float32)
         expected = np.asarray(expected).astype(np.float32)
     stats = error_statistics(actual, expected, atol, rtol, elementwise=True, nan_equal=criteria.nan != "fail")
+    quantization_steps(stats, criteria.scale)
     failed: list[FailedCriterion] = []
     if list(np.shape(actual)) != list(np.shape(expected)):
         failed.append(FailedCriterion(
@@ -493,6 +496,18 @@ def judge_output(
             failed.append(FailedCriterion("top1", a_arg, r_arg,
                                           f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
     return OutputVerdict("FAIL" if failed else "PASS", failed, stats)
+
+
+def quantization_steps(stats: OutputStats, scale: float | None) -> None:
+    """A quantized output's worst error and MAE in units of its quantization step (`scale`, the output
+    dequantize's scale the manifest records): how int8 results are read, "off by 2 LSB". Not set for
+    outputs without a scale."""
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0 or not math.isfinite(scale):
+        return
+    if stats.error_max is not None:
+        stats.error_max_steps = stats.error_max / scale
+    if stats.error_mae is not None:
+        stats.error_mae_steps = stats.error_mae / scale
 
 
 # The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/compare_rules.py.

@@ -134,6 +134,7 @@ class DebugResult:
     model: str | None = None
     dtype: str | None = None
     backend: str | None = None
+    export_divergence: dict[str, Any] | None = None  # runner/export_divergence.py: eager vs the exported program
 
     @property
     def first_bad_row(self) -> LayerRow | None:
@@ -612,6 +613,10 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     bundle_path = Path(bundle_path)
     bundle = read_bundle(bundle_path)
     manifest = bundle.manifest or {}
+    from bundlerun.targets.intermediates import IntermediatesUnsupported, supports_capture, unsupported_message
+
+    if not supports_capture(target):  # say so (and point to `bisect`) before asking for an ETRecord
+        raise IntermediatesUnsupported(unsupported_message(target))
     try:
         et_path = locate(manifest, bundle_path)
     except EtrecordMissing as exc:
@@ -687,4 +692,24 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
         budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
         model=(manifest.get("model") or {}).get("id"), dtype=build.get("dtype"), backend=build.get("backend"),
+        export_divergence=_export_divergence(first, manifest, record, inputs, quantized, actual, expected, method, j,
+                                             budget),
     )
+
+
+def _export_divergence(first: int | None, manifest: dict, record: Any, inputs: tuple, quantized: bool,
+                       actual: np.ndarray | None, expected: np.ndarray, method: str, j: int,
+                       budget: float | None) -> dict[str, Any] | None:
+    """No layer exceeds but the output fails against eager: is the exported program already off?"""
+    if first is not None or actual is None:
+        return None
+    from bundlerun.bundles.manifest import Manifest
+    from bundlerun.runner.export_divergence import check_debug
+
+    spec = Manifest.from_dict(manifest).output_spec(method, j) if manifest else None
+    if spec is None:
+        return None
+    import torch
+
+    with torch.no_grad():
+        return check_debug(manifest, record, inputs, quantized, actual, expected, spec.criteria, budget, j)

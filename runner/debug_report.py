@@ -82,6 +82,11 @@ def ops_text(aot_ops: list[str], limit: int = 4) -> str:
 def verdict_line(result: DebugResult) -> str:
     row = result.first_bad_row
     where = f"{result.target}, case {result.case} ({result.case_source}), output {result.output}"
+    if row is None and (result.export_divergence or {}).get("finding"):  # runner/export_divergence.py
+        from bundlerun.runner.export_divergence import summary_line
+
+        return (f"divergence at export, not at run time: no runtime layer exceeds its budget against the exported "
+                f"program, but the output fails against eager; {summary_line(result.export_divergence)} ({where})")
     if row is None:
         return f"no layer exceeds its share of the budget ({where})"
     col = row.judged(result.judged_column)
@@ -95,8 +100,10 @@ def rich_table(result: DebugResult):
     from rich.table import Table
 
     quantized = any(r.quantized is not None for r in result.rows)
-    table = Table(title=f"{result.model or result.bundle} {result.dtype or ''} on {result.target}: case {result.case}, "
-                        f"{result.output}", title_justify="left")
+    from bundlerun.runner.report import plain  # names come from the bundle: inert, markup escaped
+
+    table = Table(title=plain(f"{result.model or result.bundle} {result.dtype or ''} on {result.target}: case "
+                              f"{result.case}, {result.output}"), title_justify="left")
     for col in ("#", "instr", "runtime op", "eager op(s)", "shape"):
         table.add_column(col, justify="right" if col in ("#", "instr") else "left", no_wrap=col != "eager op(s)",
                          max_width=28 if col == "eager op(s)" else None)
@@ -128,7 +135,9 @@ def rich_table(result: DebugResult):
             cells.append(r.attribution or "")
         from rich.text import Text
 
-        table.add_row(*[Text(c) for c in cells], style=style)
+        from bundlerun.runner.safe_text import visible
+
+        table.add_row(*[Text(visible(c)) for c in cells], style=style)
     return table
 
 
@@ -203,11 +212,13 @@ def summary_md(result: DebugResult) -> str:
                       _f(r.quant_vs_fp32.sqnr if r.quant_vs_fp32 else None, ".1f")]
         cells += [_f(r.floor_db, ".1f"), status + (f" — {r.note}" if r.note else "")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    from bundlerun.runner.safe_text import visible  # each line inert: a name cannot start a line of its own
+
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def html_page(result: DebugResult, png: bytes) -> str:
-    e = html.escape
+    from bundlerun.runner.html_report import _e as e  # entities + controls/bidi made visible (runner/safe_text.py)
     md_rows = []
     for r in result.rows:
         cls = "bad" if r.index == result.first_bad else ("exceeds" if r.exceeds else r.status)

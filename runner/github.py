@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
+from bundlerun.runner.safe_text import visible  # stdlib only, as this module
+
 MAX_PER_LEVEL = 10
 
 
@@ -93,7 +95,10 @@ def annotations(report: dict[str, Any], report_path: str | Path | None = None,
     lines: list[str] = []
     for level, items, noun in (("error", errors, "failing outputs"), ("warning", warnings, "cases that could not run")):
         shown = items if len(items) <= limit else items[: max(limit - 1, 0)]
-        lines += [command(level, msg, file=file, title=title) for title, msg in shown]
+        # titles and messages quote names and errors from bundles and devices: controls, newlines,
+        # bidi and invisible characters made visible first (runner/safe_text.py), so the job page
+        # cannot show a forged line or reordered text
+        lines += [command(level, visible(msg), file=file, title=visible(title)) for title, msg in shown]
         if len(items) > len(shown):
             lines.append(command(level, f"{len(items) - len(shown)} more {noun}; see the job summary and "
                                         f"{report_path or 'report.json'}",

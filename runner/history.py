@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.runner.outcome import VERDICTS
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
@@ -108,6 +109,18 @@ CREATE TABLE IF NOT EXISTS perf_figures (
     PRIMARY KEY (run_id, method, case_index, name, phase)
 );
 CREATE INDEX IF NOT EXISTS perf_figures_name ON perf_figures (name, run_id);
+CREATE TABLE IF NOT EXISTS run_tags (
+    run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    source TEXT, flow TEXT, operator TEXT, test TEXT, subtest INTEGER,
+    commit_sha TEXT, commit_time TEXT, commit_source TEXT, dirty INTEGER,
+    suite_result TEXT, suite_detail TEXT, suite_error TEXT
+);
+CREATE TABLE IF NOT EXISTS replay_outputs (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    method TEXT NOT NULL, case_index INTEGER NOT NULL, output_index INTEGER NOT NULL, name TEXT,
+    runs INTEGER, distinct_results INTEGER, spread REAL, flips INTEGER, finding TEXT, verdicts TEXT,
+    PRIMARY KEY (run_id, method, case_index, output_index)
+);
 """
 
 
@@ -124,6 +137,36 @@ def _retrying(fn, *args):
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     raise AssertionError("unreachable")
+
+
+_KINDS = {"text": (str,), "int": (int,), "real": (int, float)}
+
+
+def read_rows(db_path: str | Path, sql: str, args: Any = (), types: dict[str, str] | None = None) -> list[sqlite3.Row]:
+    """Rows of a read query, each column named in `types` checked ("text", "int", "real"; NULL is
+    fine). SQLite stores what it is given, so a corrupted or edited database can hold text where a
+    number goes: that, and a database that is not one or lacks a table, is one HistoryError
+    naming the database, the run and the column, never an internal error."""
+    conn = connect(db_path)
+    try:
+        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"history database {db_path} cannot be read: {exc}") from None
+    finally:
+        conn.close()
+    for row in rows:
+        keys = row.keys()
+        for column, kind in (types or {}).items():
+            if column not in keys:
+                continue
+            value = row[column]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, _KINDS[kind])
+                                      or (kind == "real" and isinstance(value, float) and value != value)):
+                run = f"run #{row['id']}: " if "id" in keys else ""
+                shown = repr(value)[:60]
+                raise HistoryError(f"history database {db_path}: {run}column {column}: expected "
+                                   f"{'a number' if kind != 'text' else 'text'}, got {shown} (corrupted database)")
+    return rows
 
 
 def connect(db_path: str | Path) -> sqlite3.Connection:
@@ -195,7 +238,10 @@ def utc_iso(value: Any) -> str | None:
         return text
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(timezone.utc).isoformat()
+    try:
+        return when.astimezone(timezone.utc).isoformat()
+    except (OverflowError, ValueError):  # year 1 with a positive offset: before year 1 in UTC
+        return text
 
 
 def display_time(value: Any, utc: bool = False) -> str:
@@ -207,7 +253,10 @@ def display_time(value: Any, utc: bool = False) -> str:
         when = datetime.fromisoformat(text)
     except ValueError:
         return text
-    when = when.astimezone(timezone.utc if utc else None)
+    try:
+        when = when.astimezone(timezone.utc if utc else None)
+    except (OverflowError, ValueError, OSError):  # a time no local clock can show (year 1 or 9999 at the edge)
+        return text
     return when.strftime("%Y-%m-%d %H:%M:%S ") + when.strftime("%z")[:3] + ":" + when.strftime("%z")[3:]
 
 
@@ -308,59 +357,82 @@ def _perf_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
                    _num(fig.get("per_inference")), len(samples) or None, spread)
 
 
-def record_report(db_path: str | Path | None, report: dict[str, Any], report_path: str | Path | None = None) -> int | None:
+def record_report(db_path: str | Path | None, report: dict[str, Any], report_path: str | Path | None = None,
+                  tags: dict[str, Any] | None = None) -> int | None:
     """Record one JSON report; returns the run's id in this database.
 
     Idempotent per report `run.id`: recording the same report twice returns the
     first id and stores nothing twice. `db_path` None (history turned off)
-    records nothing and returns None.
+    records nothing and returns None. `tags` (runner/history_tags.py): source, flow,
+    operator, commit...; a run without a label is labelled by its commit (runner/commits.py).
     """
     if db_path is None:
         return None
-    row = _run_row(report, str(report_path) if report_path else None)
-    dataset = report.get("dataset") or None
+    return record_reports(db_path, [(report, report_path, tags)])[0]
+
+
+def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | Path | None, dict[str, Any] | None]]
+                   ) -> list[int]:
+    """Record many (report, report_path, tags) in one transaction (an import of hundreds of
+    suite results: one connection, one commit); the run ids, in order. Idempotent as record_report."""
+    from bundlerun.runner.history_tags import tag_row
+
+    prepared = []
+    for report, report_path, tags in items:
+        row, tagged = tag_row(_run_row(report, str(report_path) if report_path else None), report, tags)
+        prepared.append((report, row, tagged, report.get("dataset") or None))
     conn = connect(db_path)
 
-    def write() -> int:
+    def write() -> list[int]:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            existing = conn.execute("SELECT id FROM runs WHERE run_uuid = ?", (row["run_uuid"],)).fetchone()
-            if existing is not None:
-                conn.execute("COMMIT")
-                return int(existing[0])
-            cols = ", ".join(row)
-            marks = ", ".join("?" for _ in row)
-            cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(row.values()))
-            run_id = int(cur.lastrowid)
-            conn.executemany(
-                "INSERT OR REPLACE INTO case_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                list(_output_rows(run_id, report)),
-            )
-            conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                             list(_perf_rows(run_id, report)))
-            if dataset:
-                ci = dataset.get("top1_diff_ci") or [None, None]
-                conn.execute(
-                    "INSERT INTO datasets VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        run_id,
-                        dataset.get("name"),
-                        dataset.get("samples"),
-                        _num(dataset.get("top1")),
-                        _num(dataset.get("top5")),
-                        _num(dataset.get("reference_top1")),
-                        _num(dataset.get("reference_top5")),
-                        _num(dataset.get("top1_diff")),
-                        _num(ci[0]),
-                        _num(ci[1]),
-                        _num(dataset.get("agreement")),
-                    ),
-                )
+            ids = [one(*item) for item in prepared]
             conn.execute("COMMIT")
-            return run_id
+            return ids
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def one(report: dict[str, Any], row: dict[str, Any], tagged: dict[str, Any], dataset: Any) -> int:
+        """One run's rows, inside write()'s transaction."""
+        existing = conn.execute("SELECT id FROM runs WHERE run_uuid = ?", (row["run_uuid"],)).fetchone()
+        if existing is not None:
+            return int(existing[0])
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(row.values()))
+        run_id = int(cur.lastrowid)
+        conn.executemany(
+            "INSERT OR REPLACE INTO case_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            list(_output_rows(run_id, report)),
+        )
+        conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                         list(_perf_rows(run_id, report)))
+        from bundlerun.runner.replay import history_rows  # --replay: flaky vs wrong numerics per output
+
+        conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                         history_rows(run_id, report))
+        conn.execute(f"INSERT OR REPLACE INTO run_tags (run_id, {', '.join(tagged)}) "
+                     f"VALUES (?{', ?' * len(tagged)})", (run_id, *tagged.values()))
+        if dataset:
+            ci = dataset.get("top1_diff_ci") or [None, None]
+            conn.execute(
+                "INSERT INTO datasets VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    dataset.get("name"),
+                    dataset.get("samples"),
+                    _num(dataset.get("top1")),
+                    _num(dataset.get("top5")),
+                    _num(dataset.get("reference_top1")),
+                    _num(dataset.get("reference_top5")),
+                    _num(dataset.get("top1_diff")),
+                    _num(ci[0]),
+                    _num(ci[1]),
+                    _num(dataset.get("agreement")),
+                ),
+            )
+        return run_id
 
     try:
         return _retrying(write)
@@ -423,12 +495,12 @@ def flaky_stats(db_path: str | Path, limit: int | None = 20) -> dict[str, list[d
                "GROUP_CONCAT(DISTINCT CASE WHEN exit_code = 2 THEN COALESCE(device, url) END) AS failing_devices "
                "FROM farm_attempts GROUP BY job HAVING flaky > 0 OR retries > 0 "
                "ORDER BY rate DESC, retries DESC, job" + lim)
-    conn = connect(db_path)
-    try:
-        devices = [dict(r) for r in _retrying(lambda: conn.execute(dev_sql).fetchall())]
-        jobs = [dict(r) for r in _retrying(lambda: conn.execute(job_sql).fetchall())]
-    finally:
-        conn.close()
+    counts = {k: "int" for k in ("attempts", "infra_failures", "numerical_failures", "jobs", "runs", "flaky",
+                                  "failed", "retries")}
+    devices = [dict(r) for r in read_rows(db_path, dev_sql, (), {**counts, "device": "text", "rate": "real",
+                                                                 "last": "text"})]
+    jobs = [dict(r) for r in read_rows(db_path, job_sql, (), {**counts, "job": "text", "rate": "real",
+                                                              "failing_devices": "text"})]
     return {"devices": devices, "jobs": jobs}
 
 
@@ -495,24 +567,51 @@ def list_runs(
     sql = _LIST_SQL + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id DESC"
     if limit:
         sql += f" LIMIT {int(limit)}"
-    conn = connect(db_path)
-    try:
-        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
-    finally:
-        conn.close()
+    rows = read_rows(db_path, sql, args, _RUN_TYPES)
+    for r in rows:
+        if r["verdict"] is not None and r["verdict"] not in VERDICTS:
+            raise HistoryError(f"history database {db_path}: run #{r['id']}: column verdict: {str(r['verdict'])[:40]!r} "
+                               f"is not one of {', '.join(VERDICTS)} (corrupted database)")
     return [RunRecord(**{**dict(r), "started": utc_iso(r["started"])}) for r in rows]
+
+
+_RUN_TYPES = {"id": "int", "exit_code": "int", "cases": "int", "outputs": "int", "n_pass": "int", "n_fail": "int",
+              **{k: "text" for k in ("run_uuid", "started", "model", "target", "backend", "dtype", "label", "verdict",
+                                     "bundle_sha256", "report_path", "torch_version", "executorch_version")},
+              **{k: "real" for k in ("min_sqnr", "max_mae", "top1", "reference_top1", "agreement")}}
 
 
 def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
     """The stored JSON report of run `run_id`."""
-    conn = connect(db_path)
-    try:
-        row = _retrying(lambda: conn.execute("SELECT report_json FROM runs WHERE id = ?", (run_id,)).fetchone())
-    finally:
-        conn.close()
+    rows = read_rows(db_path, "SELECT report_json FROM runs WHERE id = ?", (run_id,))
+    row = rows[0] if rows else None
     if row is None:
         raise HistoryError(f"no run #{run_id} in history {db_path}")
-    report = json.loads(row[0])
+    return stored_report(db_path, run_id, row[0])
+
+
+def stored_report(db_path: str | Path, run_id: int, text: Any) -> dict[str, Any]:
+    """The report JSON stored with a run, through the one strict report reader
+    (runner/report_model.py): a corrupted database row is one HistoryError naming the database,
+    the run and the field, never an internal error."""
+    from bundlerun.runner.report_model import Report, ReportError
+
+    where = f"history {db_path}: run #{run_id}: report_json"
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise HistoryError(f"{where}: not UTF-8 text") from None
+    if not isinstance(text, str):
+        raise HistoryError(f"{where}: expected the report's JSON text, got {type(text).__name__}")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise HistoryError(f"{where}: not a JSON report ({type(exc).__name__}: {str(exc)[:120]})") from None
+    try:
+        report = Report.from_json(data).to_json()
+    except ReportError as exc:
+        raise HistoryError(f"{where}: {exc}") from None
     report.setdefault("run", {})["history_id"] = run_id
     return report
 
@@ -550,7 +649,7 @@ def resolve_run(
     conn = connect(db_path)
     try:
         row = None
-        if text.isdigit():
+        if text.isdigit() and len(text) <= 18:  # a run id (SQLite integers are 64-bit)
             row = conn.execute("SELECT id FROM runs WHERE id = ?", (int(text),)).fetchone()
         if row is None and len(text) >= 6 and all(c in "0123456789abcdef" for c in text.lower()):
             rows = conn.execute("SELECT id FROM runs WHERE run_uuid LIKE ?", (text.lower() + "%",)).fetchall()
@@ -565,6 +664,8 @@ def resolve_run(
                 row = conn.execute(sql, base_args + [_sql_text(v) for _, v in wanted]).fetchone()
             if row is None:
                 row = conn.execute(base_sql + " ORDER BY id DESC LIMIT 1", base_args).fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"history database {db_path} cannot be read: {exc}") from None
     finally:
         conn.close()
     if row is None:
@@ -647,11 +748,10 @@ def trend(
             f"d.top1_diff_high, {ref} AS reference FROM runs r JOIN datasets d ON d.run_id = r.id WHERE {w} "
             f"ORDER BY r.id DESC LIMIT {int(limit)}"
         )
-    conn = connect(db_path)
-    try:
-        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
-    finally:
-        conn.close()
+    rows = read_rows(db_path, sql, args, {"id": "int", "started": "text", "label": "text", "target": "text",
+                                          "dtype": "text", "value": "real", "worst": "real", "exact": "int",
+                                          "counted": "int", "top1_diff_low": "real", "top1_diff_high": "real",
+                                          "reference": "real"})
     points = []
     for r in reversed(rows):
         common = {"target": r["target"], "dtype": r["dtype"]}
@@ -705,11 +805,9 @@ def perf_trend(
     where, args = _run_filters(["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)], target, dtype)
     sql = (f"SELECT r.id, r.started, r.label, r.target, r.dtype, p.phase, p.value, p.unit, p.kind "
            f"FROM runs r JOIN perf_figures p ON p.run_id = r.id WHERE {' AND '.join(where)} ORDER BY r.id")
-    conn = connect(db_path)
-    try:
-        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
-    finally:
-        conn.close()
+    rows = read_rows(db_path, sql, args, {"id": "int", "started": "text", "label": "text", "target": "text",
+                                          "dtype": "text", "phase": "text", "value": "real", "unit": "text",
+                                          "kind": "text"})
     phases = {r["phase"] for r in rows}
     chosen = phase if phase is not None else next((p for p in ("warm", "", "first") if p in phases), "")
     if phase is not None and phase not in phases and rows:

@@ -52,7 +52,9 @@ def _visible(m: "re.Match[str]") -> str:
 
 def _e(v: Any) -> str:
     """Text from a bundle, a device or the user: HTML-escaped (quotes too), controls made visible."""
-    return html.escape(_CONTROL.sub(_visible, "" if v is None else str(v)))
+    from bundlerun.runner.safe_text import visible  # controls, bidi (U+202E), invisible characters
+
+    return html.escape(visible(v))
 
 
 def _n(v: Any, fmt: str = "{:.4g}") -> str:
@@ -127,7 +129,9 @@ def _summary_section(report: dict[str, Any]) -> str:
 
 
 def _pct(v: Any) -> str:
-    return "–" if v is None else f"{v * 100:.2f}%"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):  # null, or "nan" as the writer stores it
+        return "–"
+    return f"{v * 100:.2f}%"
 
 
 def _dataset_section(ds: dict[str, Any]) -> str:
@@ -186,7 +190,8 @@ def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
             rows.append(
                 f"<tr{cls}><td class='l'>{_e(case.get('method'))}[{_e(case.get('case'))}]</td><td class='l'>{_e(out.get('name', '–'))}</td>"
                 f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
-                f"<td>{_n(st.get('error_mae'))}</td><td>{_n(st.get('error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
+                f"<td>{_n(st.get('error_mae'))}{_e(_steps(st, 'error_mae'))}</td>"
+                f"<td>{_n(st.get('error_max'))}{_e(_steps(st, 'error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
                 f"<td>{_n(st.get('mismatch_count'))}</td><td class='l'>{_e(why)}</td></tr>"
             )
     return (
@@ -384,6 +389,18 @@ def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] 
     return f"<h2 class='reg'>{len(regressions)} regression(s) against the baseline</h2><ul class='reg'>{items}</ul>"
 
 
+def _steps(stats: dict[str, Any], key: str) -> str:
+    from bundlerun.runner.quant_steps import suffix  # quantized outputs: errors also in quantization steps
+
+    return suffix(stats, key)
+
+
+def _replay_section(report: dict[str, Any]) -> str:
+    from bundlerun.runner.replay import html_section  # --replay findings (flaky vs wrong numerics)
+
+    return html_section(report)
+
+
 def render_html(
     report: dict[str, Any],
     bundle: Any = None,
@@ -413,6 +430,7 @@ def render_html(
         + _summary_section(report)
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
         + _regression_section(regressions, report.get("baseline"))
+        + _replay_section(report)
         + _perf_section(report)
         + (_dataset_section(report["dataset"]) if report.get("dataset") else "")
         + _output_sections(report, arrays)

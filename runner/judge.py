@@ -15,9 +15,9 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.manifest import Criteria, Manifest
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 NO_MANIFEST_WARNING = (
     "bundle has no bundlerun manifest (made by ExecuTorch's BundledProgram API?): "
     "judging with default tolerances atol=1e-3 rtol=1e-3"
@@ -113,9 +113,19 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[st
             outputs.append(entry)
             continue
         raw = result.outputs[j]
-        entry["actual"] = {"dtype": st.name(raw.scalar_type), "shape": list(raw.shape)}
+        try:  # raw outputs are device data: an unknown dtype or bytes that do not fit the shape is an ERROR
+            entry["actual"] = {"dtype": st.name(raw.scalar_type), "shape": [int(s) for s in raw.shape][:64]}
+            raw_array = raw.to_array()
+        except (ValueError, TypeError, OverflowError) as exc:
+            entry.pop("actual", None)
+            entry.update(verdict="ERROR", stats=None, failed=[{"criterion": "missing", "measured": None, "limit": None,
+                                                               "detail": f"the target's output is malformed: {exc}"[:300]}])
+            record["error"] = record.get("error") or f"output {j}: the target's output is malformed: {exc}"[:300]
+            record["error_kind"] = record.get("error_kind") or "wrong-output-size"
+            outputs.append(entry)
+            continue
         entry["lossy"] = raw.lossy
-        actual = st.to_float_array(raw.scalar_type, raw.to_array()) if raw.scalar_type == st.BFLOAT16 else raw.to_array()
+        actual = st.to_float_array(raw.scalar_type, raw_array) if raw.scalar_type == st.BFLOAT16 else raw_array
         reference = expected.to_array()
         if expected.scalar_type == st.BFLOAT16:
             reference = st.to_float_array(expected.scalar_type, reference)
@@ -128,6 +138,19 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[st
         entry["verdict"] = verdict.verdict
         entry["failed"] = [asdict(f) for f in verdict.failed]
         entry["stats"] = verdict.stats.to_dict() if verdict.stats else None
+        if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/vacuity.py)
+            from bundlerun.runner.vacuity import CRITERION, vacuous_reason
+
+            why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
+            if why:
+                entry["verdict"] = "ERROR"
+                entry["failed"] = [{"criterion": CRITERION, "measured": None, "limit": None, "detail": why}]
+                record["error"] = record.get("error") or f"{name}: vacuous criteria: {why}"
+                record["error_kind"] = record.get("error_kind") or "bad-bundle"
+                note = (f"{result.method}.{name}: vacuous criteria ({why.split(' would ')[0]} would also pass an "
+                        "all-zero output): judged ERROR, fix the bundle's criteria")
+                if note not in ctx.warnings:
+                    ctx.warnings.append(note)
         outputs.append(entry)
     record["outputs"] = outputs
     verdicts = {o["verdict"] for o in outputs}

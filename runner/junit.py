@@ -27,11 +27,16 @@ _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\u
 
 
 def _clean(text: Any) -> str:
-    def visible(m: re.Match) -> str:
-        c = ord(m.group())
-        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    """Untrusted text for an attribute or element: everything XML forbids, plus newlines, bidi
+    and invisible characters, made visible (runner/safe_text.py)."""
+    from bundlerun.runner.safe_text import visible
 
-    return _BAD_XML.sub(visible, "" if text is None else str(text))
+    return visible(text)
+
+
+def _clean_lines(text: Any) -> str:
+    """Multi-line text bundlerun composed (a failure body): each line made inert, joined by newlines."""
+    return "\n".join(_clean(line) for line in str("" if text is None else text).split("\n"))
 
 
 def _fmt(v: Any) -> str:
@@ -60,7 +65,7 @@ def failure_text(out: dict[str, Any]) -> tuple[str, str]:
     set_crit = [f"{k}={_fmt(v)}" for k, v in crit.items() if k != "trail" and v not in (None, False)]
     if set_crit:
         lines.append("criteria: " + " ".join(set_crit))
-    return message, "\n".join(lines)
+    return message, "\n".join(_clean(line) for line in lines)  # each line inert: newlines only between them
 
 
 def _case_label(report: dict[str, Any]) -> tuple[str, str]:
@@ -110,24 +115,24 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
                     suite, "testcase", name=_clean(name), classname=classname, time=f"{elapsed / len(outputs):.6f}"
                 )
                 verdict = (out or {}).get("verdict") or case.get("verdict")
-                log = "\n".join(case.get("log_excerpt") or [])
+                log = "\n".join(_clean(line) for line in case.get("log_excerpt") or [])
                 if verdict == "FAIL":
                     counts["failures"] += 1
                     message, body = failure_text(out or {})
                     el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
-                    el.text = _clean(body)
+                    el.text = body  # made of lines each passed through _clean
                 elif verdict in ("ERROR", "TIMEOUT"):
                     counts["errors"] += 1
                     kind = "timeout" if verdict == "TIMEOUT" else (case.get("error_kind") or "error")
                     msg = case.get("error") or ("case timed out" if verdict == "TIMEOUT" else "case could not run")
                     el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
-                    el.text = _clean(msg + (f"\nlog: {case['log_path']}" if case.get("log_path") else ""))
+                    el.text = _clean(msg) + (f"\nlog: {_clean(case['log_path'])}" if case.get("log_path") else "")
                 elif verdict == "SKIP":
                     counts["skipped"] += 1
                     el = ET.SubElement(tc, "skipped")
                     el.text = _clean(case.get("error") or "skipped")
                 if log and verdict != "PASS":
-                    ET.SubElement(tc, "system-out").text = _clean(log)
+                    ET.SubElement(tc, "system-out").text = log
         counts["time"] = sum(float(c.get("elapsed_s") or 0.0) for c in cases)
         for key in ("tests", "failures", "errors", "skipped"):
             suite.set(key, str(counts[key]))
@@ -159,15 +164,20 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
             tc = ET.SubElement(suite, "testcase", name=_clean(f"{r.get('rule')}: {r.get('where')}"),
                                classname=f"{model}/{target}/regressions", time="0.000000")
             el = ET.SubElement(tc, "failure", message=_clean(r.get("message")), type=_clean(r.get("rule") or "regression"))
-            el.text = _clean(f"{r.get('message')}\nbaseline {_fmt(r.get('baseline'))} current {_fmt(r.get('current'))} "
-                             f"limit {_fmt(r.get('limit'))}")
+            el.text = _clean(r.get("message")) + _clean_lines(f"\nbaseline {_fmt(r.get('baseline'))} current "
+                                                              f"{_fmt(r.get('current'))} limit {_fmt(r.get('limit'))}")
         totals["tests"] += len(regressions)
         totals["failures"] += len(regressions)
+    from bundlerun.runner.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
+
+    replayed, flaky = junit_suite(root, report, model, target)
+    totals["tests"] += replayed
+    totals["failures"] += flaky
     if report.get("warnings"):
         # Put warnings on the last suite: they concern the whole run.
         suites = root.findall("testsuite")
         if suites:
-            ET.SubElement(suites[-1], "system-err").text = _clean("\n".join(report["warnings"]))
+            ET.SubElement(suites[-1], "system-err").text = "\n".join(_clean(w) for w in report["warnings"])
     for key in ("tests", "failures", "errors"):
         root.set(key, str(totals[key]))
     root.set("time", f"{totals['time']:.6f}")

@@ -25,7 +25,9 @@ _MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
 def _md(text: Any) -> str:
     """Text from a bundle, a device or the user, inert in Markdown: controls (terminal escapes
     included) blanked, markup characters escaped."""
-    return str(text).translate(_CONTROL).translate(_MD_SPECIAL)
+    from bundlerun.runner.safe_text import visible  # controls, bidi, invisible characters: escapes
+
+    return visible(text).translate(_MD_SPECIAL)
 
 
 def _cell(v: Any, fmt: str = "{:.4g}") -> str:
@@ -43,7 +45,9 @@ def _failed(f: dict[str, Any]) -> str:
 
 
 def _pct(v: Any) -> str:
-    return "–" if v is None else f"{v * 100:.2f}%"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):  # null, or "nan" as the writer stores it
+        return "–"
+    return f"{v * 100:.2f}%"
 
 
 def _delta_cell(pair: dict[str, Any], fmt: str) -> str:
@@ -191,6 +195,10 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
     if base.get("outputs") and not base.get("refused"):
         lines += _delta_table(base["outputs"], base.get("label") or base.get("ref"))
     lines += _perf_section(report)
+    from bundlerun.runner.quant_steps import suffix  # quantized outputs: errors also in quantization steps
+    from bundlerun.runner.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
+
+    lines += markdown_lines(report)
     rows = []
     for case in report.get("cases") or []:
         outs = case.get("outputs") or []
@@ -211,7 +219,8 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
                 why = case["error"]
             lines.append(
                 f"| {_md(case.get('method', 'forward'))}[{case.get('case')}] | {_md(out.get('name', '–'))} | {_ICON.get(v, '')} {v} "
-                f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))} | {_cell(stats.get('error_max'))} | {why if out.get('failed') else _cell(why)} |"
+                f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))}{suffix(stats, 'error_mae')} "
+                f"| {_cell(stats.get('error_max'))}{suffix(stats, 'error_max')} | {why if out.get('failed') else _cell(why)} |"
             )
         if len(shown) > max_rows:
             lines.append(f"| … | {len(shown) - max_rows} more | | | | | |")

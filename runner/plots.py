@@ -20,8 +20,9 @@ _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]}
 def _text(value: Any) -> str:
     """Text from a bundle or the user as a plot label: literal, never mathtext (`$` escaped),
     controls and lone surrogates made visible."""
-    text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates: visible
-    return text.translate(_CONTROL).replace("$", r"\$")
+    from bundlerun.runner.safe_text import visible  # controls, bidi, invisible characters, surrogates
+
+    return visible(value).replace("$", r"\$")
 
 
 def _figure(width: float = 5.0, height: float = 3.4):

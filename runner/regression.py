@@ -417,8 +417,10 @@ def format_regressions(regressions: list[Any], max_lines: int = 12) -> str:
     by_rule: dict[str, int] = {}
     for r in regs:
         by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
-    lines = [f"{len(regs)} regression(s): " + ", ".join(f"{rule} x{n}" for rule, n in by_rule.items())]
-    lines += [f"REGRESSION {r['rule']}: {r['message']}" for r in regs[:max_lines]]
+    from bundlerun.runner.safe_text import visible  # names in messages come from reports: one inert line each
+
+    lines = [f"{len(regs)} regression(s): " + ", ".join(f"{visible(rule)} x{n}" for rule, n in by_rule.items())]
+    lines += [f"REGRESSION {visible(r['rule'])}: {visible(r['message'])}" for r in regs[:max_lines]]
     if len(regs) > max_lines:
         lines.append(f"... {len(regs) - max_lines} more (see report.json / --json)")
     return "\n".join(lines)

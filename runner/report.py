@@ -113,11 +113,15 @@ _CONTROL.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
 
 
 def plain(text: object) -> str:
-    """Text from a bundle, a device or the user, safe for the console: control characters
-    (terminal escapes included) made visible, rich markup escaped."""
+    """Text from a bundle, a device or the user, safe for the console: control, bidi and other
+    invisible characters (newlines and terminal escapes included) made visible
+    (runner/safe_text.py), rich markup escaped. Print it with soft_wrap=True (or in a table
+    cell): rich's own wrapping must not start a line with it either."""
     from rich.markup import escape
 
-    return escape(str(text).translate(_CONTROL))
+    from bundlerun.runner.safe_text import visible
+
+    return escape(visible(text))
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:
@@ -189,6 +193,25 @@ def perf_line(report: dict[str, Any], limit: int = 5) -> str:
     return " · ".join(shown) + (f" · +{more} more in report.json" if more > 0 else "")
 
 
+HISTORY_NOT_RECORDED = "history not recorded"  # how session.finish_run and the farm word that warning
+
+
+def must_show(report: dict[str, Any]) -> list[str]:
+    """Warnings no output mode may hide (`--quiet`, `--json`): that the run is missing from the
+    history, which a later --baseline, compare, trend or HUD would silently lack."""
+    return [w for w in report.get("warnings") or [] if isinstance(w, str) and HISTORY_NOT_RECORDED in w]
+
+
+def echo_must_show(report: dict[str, Any]) -> None:
+    """Print `must_show` warnings on stderr, one inert line each (for the quiet and JSON modes)."""
+    import sys
+
+    from bundlerun.runner.safe_text import visible
+
+    for warning in must_show(report):
+        print(f"warning: {visible(warning)}", file=sys.stderr, flush=True)
+
+
 def wide_console(stderr: bool = False):
     """A rich Console; when not on a terminal (CI logs) use 160 columns, not 80."""
     import sys
@@ -196,7 +219,15 @@ def wide_console(stderr: bool = False):
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+    # soft_wrap: rich never breaks a printed line itself, so text from a bundle (a long model id
+    # in a title or a warning) cannot be pushed to the start of a line of its own (a forged verdict)
+    return Console(stderr=stderr, width=None if stream.isatty() else 160, soft_wrap=True)
+
+
+def _steps(stats: dict[str, Any], key: str) -> str:
+    from bundlerun.runner.quant_steps import suffix
+
+    return suffix(stats, key, "q")
 
 
 def print_summary(report: dict[str, Any], console=None) -> None:
@@ -227,8 +258,8 @@ def print_summary(report: dict[str, Any], console=None) -> None:
             f"[{style.get(row['verdict'], '')}]{row['verdict']}[/]",
             counts,
             str(row["worst_case"]),
-            _num(stats.get("error_max")),
-            _num(stats.get("error_mae")),
+            _num(stats.get("error_max")) + _steps(stats, "error_max"),  # quantized: also in quantization steps
+            _num(stats.get("error_mae")) + _steps(stats, "error_mae"),
             _num(row["min_sqnr"], ".1f"),
             _num(stats.get("cosine_similarity"), ".5f"),
             "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
@@ -250,13 +281,18 @@ def print_summary(report: dict[str, Any], console=None) -> None:
                 console.print(f"    [dim]{plain(line)}[/]", highlight=False)
         for out in case["outputs"]:
             for failure in out.get("failed") or []:
+                label = "[red]FAIL[/]" if out.get("verdict") == "FAIL" else f"[yellow]{plain(out.get('verdict'))}[/]"
                 console.print(
-                    f"[red]FAIL[/] {plain(case['method'])}[{case['case']}].{plain(out['name'])} "
-                    f"{failure['criterion']}: {plain(failure['detail'])}", highlight=False
+                    f"{label} {plain(case['method'])}[{case['case']}].{plain(out['name'])} "
+                    f"{plain(failure.get('criterion'))}: {plain(failure.get('detail'))}", highlight=False
                 )
     line = perf_line(report)
     if line:
         console.print(f"[dim]perf[/] {plain(line)}", highlight=False)
+    from bundlerun.runner.replay import console_lines  # --replay: distinct results, spread, verdict flips
+
+    for text in console_lines(report):
+        console.print(plain(text), highlight=False, style="yellow" if (report.get("replay") or {}).get("findings") else "")
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {plain(warning)}", highlight=False)
     s = report["summary"]

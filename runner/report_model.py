@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"
 READABLE_SCHEMAS = ("bundlerun.report/1", SCHEMA)
 REPORT_FILE = "report.json"
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 
 
 class ReportError(BundlerunError):
@@ -49,6 +49,7 @@ class OutputRecord:
     actual: dict[str, Any] | None = None
     lossy: bool | None = None
     note: str | None = None
+    replay: dict[str, Any] | None = None  # --replay N: runs, distinct, spread, verdicts, flips (runner/replay.py)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "OutputRecord":
@@ -60,7 +61,7 @@ class OutputRecord:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("expected", "actual", "lossy", "note"):
+        for key in ("expected", "actual", "lossy", "note", "replay"):
             if out[key] is None:
                 del out[key]
         return out
@@ -259,8 +260,14 @@ class Report:
             raise ReportError("not a bundlerun report (the JSON is not an object)")
         schema = data.get("schema")
         if schema not in READABLE_SCHEMAS:
-            raise ReportError(f"not a bundlerun report this version reads (schema {schema!r}; "
+            raise ReportError(f"not a bundlerun report this version reads (schema {repr(schema)[:80]}; "
                               f"reads {', '.join(READABLE_SCHEMAS)})")
+        from bundlerun.runner.report_check import ReportCheckError, check_report
+
+        try:  # every field a reader relies on has its type checked, with its path (runner/report_check.py)
+            check_report(data)
+        except ReportCheckError as exc:
+            raise ReportError(f"malformed report: {exc}") from None
         known = ({f.name for f in fields(cls)} - {"extras", "perf_info"}) | {"perf"}  # perf: derived from the cases
         try:
             report = cls(
@@ -301,13 +308,22 @@ def read_report(path: str | Path) -> Report:
     if path.is_dir():
         path = path / REPORT_FILE
     try:
-        data = json.loads(path.read_text())
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise ReportError(f"{path}: {path.stat().st_size} bytes; bundlerun reads reports of at most "
+                              f"{MAX_REPORT_BYTES} bytes")
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ReportError(f"no report at {path}") from None
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: not a JSON report ({exc})") from None
-    except RecursionError:
-        raise ReportError(f"{path}: JSON nested too deeply") from None
-    return Report.from_json(data)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, or an integer of 5,000 digits
+        raise ReportError(f"{path}: not a JSON report ({str(exc)[:200]})") from None
+    except (RecursionError, MemoryError):
+        raise ReportError(f"{path}: JSON nested too deeply or too large") from None
+    try:
+        return Report.from_json(data)
+    except ReportError as exc:  # one line naming the file and the field
+        raise ReportError(f"{path}: {exc}") from None
+
+
+MAX_REPORT_BYTES = 512 << 20  # a report.json read whole (100,000 cases with full stats are ~150 MB)

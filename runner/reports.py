@@ -20,11 +20,20 @@ def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | Non
         outputs = candidate if candidate.is_file() else None
     if outputs is None or isinstance(outputs, Mapping):
         return outputs
-    try:
-        with np.load(outputs, allow_pickle=False) as npz:
+    import zipfile
+    import zlib
+
+    try:  # only for plots: a file whose members would inflate past PLOT_OUTPUTS_MAX is left out
+        with zipfile.ZipFile(outputs) as zf:
+            if sum(i.file_size for i in zf.infolist()) > PLOT_OUTPUTS_MAX:
+                return None
+        with np.load(outputs, allow_pickle=False) as npz:  # zipfile stops each member at its declared size
             return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError):
         return None
+
+
+PLOT_OUTPUTS_MAX = 1 << 30  # bytes of saved outputs the HTML report's plots read (bundlerun's own bound)
 
 
 def _load_bundle(bundle: Any, report: dict[str, Any]):

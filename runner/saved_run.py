@@ -14,6 +14,7 @@ from typing import Any
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
+from bundlerun.targets.failures import FailureKind
 
 
 @dataclass
@@ -24,12 +25,59 @@ class SavedRun:
     bundle_path: Path
     run: TargetRun
     warnings: list[str] = field(default_factory=list)
+    outputs_file: Path | None = None  # the outputs.npz that was read (checked by sha256 and member by member)
 
 
-def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None) -> SavedRun:
-    """Report, bundle and actual outputs of the run saved in `directory`."""
-    import numpy as np
+def _expectations(report: dict[str, Any], bundle: Bundle, where: str) -> dict[str, Any]:
+    """What each member of outputs.npz must be (runner/saved_outputs.py): one per output of every
+    finished case, with the dtype the report recorded and at most the bytes of the bundle's
+    expected output (a recorded wrong-size actual output: at most 16x that, plus 1 MiB)."""
+    import math
 
+    from bundlerun.bundles import scalar_types as st
+    from bundlerun.runner.saved_outputs import Expect
+
+    expect: dict[str, Expect] = {}
+    for i, case in enumerate(report.get("cases", [])):
+        method, index = case["method"], int(case["case"])
+        at = f"{where}: cases[{i}]"
+        if case.get("status", "ok") != "ok":
+            continue
+        try:
+            suite = bundle.suite(method)
+        except KeyError:
+            raise BundlerunError(f"{at}: method {method!r} is not in the bundle (methods: "
+                                 f"{', '.join(s.method_name for s in bundle.method_test_suites)})") from None
+        if not 0 <= index < len(suite.test_cases):
+            raise BundlerunError(f"{at}: case {index} of {method!r} is not in the bundle (cases 0-"
+                                 f"{len(suite.test_cases) - 1})")
+        records = {o.get("index"): o for o in case.get("outputs", [])}
+        for j, value in enumerate(suite.test_cases[index].expected_outputs):
+            if value.kind != "tensor":
+                continue
+            rec = records.get(j) or {}
+            actual = rec.get("actual") or {}
+            try:
+                code = st.code_from_name(actual["dtype"]) if actual.get("dtype") else value.scalar_type
+                dtype = st.numpy_dtype(code)
+            except st.UnsupportedScalarType as exc:
+                raise BundlerunError(f"{at}.outputs[{j}].actual.dtype: {exc}") from None
+            limit = len(value.data)
+            shape = actual.get("shape")
+            if isinstance(shape, list) and shape != list(value.sizes):
+                recorded = math.prod(shape) * dtype.itemsize
+                limit = max(limit, min(recorded, 16 * limit + (1 << 20)))
+            limit = max(limit, math.prod(value.sizes) * dtype.itemsize)  # same shape, other dtype width
+            expect[f"{method}/{index}/{j}"] = Expect(dtype, limit)
+    return expect
+
+
+def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
+                   require_seal: bool = False) -> SavedRun:
+    """Report, bundle and actual outputs of the run saved in `directory`. Every file is checked
+    before it is used: the report by the strict reader, the bundle by its own (and its seal with
+    `require_seal`), outputs.npz by its sha256 in the report and member by member against the
+    bundle (runner/saved_outputs.py)."""
     from bundlerun.bundles import scalar_types as st
     from bundlerun.bundles.fileio import file_sha256
     from bundlerun.runner.report import OUTPUTS_FILE, REPORT_FILE
@@ -62,12 +110,23 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
     sha = recorded.get("sha256")
     if sha and file_sha256(path) != sha:
         if not explicit:
-            raise BundlerunError(f"bundle {path} changed since the run (sha256 differs); pass --bundle to judge anyway")
+            raise BundlerunError(f"{report_file}: bundle {path} changed since the run (sha256 differs); pass "
+                                 "--bundle to judge anyway")
         warnings.append(f"bundle {path} is not the file the run used (sha256 differs)")
-    bundle = read_bundle(path)
+    bundle = read_bundle(path, require_seal=require_seal)
 
-    with np.load(outputs_file, allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
+    from bundlerun.runner.saved_outputs import OutputsError, file_digest, read_outputs
+
+    recorded_sha = report.get("outputs_sha256")
+    if recorded_sha:
+        actual_sha = file_digest(outputs_file)
+        if actual_sha != recorded_sha:
+            raise OutputsError(f"{outputs_file}: not the outputs the run saved (sha256 {actual_sha[:16]}..., the "
+                               f"report records {str(recorded_sha)[:16]}...): replaced or edited; nothing judged")
+    else:
+        warnings.append(f"{report_file}: records no outputs_sha256 (written by an older bundlerun): "
+                        f"{outputs_file} cannot be checked against replacement")
+    arrays = read_outputs(outputs_file, _expectations(report, bundle, str(report_file)))
     cases = []
     for case in report.get("cases", []):
         method, index = case["method"], int(case["case"])
@@ -77,26 +136,23 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None)
             expected = bundle.suite(method).test_cases[index].expected_outputs
             j = 0
             while f"{method}/{index}/{j}" in arrays:
-                arr = np.ascontiguousarray(arrays[f"{method}/{index}/{j}"])
+                arr = arrays[f"{method}/{index}/{j}"]
                 rec = next((o for o in case.get("outputs", []) if o.get("index") == j), {})
                 dtype_name = (rec.get("actual") or {}).get("dtype")
-                if dtype_name:
-                    code = st.code_from_name(dtype_name)
-                elif j < len(expected) and expected[j].kind == "tensor":
-                    code = expected[j].scalar_type
-                else:
-                    code = st.code_from_numpy(arr.dtype)
+                code = st.code_from_name(dtype_name) if dtype_name else expected[j].scalar_type
                 outs.append(RawTensor(code, list(arr.shape), arr.tobytes(), lossy=bool(rec.get("lossy", False))))
                 j += 1
-            if not outs and expected:
-                status = CaseStatus.ERROR
-                warnings.append(f"{method} case {index}: no saved outputs; judged as ERROR")
+        error, kind = case.get("error"), case.get("error_kind")
+        if status == CaseStatus.OK and not outs and expected:  # the case ran, but its outputs are not in the file
+            status, kind = CaseStatus.ERROR, FailureKind.MISSING_OUTPUT
+            error = f"no saved output of this case in {outputs_file}: nothing to judge"
+            warnings.append(f"{method} case {index}: {error}; judged as ERROR")
         cases.append(CaseResult(
-            method, index, status, outs, error=case.get("error"), error_kind=case.get("error_kind"),
+            method, index, status, outs, error=error, error_kind=kind,
             log_excerpt=case.get("log_excerpt") or [], log_path=case.get("log_path"),
             elapsed_s=case.get("elapsed_s"), device_verdict=case.get("device_verdict"),
         ))
     target = report.get("target") or {}
     run = TargetRun(target.get("url", "?"), cases, info=target.get("info") or {}, logs=target.get("logs") or {},
                     setup_s=target.get("setup_s"))
-    return SavedRun(directory, report, bundle, path, run, warnings)
+    return SavedRun(directory, report, bundle, path, run, warnings, outputs_file)

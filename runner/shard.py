@@ -42,7 +42,7 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
-_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SHARD = re.compile(r"^\s*(\d{1,18})\s*/\s*(\d{1,18})\s*$")  # bounded: int() of 5,000 digits raises
 
 
 def parse_shard(text: "str | Shard | None") -> Shard | None:
@@ -55,6 +55,10 @@ def parse_shard(text: "str | Shard | None") -> Shard | None:
     if not m:
         raise ShardError(f"--shard {text!r}: expected I/N, e.g. 2/4 (shard 2 of 4, counted from 1)")
     index, count = int(m.group(1)), int(m.group(2))
+    from bundlerun.bundles.limits import MAX_SHARDS
+
+    if count > MAX_SHARDS:
+        raise ShardError(f"--shard {text!r}: at most {MAX_SHARDS} shards (bundlerun's limit, docs/security.md)")
     if count < 1 or not 1 <= index <= count:
         raise ShardError(f"--shard {text!r}: the shard index must be between 1 and {max(count, 1)}")
     return Shard(index, count)
@@ -133,9 +137,10 @@ class RunShardPlan:
         keep = set(self.keep)
         cases = [c for c in report.get("cases") or [] if case_key(c["method"], c["case"]) in keep]
         if len(cases) != len(report.get("cases") or []):
-            interrupted = (report.get("summary") or {}).get("interrupted")
+            before = report.get("summary") or {}
             report["cases"] = cases
-            report["summary"] = {**summarize(cases), **({"interrupted": True, "exit_code": 130} if interrupted else {})}
+            report["summary"] = {**summarize(cases), **({"interrupted": True, "exit_code": before["exit_code"]}
+                                                        if before.get("interrupted") else {})}
         report["shard"] = self.record
 
 

@@ -21,6 +21,9 @@ fi
 # Editable, so the tests use this tree; bundlerun installs as bundlerun.{bundles,targets,runner}
 # (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
 .venv/bin/python -m pip install -q -e ".[arm,test,apple,farm]"
+# qnn://htp-sim: Qualcomm's x86_64 QNN libraries (HTP simulator) from PyPI's onnxruntime-qnn 2.5.0,
+# hash-checked, unpacked to ~/.cache/bundlerun/qnn/2.49.40/ (never committed: Qualcomm's licence)
+bash firmware_scripts/qnn/install_htp_sim.sh --python .venv/bin/python >/dev/null
 # labgrid (labgrid://) in a venv of its own: its pyserial-labgrid fork installs over pyserial's
 # `serial` files, which bundlerun's serial lane needs as they are. bundlerun runs
 # targets/labgrid_agent.py with this venv's python; the labgrid:// tests run its coordinator/exporter.
@@ -45,6 +48,8 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   command -v gcc >/dev/null 2>&1 || missing+=(gcc)  # the QEMU instruction-count plugin (build_qemu_plugin.sh)
   command -v curl >/dev/null 2>&1 || missing+=(curl)  # fetches that plugin's header from Debian's QEMU source
   command -v ser2net >/dev/null 2>&1 || [ -x /usr/sbin/ser2net ] || missing+=(ser2net)  # labgrid exporter in the labgrid:// tests
+  [ -f /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || missing+=(mesa-vulkan-drivers)  # vulkan://lavapipe's driver
+  [ -e /usr/lib/x86_64-linux-gnu/libvulkan.so.1 ] || missing+=(libvulkan1)  # the Vulkan loader
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
       apt-get update -qq
@@ -56,14 +61,18 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
 fi
 # ExecuTorch's own runners, built from source into the content-addressed cache
 # (~/.cache/bundlerun/runners/; a second call returns at once): the Arm runner for
-# qemu://mps3-an547, the aarch64 executor_runner for qemu-user:// and the Android tests, bundlerun's
-# aarch64 debug runner (`bundlerun debug` on adb:// / qemu-user://) and the QEMU instruction-count plugin.
+# qemu://mps3-an547, the aarch64 executor_runner (portable + quantized kernels + XNNPACK with KleidiAI)
+# for qemu-user:// and the Android tests, bundlerun's aarch64 debug runner (`bundlerun debug` on adb:// /
+# qemu-user://; made by the same build, so its line is a cache hit) and the QEMU instruction-count plugin.
 BUILD_RUNNERS="${BUILD_RUNNERS:-$WITH_SYSTEM_PACKAGES}"
 if [ "$BUILD_RUNNERS" = "1" ]; then
   for build in "firmware_scripts/arm/build_qemu_runner.sh --jobs 2" \
                "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --jobs 2" \
                "firmware_scripts/android/build_executor_runner.sh --toolchain gnu --debug-runner --jobs 2" \
-               "firmware_scripts/arm/build_qemu_plugin.sh"; do
+               "firmware_scripts/arm/build_qemu_plugin.sh" \
+               "firmware_scripts/vulkan/build_vulkan_runner.sh --jobs 2" \
+               "firmware_scripts/vulkan/fetch_lavapipe_backports.sh" \
+               "firmware_scripts/mlx/build_mlx_runner.sh --jobs 2"; do  # mlx://cpu: ExecuTorch's C++ MLX delegate
     log="$(mktemp)"
     start=$(date +%s)
     if ! PYTHON="$PWD/.venv/bin/python" bash $build >"$log" 2>&1; then

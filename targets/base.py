@@ -133,6 +133,7 @@ class CaseResult:
     device_verdict: dict[str, Any] | None = None  # DeviceVerdict.to_dict(): the runner's own BundleIO check
     extra: dict[str, Any] = field(default_factory=dict)
     perf: list[PerfFigure] = field(default_factory=list)  # what the target measured; absent = cannot give
+    replays: list[list[RawTensor]] = field(default_factory=list)  # --replay N: the outputs of runs 2..N
 
     def __post_init__(self) -> None:
         # One closed set of failure kinds (targets.failures); older free-text kinds map onto it.
@@ -183,6 +184,10 @@ class RunOptions:
     # qemu-user://) map it to --num_executions N+1, host:// times N more run_method calls per case.
     # 1 = one execution, as before.
     repeat: int = 1
+    # `--replay N` (determinism replay, runner/replay.py): a target whose SPEC declares `replay=True` runs
+    # each case N times in its own loop (one process or boot) and returns the N-1 later runs' outputs in
+    # CaseResult.replays; for the others the runner repeats the whole run. 1 = no replay.
+    replay: int = 1
 
 
 class Target(Protocol):

@@ -28,6 +28,30 @@ DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _LIBRARY_RE = re.compile(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)')
 _FLAG_RE = re.compile(r"ERROR: unknown command line flag '([^']+)'")
+# Runtime error lines the generic parser (targets/arm/protocol.py) has no kind for, read from the pinned
+# sources: XNNPACK's payload check (backends/xnnpack/runtime/XNNCompiler.cpp:2172), Method::set_input's
+# dtype check (runtime/executor/method.cpp:1206) and the kernels' dtype switch
+# (runtime/core/exec_aten/util/scalar_type_util.h:928).
+_RUNTIME_CAUSES = (
+    (re.compile(r"FlatBuffer verification failed; data may be truncated or corrupt"), FailureKind.BAD_BUNDLE,
+     "the XNNPACK delegate payload is corrupt (XNNPACK's flatbuffer check failed)"),
+    (re.compile(r"Input (?P<i>\d+) has unexpected scalar type: expected (?P<want>\w+) but was (?P<got>\w+)"),
+     FailureKind.BAD_BUNDLE, "the bundle's input {i} is {got} but the program takes {want}: the runtime refuses it"),
+    (re.compile(r"Unhandled dtype (?P<dtype>\S+) for (?P<op>\S+)"), FailureKind.UNSUPPORTED,
+     "the runner's {op} kernel does not support dtype {dtype}"),
+)
+
+
+def _runtime_cause(log) -> Failure | None:
+    for line in log.lines:
+        if line.level not in ("E", "F"):
+            continue
+        for pattern, kind, text in _RUNTIME_CAUSES:
+            m = pattern.search(line.message)
+            if m:
+                return Failure(kind, f"{text.format(**m.groupdict())} ({line.raw.strip()})",
+                               log.excerpt() or [ln.raw for ln in log.lines[-10:]])
+    return None
 
 
 def runner_args(model: str, method: str, output_prefix: str, *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
@@ -80,6 +104,9 @@ def classify(output: str, exit_status: int | None) -> Failure | None:
                        evidence)
     if exit_status == 1 and log.bundle_verdict == "FAIL":
         return None
+    specific = _runtime_cause(log)
+    if specific is not None:
+        return specific
     cause = cause_of(log)
     sig = signal_of(exit_status) if exit_status is not None else None
     if sig in (6,) and cause is not None:  # ET_CHECK_MSG aborts after logging its cause

@@ -40,6 +40,8 @@ class HostTarget:
         if options.repeat > 1:  # one warm-up execution per case (its outputs are judged) + N timed ones
             args += ["--repeat", str(options.repeat)]
             info.update(repeat=options.repeat, warmup=1)
+        if getattr(options, "replay", 1) > 1:  # --replay N: each case N times in the loaded program
+            args += ["--replay", str(options.replay)]
         warnings = []
         built = (bundle.manifest or {}).get("build", {}).get("backend")
         if self.variant == "portable" and built not in (None, "portable"):
@@ -70,6 +72,7 @@ SPEC = TargetSpec(
     default_backend=lambda url: "portable" if url.rest.lower().startswith("portable") else "xnnpack",
     settings=HostSettings,
     doctor=_doctor,
+    replay=True,  # --replay: the host worker runs each case N times in one loaded program
 )
 
 

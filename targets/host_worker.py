@@ -88,7 +88,7 @@ def _layout_mismatch(module, suite, code_of) -> dict[int, str]:
 
 
 def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t0: float | None = None,
-                repeat: int = 1) -> int:
+                repeat: int = 1, replay: int = 1) -> int:
     """Load one bundle in the runtime, run `pairs`, emit its events (ready ... finished, or fatal).
     Everything of this bundle is dropped on return: a warm worker's next bundle starts clean."""
     from bundlerun.bundles.bpte import parse_bundle
@@ -160,12 +160,33 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             path.write_bytes(data)
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
         else:
+            try:  # --replay N: the same case N-1 more times in this process (runner/replay.py)
+                replays = _replay_runs(module, method, case, inputs, out_dir, replay, code_of, torch)
+            except Exception as exc:
+                _emit(event="error", method=method, case=case, error=f"replay execution failed: {exc}", kind="runtime")
+                continue
             _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records,
+                  **({"replays": replays} if replays else {}),
                   **({"perf": _repeat_figures(module, method, inputs, elapsed, repeat, method not in timed)}
                      if repeat > 1 else {}))
             timed.add(method)
     _emit(event="finished")
     return 0
+
+
+def _replay_runs(module, method: str, case: int, inputs: list, out_dir: Path, replay: int, code_of: dict,
+                 torch) -> list[list[dict]]:
+    """--replay N: runs 2..N of the case in this loaded program, each output written as run 1's are."""
+    runs = []
+    for k in range(1, replay):
+        records = []
+        for j, out in enumerate(module.run_method(method, inputs)):
+            out = (out if isinstance(out, torch.Tensor) else torch.tensor(out)).contiguous()
+            path = out_dir / f"{method}-{case}-{j}-r{k}.bin"
+            path.write_bytes((out.view(torch.int16) if out.dtype == torch.bfloat16 else out).numpy().tobytes())
+            records.append({"scalar_type": code_of.get(out.dtype), "shape": list(out.shape), "file": str(path)})
+        runs.append(records)
+    return runs
 
 
 def _repeat_figures(module, method: str, inputs: list, elapsed: float, repeat: int, first: bool) -> list[dict]:
@@ -195,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="timed executions per case after its first")
+    parser.add_argument("--replay", type=int, default=1, help="runs per case whose outputs all come back")
     parser.add_argument("--serve", action="store_true",
                         help="warm worker: import the runtime once, then load bundles sent on stdin")
     args = parser.parse_args(argv)
@@ -211,14 +233,14 @@ def main(argv: list[str] | None = None) -> int:
 
         def handle(cmd: dict) -> None:
             _run_bundle(str(cmd["bundle"]), str(cmd["out_dir"]), [tuple(p) for p in cmd.get("cases", [])],
-                        args.threads, pending.pop() if pending else None, args.repeat)
+                        args.threads, pending.pop() if pending else None, args.repeat, args.replay)
             gc.collect()
 
         return serve(handle)
     if not (args.bundle and args.out_dir and args.cases):
         parser.error("BUNDLE OUT_DIR --cases FILE are required (or --serve)")
     return _run_bundle(args.bundle, args.out_dir, json.loads(Path(args.cases).read_text()), args.threads,
-                       repeat=args.repeat)
+                       repeat=args.repeat, replay=args.replay)
 
 
 if __name__ == "__main__":

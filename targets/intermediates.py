@@ -95,9 +95,34 @@ _CANNOT = {
 def unsupported_message(url: str) -> str:
     scheme = url.split("://", 1)[0].lower() if "://" in url else url
     family = scheme.split("+", 1)[0]
-    why = _CANNOT.get(scheme) or _CANNOT.get(family) or "this target has no way to dump intermediates"
+    why = _CANNOT.get(scheme) or _CANNOT.get(family) or _declared_note(url) or "this target has no way to dump intermediates"
     return (f"{url}: cannot return intermediate outputs (yet): {why}; host://, tosa://, mlx://, qemu://, fvp://, "
-            "serial, adb:// and qemu-user:// can")
+            "serial, adb:// and qemu-user:// can. To find the delegated operator that makes a case fail here without "
+            f"them: bundlerun bisect MODEL --target {url} --case N (re-lowers with the delegate restricted, "
+            "docs/debugging.md)")
+
+
+def supports_capture(url: str) -> bool:
+    """Whether `capture` has a lane for this URL (checked before anything else is loaded)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else url
+    if scheme in ("host", "tosa") or scheme in _DEVICE_CAPTURE or scheme.split("+", 1)[0] in _DEVICE_CAPTURE:
+        return True
+    try:
+        from bundlerun.targets import spec_for
+
+        return spec_for(url).capture is not None
+    except Exception:  # noqa: BLE001 - an unknown URL is reported by capture itself
+        return True
+
+
+def _declared_note(url: str) -> str:
+    """The target's own SPEC.capture_note (why it cannot), if it declares one."""
+    try:
+        from bundlerun.targets import spec_for
+
+        return spec_for(url).capture_note
+    except Exception:  # noqa: BLE001 - an unknown URL: the generic line
+        return ""
 
 
 # scheme -> module with `capture(url, config, bundle_path, method, case, work_dir, timeout_s,

@@ -177,6 +177,9 @@ class Agent:
         self.ids = 0
         self.buf = b""
         self.proc = None
+        from bundlerun.targets import argv
+
+        python = argv.program(python, "labgrid python", "labgrid://")  # argv[0]: never an option
         try:
             self.proc = subprocess.Popen([python, str(AGENT), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self.stderr, start_new_session=True, close_fds=True)
@@ -600,6 +603,7 @@ SPEC = TargetSpec(
     default_backend=inner_default_backend("portable"),
     settings=LabgridSettings,
     doctor=_doctor,
+    command_settings=("python",),  # the interpreter the labgrid agent runs in
 )
 
 

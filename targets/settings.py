@@ -57,8 +57,12 @@ def coerce(section: str, key: str, value: Any, kind: Any) -> Any:
             return int(value)
         if kind is float:
             number = float(value)
-            if number != number:
-                raise ValueError("NaN is not a setting")
+            if number != number or number in (float("inf"), float("-inf")):
+                raise ValueError("not a finite number")  # an infinite timeout overflows OS timers
+            from bundlerun.bundles.limits import MAX_TIMEOUT_S
+
+            if key.endswith(("timeout", "_s", "timeout_s")) and number > MAX_TIMEOUT_S:
+                raise ValueError(f"more than {MAX_TIMEOUT_S:g} seconds (bundlerun's limit, docs/security.md)")
             return number
         if kind is Path:
             return Path(os.path.expanduser(str(value)))

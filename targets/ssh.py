@@ -95,10 +95,13 @@ def split_url(url: TargetURL) -> tuple[str | None, str, int | None, str, dict[st
         host, port = hostport.rsplit(":", 1)
     if not host:
         raise TargetError(f"{url.raw}: no host; expected ssh://[user@]host[:port]/<inner target URL>", kind="bad-config")
-    try:
-        port_n = int(port) if port else None
-    except ValueError:
-        raise TargetError(f"{url.raw}: port {port!r} is not a number", kind="bad-config") from None
+    from bundlerun.targets import argv
+
+    # host and user reach ssh's argv: `ssh://-oProxyCommand=.../...` must never be an ssh option
+    host = argv.host(host, "ssh host", url.raw)
+    port_n = argv.port(port, "ssh port", url.raw) if port else None
+    if user:
+        argv.user(unquote(user), "ssh user", url.raw)
     inner = url.path.lstrip("/")
     if "://" not in inner:
         raise TargetError(f"{url.raw}: no inner target; expected ssh://[user@]host[:port]/<inner URL>, "
@@ -416,9 +419,18 @@ class SshTarget:
                 line, buf = buf.split(b"\n", 1)
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
+                if not isinstance(msg, dict):
+                    continue  # the remote worker's lines are data: only its documented events are read
                 event = msg.get("event")
+                if event in ("start", "done", "error"):
+                    try:  # a case key that is not (text, integer) is no event of this session
+                        if not isinstance(msg["method"], str):
+                            raise TypeError("method")
+                        msg["case"] = int(msg["case"])
+                    except (KeyError, TypeError, ValueError, OverflowError):
+                        continue
                 if event == "ready":
                     ready = True
                     session.setdefault("info", {}).update(msg.get("info", {}))
@@ -451,16 +463,31 @@ class SshTarget:
                     return "finished"
 
     def _result(self, msg: dict, log_path: Path) -> CaseResult:
+        try:
+            return self._parse_result(msg, log_path)
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:  # binascii.Error too
+            return CaseResult(msg["method"], int(msg["case"]), CaseStatus.ERROR, error=(
+                f"the remote worker sent a malformed result ({type(exc).__name__}: {str(exc)[:120]})"),
+                error_kind=FailureKind.TRANSPORT, log_path=str(log_path), extra={"transport_fault": "malformed"})
+
+    def _parse_result(self, msg: dict, log_path: Path) -> CaseResult:
         method, case = msg["method"], int(msg["case"])
+        # the remote's fields are data: each is taken only with the type the report records
+        elapsed = msg.get("elapsed_s")
+        elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) else None
+        extra = msg.get("extra") if isinstance(msg.get("extra"), dict) else {}
         if msg["event"] == "error":
             status = CaseStatus.TIMEOUT if msg.get("status") == "timeout" else CaseStatus.ERROR
-            return CaseResult(method, case, status, error=msg.get("error"), error_kind=msg.get("kind") or "runner-error",
-                              log_excerpt=list(msg.get("log_excerpt") or []), log_path=str(log_path),
-                              elapsed_s=msg.get("elapsed_s"), extra={**(msg.get("extra") or {}), "remote": True})
-        outputs = [RawTensor(int(o["scalar_type"]), [int(d) for d in o["shape"]], base64.b64decode(o["b64"]),
+            kind = msg.get("kind")
+            return CaseResult(method, case, status, error=str(msg.get("error") or "the remote worker reported an error"),
+                              error_kind=FailureKind.parse(kind) if isinstance(kind, str) else FailureKind.RUNNER_ERROR,
+                              log_excerpt=[str(x) for x in (msg.get("log_excerpt") or [])][:200], log_path=str(log_path),
+                              elapsed_s=elapsed, extra={**extra, "remote": True})
+        outputs = [RawTensor(int(o["scalar_type"]), [int(d) for d in o["shape"]], base64.b64decode(o["b64"], validate=True),
                              bool(o.get("lossy", False))) for o in msg.get("outputs", [])]
-        return CaseResult(method, case, CaseStatus.OK, outputs=outputs, elapsed_s=msg.get("elapsed_s"),
-                          device_verdict=msg.get("device_verdict"), extra=dict(msg.get("extra") or {}))
+        verdict = msg.get("device_verdict")
+        return CaseResult(method, case, CaseStatus.OK, outputs=outputs, elapsed_s=elapsed,
+                          device_verdict=verdict if isinstance(verdict, dict) else None, extra=dict(extra))
 
     @staticmethod
     def _notify(result: CaseResult, options: RunOptions) -> None:
@@ -488,6 +515,8 @@ SPEC = TargetSpec(
     default_backend=inner_default_backend("xnnpack"),
     settings=SshSettings,
     doctor=_doctor,
+    # the local client and its options (a ProxyCommand runs here), the remote command and its environment
+    command_settings=("ssh", "ssh_options", "ssh_config", "bundlerun", "env"),
 )
 
 

@@ -68,6 +68,8 @@ class TosaTarget:
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         info = {"profile": PROFILES[self.profile], **self.preflight(bundle)}
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
+        if getattr(options, "replay", 1) > 1:  # --replay N: each case N times in the walker
+            args += ["--replay", str(options.replay)]
         return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "tosa-runtime", info, warm=True)
 
 
@@ -84,6 +86,7 @@ SPEC = TargetSpec(
     examples=("tosa://int", "tosa://fp"),
     default_backend="arm",
     doctor=_doctor,
+    replay=True,  # --replay: the program walker runs each case N times in one process
 )
 
 

@@ -69,6 +69,13 @@ def _signal_name(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def _take_file(path: str) -> bytes:
+    """A child's output file, read and removed."""
+    data = Path(path).read_bytes()
+    Path(path).unlink(missing_ok=True)
+    return data
+
+
 def tail_lines(path: Path, lines: int = 12) -> list[str]:
     """The last non-empty lines of a log (a case's excerpt after a crash or hang)."""
     try:
@@ -423,6 +430,8 @@ class WorkerSupervisor:
             path.unlink(missing_ok=True)
             outputs.append(RawTensor(int(out["scalar_type"]), list(out["shape"]), data))
         result = CaseResult(method, case, CaseStatus.OK, outputs=outputs, elapsed_s=msg.get("elapsed_s"))
+        for run in msg.get("replays") or []:  # --replay N: the later runs' outputs (host_worker, program worker)
+            result.replays.append([RawTensor(int(o["scalar_type"]), list(o["shape"]), _take_file(o["file"])) for o in run])
         if msg.get("perf"):  # figures the worker measured (host_worker --repeat): PerfFigure dicts
             from bundlerun.targets.base import PerfFigure
 

@@ -159,7 +159,9 @@ def test_unsupported_targets_say_what_they_need(tmp_path):
             capture(url, tmp_path / "x.bpte", "forward", 0, tmp_path / "unused")
         text = str(info.value)
         assert text.startswith(f"{url}: cannot return intermediate outputs (yet): ") and needs in text
-        assert text.endswith("host://, tosa://, mlx://, qemu://, fvp://, serial, adb:// and qemu-user:// can")
+        assert "; host://, tosa://, mlx://, qemu://, fvp://, serial, adb:// and qemu-user:// can. " in text
+        assert text.endswith(f"bundlerun bisect MODEL --target {url} --case N (re-lowers with the delegate "
+                             "restricted, docs/debugging.md)")  # where nothing can be dumped: bisect
         assert "\n" not in text
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -97,7 +98,9 @@ def test_plan_target_backend_and_build_target(tmp_path):
     assert list(jobs) == ["mlp-int8@host://xnnpack", "mlp-int8@serial+socket://127.0.0.1:5555"]
     built = jobs["mlp-int8@serial+socket://127.0.0.1:5555"]
     assert (built.build.backend, built.build.target, built.build.dtype) == ("cortex-m", "qemu://mps3-an547", "int8")
-    assert built.bundle.name == "mlp-int8-cortex-m-qemu_mps3-an547.bpte" and built.group.url.startswith("serial+socket")
+    # named by what is built, plus the build's digest (runner/farm/plan.py: one slug never shares a file)
+    assert re.fullmatch(r"mlp-int8-cortex-m-qemu_mps3-an547-[0-9a-f]{12}\.bpte", built.bundle.name), built.bundle.name
+    assert built.group.url.startswith("serial+socket")
     assert jobs["mlp-int8@host://xnnpack"].build.backend is None  # the target's default, as before
     # no dtypes: the default dtype of the backend for the build target (int8 for Cortex-M)
     only = load_plan(_write(tmp_path / "nodtype.toml", base.replace('dtypes = ["int8"]\n', "")))
@@ -552,13 +555,15 @@ def test_zoo_plan_on_host_tosa_and_emulated_phone_same_verdicts_local_and_ray(cl
     plan = _write(tmp_path / "zoo.toml", f"""
 models = ["mlp"]
 cases = 2
-targets = ["host://xnnpack", "tosa://int", {{url = "adb+tcp://127.0.0.1:{device.port}", resource = "adb:emu-1", options = {{runner = "{runners['executor-runner']}", workspace = "/data/local/tmp/farm"}}}}]
+targets = ["host://xnnpack", "tosa://int", {{url = "adb+tcp://127.0.0.1:{device.port}", resource = "adb:emu-1", options = {{workspace = "/data/local/tmp/farm"}}}}]
 """)
+    # the runner binary is a program: the user's config names it, a plan cannot (docs/security.md)
+    config = _write(tmp_path / "bundlerun.toml", f'[targets.adb]\nrunner = "{runners["executor-runner"]}"\n')
     results = {}
     for executor in ("local", f"ray:{ray_cluster.address}"):
         out = tmp_path / executor.split(":")[0]
-        r = cli("farm", str(plan), "--executor", executor, "--report", str(out), "--no-history", "--json", env=ENV,
-                timeout=1800)
+        r = cli("farm", str(plan), "--executor", executor, "--report", str(out), "--no-history", "--json",
+                "--config", str(config), env=ENV, timeout=1800)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         merged = json.loads((out / "report.json").read_text())
         results[executor.split(":")[0]] = merged
@@ -600,8 +605,11 @@ models = ["mlp"]
 dtypes = ["int8"]
 cases = 2
 timeout = 60
-targets = ["host://xnnpack", {{url = "{url}", resource = "{BOARD}", backend = "cortex-m", build_target = "qemu://mps3-an547", options = {{elf = {json.dumps(str(elf))}, launch = {json.dumps(launch)}}}}}]
+targets = ["host://xnnpack", {{url = "{url}", resource = "{BOARD}", backend = "cortex-m", build_target = "qemu://mps3-an547"}}]
 """)
+    # the launch command and the firmware it runs are the user's config, never the plan's (docs/security.md)
+    config = _write(tmp_path / "bundlerun.toml", f"[targets.serial]\nelf = {json.dumps(str(elf))}\n"
+                                                 f"launch = {json.dumps(launch)}\n")
     job, host_job = f"mlp-int8@{url}", "mlp-int8@host://xnnpack"
 
     def qemus() -> list[str]:  # this test's boards only: others' QEMU runs are not ours to count
@@ -620,7 +628,7 @@ targets = ["host://xnnpack", {{url = "{url}", resource = "{BOARD}", backend = "c
     for executor in ("local", f"ray:{ray_cluster.address}"):
         name = executor.split(":")[0]
         r = cli("farm", str(plan), "--executor", executor, "--report", str(tmp_path / name), "--no-history", "--json",
-                env=ENV, timeout=900)
+                "--config", str(config), env=ENV, timeout=900)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         merged = json.loads((tmp_path / name / "report.json").read_text())
         Report.from_json(merged)

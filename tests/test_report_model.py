@@ -39,18 +39,20 @@ def test_schema_1_reports_read_with_their_free_text_kinds_mapped(tmp_path):
 @pytest.mark.parametrize("mutate,needle", [
     (lambda r: r.clear(), "schema None"),
     (lambda r: r.update(schema="other/1"), "schema 'other/1'"),
-    (lambda r: r.update(summary=[]), "the summary is a list"),
-    (lambda r: r["summary"].pop("verdict"), "the summary has no verdict"),
-    (lambda r: r["cases"][0].update(verdict="MAYBE"), "case verdict 'MAYBE'"),
-    (lambda r: r["cases"][0]["outputs"][0].update(verdict="OK"), "output verdict 'OK'"),
-    (lambda r: r["cases"][0].pop("method"), "has no 'method'"),
+    # the strict reader (runner/report_check.py) names the field's path
+    (lambda r: r.update(summary=[]), "summary: expected an object, got a list"),
+    (lambda r: r["summary"].pop("verdict"), "summary: no 'verdict'"),
+    (lambda r: r["cases"][0].update(verdict="MAYBE"), r"cases\[0\]\.verdict: expected one of .* 'MAYBE'"),
+    (lambda r: r["cases"][0]["outputs"][0].update(verdict="OK"), r"cases\[0\]\.outputs\[0\]\.verdict: .* 'OK'"),
+    (lambda r: r["cases"][0].pop("method"), r"cases\[0\]: no 'method'"),
 ])
 def test_malformed_reports_are_one_line_errors(mutate, needle, tmp_path):
     data = copy.deepcopy(quick_report())
     mutate(data)
     (tmp_path / "report.json").write_text(json.dumps(data))
-    with pytest.raises(ReportError, match=needle):
+    with pytest.raises(ReportError, match=needle) as err:
         read_report(tmp_path / "report.json")
+    assert str(err.value).startswith(str(tmp_path / "report.json")) and "\n" not in str(err.value)  # names the file
 
 
 def test_unreadable_files_are_one_line_errors(tmp_path):

@@ -220,7 +220,8 @@ def lower(req: LoweringRequest) -> LoweringResult:
         torch.save(examples, folder / "inputs.pt")
         reply = _AOT.lower(lib, {"model": str(folder / "model.pt2"), "inputs": str(folder / "inputs.pt"),
                                  "soc": soc, "fp16": req.dtype == "fp16", "out": str(folder / "program.pte"),
-                                 "log": str(folder / "qnn-lowering.log"), "imports": _model_sources(req.model)})
+                                 "log": str(folder / "qnn-lowering.log"), "imports": _model_sources(req.model),
+                                 "partition_control": _partition_spec()})  # `bisect`: bundles/partition_control.py
         buffer = (folder / "program.pte").read_bytes()
     summary = dict(reply.get("summary") or {})
     summary.update(partitioner="QnnPartitioner", soc_model=soc, htp_arch=f"v{int(soc_info.htp_info.htp_arch)}",
@@ -329,6 +330,13 @@ _AOT = _AotChild()
 atexit.register(_AOT.close)
 
 
+def _partition_spec() -> dict[str, Any] | None:
+    """The active `bisect` restriction, which the AOT child applies (bundles/partition_control.py)."""
+    from bundlerun.bundles.partition_control import spec
+
+    return spec()
+
+
 def _last_line(log: Path) -> str:
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -373,7 +381,10 @@ def _serve() -> int:
             specs = generate_qnn_executorch_compiler_spec(
                 soc_model=getattr(QcomChipset, request["soc"]),
                 backend_options=generate_htp_compiler_spec(use_fp16=bool(request["fp16"])))
-            edge = to_edge_transform_and_lower_to_qnn(module, inputs, specs)
+            from bundlerun.bundles.partition_control import applied  # `bisect`: the delegate restricted
+
+            with applied(request.get("partition_control")):
+                edge = to_edge_transform_and_lower_to_qnn(module, inputs, specs)
             summary = delegation_summary(edge)
             Path(request["out"]).write_bytes(bytes(edge.to_executorch().buffer))
             reply = {"ok": True, "summary": summary}

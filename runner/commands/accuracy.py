@@ -98,10 +98,12 @@ def print_accuracy(report: dict[str, Any]) -> None:
     conf = int(ds["confidence"] * 100)
     lo, hi = ds["top1_diff_ci"]
     bundle = report["bundle"]
-    click.echo(
+    from bundlerun.runner.safe_text import visible  # model id and dataset name come from the bundle
+
+    click.echo(visible(
         f"{bundle.get('model')} {bundle.get('dtype')} on {report['target']['url']}: "
         f"{ds['name']}, {ds['evaluated']} samples" + (f" ({ds['errored']} errored)" if ds["errored"] else "")
-    )
+    ))
     click.echo(f"  {'':18}{'top-1':>9}{'top-5':>9}")
     click.echo(f"  {'target':18}{ds['top1'] * 100:8.2f}%{ds['top5'] * 100:8.2f}%")
     click.echo(f"  {'float reference':18}{ds['reference_top1'] * 100:8.2f}%{ds['reference_top5'] * 100:8.2f}%")
@@ -165,6 +167,9 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
+    from bundlerun.runner.report import echo_must_show
+
+    echo_must_show(report)  # print_accuracy shows no warnings: a run missing from the history is said anyway
     click.echo(f"report: {req.report_dir / 'report.json'}", err=True)
     s = report["summary"]
     # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)

@@ -2,7 +2,10 @@
 metrics side by side.
 
 Only related runs are compared (same target, dtype, methods and cases, same test inputs or
-model): anything else is refused in one line unless `--force`.
+model): anything else is refused in one line unless `--force`. One exception: the SAME bundle
+(same program and test inputs) run on two targets, e.g. host://xnnpack and qemu-user://aarch64
+(x86 vs aarch64 kernels), is what cross-target validation is for - compared without --force, the
+columns named by the two targets, each output's errors side by side with their difference.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ def _worse(pair: dict, key: str) -> bool:
 
 def _counts(counts: dict) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def _cross_target(base: dict, cur: dict, reasons: list[str]) -> bool:
+    """The same bundle on two targets: the only reason the runs differ is the target, and both ran
+    the same program (program digest, else the same bundle file)."""
+    bb, cb = base.get("bundle") or {}, cur.get("bundle") or {}
+    same = (bb.get("program_sha256") and bb.get("program_sha256") == cb.get("program_sha256")) or (
+        bb.get("sha256") and bb.get("sha256") == cb.get("sha256"))
+    return bool(same and reasons and all(r.startswith("target differs") for r in reasons))
 
 
 def _overridden(rules, flags: dict[str, tuple[str, float | None]]):
@@ -129,8 +141,10 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     db = history.resolve_history_path(history_db, config)
     base = history.resolve_run(db, baseline)
     cur = history.resolve_run(db, current)
+    cross = _cross_target(base, cur, unrelated_reasons(base, cur))
     try:
-        check_related(base, cur, rules)
+        if not cross:
+            check_related(base, cur, rules)
     except UnrelatedRuns as exc:
         raise ConfigError(f"refusing to compare unrelated runs: {exc} (--force compares anyway)") from None
     regs = find_regressions(base, cur, rules, perf_rules)
@@ -147,6 +161,7 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
 
     if as_json:
         click.echo(json.dumps({"baseline": ident(base), "current": ident(cur), "forced": bool(force),
+                               "cross_target": cross,
                                "unrelated": unrelated_reasons(base, cur) if force else [],
                                "regressions": [r.to_dict() for r in regs], "notes": notes, **deltas,
                                "perf": perf_rows},
@@ -172,7 +187,10 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     rows = deltas["case_outputs"] if per_case else deltas["outputs"]
     if rows:
         what = "per case-output" if per_case else "per output, worst over the common cases (mismatches: total)"
-        table = Table(title=f"baseline → current (delta), {what}", title_justify="left")
+        sides = "baseline → current (delta)"
+        if cross:  # the same bundle on two targets: each target's error vs the bundle's expected outputs
+            sides = plain(f"{ident(base)['target']} → {ident(cur)['target']} (delta), same bundle")
+        table = Table(title=f"{sides}, {what}", title_justify="left")
         for col in ("output", "cases" if not per_case else "verdict", *(DELTA_LABELS[m] for m in DELTA_METRICS)):
             table.add_column(col, justify="left" if col == "output" else "right")
         for row in rows:
@@ -191,5 +209,6 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
         console.print("perf, baseline → current (median over the common cases):", highlight=False)
         for line in perf_lines:
             console.print(f"  {plain(line)}", highlight=False)
-    console.print(plain(format_regressions(regs)), highlight=False)
+    for line in format_regressions(regs).splitlines():  # each line already inert (visible); markup escaped here
+        console.print(plain(line), highlight=False)
     sys.exit(1 if regs else 0)

@@ -31,6 +31,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, default=str))
     elif not quiet:
+        from bundlerun.runner.safe_text import visible  # names in these lines come from the bundle
+
         console = wide_console()
         console.print(rich_table(result))
         from bundlerun.runner.debug_report import merged_into
@@ -44,7 +46,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
             elif row.status == "unmatched" and merged_into(row, result.rows) is not None:
                 merged += 1
             elif row.status == "unmatched":
-                console.print(f"row {row.index} ({where_text(row)}, {row.runtime_op}): unmatched: {row.note}",
+                console.print(visible(f"row {row.index} ({where_text(row)}, {row.runtime_op}): unmatched: {row.note}"),
                               markup=False)
         if merged:
             console.print(f"{merged} unmatched row(s) marked 'unmatched→#N': their debug handles overlap row N's, so the "
@@ -55,8 +57,13 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
                           "(a layout transpose, part of a decomposition) whose value no eager node holds; the node's "
                           "output is compared at row N", markup=False)
         for note in result.notes:
-            console.print(f"note: {note}", markup=False)
-        console.print(verdict_line(result), markup=False, style="bold red" if result.first_bad is not None else "green")
+            console.print(f"note: {visible(note)}", markup=False)
+        if (result.export_divergence or {}).get("finding"):  # runner/export_divergence.py
+            from bundlerun.runner.export_divergence import print_divergence
+
+            print_divergence(result.export_divergence, console)
+        found = result.first_bad is not None or (result.export_divergence or {}).get("finding")
+        console.print(visible(verdict_line(result)), markup=False, style="bold red" if found else "green")
     if files:
         click.echo(f"debug report: {files['json']}", err=True)
     return result
@@ -95,7 +102,7 @@ def command(bundle, target, case, output, method, report_dir, timeout, debug_buf
     db = resolve_history_path(str(history_db) if history_db else None, session.project)
     result = run_debug(bundle, target, case, output, report_dir, db, method, timeout, debug_buffer_mb, as_json,
                        target_config=session.target_config(target))
-    sys.exit(1 if result.first_bad is not None else 0)
+    sys.exit(1 if result.first_bad is not None or (result.export_divergence or {}).get("finding") else 0)
 
 
 def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, quiet: bool = False,

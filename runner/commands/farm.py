@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from bundlerun.runner import seal
+
 
 def _print_jobs(plan, jobs, as_json: bool) -> None:
     if as_json:
@@ -54,6 +56,7 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
 @click.option("--shard", default=None, metavar="I/N",
               help="Run only shard I of N of the plan's jobs (stable split by job id; `bundlerun merge` joins the "
                    "shards' reports).")
+@seal.option
 def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json, history_db, no_history, config_path,
             target_opts, shard):
     """Run a PLAN of bundles (or zoo models x dtypes to build) x targets (URLs or device pools).
@@ -64,6 +67,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     See docs/farm.md for the plan format.
     """
     from bundlerun.runner.farm.plan import load_plan, shard_jobs
+    from bundlerun.runner.safe_text import visible
     from bundlerun.runner.shard import parse_shard
 
     shard = parse_shard(shard)  # a bad value: one line, exit 2, before anything is read or built
@@ -85,10 +89,10 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
 
     def say(message: str) -> None:
         if not quiet:
-            click.echo(message, err=True)
+            click.echo(visible(message), err=True)  # job ids and URLs come from the plan
 
     result = run_farm(plan, report_dir, executor=executor, workers=workers, session=session, history_db=db, say=say,
-                      shard=shard)
+                      shard=shard, require_seal=seal.required())
     if as_json:
         import json
 
@@ -113,7 +117,10 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         console.print(table)
         bad = [d for d in result.devices if d["infra_failures"]]
         for d in bad:
-            click.echo(f"device {d['url']}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
+            click.echo(f"device {visible(d['url'])}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
+    from bundlerun.runner.report import echo_must_show
+
+    echo_must_show(result.report)  # jobs missing from the history: said in every output mode
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
     sys.exit(result.exit_code)

@@ -25,7 +25,7 @@ def command(out_dir, history_db, baseline, limit):
     from bundlerun.bundles.project_config import load_project_config
     from bundlerun.runner import history, hud
     from bundlerun.runner.regression import RegressionRules
-    from bundlerun.runner.report import _CONTROL
+    from bundlerun.runner.safe_text import visible
 
     try:
         config = load_project_config() or {}
@@ -34,10 +34,9 @@ def command(out_dir, history_db, baseline, limit):
             raise click.ClickException("history is turned off (--db off / $BUNDLERUN_HISTORY); nothing to show")
         index, grid = hud.write_site(db, out_dir, baseline, RegressionRules.from_config(config), limit or None)
     except BundlerunError as exc:
-        raise click.ClickException(str(exc).translate(_CONTROL)) from None
+        raise click.ClickException(visible(exc)) from None
     regressed = [r for r in grid.rows if r.culprit]
-    click.echo(f"wrote {index}: {len(grid.rows)} rows x {len(grid.columns)} labels from {grid.runs} runs; "
+    click.echo(f"wrote {visible(index)}: {len(grid.rows)} rows x {len(grid.columns)} labels from {grid.runs} runs; "
                f"{len(regressed)} row(s) regressed")
     for row in regressed[:20]:
-        click.echo("  " + " / ".join(str(x) for x in row.key).translate(_CONTROL)
-                   + f": regressed since {str(row.culprit).translate(_CONTROL)}")
+        click.echo("  " + visible(" / ".join(str(x) for x in row.key)) + f": regressed since {visible(row.culprit)}")

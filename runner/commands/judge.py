@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from bundlerun.runner import seal
+
 
 @click.command(name="judge")
 @click.argument("report_dir", type=click.Path(path_type=Path))
@@ -23,13 +25,14 @@ import click
               help="Write the new report.json (and outputs.npz link) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new summary and overrides as JSON.")
 @click.option("--quiet", is_flag=True, help="No table; the exit code says it all.")
+@seal.option
 @click.pass_context
 def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
     """Re-judge the outputs saved in REPORT_DIR (from `run --save-outputs`).
 
     Exit code: 0 all passed, 1 numerical failure, 2 errors in the original run or bad input.
     """
-    report = rejudge(report_dir, list(overrides), bundle_path, out_dir)
+    report = rejudge(report_dir, list(overrides), bundle_path, out_dir, require_seal=seal.required())
     if as_json:
         import json
 
@@ -43,7 +46,7 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
 
 
 def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = None,
-            out_dir: Path | None = None) -> dict:
+            out_dir: Path | None = None, require_seal: bool = False) -> dict:
     """The report of `report_dir` judged again (with overrides); written to out_dir if given."""
     import copy
     import datetime as _dt
@@ -57,7 +60,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     from bundlerun.runner.overrides import parse_overrides
 
     parsed = parse_overrides(overrides)  # bad input fails before anything is read
-    saved = load_saved_run(report_dir, bundle_path)
+    saved = load_saved_run(report_dir, bundle_path, require_seal=require_seal)
     ctx = load_context(saved.bundle)
     records = apply_overrides(ctx, saved.bundle, parsed)
     cases, warnings = judge_run(saved.bundle, saved.run, ctx)
@@ -77,10 +80,13 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        src = saved.directory / OUTPUTS_FILE
+        src = saved.outputs_file or saved.directory / OUTPUTS_FILE  # the file that was checked and judged
         if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
             shutil.copyfile(src, out_dir / OUTPUTS_FILE)
         report["outputs_file"] = str(out_dir / OUTPUTS_FILE)
+        from bundlerun.runner.saved_outputs import file_digest
+
+        report["outputs_sha256"] = file_digest(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.reports import write_reports
 
         # every report file of the new verdict, not only report.json

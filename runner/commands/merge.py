@@ -53,6 +53,7 @@ def command(reports, report_dir, force, allow_partial, as_json):
 
     from bundlerun.runner import github
     from bundlerun.runner.report import read_report
+    from bundlerun.runner.safe_text import visible
 
     paths = [p / "report.json" if p.is_dir() else p for p in reports]
     loaded = [read_report(p) for p in paths]
@@ -68,6 +69,6 @@ def command(reports, report_dir, force, allow_partial, as_json):
         counts = ", ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
         click.echo(f"merged {len(paths)} report(s): {s['verdict']} ({s['cases']} cases; {counts or 'no outputs'})")
         for w in merged.get("warnings", []):
-            click.echo(f"warning: {w}", err=True)
+            click.echo(f"warning: {visible(w)}", err=True)  # warnings come from the merged files
     click.echo(f"report: {report_dir / 'report.json'}", err=True)
     sys.exit(s["exit_code"])

@@ -263,13 +263,16 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
 
     console = wide_console()
     for p in proposals:
-        table = Table(title=f"{p.method}.{p.output}: {p.cases} case(s) from {obs.runs} run(s)", title_justify="left")
+        from bundlerun.runner.report import plain  # names come from the bundle
+
+        table = Table(title=plain(f"{p.method}.{p.output}: {p.cases} case(s) from {obs.runs} run(s)"),
+                      title_justify="left")
         for col in ("criterion", "current", "measured (worst)", "headroom", "proposed"):
             table.add_column(col, justify="left" if col == "criterion" else "right")
         for row in p.rows:
             ratio = row["headroom"]
             style = "" if ratio is None else ("red" if ratio > 1 else ("yellow" if ratio > 0.8 else "green"))
-            table.add_row(row["criterion"], _fmt(row["current"]), _fmt(row["measured"]),
+            table.add_row(plain(row["criterion"]), _fmt(row["current"]), _fmt(row["measured"]),
                           "-" if ratio is None else f"[{style}]{ratio:.3g}[/]", _fmt(row["proposed"]))
         console.print(table)
     click.echo(toml_block(obs, proposals, margin))
@@ -350,12 +353,14 @@ def check(bundle_path, ops, no_project, as_json):
         from bundlerun.runner.report import wide_console
         from rich.table import Table
 
-        table = Table(title=f"{bundle_path}: embedded vs installed registry", title_justify="left")
+        from bundlerun.runner.report import plain  # output names and sources come from the bundle
+
+        table = Table(title=plain(f"{bundle_path}: embedded vs installed registry"), title_justify="left")
         for col in ("output", "criterion", "embedded", "installed now", "", "installed source"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["output"], r["criterion"], _fmt(r["embedded"]), _fmt(r["installed"]),
-                          "[green]same[/]" if r["same"] else "[red]differs[/]", r["installed_source"] or "-")
+            table.add_row(plain(r["output"]), plain(r["criterion"]), _fmt(r["embedded"]), _fmt(r["installed"]),
+                          "[green]same[/]" if r["same"] else "[red]differs[/]", plain(r["installed_source"] or "-"))
         console = wide_console()
         console.print(table)
         for n in notes:

@@ -42,10 +42,7 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
     from bundlerun.bundles.fileio import atomic_write_bytes
     from bundlerun.bundles.project_config import load_project_config
     from bundlerun.runner import history, plots
-    from bundlerun.runner.report import _CONTROL
-
-    def plain(text) -> str:  # click.echo prints no markup: only control characters need escaping
-        return str(text).translate(_CONTROL)
+    from bundlerun.runner.safe_text import visible as plain  # click.echo prints no markup: only visible()
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if metric not in history.METRICS:

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.limits import (MAX_CASES, MAX_CONCURRENCY, MAX_JOBS, MAX_RETRIES, MAX_SEED,
+                                      seconds)
 from bundlerun.runner.farm.devices import device_key
 from bundlerun.targets.settings import did_you_mean
 
@@ -151,12 +153,22 @@ class Plan:
                     spec = BuildSpec(model, chosen, backend, target, self.cases, self.seed)
                     # named by what is built: groups building the same bundle share its file
                     name = f"{spec.slug()}-{group.backend}" if group.backend else spec.slug()
-                    add(spec.slug(), group, Path(build_dir) / f"{name}-{_slug(target)}.bpte", spec)
+                    # + the spec's digest: `x/m.py:f` and `y/m.py:f` (one slug) must not share a file
+                    add(spec.slug(), group, Path(build_dir) / f"{name}-{_slug(target)}-{_digest(spec)}.bpte", spec)
         return jobs
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "x"
+
+
+def _digest(spec: "BuildSpec") -> str:
+    """12 hex digits of everything a build depends on: one file per distinct build, whatever the slugs."""
+    import hashlib
+    import json
+
+    text = json.dumps([spec.model, spec.dtype, spec.backend, spec.target, spec.cases, spec.seed])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _check_keys(where: str, data: dict, known: tuple[str, ...]) -> None:
@@ -182,10 +194,14 @@ def _str_list(where: str, value: Any) -> list[str]:
     return list(value)
 
 
-def _positive_int(where: str, value: Any, minimum: int = 1) -> int:
+def _positive_int(where: str, value: Any, minimum: int = 1, maximum: int = MAX_CONCURRENCY) -> int:
+    """An integer in [minimum, maximum]: every count of a plan is bounded before anything runs
+    (bundles/limits.py; `cases = 99999999999999` would otherwise pass --dry-run and then grow)."""
     _typed(where, value, int, "an integer")
     if value < minimum:
         raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ConfigError(f"{where}: {value} is more than bundlerun's limit of {maximum} (docs/security.md)")
     return value
 
 
@@ -197,7 +213,74 @@ def _url(where: str, value: Any) -> str:
         parse_target_url(value)
     except Exception as exc:  # noqa: BLE001 - one line naming the plan key
         raise ConfigError(f"{where}: {exc}") from None
+    _no_commands(where, value)
     return value
+
+
+def _url_chain(url: str) -> list[Any]:
+    """The parsed URL and every URL wrapped inside it (ssh://h/<URL>, labgrid://P/<URL>)."""
+    from bundlerun.targets import parse_target_url
+
+    chain = []
+    while url and len(chain) < 8:
+        parsed = parse_target_url(url)
+        chain.append(parsed)
+        inner = parsed.path.lstrip("/")
+        url = inner if "://" in inner else ""
+    return chain
+
+
+def _setting_keys(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(shown key, setting name) of a table of target options, nested tables included (fvp's
+    per-platform tables), walked without recursion."""
+    out, stack = [], [(value, prefix)]
+    while stack:
+        table, path = stack.pop()
+        for key, item in table.items():
+            shown = f"{path}.{key}" if path else str(key)
+            out.append((shown, str(key).replace("-", "_")))
+            if isinstance(item, dict):
+                stack.append((item, shown))
+    return out
+
+
+def _no_commands(where: str, url: str, options: dict[str, Any] | None = None) -> None:
+    """A farm plan is data from other people: it may name bundles, models and targets, never a
+    program to run. A setting a target declares as naming a program, command or code
+    (`TargetSpec.command_settings`: ssh's client and options, a serial flash command, an adb
+    binary, QEMU, a runner...) is refused in a plan's URL query and its options; it belongs in
+    the user's bundlerun.toml or --target-opt (docs/security.md)."""
+    from bundlerun.targets import target_specs
+
+    try:
+        chain = _url_chain(url)
+    except Exception as exc:  # noqa: BLE001 - one line naming the plan key
+        raise ConfigError(f"{where}: {exc}") from None
+    from urllib.parse import unquote
+
+    from bundlerun.targets import argv
+
+    for u in chain:  # hosts and users reach argvs (ssh, adb): never an option (targets/argv.py, also at run time)
+        user, _, hostport = u.netloc.rpartition("@")
+        for part, what in ((unquote(user), "user"), (hostport, "host")):
+            if part:
+                try:
+                    argv.word(part, f"{what} of {u.scheme}://", u.raw)
+                except Exception as exc:  # noqa: BLE001 - TargetError -> the plan's one-line ConfigError
+                    raise ConfigError(f"{where}: {exc}") from None
+    specs = [target_specs()[u.scheme] for u in chain]
+    banned: dict[str, str] = {}
+    for spec in specs:
+        for name in spec.command_settings:
+            banned.setdefault(name, spec.name)
+    keys = [(k, k.replace("-", "_")) for u in chain for k in u.query]
+    keys += _setting_keys(options or {})
+    for shown, name in keys:
+        base = name[:-1] if name.endswith("s") and name[:-1] in banned else name  # fvp's `runner_elfs` maps
+        if base in banned:
+            raise ConfigError(f"{where}: {shown!r} names a program or command to run ({banned[base]}:// setting "
+                              f"{base}); a farm plan cannot set it: put it in bundlerun.toml [targets."
+                              f"{banned[base]}] or pass --target-opt (docs/security.md)")
 
 
 def _device(where: str, entry: Any) -> Device:
@@ -250,19 +333,12 @@ def _check_build(where: str, backend: str | None, build_url: str) -> None:
 
 
 def load_plan(path: str | Path, retries: int | None = None) -> Plan:
-    """Read and check PLAN.toml; `retries` (the command's --retries) wins over the plan's."""
-    import tomllib
+    """Read and check PLAN.toml; `retries` (the command's --retries) wins over the plan's. The
+    file is read bounded (size, nesting: bundles/toml_read.py): a plan is data from other people."""
+    from bundlerun.bundles.toml_read import read_toml
 
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no plan at {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read plan {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_plan(data, path, retries)
+    return parse_plan(read_toml(path, "plan"), path, retries)
 
 
 def parse_plan(data: dict[str, Any], path: Path, retries: int | None = None) -> Plan:
@@ -345,6 +421,9 @@ def parse_plan(data: dict[str, Any], path: Path, retries: int | None = None) -> 
             dev = Device(url, resource if resource is not None else device_key(url))
             new = [TargetGroup(url, [dev], conc or (1 if dev.resource else default_conc), options)]
         for group in new:
+            for device in group.devices:  # the group's (and its pool's) options, against each device's target
+                _no_commands(f"{w}.options" if group.pool is None else f"{where}: [pools.{group.pool}].options",
+                             device.url, group.options)
             group.backend, group.build_target = backend, build_target
             if models:
                 _check_build(w, backend or plan_backend, group.build_url)
@@ -365,17 +444,23 @@ def parse_plan(data: dict[str, Any], path: Path, retries: int | None = None) -> 
         raise ConfigError(f"{where}: nothing to run: give bundles (paths or globs) or models to build")
     if "dtypes" in data and not models:
         raise ConfigError(f"{where}: dtypes applies to models to build; there are none")
-    timeout = _typed(f"{where}: timeout", data.get("timeout", 120.0), (int, float), "seconds")
-    setup = _typed(f"{where}: setup_timeout", data.get("setup_timeout", 300.0), (int, float), "seconds")
-    if timeout <= 0 or setup <= 0:
-        raise ConfigError(f"{where}: timeouts must be positive")
-    plan_retries = _positive_int(f"{where}: retries", data.get("retries", DEFAULT_RETRIES), minimum=0)
+    # finite, positive and bounded: `timeout = nan` passed `timeout <= 0` once (NaN compares false)
+    timeout = seconds(data.get("timeout", 120.0), f"{where}: timeout")
+    setup = seconds(data.get("setup_timeout", 300.0), f"{where}: setup_timeout")
+    plan_retries = _positive_int(f"{where}: retries", data.get("retries", DEFAULT_RETRIES), minimum=0,
+                                 maximum=MAX_RETRIES)
     label = data.get("label")
     if label is not None:
         _typed(f"{where}: label", label, str, "a string")
+        if len(label) > 1024:
+            raise ConfigError(f"{where}: label is {len(label)} characters (at most 1024)")
+    cases = _positive_int(f"{where}: cases", data.get("cases", 8), maximum=MAX_CASES)
+    seed = _positive_int(f"{where}: seed", data.get("seed", 0), minimum=0, maximum=MAX_SEED)
+    jobs = (len(files) + len(models) * len(dtypes)) * len(groups)
+    if jobs > MAX_JOBS:
+        raise ConfigError(f"{where}: the plan expands to {jobs} jobs; bundlerun's limit is {MAX_JOBS} (docs/security.md)")
     return Plan(path=path, groups=groups, bundle_files=files, models=models, dtypes=dtypes, backend=plan_backend,
-                cases=_positive_int(f"{where}: cases", data.get("cases", 8)),
-                seed=_typed(f"{where}: seed", data.get("seed", 0), int, "an integer"),
+                cases=cases, seed=seed,
                 retries=plan_retries if retries is None else retries, case_timeout_s=float(timeout),
                 setup_timeout_s=float(setup), label=label)
 

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bundlerun.runner import interrupts
 from bundlerun.runner.farm.plan import Device, Job, Plan
 from bundlerun.runner.farm.scheduler import Attempt, Scheduler
+from bundlerun.runner.outcome import combine_exit_codes
 
 
 @dataclass
@@ -44,14 +46,14 @@ def _now() -> str:
 
 
 def job_dir_name(job_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@#-]+", "_", job_id).strip("_")[:120]
+    """The folder of a job: a readable slug of its id plus 16 hex digits of the id's sha256.
+    Slugs alone collide (`a b.bpte` and `a_b.bpte` both give `a_b@host_portable`, and so do ids
+    cut at the length limit or differing only in case on a case-insensitive disk): two jobs then
+    wrote one folder and a PASS job's report link showed the FAIL job's report."""
+    import hashlib
 
-
-def combine_exit_codes(codes: list[int]) -> int:
-    """One run's rule over jobs: a numerical failure wins, then an infrastructure problem."""
-    if 130 in codes:
-        return 130
-    return 1 if 1 in codes else (2 if 2 in codes or not codes else 0)
+    slug = re.sub(r"[^A-Za-z0-9_.@#-]+", "_", job_id).strip("_.")[:100] or "job"
+    return f"{slug}-{hashlib.sha256(job_id.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
 
 
 def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
@@ -88,9 +90,10 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
 
 def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int | None = None,
              session: Any = None, history_db: Path | None = None,
-             say: Callable[[str], None] = lambda m: None, shard: Any = None) -> FarmResult:
+             say: Callable[[str], None] = lambda m: None, shard: Any = None,
+             require_seal: bool = False) -> FarmResult:
     """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
-    every attempt's; record the history."""
+    every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job."""
     from bundlerun.runner.farm.executors import make_executor
     from bundlerun.runner.farm.plan import shard_jobs
     from bundlerun.runner.farm.worker import _bad_report
@@ -121,7 +124,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         p = {"job": job.id, "attempt": attempt, "group": job.group.name, "url": device.url,
              "device": device.resource, "bundle_path": str(job.bundle), "report_dir": str(out),
              "case_timeout_s": plan.case_timeout_s, "setup_timeout_s": plan.setup_timeout_s, "label": plan.label,
-             "target_config": configs[key], "project": project}
+             "target_config": configs[key], "project": project, "require_seal": require_seal}
         if ex.ship:
             p["bundle_bytes"] = Path(job.bundle).read_bytes()
         return p
@@ -218,7 +221,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 
     # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
     merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
-    exit_code = 130 if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
+    exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
     merged["summary"]["exit_code"] = exit_code
     merged["summary"]["verdict"] = {0: "PASS", 1: "FAIL"}.get(exit_code, "ERROR")
     if interrupted:
@@ -243,7 +246,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     merged["files"] = {k: str(v) for k, v in files.items()}
     write_report(merged, report_dir)
     if interrupted:
-        raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130
+        raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)
 
 

@@ -153,7 +153,9 @@ def fvp_command(
     extra: list[str] | None = None,
 ) -> list[str]:
     """The FVP command line, option for option as ExecuTorch's run_fvp.sh/runner_utils."""
-    c: list[str] = [str(fvp)]
+    from bundlerun.targets import argv  # paths absolute, no control characters (targets/argv.py)
+
+    c: list[str] = [argv.program(str(fvp), "FVP")]
 
     def opt(value: str) -> None:
         c.extend(["-C", value])
@@ -186,7 +188,7 @@ def fvp_command(
         opt(f"{cpu}.semihosting-cmd_line={cmd_line}")
     for value in extra or []:
         opt(value)
-    c.extend(["-a", str(elf)])
+    c.extend(["-a", argv.option_value(elf, "runner ELF")])
     if data:
         c.extend(["--data", data])
     c.extend(["--timelimit", str(int(timelimit))])
@@ -476,6 +478,9 @@ SPEC = TargetSpec(
     examples=("fvp://corstone-300/ethos-u55-128", "fvp://corstone-320/ethos-u85-256", "fvp://corstone-300/cortex-m55"),
     default_backend=_default_backend,
     doctor=_doctor,
+    # the FVP binary, its extra options, and firmware it runs with semihosting (files on this machine);
+    # also refused inside per-platform tables and their `<name>s` maps
+    command_settings=("fvp_path", "extra_args", "runner_elf", "uart_runner_elf", "debug_elf"),
 )
 
 

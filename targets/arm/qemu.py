@@ -105,6 +105,8 @@ SPEC = TargetSpec(
     default_backend="cortex-m",
     settings=QemuSettings,
     doctor=_doctor,
+    # QEMU itself, and firmware it runs with semihosting (which opens and writes files on this machine)
+    command_settings=("qemu", "runner_elf", "debug_elf"),
 )
 
 
@@ -145,8 +147,11 @@ class QemuTarget:
 
     def command(self, qemu: str, elf: Path, placed_bundle: Path | None = None,
                 plugin_log: Path | None = None) -> list[str]:
-        """The QEMU command line of one session (`plugin_log`: load the instruction-count plugin)."""
-        cmd = [qemu, "-M", self.machine, "-nographic", "-monitor", "none"]
+        """The QEMU command line of one session (`plugin_log`: load the instruction-count plugin).
+        Paths are absolute and commas inside QEMU's key=value options escaped (targets/argv.py)."""
+        from bundlerun.targets import argv
+
+        cmd = [argv.program(qemu, "qemu", self.url), "-M", self.machine, "-nographic", "-monitor", "none"]
         if self.settings.icount:
             cmd += ["-icount", "shift=0"]
         if plugin_log is not None and self._plugin is not None:
@@ -156,8 +161,9 @@ class QemuTarget:
                                                    "-o", OUTPUT_BASENAME))
             cmd += ["-serial", "none", "-semihosting-config", f"enable=on,target=native,{args}"]
         else:
-            cmd += ["-serial", "stdio", "-device", f"loader,file={placed_bundle},addr={self.settings.model_addr}"]
-        return cmd + ["-kernel", str(elf)]
+            bundle_opt = argv.qemu_opt(argv.local_path(placed_bundle, "bundle", self.url))
+            cmd += ["-serial", "stdio", "-device", f"loader,file={bundle_opt},addr={int(self.settings.model_addr, 16):#x}"]
+        return cmd + ["-kernel", argv.local_path(elf, "runner ELF", self.url)]
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         qemu, elf = self._qemu(), self._runner(bundle)

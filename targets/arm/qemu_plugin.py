@@ -62,7 +62,11 @@ def find_plugin(qemu: str) -> Path | None:
 
 def plugin_args(plugin: Path, log_path: Path) -> list[str]:
     """QEMU options that load the plugin and send its exit line to `log_path` (not the UART)."""
-    return ["-plugin", str(plugin), "-d", "plugin", "-D", str(log_path)]
+    from bundlerun.targets import argv
+
+    # -plugin is parsed as QEMU key=value options: a comma in the path is escaped (targets/argv.py)
+    return ["-plugin", argv.qemu_opt(argv.local_path(plugin, "QEMU plugin")), "-d", "plugin",
+            "-D", argv.local_path(log_path, "QEMU plugin log")]
 
 
 def read_count(log_path: Path) -> PerfFigure | None:

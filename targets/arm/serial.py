@@ -319,6 +319,11 @@ def port_holders(device: str) -> list[str]:
     """Processes that have `device` open: `fuser`, then `lsof`, then /proc (Linux)."""
     me = os.getpid()
     pids: set[int] = set()
+    if "://" in device or not device:
+        return []  # a socket:// or rfc2217:// port is no file to ask about
+    from bundlerun.targets import argv as checked
+
+    device = checked.local_path(device, "serial port")  # absolute: `fuser -k` must never come from a URL
     for argv in (["fuser", device], ["lsof", "-t", "--", device]):
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=5)
@@ -539,18 +544,24 @@ class SerialTarget:
         self._config = dict(config or {})  # kept to re-merge RunOptions.config at run time
 
     def _values(self, bundle_path: Path, case_bundle: Path | None, work: Path) -> dict[str, str]:
+        from bundlerun.targets import argv
+
         s = self.settings
-        return {
+        where = self.url
+        # each value is substituted into one word of a flash/reset/launch command: none may start
+        # with '-' (an option of that tool) or hold a control character (targets/argv.py)
+        values = {
             # absolute: a flash/launch tool may run from elsewhere (sh -c 'cd ...', a probe server)
-            "bundle": str(Path(bundle_path).resolve()),
-            "case_bundle": str(Path(case_bundle or bundle_path).resolve()),
-            "elf": str(s.elf or ""),
-            "target": str(s.target or ""),
-            "port": s.port_url,
-            "host": _host_port(s.port_url)[0],  # socket:// and rfc2217:// URLs: for a launched board
-            "tcp_port": _host_port(s.port_url)[1],
-            "work_dir": str(Path(work).resolve()),
+            "bundle": argv.local_path(Path(bundle_path).resolve(), "bundle", where),
+            "case_bundle": argv.local_path(Path(case_bundle or bundle_path).resolve(), "case bundle", where),
+            "elf": argv.local_path(s.elf, "elf", where) if s.elf else "",
+            "target": argv.word(str(s.target or ""), "target", where, empty=True),
+            "port": argv.word(s.port_url, "port", where),
+            "host": argv.word(_host_port(s.port_url)[0], "host", where, empty=True),  # socket:// and rfc2217://
+            "tcp_port": argv.word(_host_port(s.port_url)[1], "tcp_port", where, empty=True),
+            "work_dir": argv.local_path(Path(work).resolve(), "work_dir", where),
         }
+        return values
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         s = self.settings
@@ -842,6 +853,8 @@ SPEC = TargetSpec(
     examples=("serial:///dev/ttyACM0?baud=115200", "serial+socket://HOST:PORT", "rfc2217://HOST:PORT"),
     default_backend="portable",
     doctor=_doctor,
+    # external commands, and the values substituted into them ({elf}, {target})
+    command_settings=("flash", "reset_exec", "launch", "elf", "debug_elf", "target"),
 )
 
 

@@ -60,7 +60,8 @@ def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
     return package_versions((*dists, "executorch", "torch"))
 
 
-def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "tosa", t0: float | None = None) -> int:
+def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "tosa", t0: float | None = None,
+                replay: int = 1) -> int:
     """Load one bundle, run `pairs`, emit its events (ready ... finished, or fatal)."""
     t0 = time.perf_counter() if t0 is None else t0
     try:
@@ -99,7 +100,20 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "t
             path = out_dir / f"{method}-{case}-{j}.bin"
             path.write_bytes(array.tobytes())
             records.append({"scalar_type": int(code), "shape": [int(s) for s in array.shape], "file": str(path)})
-        _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records)
+        replays = []  # --replay N: runs 2..N of the case in this walker (runner/replay.py)
+        try:
+            for k in range(1, replay):
+                again = []
+                for j, (code, array) in enumerate(walker.run(method, inputs)):
+                    path = out_dir / f"{method}-{case}-{j}-r{k}.bin"
+                    path.write_bytes(array.tobytes())
+                    again.append({"scalar_type": int(code), "shape": [int(s) for s in array.shape], "file": str(path)})
+                replays.append(again)
+        except WalkError as exc:
+            _emit(event="error", method=method, case=case, error=f"replay run failed: {exc.message}", kind=exc.kind)
+            continue
+        _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records,
+              **({"replays": replays} if replays else {}))
     _emit(event="finished")
     return 0
 
@@ -110,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--cases")
     parser.add_argument("--delegates", default="tosa", help="tosa | mlx-cpu | mlx-gpu")
+    parser.add_argument("--replay", type=int, default=1, help="runs per case whose outputs all come back")
     parser.add_argument("--serve", action="store_true",
                         help="warm worker: import the delegates once, then load bundles sent on stdin")
     args = parser.parse_args(argv)
@@ -135,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
 
         def handle(cmd: dict) -> None:
             _run_bundle(str(cmd["bundle"]), str(cmd["out_dir"]), [tuple(p) for p in cmd.get("cases", [])],
-                        args.delegates, pending.pop() if pending else None)
+                        args.delegates, pending.pop() if pending else None, args.replay)
             gc.collect()
 
         return serve(handle)
     if not (args.bundle and args.out_dir and args.cases):
         parser.error("BUNDLE OUT_DIR --cases FILE are required (or --serve)")
-    return _run_bundle(args.bundle, args.out_dir, json.loads(Path(args.cases).read_text()), args.delegates)
+    return _run_bundle(args.bundle, args.out_dir, json.loads(Path(args.cases).read_text()), args.delegates,
+                       replay=args.replay)
 
 
 if __name__ == "__main__":

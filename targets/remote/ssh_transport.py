@@ -113,6 +113,23 @@ class SshTransport:
     _pinned: Path | None = None
     connect_s: float | None = None  # time the last connect took
 
+    def __post_init__(self) -> None:
+        """Every value that reaches ssh's argv, checked (targets/argv.py): the host is also put
+        after `--`, so neither can ever be read as an ssh option."""
+        from bundlerun.targets import argv
+
+        where = "ssh"
+        self.host = argv.host(self.host, "ssh host", where)
+        if self.user is not None:
+            self.user = argv.user(self.user, "ssh user", where)
+        if self.port is not None:
+            self.port = argv.port(self.port, "ssh port", where)
+        self.ssh = argv.program(self.ssh, "ssh client", where)
+        self.options = [argv.word(o, "ssh option", where) for o in self.options]
+        for name in ("identity_file", "known_hosts", "ssh_config"):
+            if getattr(self, name) is not None:
+                setattr(self, name, Path(argv.local_path(getattr(self, name), name, where)))
+
     @property
     def description(self) -> str:
         where = f"{self.user}@{self.host}" if self.user else self.host
@@ -150,7 +167,7 @@ class SshTransport:
 
     def command_argv(self, command: str) -> list[str]:
         """ssh argv running `command` under `sh -c` on the remote host."""
-        return [*self.base_argv(), "-T", self.host, "sh -c " + shlex.quote(SHIM + command)]
+        return [*self.base_argv(), "-T", "--", self.host, "sh -c " + shlex.quote(SHIM + command)]
 
     # ---- connection ---------------------------------------------------------------------
     def connect(self) -> None:
@@ -168,7 +185,7 @@ class SshTransport:
     def _resolved(self) -> tuple[str, int]:
         """Hostname and port after ~/.ssh/config (`ssh -G`), as ssh-keyscan needs them."""
         argv = [self.ssh] + (["-F", str(self.ssh_config)] if self.ssh_config else [])
-        argv += (["-p", str(self.port)] if self.port else []) + ["-G", self.host]
+        argv += (["-p", str(self.port)] if self.port else []) + ["-G", "--", self.host]
         res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         conf = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
         return conf.get("hostname", self.host), int(conf.get("port", self.port or 22))
@@ -184,9 +201,12 @@ class SshTransport:
             raise TransportError("ssh-keyscan is not installed (package openssh-client); it is needed to check "
                                  "the pinned fingerprint", "absent")
         hostname, port = self._resolved()
+        from bundlerun.targets import argv
+
+        hostname = argv.host(hostname, "host name (from `ssh -G`)", self.description)
         try:
             res = subprocess.run(["ssh-keyscan", "-T", str(max(1, math.ceil(self.connect_timeout_s))), "-p", str(port),
-                                  hostname], capture_output=True, text=True, timeout=self.connect_timeout_s + 10)
+                                  "--", hostname], capture_output=True, text=True, timeout=self.connect_timeout_s + 10)
         except subprocess.TimeoutExpired:
             raise TransportError(f"ssh-keyscan {hostname}:{port} timed out after {self.connect_timeout_s:g} s",
                                  TIMEOUT) from None
@@ -218,7 +238,7 @@ class SshTransport:
 
     def _probe(self) -> None:
         try:
-            res = subprocess.run([*self.base_argv(), "-T", self.host, "true"], stdin=subprocess.DEVNULL,
+            res = subprocess.run([*self.base_argv(), "-T", "--", self.host, "true"], stdin=subprocess.DEVNULL,
                                  capture_output=True, text=True, timeout=self.connect_timeout_s + 5)
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.description}: connecting timed out after {self.connect_timeout_s:g} s",
@@ -232,7 +252,7 @@ class SshTransport:
             # Not -N: the master's own session is a remote `cat` reading our pipe, so if this process
             # dies without closing the transport (SIGKILL), the pipe closes, the session ends and the
             # master exits instead of lingering with an authenticated connection.
-            self._master = subprocess.Popen([*self.base_argv(master=True), "-T", self.host, "exec cat >/dev/null"],
+            self._master = subprocess.Popen([*self.base_argv(master=True), "-T", "--", self.host, "exec cat >/dev/null"],
                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
                                             start_new_session=True)
         deadline = time.monotonic() + self.connect_timeout_s + 5
