@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
+from bundlerun.runner.outcome import EXIT_INFRA  # every exit code is defined in runner/outcome.py
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
@@ -31,8 +32,6 @@ LAZY_COMMANDS: dict[str, str] = {
     "debug": "bundlerun.runner.commands.debug",
 }
 
-EXIT_INFRA = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: one Ctrl-C stops the whole command, finished cases kept
 
 
 def _version() -> str:
@@ -498,17 +497,22 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: BundlerunError -> one line on stderr, exit code 2."""
+    from bundlerun.runner import interrupts
+
     debug = "--debug" in (argv or sys.argv) or os.environ.get("BUNDLERUN_DEBUG")
+    interrupts.install()  # SIGTERM (a CI cancelling the job) ends a command exactly like Ctrl-C
     try:
-        cli.main(args=argv, prog_name="bundlerun", standalone_mode=False)
+        # Outside standalone mode click *returns* a command's `ctx.exit(code)` instead of exiting:
+        # that code is the process's exit code (judge's verdict was lost here once).
+        code = cli.main(args=argv, prog_name="bundlerun", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_INFRA)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("bundlerun: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        click.echo(f"bundlerun: {interrupts.describe()}", err=True)
+        sys.exit(interrupts.exit_code())
     except SystemExit:
         raise
     except Exception as exc:
@@ -522,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"bundlerun: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)",
                    err=True)
         sys.exit(EXIT_INFRA)
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 if __name__ == "__main__":

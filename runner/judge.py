@@ -15,9 +15,9 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.manifest import Criteria, Manifest
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 NO_MANIFEST_WARNING = (
     "bundle has no bundlerun manifest (made by ExecuTorch's BundledProgram API?): "
     "judging with default tolerances atol=1e-3 rtol=1e-3"

@@ -163,6 +163,7 @@ def _unique(items: list[Any]) -> list[Any]:
 
 def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict[str, Any]:
     from bundlerun.runner.judge import summarize
+    from bundlerun.runner.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
 
     summary = summarize(cases)
     codes = [(r.get("summary") or {}).get("exit_code") for r in reports]
@@ -170,8 +171,10 @@ def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict
         summary.update(verdict="FAIL", exit_code=1)  # a regression against a baseline in one input
     elif summary["exit_code"] == 0 and 2 in codes:
         summary.update(verdict="ERROR", exit_code=2)  # an input that could not run, with no case saying so
-    if any((r.get("summary") or {}).get("interrupted") for r in reports):
-        summary.update(interrupted=True, exit_code=130)
+    stopped = [(r.get("summary") or {}).get("exit_code") for r in reports if (r.get("summary") or {}).get("interrupted")]
+    if stopped:  # 130 Ctrl-C, 143 SIGTERM (runner/outcome.py)
+        summary.update(interrupted=True, exit_code=combine_exit_codes([c for c in stopped if c in STOPPED_CODES]
+                                                                      or [EXIT_INTERRUPTED]))
     return summary
 
 

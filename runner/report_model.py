@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"
 READABLE_SCHEMAS = ("bundlerun.report/1", SCHEMA)
 REPORT_FILE = "report.json"
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 
 
 class ReportError(BundlerunError):

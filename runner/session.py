@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.runner import interrupts
 from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
 from bundlerun.runner.report import bundle_section, host_section, save_outputs, target_section, tool_version, write_report
 from bundlerun.targets import open_target
@@ -30,13 +31,13 @@ from bundlerun.runner.report_model import SCHEMA as REPORT_SCHEMA
 from bundlerun.targets.failures import FailureKind
 
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-
-
 class RunInterrupted(BundlerunError):
-    """The user pressed Ctrl-C; the run's report (finished cases kept) is already written."""
+    """Ctrl-C or SIGTERM stopped the run; its report (finished cases kept) is already written.
+    Exit code 130 for Ctrl-C, 143 for SIGTERM (runner/interrupts.py)."""
 
-    exit_code = EXIT_INTERRUPTED
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return interrupts.exit_code()
 
 
 @dataclass
@@ -154,7 +155,21 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
                                                error_kind=FailureKind.INTERRUPTED)
             for m, c in pairs
         ])
-        warnings.append(f"run interrupted by the user after {len(finished)} of {len(pairs)} cases")
+        warnings.append(f"run {interrupts.describe()} after {len(finished)} of {len(pairs)} cases")
+    with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
+        report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
+                                load_before)
+        if write:
+            write_report(report, req.report_dir)
+    if write:
+        interrupts.raise_pending()
+    return report
+
+
+def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeContext, warnings: list[str],
+                   override_records: list[dict[str, Any]], interrupted: bool, started: str, t0: float,
+                   load_before: list[float] | None) -> dict[str, Any]:
+    """Judge the target's run and build the report of record (checked by the typed reader)."""
     warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx)
     warnings += [w for w in judge_warnings if w not in warnings]
@@ -174,7 +189,8 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         "target": target_section(run, req.target),
         "overrides": override_records,
         "warnings": warnings,
-        "summary": {**summarize(cases), **({"interrupted": True, "exit_code": EXIT_INTERRUPTED} if interrupted else {})},
+        "summary": {**summarize(cases), **({"interrupted": True, "exit_code": interrupts.exit_code()}
+                                           if interrupted else {})},
         "cases": cases,
         "dataset": None,
         "perf": perf_conditions(req, run, load_before, warnings),
@@ -193,10 +209,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         report["outputs_file"] = str(save_outputs(run, req.report_dir))
     from bundlerun.runner.report_model import Report
 
-    report = Report.from_json(report).to_json()  # what we write is what every reader accepts
-    if write:
-        write_report(report, req.report_dir)
-    return report
+    return Report.from_json(report).to_json()  # what we write is what every reader accepts
 
 
 def finish_run(
@@ -367,14 +380,16 @@ class Session:
                 report = execute_run(req, bundle=bundle, write=False, opener=self.open_target)
         else:
             report = execute_run(req, bundle=bundle, write=False)
-        if amend is not None:
-            amend(report)
-        try:
-            report = finish_run(report, req.report_dir, bundle or req.bundle_path, self.project, self.baseline,
-                                self.history_db, self.no_history)
-        except BaseException:
-            write_report(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
-            raise
+        with interrupts.deferred():  # a stop during history/baseline/reports is raised once they are written
+            if amend is not None:
+                amend(report)
+            try:
+                report = finish_run(report, req.report_dir, bundle or req.bundle_path, self.project, self.baseline,
+                                    self.history_db, self.no_history)
+            except BaseException:
+                write_report(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
+                raise
         if report["summary"].get("interrupted"):
-            raise RunInterrupted(f"interrupted; the report of the finished cases is in {Path(req.report_dir) / 'report.json'}")
+            raise RunInterrupted(f"{interrupts.describe()}; the report of the finished cases is in "
+                                 f"{Path(req.report_dir) / 'report.json'}")
         return report

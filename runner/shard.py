@@ -133,9 +133,10 @@ class RunShardPlan:
         keep = set(self.keep)
         cases = [c for c in report.get("cases") or [] if case_key(c["method"], c["case"]) in keep]
         if len(cases) != len(report.get("cases") or []):
-            interrupted = (report.get("summary") or {}).get("interrupted")
+            before = report.get("summary") or {}
             report["cases"] = cases
-            report["summary"] = {**summarize(cases), **({"interrupted": True, "exit_code": 130} if interrupted else {})}
+            report["summary"] = {**summarize(cases), **({"interrupted": True, "exit_code": before["exit_code"]}
+                                                        if before.get("interrupted") else {})}
         report["shard"] = self.record
 
 

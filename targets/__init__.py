@@ -69,8 +69,30 @@ class TargetURL:
 
 
 @dataclass(frozen=True)
+class ElapsedClock:
+    """How a case's `elapsed_s` reads on a target, as the perf figure the report labels it with."""
+
+    name: str  # figure name, e.g. "execution_wall_time"
+    kind: str  # one of targets.base.PERF_KINDS
+    source: str  # what measured it, in words
+    phased: bool = False  # one warm process runs every case: a method's first case is "first", the rest "warm"
+
+
+# Where a target declares nothing: the whole runner session on the host's wall clock (tool start-up,
+# transfers and simulator boot included), which is never device latency.
+SESSION_CLOCK = ElapsedClock("session_wall_time", "host-wall",
+                             "host wall clock of the whole runner session (elapsed_s)")
+
+# `capture(url, config, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb) -> IntermediateRun`
+CaptureFn = Callable[[str, dict, Any, str, int, Any, float, int], Any]
+
+
+@dataclass(frozen=True)
 class TargetSpec:
-    """What a target module declares about itself."""
+    """What a target module declares about itself: everything bundlerun does with a target's
+    scheme beyond `create(url, config).run(...)` is read from here, never from tables elsewhere.
+
+    The capability fields are optional; leaving one out says the target cannot do it."""
 
     name: str  # family, also the config section [targets.<name>]
     schemes: tuple[str, ...]
@@ -80,6 +102,15 @@ class TargetSpec:
     settings: type | None = None  # strict settings dataclass, documented by its fields
     doctor: Callable[[dict[str, Any]], list[Check]] | None = None  # gets the [targets.<name>] section
     module: str = ""  # filled in at registration
+    # --- capabilities
+    capture: CaptureFn | None = None  # `bundlerun debug`: every intermediate output of one case
+    capture_note: str = ""  # without `capture`: one line saying what it would need
+    device_key: Callable[[TargetURL], str | None] | None = None  # the device a URL occupies (farm locks, Ray)
+    lowering: Callable[[TargetURL], dict[str, Any]] | None = None  # what a recipe lowers for (LoweringRequest.target_info)
+    elapsed: ElapsedClock = SESSION_CLOCK  # what a case's elapsed_s measures here
+    repeat: bool = False  # honours RunOptions.repeat (`--repeat N` measured executions per case)
+    inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
+    keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)
 
     def backend_for(self, url: TargetURL) -> str:
         return self.default_backend(url) if callable(self.default_backend) else self.default_backend

@@ -49,7 +49,9 @@ class LocalExecutor:
     def _new_pool(self):
         from concurrent.futures import ProcessPoolExecutor
 
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+        from bundlerun.runner.farm.worker import pool_worker_init
+
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context, initializer=pool_worker_init)
 
     @property
     def capacity(self) -> int | None:
@@ -78,7 +80,30 @@ class LocalExecutor:
         return {"name": "local", "workers": self.workers}
 
     def close(self, cancel: bool = False) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=cancel)
+        """`cancel`: the farm was stopped (Ctrl-C, SIGTERM). Queued attempts are dropped and every
+        worker is told to stop (SIGTERM: a running attempt writes its report, interrupted, and
+        its runtime workers are killed); one that has not gone within the grace time is killed."""
+        if not cancel:
+            self._pool.shutdown(wait=True)
+            return
+        import signal
+
+        procs = [p for p in list((getattr(self._pool, "_processes", None) or {}).values()) if p.is_alive()]
+        for proc in procs:
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.join(STOP_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+
+
+# Seconds a stopped farm's pool worker gets to write its attempt's report and reap its children.
+STOP_GRACE_S = 20.0
 
 
 class RayExecutor:
@@ -111,9 +136,13 @@ class RayExecutor:
             raise ConfigError(f"cannot reach the Ray cluster at {address or 'a new local instance'}: "
                               f"{type(exc).__name__}: {exc}") from None
         self.address = address or "local"
+        from bundlerun.runner import interrupts
+
+        interrupts.install()  # Ray's core worker installs a SIGTERM handler that exits at once: ours again
         from bundlerun.runner.farm.worker import run_job_ray
 
         self._task = ray.remote(run_job_ray)
+        self._refs: list[Any] = []  # every attempt sent, so a stopped farm can cancel the running ones
 
     @property
     def capacity(self) -> int | None:
@@ -128,7 +157,9 @@ class RayExecutor:
             opts.update(num_cpus=0, resources={device: 1})
         else:
             opts.update(num_cpus=1)
-        return self._task.options(**opts).remote(payload).future()
+        ref = self._task.options(**opts).remote(payload)
+        self._refs.append(ref)
+        return ref.future()
 
     def describe(self) -> dict[str, Any]:
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
@@ -138,6 +169,15 @@ class RayExecutor:
                           for n in nodes]}
 
     def close(self, cancel: bool = False) -> None:
+        """`cancel`: the farm was stopped. Attempts still running are cancelled with their worker
+        processes (force), so nothing of this command keeps running on the cluster; a Ray
+        started for this command is shut down with it."""
+        if cancel:
+            for ref in self._refs:
+                try:
+                    self.ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - finished already, or the cluster is gone
+                    pass
         self.ray.shutdown()
 
 

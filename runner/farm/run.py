@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bundlerun.runner import interrupts
 from bundlerun.runner.farm.plan import Device, Job, Plan
 from bundlerun.runner.farm.scheduler import Attempt, Scheduler
+from bundlerun.runner.outcome import combine_exit_codes
 
 
 @dataclass
@@ -45,13 +47,6 @@ def _now() -> str:
 
 def job_dir_name(job_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@#-]+", "_", job_id).strip("_")[:120]
-
-
-def combine_exit_codes(codes: list[int]) -> int:
-    """One run's rule over jobs: a numerical failure wins, then an infrastructure problem."""
-    if 130 in codes:
-        return 130
-    return 1 if 1 in codes else (2 if 2 in codes or not codes else 0)
 
 
 def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
@@ -218,7 +213,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 
     # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
     merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
-    exit_code = 130 if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
+    exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
     merged["summary"]["exit_code"] = exit_code
     merged["summary"]["verdict"] = {0: "PASS", 1: "FAIL"}.get(exit_code, "ERROR")
     if interrupted:
@@ -243,7 +238,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     merged["files"] = {k: str(v) for k, v in files.items()}
     write_report(merged, report_dir)
     if interrupted:
-        raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130
+        raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)
 
 

@@ -45,6 +45,31 @@ def _session(project: dict[str, Any]):
     return _SESSION
 
 
+_RUNNING = {"job": False}  # a pool worker is inside run_job
+
+
+def pool_worker_init() -> None:
+    """A local pool worker stops on its coordinator's SIGTERM (runner/farm/executors.py): in the
+    middle of an attempt like any command (the attempt's report is written, interrupted, its runtime
+    workers killed); idle, at once, after killing its warm runtime workers. Ctrl-C reaches the
+    coordinator, which tells the workers: a terminal's SIGINT to the whole group is ignored here."""
+    import signal
+
+    from bundlerun.runner import interrupts
+
+    interrupts.reset()
+
+    def on_term(signum, frame) -> None:
+        if _RUNNING["job"]:
+            interrupts.on_signal(signum, frame)
+        else:
+            close_session()
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @atexit.register
 def close_session() -> None:
     """Kill and reap this process's warm runtime workers (also called by executors' shutdown)."""
@@ -77,11 +102,19 @@ def _bad_report(payload: dict[str, Any], error: str, kind: str) -> dict[str, Any
 
 def run_job(payload: dict[str, Any]) -> dict[str, Any]:
     """Run one attempt; never raises for a bundle or target problem (the report says it)."""
+    t0, started = time.perf_counter(), time.time()
+    _RUNNING["job"] = True
+    try:
+        return _run_job(payload, t0, started)
+    finally:
+        _RUNNING["job"] = False
+
+
+def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, Any]:
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.runner.report import write_report
     from bundlerun.runner.session import RunRequest, execute_run
 
-    t0, started = time.perf_counter(), time.time()
     scratch = None
     report_dir = Path(payload["report_dir"])
     bundle_path = Path(payload["bundle_path"])
