@@ -306,12 +306,13 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             progress.advance(task["id"])
 
     with progress:
-        return session.run(RunRequest(
+        report = session.run(RunRequest(
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
             repeat=_repeat(),
         ), bundle=bundle, amend=amend)
+    return report
 
 
 def _repeat() -> int:
@@ -372,7 +373,9 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
             from bundlerun.runner.regression import format_regressions
 
             click.echo(format_regressions(report["regressions"]))
-    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    from bundlerun.runner.report import say_report
+
+    say_report(report, report_dir)
     if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
@@ -469,6 +472,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                     from bundlerun.runner.regression import format_regressions
 
                     click.echo(format_regressions(report["regressions"]))
+            from bundlerun.runner.report import warn_unwritten
+
+            warn_unwritten(report)
             s = report["summary"]
             if debug_on_fail and s["exit_code"] == 1:  # runner/commands/debug.py, as `run --debug-on-fail`
                 from bundlerun.runner.commands.debug import debug_on_fail as _drill

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL
-from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
+from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import check_keys
 from bundlerun.targets.worker_process import run_in_worker
 
@@ -44,11 +44,14 @@ SPEC = TargetSpec(
     examples=("mlx://cpu", "mlx://gpu"),
     default_backend="mlx",
     doctor=_doctor,
+    capture=lazy("bundlerun.targets.mlx_intermediates:capture"),
+    elapsed=ElapsedClock("interpreter_time", "simulation-time",
+                         "program walker: MLX delegate calls and torch kernels, wall time (elapsed_s)", phased=True),
 )
 
 
 @dataclass
-class MlxTarget:
+class MlxTarget(TargetBase):
     url: str
     device: str
 

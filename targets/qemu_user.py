@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner
+from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner, lazy
 from bundlerun.targets.base import (
     CaseResult,
     CaseStatus,
     RunOptions,
+    TargetBase,
     TargetRun,
     expected_layout,
     raw_outputs_from_files,
@@ -80,6 +81,8 @@ SPEC = TargetSpec(
     default_backend="portable",
     settings=QemuUserSettings,
     doctor=_doctor,
+    capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    repeat=True,
 )
 
 
@@ -110,7 +113,7 @@ def run_under_qemu(qemu: str, runner: Path, args: list[str], cwd: Path, log_path
 
 
 @dataclass
-class QemuUserTarget:
+class QemuUserTarget(TargetBase):
     url: str
     arch: str
     settings: QemuUserSettings

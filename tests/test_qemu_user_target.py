@@ -5,10 +5,10 @@ judged on the host; faults from the real binary's own log and exit status. No do
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
+from proc_helpers import mine
 from tests.conftest import run_cli
 from tests.doubles.android_env import real_executor_runner
 
@@ -21,8 +21,8 @@ def runner():
 
 
 def _no_qemu_left() -> bool:
-    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
-    return not [ln for ln in out.splitlines() if ln.startswith("qemu-aarch64") or "/qemu-aarch64 " in ln]
+    """No qemu-aarch64 of this test is left (a parallel test's are not ours to count)."""
+    return not mine(b"qemu-aarch64")
 
 
 def test_zoo_fp32_and_int8_on_aarch64(runner, tmp_path):

@@ -165,7 +165,9 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
-    click.echo(f"report: {req.report_dir / 'report.json'}", err=True)
+    from bundlerun.runner.report import say_report
+
+    say_report(report, req.report_dir)
     s = report["summary"]
     # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)
     # is expected there and is reported, but only infrastructure errors and regressions set the code.

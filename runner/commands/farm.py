@@ -115,5 +115,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         for d in bad:
             click.echo(f"device {d['url']}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
-    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    from bundlerun.runner.report import say_report
+
+    say_report(result.report, report_dir)
     sys.exit(result.exit_code)
