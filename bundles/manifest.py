@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from bundlerun.bundles.manifest_schema import CRITERIA_FIELDS, MANIFEST_SCHEMA, validate_manifest
+from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
+                                               validate_manifest)
 
-__all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "Criteria", "Manifest", "MethodManifest", "OutputSpec",
-           "TensorSpec", "validate_manifest"]
+__all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "RULE_DEFAULTS", "RULE_FIELDS", "Criteria", "Manifest",
+           "MethodManifest", "OutputSpec", "TensorSpec", "validate_manifest"]
 
 
 @dataclass
@@ -37,6 +38,17 @@ class Criteria:
     rel_frobenius_max: float | None = None
     exact: bool = False
     trail: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Rules some backends' tests judge by (docs/tolerances.md "Rules"). Their defaults are the
+    # judging of bundles made before they existed, and `to_dict` leaves them out at those defaults,
+    # so an old manifest reads, judges and re-serialises exactly as before.
+    mse_max: float | None = None  # ceiling on mean((a - r)^2) (NXP NumericalStatsOutputComparator)
+    top1: bool = False  # argmax of the flattened output must equal the reference's (Cortex-M model tests)
+    nan: str = "match"  # "match": NaN matches NaN (shared Tester, equal_nan=True); "fail": any NaN fails
+    sqnr_reference: str = "actual"  # whose norm is the signal: "actual" (ErrorStatistics) | "reference" (compute_error)
+    sqnr_strict: bool = False  # SQNR must exceed the floor (`error > threshold`) instead of reaching it
+    cast_float: bool = False  # outputs of different dtypes are compared as float32, not failed (MLX)
+    arm_analysis: bool = False  # Frobenius/cosine as Arm's compare_rel_frobenius_and_cosine_similarity
+    reference_nonzero: bool = False  # an all-zero reference fails (NXP: "contains only zeros")
 
     @property
     def elementwise(self) -> bool:
@@ -51,13 +63,17 @@ class Criteria:
         return atol
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key, default in RULE_DEFAULTS.items():
+            if out.get(key) == default:
+                del out[key]
+        return out
 
     @property
     def has_any(self) -> bool:
         """False when nothing would be checked: such an output must not be judged at all."""
-        return self.elementwise or self.exact or any(
-            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max"))
+        return self.elementwise or self.exact or self.top1 or any(
+            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Criteria":

@@ -19,6 +19,13 @@ from bundlerun.bundles.errors import ManifestError
 
 MANIFEST_SCHEMA = "bundlerun.manifest/1"
 CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
+# Rules from backends' own tests (docs/tolerances.md "Rules"): optional, and absent = the default,
+# which is how every bundle made before them is judged.
+RULE_DEFAULTS: dict[str, object] = {"mse_max": None, "top1": False, "nan": "match", "sqnr_reference": "actual",
+                                    "sqnr_strict": False, "cast_float": False, "arm_analysis": False,
+                                    "reference_nonzero": False}
+RULE_FIELDS = tuple(RULE_DEFAULTS)
+RULE_CHOICES = {"nan": ("match", "fail"), "sqnr_reference": ("actual", "reference")}
 
 MAX_DEPTH = 32  # the real manifest nests 7 deep
 MAX_NODES = 2_000_000
@@ -35,8 +42,8 @@ _BUILD_INPUT_KEYS = ("shape", "dtype", "distribution")
 _METHOD_KEYS = ("name", "inputs", "outputs")
 _TENSOR_KEYS = ("name", "dtype", "shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape", "criteria", "quantized")
-_CRITERIA_KEYS = (*CRITERIA_FIELDS, "scale", "zero_point", "exact", "trail")
-_TRAIL_KEYS = ("value", "source", "file")
+_CRITERIA_KEYS = (*CRITERIA_FIELDS, "scale", "zero_point", "exact", *RULE_FIELDS, "trail")
+_TRAIL_KEYS = ("value", "source", "file", "origin")  # origin: ExecuTorch path:lines, or "bundlerun: why"
 _INTEGRITY_KEYS = ("algorithm", "program", "cases", "manifest")
 _DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool", "bfloat16",
            "uint16", "uint32", "uint64")
@@ -258,10 +265,24 @@ def _criteria(chk: _Checker, path: str, crit: Any) -> None:
     for key in CRITERIA_FIELDS:
         chk.number(f"{path}.{key}", crit.get(key), at_most=1.0 if key == "cosine_min" else None)
     chk.number(f"{path}.scale", crit.get("scale"), positive=True)
+    if crit.get("qtol"):  # finite numbers whose bound is not: |a - r| <= inf would pass anything
+        bound = (crit.get("atol") or 0.0) + crit["qtol"] * (crit.get("scale") or 1.0)
+        if not math.isfinite(bound):
+            raise chk.fail(path, "atol + qtol * scale overflows to infinity: the element-wise check would pass anything")
     chk.integer(f"{path}.zero_point", crit.get("zero_point"), -(2**31), 2**32 - 1, optional=True)
     if not isinstance(crit.get("exact", False), bool):
         raise chk.fail(f"{path}.exact", f"expected a boolean, got {_kind(crit['exact'])}")
-    if not crit.get("exact") and all(crit.get(k) is None for k in CRITERIA_FIELDS):
+    chk.number(f"{path}.mse_max", crit.get("mse_max"))
+    for key, default in RULE_DEFAULTS.items():
+        if key == "mse_max" or key not in crit:
+            continue
+        value = crit[key]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise chk.fail(f"{path}.{key}", f"expected a boolean, got {_kind(value)}")
+        elif value not in RULE_CHOICES[key]:
+            raise chk.fail(f"{path}.{key}", f"expected one of {', '.join(RULE_CHOICES[key])}, got {_kind(value)}")
+    if not crit.get("exact") and not crit.get("top1") and all(crit.get(k) is None for k in (*CRITERIA_FIELDS, "mse_max")):
         raise chk.fail(path, "no criterion is set (" + ", ".join(CRITERIA_FIELDS)
                        + " are all null and exact is false): the output would pass unchecked")
     trail = crit.get("trail", {})
@@ -272,10 +293,13 @@ def _criteria(chk: _Checker, path: str, crit: Any) -> None:
         for i, entry in enumerate(entries):
             where = f"{path}.trail.{key}[{i}]"
             chk.table(where, entry, _TRAIL_KEYS, required=("value", "source"))
-            if entry["value"] is not None and not isinstance(entry["value"], (bool, int, float)):
+            value = entry["value"]
+            rule_text = key in RULE_CHOICES and isinstance(value, str) and value in RULE_CHOICES[key]
+            if value is not None and not rule_text and not isinstance(value, (bool, int, float)):
                 raise chk.fail(f"{where}.value", f"expected a number, boolean or null, got {_kind(entry['value'])}")
             chk.text(f"{where}.source", entry["source"], MAX_TEXT)
             chk.text(f"{where}.file", entry.get("file"), MAX_TEXT, optional=True)
+            chk.text(f"{where}.origin", entry.get("origin"), MAX_TEXT, optional=True)
 
 
 def _integrity(chk: _Checker, integrity: Any) -> None:

@@ -1,24 +1,28 @@
 """The tolerance registry: data (TOML) -> resolved Criteria with a trail per number.
 
-Built-in numbers live in `bundles/data/tolerances.toml` (DESIGN §5); a project's
-`[tolerances]` section (bundlerun.toml / pyproject `[tool.bundlerun]`) is merged
-over them as a second *layer*. Resolution walks the chain from the least to the
-most specific level and lets every matching entry set (or unset) criteria, so a
-criterion's trail lists every entry that set it, in order, **winning entry last**:
+Built-in numbers live in `bundles/data/tolerances.toml` (global entries, the shared
+harness, the cross-backend suite) and `bundles/data/tolerances.<backend>.toml` (one per
+backend); every number cites the ExecuTorch line it comes from (bundles/registry_schema.py)
+or says it is bundlerun's own. A project's `[tolerances]` section (bundlerun.toml /
+pyproject `[tool.bundlerun]`) is merged over them as a further *layer*. Resolution walks
+the chain from the least to the most specific level and lets every matching entry set (or
+unset) criteria, so a criterion's trail lists every entry that set it, in order, **winning
+entry last**:
 
     global default < backend default < backend + dtype tier (else global tier)
     < backend + variant + dtype tier < op rule < model + target override
     < adjustments (host arch, input distribution) < explicit override
 
-Within one level the built-in layer comes first and the project layer after it,
-so the project wins. Nothing here imports torch.
+Within one level the built-in layers come first and the project layer after it, so the
+project wins. One rule keeps bundlerun honest: a value of bundlerun's own never replaces an
+ExecuTorch value stated for the same backend and dtype tier, op or model (`_protected`).
+Nothing here imports torch. (Over 500 lines: loading, the entry walk the audit shares, and the
+resolver's levels, which share one resolution state; the schema lives in registry_schema.py.)
 """
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
-import math
 import os
 import platform
 try:  # Python >= 3.11
@@ -31,19 +35,16 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.manifest import Criteria
+from bundlerun.bundles.registry_schema import (  # noqa: F401  (re-exported: the registry's public names)
+    BASE_DTYPES, BUNDLERUN, CEILINGS, CRITERIA, FLOORS, INTEGER_DTYPES, NUMERIC, QUANTIZED_DTYPES, REFERENCES,
+    RULES, SCHEMA, TIERS, check_number, entry_values, is_bundlerun, origin_text, origins_of, parse_citation,
+    parse_merged,
+    quote as _q, suggest, validate,
+)
 
-SCHEMA = "bundlerun.tolerances/1"
-BUILTIN_PATH = Path(__file__).with_name("data") / "tolerances.toml"
-ENV_PATH = "BUNDLERUN_TOLERANCES"  # replaces the built-in data file (tests, experiments)
-
-CRITERIA = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
-CEILINGS = frozenset({"atol", "rtol", "qtol", "rel_frobenius_max"})  # looser = larger
-FLOORS = frozenset({"sqnr_min_db", "cosine_min"})  # looser = smaller
-BASE_DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")
-QUANTIZED_DTYPES = ("int8", "int16")
-TIERS = BASE_DTYPES + tuple(f"{d}.vs-float" for d in QUANTIZED_DTYPES)
-REFERENCES = ("eager-fp32", "quantized")
-INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})
+BUILTIN_DIR = Path(__file__).with_name("data")
+BUILTIN_PATH = BUILTIN_DIR / "tolerances.toml"  # the global file; per-backend files sit beside it
+ENV_PATH = "BUNDLERUN_TOLERANCES"  # a data file or folder replacing the built-in data (tests, experiments)
 
 LEVELS = (
     "global default",
@@ -56,202 +57,20 @@ LEVELS = (
     "explicit override",
 )
 
-# --------------------------------------------------------------------------- schema
-
-_ENTRY_KEYS = set(CRITERIA) | {"exact", "unset", "mode", "note"}
-_TOP_KEYS = {"schema", "global", "backends", "op_rules", "model_overrides", "adjustments", "override"}
-_GLOBAL_KEYS = {"default", "tiers"}
-_BACKEND_KEYS = {"default", "tiers", "variants", "note", "firmware", "integer_outputs_exact", "default_variant"}
-_VARIANT_KEYS = {"targets", "default", "tiers", "note"}
-_OP_RULE_KEYS = _ENTRY_KEYS | {"name", "backends", "variants", "dtypes", "ops", "quantization", "rule", "eps"}
-_MODEL_KEYS = _ENTRY_KEYS | {"models", "backend", "variants", "dtypes", "methods", "outputs"}
-_ADJUST_KEYS = {"name", "backends", "variants", "dtypes", "host_arch", "distributions", "atol_scale", "rtol_scale", "note"}
-_OVERRIDE_KEYS = _ENTRY_KEYS | {"methods", "outputs"}
-_RULES = ("fp16-eps",)
-
-
-def _fail(where: str, message: str) -> None:
-    raise ConfigError(f"{where}: {message}")
-
-
-def suggest(word: str, choices: Any) -> str:
-    """' (did you mean 'x'?)' for a typo or an abbreviation, else ''."""
-    names = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
-    if not close and len(str(word)) >= 3:
-        close = [n for n in names if n.startswith(str(word))][:1]
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 _suggest = suggest
 
 
-def _check_keys(where: str, table: Any, allowed: set[str]) -> None:
-    if not isinstance(table, dict):
-        _fail(where, f"expected a table, got {type(table).__name__}")
-    for key in table:
-        if key not in allowed:
-            _fail(where, f"unknown key {key!r}{_suggest(key, sorted(allowed))}; allowed: {', '.join(sorted(allowed))}")
-
-
-def check_number(where: str, key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(where, f"{key} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        _fail(where, f"{key} must be finite, got {value!r}")
-    if value < 0:
-        _fail(where, f"{key} must not be negative, got {value!r}")
-    if key == "cosine_min" and value > 1:
-        _fail(where, f"cosine_min must be at most 1, got {value!r}")
-
-
-def _check_list(where: str, key: str, value: Any, choices: Any = None) -> None:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        _fail(where, f"{key} must be a list of strings, got {value!r}")
-    if choices is not None:
-        for v in value:
-            if v != "*" and v not in choices:
-                _fail(where, f"unknown {key[:-1] if key.endswith('s') else key} {v!r} in {key}{_suggest(v, choices)}")
-
-
-def _check_entry(where: str, entry: dict, allowed: set[str]) -> None:
-    _check_keys(where, entry, allowed)
-    for key in CRITERIA:
-        if key in entry:
-            check_number(where, key, entry[key])
-    if "exact" in entry and not isinstance(entry["exact"], bool):
-        _fail(where, f"exact must be true or false, got {entry['exact']!r}")
-    if "unset" in entry:
-        _check_list(where, "unset", entry["unset"], CRITERIA)
-    if "mode" in entry and entry["mode"] not in ("set", "loosen"):
-        _fail(where, f"mode must be 'set' or 'loosen', got {entry['mode']!r}{_suggest(entry['mode'], ['set', 'loosen'])}")
-    if "note" in entry and not isinstance(entry["note"], str):
-        _fail(where, "note must be a string")
-
-
-def _check_tiers(where: str, tiers: Any) -> None:
-    if not isinstance(tiers, dict):
-        _fail(where, "expected a table of dtype tiers")
-    for tier, entry in tiers.items():
-        if tier not in TIERS:
-            _fail(where, f"unknown dtype tier {tier!r}{_suggest(tier, TIERS)}; known: {', '.join(TIERS)}")
-        _check_entry(f"{where}.{_q(tier)}", entry, _ENTRY_KEYS)
-
-
-def _q(key: str) -> str:
-    return f'"{key}"' if "." in key else key
-
-
-def validate(data: dict, file: str, known_backends: set[str] | None = None, known_variants: dict[str, set[str]] | None = None) -> None:
-    """Raise ConfigError (one line, with a close-match suggestion) on any problem.
-
-    `known_backends` restricts backend names (a project layer may only tune the
-    backends bundlerun knows); None accepts the names the data itself declares.
-    """
-    _check_keys(file, data, _TOP_KEYS)
-    if "schema" in data and data["schema"] != SCHEMA:
-        _fail(file, f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}")
-    backends_data = data.get("backends", {})
-    if not isinstance(backends_data, dict):
-        _fail(f"{file}: backends", "expected a table")
-    backends = set(known_backends) if known_backends is not None else set(backends_data)
-    variants = {b: set(v) for b, v in (known_variants or {}).items()}
-    for name, b in backends_data.items():
-        variants.setdefault(name, set()).update((b or {}).get("variants", {}) if isinstance(b, dict) else ())
-
-    g = data.get("global", {})
-    _check_keys(f"{file}: global", g, _GLOBAL_KEYS)
-    if "default" in g:
-        _check_entry(f"{file}: global.default", g["default"], _ENTRY_KEYS)
-    if "tiers" in g:
-        _check_tiers(f"{file}: global.tiers", g["tiers"])
-
-    for name, b in backends_data.items():
-        where = f"{file}: backends.{name}"
-        if name not in backends:
-            _fail(where, f"unknown backend {name!r}{_suggest(name, backends)}; known: {', '.join(sorted(backends))}")
-        _check_keys(where, b, _BACKEND_KEYS)
-        if "default" in b:
-            _check_entry(f"{where}.default", b["default"], _ENTRY_KEYS)
-        if "tiers" in b:
-            _check_tiers(f"{where}.tiers", b["tiers"])
-        if "firmware" in b:
-            _check_keys(f"{where}.firmware", b["firmware"], {"atol", "rtol"})
-            for k, v in b["firmware"].items():
-                check_number(f"{where}.firmware", k, v)
-        if "integer_outputs_exact" in b and not isinstance(b["integer_outputs_exact"], bool):
-            _fail(where, "integer_outputs_exact must be true or false")
-        if "default_variant" in b and b["default_variant"] not in variants.get(name, set()):
-            dv = b["default_variant"]
-            _fail(where, f"default_variant {dv!r} is not a declared variant{_suggest(dv, variants.get(name, ()))}")
-        for vname, v in b.get("variants", {}).items():
-            vwhere = f"{where}.variants.{vname}"
-            _check_keys(vwhere, v, _VARIANT_KEYS)
-            if "targets" in v:
-                _check_list(vwhere, "targets", v["targets"])
-            if "default" in v:
-                _check_entry(f"{vwhere}.default", v["default"], _ENTRY_KEYS)
-            if "tiers" in v:
-                _check_tiers(f"{vwhere}.tiers", v["tiers"])
-
-    all_variants = set().union(*variants.values()) if variants else set()
-    for i, rule in enumerate(_list_of_tables(file, data, "op_rules")):
-        where = f"{file}: op_rules[{i}]" + (f" ({rule['name']})" if isinstance(rule, dict) and "name" in rule else "")
-        _check_entry(where, rule, _OP_RULE_KEYS)
-        if "ops" not in rule:
-            _fail(where, "an op rule needs ops = [...] (aten base names, or '*')")
-        _check_list(where, "ops", rule["ops"])
-        _check_list(where, "backends", rule.get("backends", ["*"]), backends)
-        _check_list(where, "dtypes", rule.get("dtypes", ["*"]), TIERS)
-        _check_list(where, "variants", rule.get("variants", ["*"]), all_variants)
-        if "quantization" in rule and not isinstance(rule["quantization"], str):
-            _fail(where, "quantization must be a string (matched as a substring)")
-        if "rule" in rule:
-            if rule["rule"] not in _RULES:
-                _fail(where, f"unknown rule {rule['rule']!r}{_suggest(rule['rule'], _RULES)}; known: {', '.join(_RULES)}")
-            if "eps" not in rule:
-                _fail(where, "rule 'fp16-eps' needs eps")
-        if "eps" in rule:
-            check_number(where, "eps", rule["eps"])
-
-    for i, mo in enumerate(_list_of_tables(file, data, "model_overrides")):
-        where = f"{file}: model_overrides[{i}]"
-        _check_entry(where, mo, _MODEL_KEYS)
-        if "models" not in mo:
-            _fail(where, "a model override needs models = [...]")
-        _check_list(where, "models", mo["models"])
-        if "backend" in mo and mo["backend"] != "*" and mo["backend"] not in backends:
-            _fail(where, f"unknown backend {mo['backend']!r}{_suggest(mo['backend'], backends)}")
-        _check_list(where, "variants", mo.get("variants", ["*"]), variants.get(mo.get("backend"), all_variants))
-        _check_list(where, "dtypes", mo.get("dtypes", ["*"]), TIERS)
-        _check_list(where, "methods", mo.get("methods", ["*"]))
-        _check_list(where, "outputs", mo.get("outputs", ["*"]))
-
-    for i, adj in enumerate(_list_of_tables(file, data, "adjustments")):
-        where = f"{file}: adjustments[{i}]"
-        _check_keys(where, adj, _ADJUST_KEYS)
-        _check_list(where, "backends", adj.get("backends", ["*"]), backends)
-        _check_list(where, "variants", adj.get("variants", ["*"]), all_variants)
-        _check_list(where, "dtypes", adj.get("dtypes", ["*"]), TIERS)
-        _check_list(where, "host_arch", adj.get("host_arch", ["*"]))
-        _check_list(where, "distributions", adj.get("distributions", ["*"]))
-        for k in ("atol_scale", "rtol_scale"):
-            if k in adj:
-                check_number(where, k, adj[k])
-        if not any(k in adj for k in ("atol_scale", "rtol_scale")):
-            _fail(where, "an adjustment needs atol_scale and/or rtol_scale")
-
-    if "override" in data:
-        _check_entry(f"{file}: override", data["override"], _OVERRIDE_KEYS)
-        _check_list(f"{file}: override", "methods", data["override"].get("methods", ["*"]))
-        _check_list(f"{file}: override", "outputs", data["override"].get("outputs", ["*"]))
-
-
-def _list_of_tables(file: str, data: dict, key: str) -> list[dict]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        _fail(f"{file}: {key}", f"expected an array of tables ([[{key}]])")
-    return value
+def data_files(path: str | Path) -> list[Path]:
+    """The data files of a registry location: a file alone, or a folder's tolerances.toml
+    followed by its tolerances.<backend>.toml files (sorted)."""
+    path = Path(path)
+    if path.is_dir():
+        main = path / "tolerances.toml"
+        files = ([main] if main.is_file() else []) + sorted(path.glob("tolerances.*.toml"))
+        if not files:
+            raise ConfigError(f"{path}: no tolerances.toml or tolerances.<backend>.toml in this folder")
+        return files
+    return [path]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -308,6 +127,9 @@ class Step:
     values: dict[str, Any]  # what the entry asks for (None = unset)
     applied: dict[str, Any] = field(default_factory=dict)  # what it actually changed
     skipped: dict[str, str] = field(default_factory=dict)  # criterion -> why not applied
+    origins: dict[str, str] = field(default_factory=dict)  # criterion -> "executorch@...:path:lines" | "bundlerun: why"
+    note: str | None = None
+    merged: list[str] = field(default_factory=list)  # tighter values other tests of the same key state
 
 
 @dataclass
@@ -317,6 +139,7 @@ class Resolution:
     tier: str
     variant: str | None
     host_arch: str
+    commit: str | None = None  # the ExecuTorch commit the built-in citations refer to
 
 
 @dataclass
@@ -326,11 +149,19 @@ class Layer:
     label: str  # "built-in" | "project"
 
 
+_QDQ = ("quantize", "dequantize", "choose_qparams")
+
+
+def _model_ops(ops: list[str] | None) -> set[str]:
+    """The ops that make a model what it is: quantize/dequantize nodes are the scheme, not the model."""
+    return {normalize_op(o) for o in (ops or []) if not any(q in str(o) for q in _QDQ)}
+
+
 # --------------------------------------------------------------------------- registry
 
 
 class Registry:
-    """Ordered layers of tolerance data (built-in first, project overlays after)."""
+    """Ordered layers of tolerance data (built-in files first, project overlays after)."""
 
     def __init__(self, layers: list[Layer]):
         self.layers = layers
@@ -339,17 +170,24 @@ class Registry:
 
     @classmethod
     def builtin(cls, path: str | Path | None = None) -> "Registry":
-        """The built-in data (or `path`, or $BUNDLERUN_TOLERANCES when set)."""
-        path = Path(path or os.environ.get(ENV_PATH) or BUILTIN_PATH)
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"cannot read tolerance registry {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        validate(data, str(path))
-        return cls([Layer(str(path), data, "built-in")])
+        """The built-in data (or `path`: a data file or folder, or $BUNDLERUN_TOLERANCES when set)."""
+        path = Path(path or os.environ.get(ENV_PATH) or BUILTIN_DIR)
+        layers = []
+        for file in data_files(path):
+            try:
+                with open(file, "rb") as fh:
+                    data = tomllib.load(fh)
+            except OSError as exc:
+                raise ConfigError(f"cannot read tolerance registry {file}: {exc.strerror}") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{file}: invalid TOML: {exc}") from None
+            layers.append(Layer(str(file), data, "built-in"))
+        reg = cls(layers)
+        backends = set(reg.backends())
+        variants = {b: set(reg.variants(b)) for b in backends}
+        for layer in layers:
+            validate(layer.data, layer.file, backends, variants, require_origin=path.is_dir())
+        return reg
 
     def with_overlay(self, data: dict, file: str, label: str = "project") -> "Registry":
         """A new registry with `data` (a project's [tolerances] section) merged over this one."""
@@ -360,6 +198,15 @@ class Registry:
         validate(data, file, known_backends=set(self.backends()), known_variants={b: set(self.variants(b)) for b in self.backends()})
 
     # -- queries -------------------------------------------------------------
+
+    @property
+    def commit(self) -> str | None:
+        """The ExecuTorch commit the built-in citations refer to ([source] executorch = ...)."""
+        for layer in self.layers:
+            commit = layer.data.get("source", {}).get("executorch")
+            if commit:
+                return commit
+        return None
 
     def backends(self) -> list[str]:
         names: list[str] = []
@@ -372,12 +219,24 @@ class Registry:
     def _backend_tables(self, backend: str) -> list[tuple[Layer, dict]]:
         return [(l, l.data["backends"][backend]) for l in self.layers if backend in l.data.get("backends", {})]
 
+    def _global_variants(self, backend: str) -> list[tuple[Layer, str, dict]]:
+        """Variants declared once for several backends ([global.variants.suite]: the cross-backend suite)."""
+        out = []
+        for layer in self.layers:
+            for name, v in layer.data.get("global", {}).get("variants", {}).items():
+                if _match(backend, v.get("backends")):
+                    out.append((layer, name, v))
+        return out
+
     def variants(self, backend: str) -> list[str]:
         names: list[str] = []
         for _, b in self._backend_tables(backend):
             for v in b.get("variants", {}):
                 if v not in names:
                     names.append(v)
+        for _, name, _v in self._global_variants(backend):
+            if name not in names:
+                names.append(name)
         return names
 
     def backend_setting(self, backend: str, key: str, default: Any = None) -> Any:
@@ -402,7 +261,24 @@ class Registry:
             for name, v in b.get("variants", {}).items():
                 if any(fnmatch.fnmatch(low, p.lower()) for p in v.get("targets", [])):
                     return name
+        for _, name, v in self._global_variants(backend):
+            if any(fnmatch.fnmatch(low, p.lower()) for p in v.get("targets", [])):
+                return name
         return self.backend_setting(backend, "default_variant")
+
+    def citations(self) -> list[tuple[str, str]]:
+        """(citation, where) of every origin in the built-in layers (for `tolerance audit`)."""
+        out: list[tuple[str, str]] = []
+        for layer in self.layers:
+            if layer.label != "built-in":
+                continue
+            for where, entry in iter_entries(layer.data):
+                for key, cites in origins_of(entry).items():
+                    out.extend((c, f"{layer.file}: {where}.{key}") for c in cites if c != BUNDLERUN)
+                for m in entry.get("merged", []):
+                    cite, key, _ = parse_merged(m)
+                    out.append((cite, f"{layer.file}: {where}.merged.{key}"))
+        return out
 
     # -- resolution ----------------------------------------------------------
 
@@ -423,54 +299,114 @@ class Registry:
         return r.run(overrides or {})
 
 
+def iter_entries(data: dict):
+    """(where, entry) of every entry of one data file that can state values."""
+    g = data.get("global", {})
+    if "default" in g:
+        yield "global.default", g["default"]
+    for tier, e in g.get("tiers", {}).items():
+        yield f"global.tiers.{_q(tier)}", e
+    for vname, v in g.get("variants", {}).items():
+        if "default" in v:
+            yield f"global.variants.{vname}.default", v["default"]
+        for tier, e in v.get("tiers", {}).items():
+            yield f"global.variants.{vname}.tiers.{_q(tier)}", e
+    for name, b in data.get("backends", {}).items():
+        if "origin" in b:
+            yield f"backends.{name}", {k: b[k] for k in ("origin", "reason") if k in b} | dict(b.get("firmware", {}))
+        if "default" in b:
+            yield f"backends.{name}.default", b["default"]
+        for tier, e in b.get("tiers", {}).items():
+            yield f"backends.{name}.tiers.{_q(tier)}", e
+        for vname, v in b.get("variants", {}).items():
+            if "default" in v:
+                yield f"backends.{name}.variants.{vname}.default", v["default"]
+            for tier, e in v.get("tiers", {}).items():
+                yield f"backends.{name}.variants.{vname}.tiers.{_q(tier)}", e
+    for i, e in enumerate(data.get("op_rules", [])):
+        yield f"op_rules[{i}] {e.get('name', '')}".rstrip(), e
+    for i, e in enumerate(data.get("model_overrides", [])):
+        yield f"model_overrides[{i}] {(e.get('models') or [''])[0]}".rstrip(), e
+    for i, e in enumerate(data.get("adjustments", [])):
+        yield f"adjustments[{i}] {e.get('name', '')}".rstrip(), e
+
+
 class _Resolver:
     """One resolution: applies entries level by level and keeps the trail."""
 
     def __init__(self, reg: Registry, ctx: Any, tier: str, variant: str | None, host_arch: str):
         self.reg, self.ctx, self.tier, self.variant, self.host_arch = reg, ctx, tier, variant, host_arch
-        self.values: dict[str, float | None] = {k: None for k in CRITERIA}
+        self.values: dict[str, Any] = {k: None for k in NUMERIC}
+        self.rules: dict[str, Any] = {k: Criteria.__dataclass_fields__[k].default for k in RULES}
         self.trail: dict[str, list[dict[str, Any]]] = {}
         self.steps: list[Step] = []
         self.exact = False
+        self.commit = reg.commit
+        # criterion -> (origin kind, protected, trail source) of the value that currently wins
+        self.winner: dict[str, tuple[str, bool, str]] = {}
 
     # -- primitives ----------------------------------------------------------
 
-    def _record(self, key: str, value: Any, source: str, file: str | None) -> None:
-        self.trail.setdefault(key, []).append({"value": value, "source": source, "file": file})
+    def _record(self, key: str, value: Any, source: str, file: str | None, origin: str | None = None) -> None:
+        item: dict[str, Any] = {"value": value, "source": source, "file": file}
+        if origin:
+            item["origin"] = origin
+        self.trail.setdefault(key, []).append(item)
 
-    def apply(self, level: str, path: str, file: str | None, entry: dict, label: str | None = None) -> Step:
+    def _kind(self, layer_label: str, entry: dict, key: str) -> str:
+        if layer_label != "built-in":
+            return "user"
+        return "bundlerun" if is_bundlerun(entry, key) else "executorch"
+
+    def apply(self, level: str, path: str, layer: Layer | None, entry: dict, label: str | None = None,
+              protected: bool = False, combine: set[str] | None = None, note: str | None = None) -> Step:
+        """Apply one entry. `protected`: its ExecuTorch values may not be replaced by bundlerun's own.
+        `combine`: criteria an earlier op rule of this resolution set (several ops: the loosest applies)."""
+        file = layer.file if layer else None
         source = f"{level}: {label or path}"
         mode = entry.get("mode", "set")
-        values = {k: entry[k] for k in CRITERIA if k in entry}
-        for k in entry.get("unset", []):
-            values[k] = None
-        if "exact" in entry:
-            values["exact"] = entry["exact"]
-        step = Step(level, path, file, values)
-        for key in entry.get("unset", []):
-            step.applied[key] = None
-            if key == "exact":
-                self.exact = False
-            else:
+        values = entry_values(entry)
+        values.pop("eps", None)
+        step = Step(level, path, file, values, note=note or entry.get("note"), merged=list(entry.get("merged", [])))
+        layer_label = layer.label if layer else "cli"
+        for key in values:
+            origin = origin_text(entry, key if key in origins_of(entry) else "eps", self.commit) if layer_label == "built-in" else None
+            if origin:
+                step.origins[key] = origin
+        for key in [*entry.get("unset", []), *[k for k in NUMERIC if k in entry], *[k for k in RULES if k in entry],
+                    *(["exact"] if "exact" in entry else [])]:
+            unset = key in entry.get("unset", []) and key not in entry
+            new = None if unset else entry[key]
+            kind = self._kind(layer_label, entry, key)
+            win = self.winner.get(key)
+            if kind == "bundlerun" and win and win[0] == "executorch" and win[1]:
+                step.skipped[key] = f"ExecuTorch's value ({win[2]}) stands: bundlerun's own never replaces it"
+                continue
+            if key in NUMERIC and not unset:
+                new = float(new)
+                old = self.values[key]
+                loosen = mode == "loosen" or (combine is not None and key in combine)
+                if loosen and old is None:
+                    step.skipped[key] = "already unconstrained" + (" by an earlier op rule" if mode != "loosen" else "")
+                    continue
+                if loosen and not _looser(key, new, old):
+                    step.skipped[key] = f"not looser than {old:g}" + (" (several ops: the loosest applies)"
+                                                                      if mode != "loosen" else "")
+                    continue
+                self.values[key] = new
+            elif key in NUMERIC:
                 self.values[key] = None
-            self._record(key, None, f"{source} (unset)", file)
-        for key in CRITERIA:
-            if key not in entry:
-                continue
-            new, old = float(entry[key]), self.values[key]
-            if mode == "loosen" and old is None:
-                step.skipped[key] = "already unconstrained"
-                continue
-            if mode == "loosen" and not _looser(key, new, old):
-                step.skipped[key] = f"not looser than {old:g}"
-                continue
-            self.values[key] = new
-            step.applied[key] = new
-            self._record(key, new, source + (" (loosen)" if mode == "loosen" else ""), file)
-        if "exact" in entry:
-            self.exact = bool(entry["exact"])
-            step.applied["exact"] = self.exact
-            self._record("exact", self.exact, source, file)
+            elif key in RULES:
+                self.rules[key] = Criteria.__dataclass_fields__[key].default if unset else new
+            elif key == "exact":
+                self.exact = False if unset else bool(new)
+            step.applied[key] = self.values.get(key) if key in NUMERIC else (
+                self.rules[key] if key in RULES else self.exact)
+            if combine is not None:
+                combine.add(key)
+            suffix = " (unset)" if unset else (" (loosen)" if mode == "loosen" else "")
+            self._record(key, step.applied[key], source + suffix, file, step.origins.get(key))
+            self.winner[key] = (kind, protected, step.origins.get(key) or source)
         self.steps.append(step)
         return step
 
@@ -482,40 +418,44 @@ class _Resolver:
         if ctx.output_dtype == "bool":
             criteria.exact = True
             criteria.trail = {"exact": [{"value": True, "source": "bool outputs are exact", "file": None}]}
-            return Resolution(criteria, [], self.tier, self.variant, self.host_arch)
+            return Resolution(criteria, [], self.tier, self.variant, self.host_arch, self.commit)
 
         b = ctx.backend
         for layer in self.reg.layers:
             g = layer.data.get("global", {})
             if "default" in g:
-                self.apply("global default", "global.default", layer.file, g["default"])
+                self.apply("global default", "global.default", layer, g["default"])
         for layer, bt in self.reg._backend_tables(b):
             if "default" in bt:
-                self.apply("backend default", f"backends.{b}.default", layer.file, bt["default"])
+                self.apply("backend default", f"backends.{b}.default", layer, bt["default"])
         tier_tables = [(l, bt["tiers"][self.tier]) for l, bt in self.reg._backend_tables(b) if self.tier in bt.get("tiers", {})]
         if tier_tables:
             for layer in self.reg.layers:  # shown by `explain`: a backend's tier entry replaces the global one
                 entry = layer.data.get("global", {}).get("tiers", {}).get(self.tier)
                 if entry is not None:
-                    values = {k: entry[k] for k in CRITERIA if k in entry} | {k: None for k in entry.get("unset", [])}
+                    values = entry_values(entry)
                     self.steps.append(Step("backend + dtype tier", f"global.tiers.{_q(self.tier)}", layer.file, values,
                                            skipped={k: f"replaced by backends.{b}.tiers.{_q(self.tier)}" for k in values}))
             for layer, entry in tier_tables:
-                self.apply("backend + dtype tier", f"backends.{b}.tiers.{_q(self.tier)}", layer.file, entry)
+                self.apply("backend + dtype tier", f"backends.{b}.tiers.{_q(self.tier)}", layer, entry, protected=True)
         else:
             for layer in self.reg.layers:
                 entry = layer.data.get("global", {}).get("tiers", {}).get(self.tier)
                 if entry is not None:
-                    self.apply("backend + dtype tier", f"global.tiers.{_q(self.tier)}", layer.file, entry,
+                    self.apply("backend + dtype tier", f"global.tiers.{_q(self.tier)}", layer, entry,
                                label=f"global.tiers.{_q(self.tier)} ({b} has no {self.tier} entry)")
         if self.variant:
-            for layer, bt in self.reg._backend_tables(b):
-                v = bt.get("variants", {}).get(self.variant, {})
+            tables = [(l, f"backends.{b}.variants.{self.variant}", bt["variants"][self.variant])
+                      for l, bt in self.reg._backend_tables(b) if self.variant in bt.get("variants", {})]
+            if not tables:
+                tables = [(l, f"global.variants.{name}", v) for l, name, v in self.reg._global_variants(b)
+                          if name == self.variant]
+            for layer, where, v in tables:
                 if "default" in v:
-                    self.apply("backend + variant + dtype tier", f"backends.{b}.variants.{self.variant}.default", layer.file, v["default"])
+                    self.apply("backend + variant + dtype tier", f"{where}.default", layer, v["default"], protected=True)
                 if self.tier in v.get("tiers", {}):
-                    self.apply("backend + variant + dtype tier", f"backends.{b}.variants.{self.variant}.tiers.{_q(self.tier)}",
-                               layer.file, v["tiers"][self.tier])
+                    self.apply("backend + variant + dtype tier", f"{where}.tiers.{_q(self.tier)}", layer,
+                               v["tiers"][self.tier], protected=True)
         self._op_rules()
         self._model_overrides()
         self._adjustments()
@@ -523,9 +463,13 @@ class _Resolver:
         return self._finish(criteria)
 
     def _op_rules(self) -> None:
+        """Matching op rules: those that set values first (several ops: for each criterion the
+        loosest of them), then the loosen-only ones, each group in file order."""
         ctx = self.ctx
         ops = {normalize_op(o) for o in (ctx.ops or [])}
+        model_ops = _model_ops(ctx.ops)
         quant = (getattr(ctx, "quantization", None) or "").lower()
+        matched: list[tuple[Layer, int, dict]] = []
         for layer in self.reg.layers:
             for i, rule in enumerate(layer.data.get("op_rules", [])):
                 if not (_match(ctx.backend, rule.get("backends")) and _match(self.tier, rule.get("dtypes"))
@@ -536,11 +480,23 @@ class _Resolver:
                     continue
                 if "quantization" in rule and rule["quantization"].lower() not in quant:
                     continue
+                matched.append((layer, i, rule))
+        combine: set[str] = set()
+        for loosen_group in (False, True):
+            for layer, i, rule in matched:
+                if (rule.get("mode") == "loosen") != loosen_group:
+                    continue
                 name = rule.get("name", f"op_rules[{i}]")
                 entry = dict(rule)
                 if rule.get("rule") == "fp16-eps":
                     entry.update(self._fp16_eps(rule["eps"]))
-                self.apply("op rule", f"op_rules[{i}] {name}", layer.file, entry)
+                wanted = set(rule["ops"])
+                exact = "*" not in wanted and bool(model_ops) and model_ops <= wanted
+                note = None if exact or "*" in wanted else (
+                    f"the model has other ops too ({', '.join(sorted(model_ops - wanted)[:6])}): "
+                    "ExecuTorch tests this op alone")
+                self.apply("op rule", f"op_rules[{i}] {name}", layer, entry, protected=exact,
+                           combine=None if loosen_group else combine, note=note)
 
     def _fp16_eps(self, eps: float) -> dict[str, float]:
         """XNNPACK fp16 rule: allowed = max(2*eps, |ref|*6*eps); atol = max of that; rtol = 6*eps."""
@@ -569,6 +525,9 @@ class _Resolver:
                     continue
                 if mo.get("backend", "*") not in ("*", ctx.backend):
                     continue
+                quant = (getattr(ctx, "quantization", None) or "").lower()
+                if "quantization" in mo and mo["quantization"].lower() not in quant:
+                    continue
                 if not (_match(self.variant, mo.get("variants")) and _match(self.tier, mo.get("dtypes"))
                         and _match(ctx.method, mo.get("methods"))
                         and _output_matches(mo.get("outputs"), ctx.output_name, ctx.output_index)):
@@ -576,7 +535,7 @@ class _Resolver:
                 label = f"model_overrides[{i}] {mo['models'][0]} on {mo.get('backend', '*')}"
                 if mo.get("variants"):
                     label += "/" + ",".join(mo["variants"])
-                self.apply("model + target override", label, layer.file, mo)
+                self.apply("model + target override", label, layer, mo, protected=True)
 
     def _adjustments(self) -> None:
         ctx = self.ctx
@@ -593,13 +552,16 @@ class _Resolver:
                     if scale_key not in adj:
                         continue
                     step.values[key] = f"x{adj[scale_key]:g}"
+                    origin = origin_text(adj, scale_key, self.commit) if layer.label == "built-in" else None
+                    if origin:
+                        step.origins[key] = origin
                     if self.values[key] is None:
                         step.skipped[key] = "not set"
                         continue
                     new = self.values[key] * float(adj[scale_key])
                     self.values[key] = new
                     step.applied[key] = new
-                    self._record(key, new, f"adjustment: {name} ({key} x{adj[scale_key]:g})", layer.file)
+                    self._record(key, new, f"adjustment: {name} ({key} x{adj[scale_key]:g})", layer.file, origin)
                 self.steps.append(step)
 
     def _explicit(self, overrides: dict[str, Any]) -> None:
@@ -607,15 +569,17 @@ class _Resolver:
         for layer in self.reg.layers:
             ov = layer.data.get("override")
             if ov and _match(ctx.method, ov.get("methods")) and _output_matches(ov.get("outputs"), ctx.output_name, ctx.output_index):
-                self.apply("explicit override", "override", layer.file, ov, label=f"override ({layer.label} config)")
+                self.apply("explicit override", "override", layer, ov, label=f"override ({layer.label} config)")
         entry = explicit_entry(overrides, ctx.method, ctx.output_name, ctx.output_index)
         if entry:
             self.apply("explicit override", "override (CLI)", None, entry, label="override (CLI)")
 
     def _finish(self, criteria: Criteria) -> Resolution:
         ctx = self.ctx
-        for key in CRITERIA:
+        for key in NUMERIC:
             setattr(criteria, key, self.values[key])
+        for key in RULES:
+            setattr(criteria, key, self.rules[key])
         criteria.exact = self.exact
         is_int = ctx.output_dtype in INTEGER_DTYPES
         if is_int:
@@ -625,8 +589,11 @@ class _Resolver:
                          + (f"; graph scale {ctx.scale:g}" if ctx.scale is not None else ""), None)
             if self.reg.backend_setting(ctx.backend, "integer_outputs_exact", False) and not self.exact:
                 criteria.exact = True
-                layer = [l for l, b in self.reg._backend_tables(ctx.backend) if "integer_outputs_exact" in b][-1]
-                self._record("exact", True, f"backend default: backends.{ctx.backend}.integer_outputs_exact", layer.file)
+                layer, table = [(l, b) for l, b in self.reg._backend_tables(ctx.backend) if "integer_outputs_exact" in b][-1]
+                origin = origin_text(table | {"integer_outputs_exact": True}, "integer_outputs_exact", self.commit) \
+                    if isinstance(table.get("origin"), str) else None
+                self._record("exact", True, f"backend default: backends.{ctx.backend}.integer_outputs_exact",
+                             layer.file, origin)
         elif ctx.scale is not None:
             self._record("scale", ctx.scale, "output quantization parameters from the lowered graph", None)
         elif criteria.qtol:
@@ -636,7 +603,7 @@ class _Resolver:
         if ctx.zero_point is not None:
             self._record("zero_point", ctx.zero_point, "output quantization parameters from the lowered graph", None)
         criteria.trail = self.trail
-        return Resolution(criteria, self.steps, self.tier, self.variant, self.host_arch)
+        return Resolution(criteria, self.steps, self.tier, self.variant, self.host_arch, self.commit)
 
 
 def explicit_entry(overrides: dict[str, Any] | None, method: str, output_name: str, output_index: int) -> dict[str, Any]:
@@ -685,18 +652,25 @@ def _mtime(path: Path) -> float:
         return -1.0
 
 
+def _data_files_or_none(path: Path) -> list[Path]:
+    try:
+        return data_files(path)
+    except ConfigError:
+        return []
+
+
 def project_registry(project: dict | None) -> Registry:
     """Built-in data + the [tolerances] of an already-loaded project config (the run session's),
     so one command resolves with one config file."""
-    base = Registry.builtin(Path(os.environ.get(ENV_PATH) or BUILTIN_PATH))
+    base = Registry.builtin(Path(os.environ.get(ENV_PATH) or BUILTIN_DIR))
     section = (project or {}).get("tolerances")
     return base.with_overlay(section, str((project or {}).get("_file", "project config"))) if section else base
 
 
 def default_registry(project: bool = True) -> Registry:
     """Built-in data (honouring $BUNDLERUN_TOLERANCES) + the project's [tolerances], if any."""
-    base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_PATH)
-    key: tuple = (str(base_path), _mtime(base_path))
+    base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_DIR)
+    key: tuple = (str(base_path), *((str(f), _mtime(f)) for f in _data_files_or_none(base_path)))
     overlay: tuple[dict, str] | None = None
     if project:
         from bundlerun.bundles.project_config import find_config_files, load_project_config

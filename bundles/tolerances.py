@@ -21,7 +21,7 @@ from bundlerun.bundles.manifest import Criteria
 class ToleranceContext:
     """Everything known about one output when its criteria are resolved."""
 
-    backend: str  # xnnpack | portable | arm | cortex-m | qnn | vulkan | mlx | metal | coreml | nxp
+    backend: str  # a registry backend: xnnpack, arm, cortex-m, qnn, vulkan, mlx, metal, coreml, mps, nxp, ...
     target: str  # target URL the bundle is built for, e.g. host://xnnpack, tosa://int (or a variant name)
     dtype: str  # fp32 | fp16 | bf16 | int8 | int16 (the build's dtype tier)
     model: str | None = None
@@ -42,8 +42,20 @@ class ToleranceContext:
 
 def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None) -> Criteria:
     """Criteria for one output. `overrides` are explicit (CLI) values: `{"atol": 0.05}`
-    or selector keys `{"out0.atol": 0.05, "forward.out1.qtol": 2}`; None unsets."""
-    return explain(ctx, overrides, registry).criteria
+    or selector keys `{"out0.atol": 0.05, "forward.out1.qtol": 2}`; None unsets.
+
+    Refuses (ConfigError) an output left with no criterion at all: that happens where the test
+    ExecuTorch has for it turns every check of this tier off (Arm's `frobenius_threshold=None,
+    cosine_threshold=None` against the float model), and a bundle must not pass it unchecked."""
+    res = explain(ctx, overrides, registry)
+    if not res.criteria.has_any:
+        from bundlerun.bundles.errors import ConfigError
+
+        raise ConfigError(
+            f"{ctx.backend} {res.variant or ''} {res.tier} {ctx.model or ''} {ctx.output_name}: no criterion left "
+            "(ExecuTorch's own test turns every check of this tier off); build with --reference quantized, "
+            "or give one with --tolerance (see `bundlerun tolerance explain`)".replace("  ", " "))
+    return res.criteria
 
 
 def explain(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None):

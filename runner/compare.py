@@ -192,8 +192,10 @@ def error_statistics(
     atol: float = 0.0,
     rtol: float = 0.0,
     elementwise: bool = True,
+    nan_equal: bool = True,
 ) -> OutputStats:
-    """All statistics for one output. Shape mismatch: every error field is None."""
+    """All statistics for one output. Shape mismatch: every error field is None.
+    `nan_equal=False`: a NaN never matches (torch.allclose without equal_nan: MLX, Metal, QNN tests)."""
     actual = _as_numeric(np.asarray(actual))
     expected = _as_numeric(np.asarray(expected))
     a_flat, r_flat = actual.reshape(-1), expected.reshape(-1)
@@ -223,7 +225,7 @@ def error_statistics(
         stats.mismatch_count, stats.mismatch_fraction = 0, 0.0
         return stats
     if specials:
-        return _nonfinite_statistics(stats, a_flat, r_flat, actual.shape, atol, rtol, elementwise)
+        return _nonfinite_statistics(stats, a_flat, r_flat, actual.shape, atol, rtol, elementwise, nan_equal)
     med_a, med_r = _MedianBracket(a_flat), _MedianBracket(r_flat)
     sums = _stream(a_flat, r_flat, atol, rtol, elementwise, (med_a, med_r))
     stats.actual_stats.median, stats.reference_stats.median = med_a.result(), med_r.result()
@@ -346,13 +348,15 @@ def _fill_worst(stats, a_flat, r_flat, shape, pos: int, atol: float, rtol: float
     stats.worst_allowed = atol + rtol * abs(float(r_flat[pos]))
 
 
-def _nonfinite_statistics(stats, a_flat, r_flat, shape, atol, rtol, elementwise) -> OutputStats:
-    """Slow path when NaN/Inf are present: NaN matches NaN, equal infinities match;
-    error statistics are over the positions where both are finite."""
+def _nonfinite_statistics(stats, a_flat, r_flat, shape, atol, rtol, elementwise, nan_equal: bool = True) -> OutputStats:
+    """Slow path when NaN/Inf are present: NaN matches NaN (unless `nan_equal` is False),
+    equal infinities match; error statistics are over the positions where both are finite."""
     a = a_flat.astype(np.float64)
     r = r_flat.astype(np.float64)
     finite = np.isfinite(a) & np.isfinite(r)
-    same_special = (np.isnan(a) & np.isnan(r)) | (np.isinf(a) & (a == r))
+    same_special = np.isinf(a) & (a == r)
+    if nan_equal:
+        same_special |= np.isnan(a) & np.isnan(r)
     disagree = ~finite & ~same_special
     stats.nonfinite_mismatch = int(disagree.sum())
     af, rf = a[finite], r[finite]
@@ -405,12 +409,20 @@ def judge_output(
     expected_dtype: str,
     lossy: bool = False,
 ) -> OutputVerdict:
-    """Statistics + verdict of one output against its criteria (all set must hold)."""
+    """Statistics + verdict of one output against its criteria (all set must hold).
+
+    The rules some backends judge by (criteria.nan, cast_float, top1, mse_max, sqnr_reference,
+    sqnr_strict, arm_analysis, reference_nonzero) are applied here, each failing as its own
+    named criterion with the measured value and the limit; at their defaults nothing changes."""
     exact = criteria.exact or expected_dtype == "bool"
     atol = 0.0 if exact else criteria.effective_atol + (LOSSY_TEXT_ATOL if lossy else 0.0)
     rtol = 0.0 if exact else (criteria.rtol or 0.0)
     elementwise = exact or criteria.elementwise
-    stats = error_statistics(actual, expected, atol, rtol, elementwise=True)
+    cast = criteria.cast_float and actual_dtype != expected_dtype
+    if cast:  # MLX's compare_outputs: different dtypes are both compared as float32
+        actual = np.asarray(actual).astype(np.float32)
+        expected = np.asarray(expected).astype(np.float32)
+    stats = error_statistics(actual, expected, atol, rtol, elementwise=True, nan_equal=criteria.nan != "fail")
     failed: list[FailedCriterion] = []
     if list(np.shape(actual)) != list(np.shape(expected)):
         failed.append(FailedCriterion(
@@ -418,14 +430,16 @@ def judge_output(
             f"actual shape {list(np.shape(actual))} != expected shape {list(np.shape(expected))}",
         ))
         return OutputVerdict("FAIL", failed, stats)
-    if actual_dtype != expected_dtype:
+    if actual_dtype != expected_dtype and not cast:
         failed.append(FailedCriterion("dtype", actual_dtype, expected_dtype,
                                       f"actual dtype {actual_dtype} != expected dtype {expected_dtype}"))
     if stats.nonfinite_mismatch:
+        nan_rule = "; NaN never matches (nan=fail)" if criteria.nan == "fail" and (stats.nan_actual or stats.nan_expected) else ""
         failed.append(FailedCriterion(
-            "nonfinite", stats.nonfinite_mismatch, 0,
+            "nan" if nan_rule else "nonfinite", stats.nonfinite_mismatch, 0,
             f"{stats.nonfinite_mismatch} NaN/Inf values where the reference differs "
-            f"(actual NaN {stats.nan_actual}, Inf {stats.inf_actual}; expected NaN {stats.nan_expected}, Inf {stats.inf_expected})",
+            f"(actual NaN {stats.nan_actual}, Inf {stats.inf_actual}; expected NaN {stats.nan_expected}, Inf {stats.inf_expected})"
+            + nan_rule,
         ))
     if elementwise and stats.mismatch_count:
         name = "exact" if exact else "elementwise"
@@ -447,19 +461,39 @@ def judge_output(
     if not elementwise:
         stats.mismatch_count = None
         stats.mismatch_fraction = None
-    if criteria.sqnr_min_db is not None and not (stats.sqnr is not None and stats.sqnr >= criteria.sqnr_min_db):
-        failed.append(FailedCriterion("sqnr_min_db", stats.sqnr, criteria.sqnr_min_db,
-                                      f"SQNR {_fmt(stats.sqnr)} dB < floor {_fmt(criteria.sqnr_min_db)} dB"))
-    if criteria.cosine_min is not None and not (
-        stats.cosine_similarity is not None and stats.cosine_similarity >= criteria.cosine_min
-    ):
-        failed.append(FailedCriterion("cosine_min", stats.cosine_similarity, criteria.cosine_min,
-                                      f"cosine {_fmt(stats.cosine_similarity)} < floor {_fmt(criteria.cosine_min)}"))
-    if criteria.rel_frobenius_max is not None and not (
-        stats.relative_frobenius is not None and stats.relative_frobenius <= criteria.rel_frobenius_max
-    ):
-        failed.append(FailedCriterion(
-            "rel_frobenius_max", stats.relative_frobenius, criteria.rel_frobenius_max,
-            f"relative Frobenius error {_fmt(stats.relative_frobenius)} > ceiling {_fmt(criteria.rel_frobenius_max)}",
-        ))
+    if criteria.reference_nonzero and not np.any(np.asarray(expected)):
+        failed.append(FailedCriterion("reference_nonzero", 0, ">0",
+                                      "the reference output is all zeros (reference_nonzero: NXP calls this suspicious)"))
+    if criteria.sqnr_min_db is not None:
+        failed.extend(_sqnr_check(actual, expected, stats, criteria))
+    if criteria.arm_analysis and (criteria.cosine_min is not None or criteria.rel_frobenius_max is not None):
+        failed.extend(arm_output_analysis(actual, expected, criteria))
+    else:
+        if criteria.cosine_min is not None and not (
+            stats.cosine_similarity is not None and stats.cosine_similarity >= criteria.cosine_min
+        ):
+            failed.append(FailedCriterion("cosine_min", stats.cosine_similarity, criteria.cosine_min,
+                                          f"cosine {_fmt(stats.cosine_similarity)} < floor {_fmt(criteria.cosine_min)}"))
+        if criteria.rel_frobenius_max is not None and not (
+            stats.relative_frobenius is not None and stats.relative_frobenius <= criteria.rel_frobenius_max
+        ):
+            failed.append(FailedCriterion(
+                "rel_frobenius_max", stats.relative_frobenius, criteria.rel_frobenius_max,
+                f"relative Frobenius error {_fmt(stats.relative_frobenius)} > ceiling {_fmt(criteria.rel_frobenius_max)}",
+            ))
+    if criteria.mse_max is not None:
+        n = max(stats.actual_stats.numel, 1)
+        mse = (stats.error_l2_norm or 0.0) ** 2 / n if stats.error_l2_norm is not None else math.inf
+        if not mse <= criteria.mse_max:
+            failed.append(FailedCriterion("mse_max", mse, criteria.mse_max,
+                                          f"mean squared error {_fmt(mse)} > ceiling {_fmt(criteria.mse_max)}"))
+    if criteria.top1:
+        a_arg, r_arg = _argmax(actual), _argmax(expected)
+        if a_arg != r_arg:
+            failed.append(FailedCriterion("top1", a_arg, r_arg,
+                                          f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
     return OutputVerdict("FAIL" if failed else "PASS", failed, stats)
+
+
+# The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/compare_rules.py.
+from bundlerun.runner.compare_rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db  # noqa: E402,F401

@@ -8,7 +8,25 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
-from bundlerun.bundles.manifest import CRITERIA_FIELDS, Manifest
+from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS, Manifest
+
+# How each rule reads in `inspect` (what the judge will do differently from the default rule).
+RULE_TEXT = {
+    "mse_max": lambda v: f"MSE <= {v:g}",
+    "top1": lambda v: "argmax must equal the reference's (top-1)",
+    "nan": lambda v: "a NaN fails (NaN never matches)" if v == "fail" else "NaN matches NaN",
+    "sqnr_reference": lambda v: "SQNR = 20*log10(||ref|| / ||a - ref||)" if v == "reference" else "SQNR over ||actual||",
+    "sqnr_strict": lambda v: "SQNR must exceed its floor (>)",
+    "cast_float": lambda v: "different output dtypes compared as float32",
+    "arm_analysis": lambda v: ("Frobenius/cosine as Arm's analysis: reference below one step zeroed, Frobenius skipped "
+                               "at noise-scale norm, -0.02 when cosine >= 0.98, all-zero reference passes"),
+    "reference_nonzero": lambda v: "an all-zero reference fails",
+}
+
+
+def rule_lines(criteria) -> list[str]:
+    """The non-default rules of one output's criteria, in words."""
+    return [RULE_TEXT[k](getattr(criteria, k)) for k, d in RULE_DEFAULTS.items() if getattr(criteria, k) != d]
 
 
 def bundle_summary(bundle: Bundle, path: Path) -> dict[str, Any]:
@@ -76,18 +94,20 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     console.print(plain("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())
                         + f"; created {manifest.created}"))
     crit = Table(title="embedded criteria (judged with these, not the installed registry)", title_justify="left")
-    for col in ("output", "dtype", "shape", *CRITERIA_FIELDS, "scale", "zero point"):
+    for col in ("output", "dtype", "shape", *CRITERIA_FIELDS, "scale", "zero point", "rules"):
         crit.add_column(col)
     for method in manifest.methods.values():
         for out in method.outputs:
             c = out.criteria
             crit.add_row(plain(f"{method.name}.{out.name}"), plain(out.dtype), str(out.shape),
-                         *[_fmt(getattr(c, k)) for k in CRITERIA_FIELDS], _fmt(c.scale), _fmt(c.zero_point))
+                         *[_fmt(getattr(c, k)) for k in CRITERIA_FIELDS], _fmt(c.scale), _fmt(c.zero_point),
+                         plain("; ".join(rule_lines(c)) or "-"))
     console.print(crit)
     for method in manifest.methods.values():
         for out in method.outputs:
             for key, entries in out.criteria.trail.items():
-                chain = " <- ".join(f"{_fmt(e.get('value'))} [{e.get('source')}]" for e in reversed(entries))
+                chain = " <- ".join(f"{_fmt(e.get('value'))} [{e.get('source')}"
+                                    + (f"; {e['origin']}" if e.get("origin") else "") + "]" for e in reversed(entries))
                 console.print(f"  [dim]{plain(f'{method.name}.{out.name}.{key}')}:[/] {plain(chain)}")
     if manifest.dataset:
         labels = manifest.dataset.get("labels") or []

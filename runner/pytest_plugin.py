@@ -28,6 +28,11 @@ first), so two workers on a two-device pool never share a device.
 
 Fixture `bundlerun_target`: the leased target of the first --bundlerun-target for this
 worker: `.url`, `.worker`, `.pool`, and `.run(bundle, **options) -> report dict`.
+
+ExecuTorch's backend test suite (`pytest --pyargs executorch.backends.test.suite.operators
+--bundlerun-target URL`): its tests keep their lowering and run their compare step on the
+target (runner/suite/plugin.py, docs/suite.md); fixture `bundlerun_tester(tester)` does the
+same for any Tester-based test.
 """
 
 from __future__ import annotations
@@ -66,6 +71,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--bundlerun-timeout", type=float, default=120.0, help="Seconds per test case (default 120).")
     group.addoption("--bundlerun-no-subtests", action="store_true", default=False,
                     help="Do not report each case as a subtest.")
+    group.addoption("--bundlerun-strict", action="store_true", default=False,
+                    help="Backend test suite / Tester: a FAIL by the registry's numbers fails the test too "
+                         "(default: the Tester's own compare decides; bundlerun's verdict is recorded).")
+    group.addoption("--bundlerun-backend", default=None, metavar="NAME",
+                    help="Backend test suite: the registry backend whose numbers judge every flow "
+                         "(default: each flow's own backend).")
 
 
 def _active(config: pytest.Config) -> bool:
@@ -76,6 +87,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "bundlerun: a bundle x target item collected by the bundlerun plugin")
     if _active(config) and not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(BundlerunPlugin(config), PLUGIN_NAME)
+        if config.getoption("bundlerun_target"):  # ExecuTorch's backend test suite on the target (docs/suite.md)
+            from bundlerun.runner.suite.plugin import SuitePlugin
+
+            config.pluginmanager.register(SuitePlugin(config.pluginmanager.get_plugin(PLUGIN_NAME)), SuitePlugin.name)
 
 
 def worker_index(config: pytest.Config) -> tuple[str, int]:
@@ -258,12 +273,15 @@ class BundlerunPlugin:
                    cases: list[int] | None = None) -> dict[str, Any]:
         from bundlerun.runner.session import RunRequest
 
+        from bundlerun.runner.suite.device import steady_environment
+
         session = self.session()
         config = {**session.target_config(url), **(options or {})}
-        return session.run(RunRequest(bundle_path=Path(bundle), target=url, report_dir=Path(report_dir),
-                                      case_timeout_s=timeout or self.config.getoption("bundlerun_timeout"),
-                                      overrides=list(overrides or []), cases=cases, target_config=config,
-                                      label=os.environ.get("BUNDLERUN_LABEL")))
+        with steady_environment():  # one warm worker for the session, not one per test
+            return session.run(RunRequest(bundle_path=Path(bundle), target=url, report_dir=Path(report_dir),
+                                          case_timeout_s=timeout or self.config.getoption("bundlerun_timeout"),
+                                          overrides=list(overrides or []), cases=cases, target_config=config,
+                                          label=os.environ.get("BUNDLERUN_LABEL")))
 
     # ------------------------------------------------------------------ hooks
 
@@ -411,6 +429,32 @@ class BundleItem(pytest.Item):
             report = SubtestReport._new(base, SubtestContext(msg=f"{case.get('method')}[{case.get('case')}]",
                                                              kwargs={"verdict": verdict}), None, None)
             self.ihook.pytest_runtest_logreport(report=report)
+
+
+@pytest.fixture
+def bundlerun_tester(request: pytest.FixtureRequest):
+    """`bundlerun_tester(tester)`: the Tester's compare step runs on the leased target of the first
+    --bundlerun-target (runner/suite/tester.py; the session's warm runtime). Skips without one."""
+    plugin = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    pools = plugin.pools() if plugin is not None else []
+    if not pools:
+        pytest.skip("the bundlerun_tester fixture needs --bundlerun-target URL")
+    from bundlerun.runner.suite.tester import TargetRunner, attach_target, detach
+
+    leased = plugin.lease(pools[0])
+    runner = TargetRunner(leased.url, plugin.report_root, timeout_s=request.config.getoption("bundlerun_timeout"),
+                          session_provider=plugin.session, target_config=leased.options,
+                          strict=request.config.getoption("bundlerun_strict"),
+                          backend=request.config.getoption("bundlerun_backend"))
+    attached: list = []
+
+    def attach(tester, name: str | None = None):
+        attached.append(tester)
+        return attach_target(tester, runner, name or _safe(request.node.name) + (f"-{len(attached)}" if attached[1:] else ""))
+
+    yield attach
+    for tester in attached:
+        detach(tester)
 
 
 @pytest.fixture(scope="session")

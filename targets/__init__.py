@@ -31,6 +31,8 @@ BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.android",
     "bundlerun.targets.qemu_user",
     "bundlerun.targets.mlx",
+    "bundlerun.targets.vulkan",
+    "bundlerun.targets.qnn",
     "bundlerun.targets.ssh",
     "bundlerun.targets.labgrid",
 )
@@ -111,6 +113,9 @@ class TargetSpec:
     repeat: bool = False  # honours RunOptions.repeat (`--repeat N` measured executions per case)
     inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
     keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)
+    # settings that name a program, command, code or tool options to run (here, on a remote host or a
+    # device): only the user's own config and --target-opt may set them, never a farm plan (docs/security.md)
+    command_settings: tuple[str, ...] = ()
 
     def backend_for(self, url: TargetURL) -> str:
         return self.default_backend(url) if callable(self.default_backend) else self.default_backend

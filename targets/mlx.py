@@ -1,11 +1,17 @@
-"""`mlx://cpu` (any machine with `mlx[cpu]`) and `mlx://gpu` (a Mac, Metal): MLX bundles on MLX's own kernels.
+"""`mlx://cpu` (Linux x86_64 with `mlx[cpu]`) and `mlx://gpu` (a Mac, Metal): MLX bundles on MLX's own kernels.
 
-The bundle's program is walked in Python (targets.program.walker); each `MLXBackend`
-delegate payload runs through targets.program.mlx_delegate, an interpreter over
-the `mlx` package that follows ExecuTorch's C++ MLXInterpreter node for node,
-with constants from the program's named data. It runs in a supervised child
-process (targets.worker_process), so a crash or hang is one case's ERROR/TIMEOUT.
-Times are interpreter times, not device latency.
+Two runtimes, chosen by the `runtime` setting:
+
+* `delegate` (the default on Linux x86_64 for mlx://cpu): ExecuTorch's own C++ MLX delegate
+  (backends/mlx/runtime) in ExecuTorch's executor_runner, built from the pinned sources against
+  the mlx wheel's libmlx.so by firmware_scripts/mlx/build_mlx_runner.sh (targets/mlx_runner.py).
+  A missing runner is an error naming the build command, never a silent fallback.
+* `interpreter` (mlx://gpu, and any other machine): bundlerun's Python re-implementation of that
+  interpreter over the `mlx` package (targets.program.mlx_delegate), walking the program in
+  Python (targets.program.walker) in a supervised child process. It stays for what the C++
+  delegate cannot do: every MLX instruction's outputs for `bundlerun debug` (the delegate has no
+  event-tracer calls), and Metal through mlx://gpu. tests/test_mlx_cpp_delegate.py holds the two
+  to the same outputs on every zoo model and dtype.
 """
 
 from __future__ import annotations
@@ -19,21 +25,69 @@ from pathlib import Path
 from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
-from bundlerun.targets.settings import check_keys
+from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.worker_process import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
 
 DEVICES = ("cpu", "gpu")
+RUNTIMES = ("auto", "delegate", "interpreter")
 
 
-def _doctor(_section: dict) -> list[Check]:
+@dataclass
+class MlxSettings:
+    """[targets.mlx] / mlx://cpu?KEY=VALUE"""
+
+    # delegate: ExecuTorch's C++ MLX delegate in executor_runner; interpreter: bundlerun's Python MLX
+    # interpreter; auto: delegate for mlx://cpu on Linux x86_64 (where build_mlx_runner.sh builds it),
+    # interpreter elsewhere (mlx://gpu, a Mac: there host:// runs the C++ delegate of the macOS wheel)
+    runtime: str = "auto"
+    runner: Path | None = None  # delegate: default the cached build_mlx_runner.sh executor_runner
+    etdump: bool = False  # delegate: keep the runner's ETDump (delegate-call level: MLX logs no inner events)
+    print_output: str = "none"  # delegate: executor_runner --print_output
+
+    def validate(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise TargetError(f"[targets.mlx] runtime must be one of {', '.join(RUNTIMES)}, not {self.runtime!r}",
+                              kind="bad-config")
+        if self.print_output not in ("none", "summary", "all"):
+            raise TargetError(f"[targets.mlx] print_output must be none, summary or all, not {self.print_output!r}",
+                              kind="bad-config")
+
+
+def delegate_host() -> bool:
+    """Where build_mlx_runner.sh builds the C++ delegate's runner."""
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+def runtime_for(device: str, settings: MlxSettings) -> str:
+    if settings.runtime != "auto":
+        return settings.runtime
+    return "delegate" if device == "cpu" and delegate_host() else "interpreter"
+
+
+def _doctor(section: dict) -> list[Check]:
+    from bundlerun.targets.mlx_runner import BUILD_COMMAND, cached_mlx_runners
     from bundlerun.targets.probes import dist_check
 
     rows = [dist_check("mlx", "mlx", "mlx.core", "pip install 'bundlerun[apple]' (mlx[cpu] on Linux)")]
     if platform.system() == "Linux":
         rows.append(dist_check("mlx-cpu", "mlx-cpu", None, "pip install 'mlx[cpu]'; plain mlx has no Linux library"))
+    settings = parse_settings(MlxSettings, section, "targets.mlx")
+    if runtime_for("cpu", settings) != "delegate":
+        rows.append(Check("MLX C++ delegate runner", None, f"mlx://cpu runs bundlerun's interpreter here (runtime="
+                          f"{settings.runtime}); the runner is built for Linux x86_64"))
+        return rows
+    if settings.runner is not None:
+        rows.append(Check("MLX C++ delegate runner", settings.runner.is_file(), "runner setting", str(settings.runner)))
+        return rows
+    runners = cached_mlx_runners()
+    if not runners:
+        rows.append(Check("MLX C++ delegate runner", False, f"none built; mlx://cpu needs it: {BUILD_COMMAND}"))
+    for r in runners:
+        rows.append(Check(f"MLX C++ delegate runner {Path(r['dir']).name}", r["ready"],
+                          r["detail"] if r["ready"] else f"{r['detail']}; rebuild: {BUILD_COMMAND} --rebuild", r["dir"]))
     return rows
 
 
@@ -41,12 +95,16 @@ SPEC = TargetSpec(
     name="mlx",
     schemes=("mlx",),
     summary="MLX-delegated bundles on the mlx package's own kernels (cpu anywhere, gpu on a Mac)",
-    examples=("mlx://cpu", "mlx://gpu"),
+    examples=("mlx://cpu", "mlx://gpu", "mlx://cpu?runtime=interpreter"),
     default_backend="mlx",
+    settings=MlxSettings,
     doctor=_doctor,
+    command_settings=("runner",),  # a host executor_runner binary
     capture=lazy("bundlerun.targets.mlx_intermediates:capture"),
-    elapsed=ElapsedClock("interpreter_time", "simulation-time",
-                         "program walker: MLX delegate calls and torch kernels, wall time (elapsed_s)", phased=True),
+    elapsed=ElapsedClock("runner_process_wall_time", "host-wall",
+                         "host wall clock of one executor_runner process (libmlx load, program load, MLX init, "
+                         "execute, output files); runtime=interpreter: interpreter wall time of the case"),
+    repeat=True,
 )
 
 
@@ -54,6 +112,8 @@ SPEC = TargetSpec(
 class MlxTarget(TargetBase):
     url: str
     device: str
+    settings: MlxSettings
+    runtime: str
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         from bundlerun.targets.program.walker import WalkError, read_delegates
@@ -66,16 +126,26 @@ class MlxTarget(TargetBase):
         if foreign:  # said once, before any process starts
             raise TargetError(f"{self.url} cannot run this bundle: it has {', '.join(foreign)} delegates; "
                               "build it with --backend mlx", kind="unsupported")
+        if self.runtime == "delegate":
+            from bundlerun.targets import mlx_runner
+
+            runner = mlx_runner.resolve_runner(self.settings.runner)
+            return mlx_runner.run_bundle(self.url, bundle, options, runner, etdump=self.settings.etdump,
+                                         print_output=self.settings.print_output)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
         return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "mlx-runtime",
                              {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"}, warm=True)
 
 
 def create(url: TargetURL, config: dict) -> MlxTarget:
-    check_keys("targets.mlx", {**config, **url.query}, ())
+    settings = parse_settings(MlxSettings, {**config, **url.query}, "targets.mlx")
     device = url.rest.lower() or "cpu"
     if device not in DEVICES:
         raise TargetError(f"unknown MLX device {device!r} in {url.raw}; use mlx://cpu or mlx://gpu")
     if device == "gpu" and platform.system() != "Darwin":
         raise TargetError("mlx://gpu needs a Mac (Metal); on this machine use mlx://cpu")
-    return MlxTarget(url.raw, device)
+    runtime = runtime_for(device, settings)
+    if runtime == "delegate" and (device != "cpu" or not delegate_host()):
+        raise TargetError(f"{url.raw}: runtime=delegate is ExecuTorch's C++ MLX delegate built for mlx://cpu on Linux "
+                          "x86_64; on a Mac host:// runs it (the macOS wheel registers MLXBackend)", kind="bad-config")
+    return MlxTarget(url.raw, device, settings, runtime)

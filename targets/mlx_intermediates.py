@@ -1,5 +1,10 @@
 """`bundlerun debug` on mlx://cpu and mlx://gpu: every MLX instruction's outputs.
 
+Always on bundlerun's MLX interpreter, whatever `runtime` says: ExecuTorch's C++ MLX delegate
+(the mlx://cpu default, targets/mlx_runner.py) has no event-tracer calls in backends/mlx/runtime,
+so its ETDump holds the delegate call alone; the interpreter, held to the same outputs as the
+C++ delegate (tests/test_mlx_cpp_delegate.py), yields every instruction's tensors.
+
 The bundle's program is walked in Python (targets/program/walker.py) in a child
 process (targets/debug_worker.py, mode `mlx`), so a crash or hang of the mlx
 package kills only that child. The MLX delegate (targets/program/mlx_delegate.py)
@@ -35,9 +40,11 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
         raise TargetError(f"unknown MLX device {device!r} in {url}; use mlx://cpu or mlx://gpu")
     if device == "gpu" and platform.system() != "Darwin":
         raise TargetError("mlx://gpu needs a Mac (Metal); on this machine use mlx://cpu")
-    from bundlerun.targets.settings import check_keys
+    from bundlerun.targets.mlx import MlxSettings
+    from bundlerun.targets.settings import parse_settings
 
-    check_keys("targets.mlx", dict(config), ())  # like the mlx:// target: no settings
+    # the mlx:// target's settings; `runtime` does not apply: only the interpreter sees inside the payload
+    parse_settings(MlxSettings, dict(config), "targets.mlx")
     try:
         ids = sorted({d.backend_id for d in read_delegates(read_bundle(bundle_path).program)})
     except WalkError as exc:

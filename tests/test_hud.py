@@ -160,7 +160,7 @@ def test_cli_writes_an_escaped_self_contained_site(db, tmp_path, cli):
     tags = _tags(page)
     assert {t for t, _ in tags} <= {"html", "head", "meta", "title", "style", "body", "h1", "p", "span", "b", "input",
                                     "div", "table", "thead", "tbody", "tr", "th", "td", "a", "svg", "polyline",
-                                    "circle", "script"}
+                                    "circle", "script", "button"}
     assert not [a for _, attrs in tags for a in attrs if a == "src" or a.startswith("on")]
     # Every shown run has its report page, rendered from the stored JSON; links resolve.
     links = re.findall(r"href='(runs/\d+\.html)'", page)
@@ -184,7 +184,7 @@ def test_hud_renders_in_chromium(db, tmp_path):
     assert result.console_errors == []
     # The title is set by the page's script from the DOM the browser built.
     assert result.title == (f"bundlerun HUD: {len(ROWS)} rows, {len(LABELS)} labels, {db['cells']} runs, "
-                            f"{regressed} regressed")
+                            f"{regressed} regressed, {len(ROWS)} shown")
     assert regressed == 1 + 4 + 2 + 3  # c03 + c07..c10 (mlp), c09..c10 (cnn), c08..c10 (digits)
     assert shot.stat().st_size > 20_000
     run_page = out / "runs" / f"{_row(grid, 'tiny-cnn').cells['c09'].run.id}.html"

@@ -9,7 +9,8 @@ from tests.conftest import run_cli
 
 
 def test_validate_on_mlx_cpu_every_dtype(tmp_path):
-    res = run_cli("validate", "mlp", "tiny-cnn", "--target", "mlx://cpu", "--dtype", "fp32,fp16,bf16", "--cases", "3",
+    """bundlerun's MLX interpreter (runtime=interpreter); the default C++ delegate: tests/test_mlx_cpp_delegate.py."""
+    res = run_cli("validate", "mlp", "tiny-cnn", "--target", "mlx://cpu?runtime=interpreter", "--dtype", "fp32,fp16,bf16", "--cases", "3",
                   "--report", str(tmp_path), "--no-history")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for slug in ("mlp-fp32", "mlp-fp16", "mlp-bf16", "tiny-cnn-fp32", "tiny-cnn-fp16", "tiny-cnn-bf16"):

@@ -45,7 +45,7 @@ def _print_flaky(stats: dict, db, as_json: bool) -> None:
     console.print(jobs)
 
 
-@click.command(name="history")
+@click.group(name="history", invoke_without_command=True)
 @click.option("--model", default=None, help="Only runs of this model.")
 @click.option("--target", default=None, help="Only runs on this target URL.")
 @click.option("--label", default=None, help="Only runs with this label.")
@@ -56,10 +56,15 @@ def _print_flaky(stats: dict, db, as_json: bool) -> None:
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
 @click.option("--flaky", is_flag=True,
               help="Farm runs: devices by infrastructure-failure rate and jobs by flake rate (passed after a retry).")
-def command(model, target, label, dtype, limit, as_json, utc, history_db, flaky):
+@click.pass_context
+def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, flaky):
     """List recorded runs (database: --history, $BUNDLERUN_HISTORY, [history] path, or
     ~/.local/share/bundlerun/history.sqlite). Times show their UTC offset; runs recorded
-    before times carried one are read as UTC."""
+    before times carried one are read as UTC. `history import FILE` adds the backend test
+    suite's reports."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"history_db": history_db}
+        return
     import json
 
     from bundlerun.runner import history
@@ -98,3 +103,35 @@ def command(model, target, label, dtype, limit, as_json, utc, history_db, flaky)
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))  # piped/CI logs: no squeezed columns
     console.print(table)
+
+
+@command.command(name="import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--commit", default=None, metavar="SHA",
+              help="The commit the suite ran at (default: a CI commit variable in the report, else this machine's).")
+@click.option("--time", "when", default=None, metavar="ISO-8601", help="When it ran (default: the report's own time).")
+@click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
+@click.pass_context
+def import_command(ctx, files, commit, when, history_db):
+    """Record ExecuTorch's backend test suite results: its pytest-json-report output
+    (--json-report, with the suite's per-test metadata) or its CSV (also the suite.csv the
+    bundlerun plugin writes). One run per subtest, with its error max / MAE / SNR per output,
+    its flow, operator and commit, shown by `bundlerun hud` beside bundlerun's own runs."""
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.bundles.project_config import load_project_config
+    from bundlerun.runner import history
+    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.suite.importer import import_suite_report
+
+    db = history.resolve_history_path(history_db or (ctx.obj or {}).get("history_db"), load_project_config() or {})
+    if db is None:
+        raise click.UsageError("history is turned off (path 'off')")
+    for path in files:
+        try:
+            summary = import_suite_report(db, path, commit=commit, time=when)
+        except BundlerunError as exc:
+            raise click.ClickException(visible(exc)) from None
+        flows = ", ".join(f"{visible(k)} {v}" for k, v in sorted(summary.flows.items()))
+        click.echo(f"{visible(path)}: {summary.recorded} run(s) recorded, {summary.already} already there "
+                   f"({flows or 'no subtests'}; {summary.from_bundlerun} with bundlerun's device report); "
+                   f"commit {visible(summary.commit or 'unknown')}; history {visible(db)}")

@@ -38,15 +38,34 @@ def _fmt(value) -> str:
 def _short(file: str | None) -> str:
     if not file:
         return "-"
-    from bundlerun.bundles.registry import BUILTIN_PATH
+    from bundlerun.bundles.registry import BUILTIN_DIR
 
     path = Path(file)
-    if path.resolve() == BUILTIN_PATH.resolve():
-        return "built-in"
+    if path.resolve().parent == BUILTIN_DIR.resolve() and path.name.startswith("tolerances"):
+        return "built-in" if path.name == "tolerances.toml" else f"built-in:{path.name[len('tolerances.'):-len('.toml')]}"
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return path.name if path.name == "tolerances.toml" else str(path)
+
+
+def _origin_text(origin: str | None) -> str:
+    """'executorch@cff6f4dd:path:lines; ...' -> one line per citation; bundlerun's own flagged."""
+    if not origin:
+        return "-"
+    if origin.startswith("bundlerun"):
+        return f"[yellow]{origin}[/]"
+    import re
+
+    return "\n".join(re.sub(r"^executorch@\w+:", "", part.strip()) for part in origin.split(";"))
+
+
+def _origin_lines(origins: dict[str, str]) -> str:
+    """A step's origins, grouped: one line per distinct origin with the keys it backs."""
+    by_origin: dict[str, list[str]] = {}
+    for key, origin in origins.items():
+        by_origin.setdefault(origin, []).append(key)
+    return "\n".join(f"{','.join(keys)}: {_origin_text(o)}" for o, keys in by_origin.items()) or "-"
 
 
 def _check_explain_args(registry, backend: str, target: str | None, distribution: str, scale: float | None) -> None:
@@ -89,7 +108,8 @@ def _check_explain_args(registry, backend: str, target: str | None, distribution
 
 
 @command.command()
-@click.option("--backend", required=True, help="xnnpack, portable, arm, cortex-m, qnn, vulkan, mlx, metal, coreml, nxp.")
+@click.option("--backend", required=True, help="xnnpack, portable, arm, cortex-m, qnn, vulkan, mlx, metal, coreml, mps, nxp, "
+              "samsung, mediatek, openvino, cadence, webgpu, cuda.")
 @click.option("--target", default=None, help="Target URL (tosa://int, fvp://corstone-300/ethos-u55-128, ...) or variant name.")
 @click.option("--dtype", required=True, help="fp32, fp16, bf16, int8 or int16.")
 @click.option("--model", default=None, help="Model name (per-model overrides).")
@@ -129,7 +149,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     crit = res.criteria
     if as_json:
         click.echo(json.dumps({"tier": res.tier, "variant": res.variant, "host_arch": res.host_arch,
-                               "criteria": crit.to_dict()}, indent=2))
+                               "executorch_commit": res.commit, "criteria": crit.to_dict()}, indent=2))
         return
 
     from bundlerun.runner.report import wide_console
@@ -140,9 +160,11 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
         f"[bold]{backend}[/] variant [bold]{res.variant or '-'}[/], dtype tier [bold]{res.tier}[/] "
         f"(reference {reference}), model {model or '-'}, host {res.host_arch}, inputs {distribution}"
     )
+    if res.commit:
+        console.print(f"[dim]origins: ExecuTorch source at commit {res.commit} (executorch@{res.commit[:8]}:path:lines)[/]")
     chain = Table(title="resolution chain (most specific first)", title_justify="left")
-    for col in ("level", "entry", "sets", "file"):
-        chain.add_column(col)
+    for col in ("level", "entry", "sets", "origin", "file"):
+        chain.add_column(col, overflow="fold")
     by_level: dict[str, list] = {}
     for step in res.steps:
         by_level.setdefault(step.level, []).append(step)
@@ -153,19 +175,31 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
         for step in reversed(steps):
             parts = [f"{k}={_fmt(v)}" if k in step.applied else f"[dim]{k}={_fmt(v)} ({step.skipped.get(k, 'not applied')})[/]"
                      for k, v in step.values.items()]
-            chain.add_row(level, step.source, ", ".join(parts) or "-", _short(step.file))
+            origins = _origin_lines(step.origins)
+            extra = []
+            if step.note:
+                extra.append(f"[dim]note: {step.note}[/]")
+            if step.merged:
+                extra.append("[dim]other tests of this key (tighter, the loosest applies): " + "; ".join(step.merged) + "[/]")
+            chain.add_row(level, step.source, "\n".join([", ".join(parts) or "-", *extra]), origins, _short(step.file))
     console.print(chain)
-    result = Table(title="resolved criteria (all that are set must hold)", title_justify="left")
-    for col in ("criterion", "value", "from", "file"):
-        result.add_column(col)
-    for key in ("atol", "rtol", "qtol", "scale", "sqnr_min_db", "cosine_min", "rel_frobenius_max", "exact"):
+    from bundlerun.bundles.manifest import RULE_DEFAULTS
+
+    result = Table(title="resolved criteria and rules (all that are set must hold)", title_justify="left")
+    for col in ("criterion", "value", "from", "origin", "file"):
+        result.add_column(col, overflow="fold")
+    for key in ("atol", "rtol", "qtol", "scale", "sqnr_min_db", "cosine_min", "rel_frobenius_max", "exact",
+                *RULE_DEFAULTS):
         trail = crit.trail.get(key) or []
         value = getattr(crit, key)
-        if (value is None or value is False) and not trail:
+        if (value is None or value is False or (key in RULE_DEFAULTS and value == RULE_DEFAULTS[key])) and not trail:
             continue
         last = trail[-1] if trail else {"source": "-", "file": None}
-        result.add_row(key, _fmt(value), last["source"], _short(last.get("file")))
+        result.add_row(key, _fmt(value), last["source"], _origin_text(last.get("origin")), _short(last.get("file")))
     console.print(result)
+    if not crit.has_any:
+        console.print("[yellow]no criterion is set: ExecuTorch's test turns every check of this tier off; "
+                      "`build` refuses this (use --reference quantized, or --tolerance / --override)[/]")
     if crit.qtol and crit.scale is None:
         console.print("[yellow]qtol has no output scale here: pass --scale (build reads it from the lowered graph)[/]")
     if crit.elementwise:
@@ -328,3 +362,88 @@ def check(bundle_path, ops, no_project, as_json):
             console.print(f"[yellow]note:[/] {n}")
         console.print("verdicts use the embedded criteria" + ("; rebuild to adopt the installed ones" if drift else ""))
     raise SystemExit(1 if drift else 0)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+@command.command()
+@click.option("--executorch-src", type=click.Path(path_type=Path), default=None,
+              help="ExecuTorch checkout at the pinned commit (default: $BUNDLERUN_EXECUTORCH_SRC, else the "
+                   "executorch.tar.xz of $BUNDLERUN_THIRD_PARTY / ../shared/third_party).")
+@click.option("--backend", "backends", multiple=True, help="Only these backends (registry names); repeatable.")
+@click.option("--uncovered", is_flag=True, help="List the tolerance lines the registry does not hold.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Re-read every cited line range and check it holds the cited value.")
+@click.option("--no-project", is_flag=True, help="Ignore bundlerun.toml / [tool.bundlerun].")
+@click.option("--json", "as_json", is_flag=True)
+def audit(executorch_src, backends, uncovered, check, no_project, as_json):
+    """Scan ExecuTorch's tests for tolerance lines and show which the registry holds.
+
+    Lines are found by reading the tests' source (bundles/tolerance_audit.py): keyword
+    arguments and defaults named atol/rtol/qtol/frobenius_threshold/cosine_threshold/...,
+    assignments to them, tolerances passed by position to allclose, per-dtype presets and
+    SQNR / cosine comparisons. A line is held when a citation of the registry data covers it.
+    Exit 1 when --check finds a citation whose lines do not hold its value.
+    """
+    import json
+
+    from bundlerun.bundles import et_source
+    from bundlerun.bundles.registry import Registry, default_registry
+    from bundlerun.bundles.registry_schema import parse_citation
+    from bundlerun.bundles.tolerance_audit import Citation, check_citations, held, scan
+
+    root = et_source.source_tree(executorch_src)
+    registry = Registry.builtin() if no_project else default_registry()
+    result = scan(root)
+    cites = []
+    for text, _ in registry.citations():
+        parsed = parse_citation(text)
+        if parsed:
+            cites.append(Citation(*parsed[:3]))
+    sites = [s for s in result.sites if not backends or s.backend in backends]
+    marks = held(sites, cites)
+    per: dict[str, list[int]] = {}
+    for site, ok in zip(sites, marks):
+        row = per.setdefault(site.backend, [0, 0])
+        row[0] += 1
+        row[1] += int(ok)
+    checked, problems = check_citations(registry, root) if check else (0, [])
+    total, covered = len(sites), sum(marks)
+    summary = {
+        "executorch": str(root), "commit": registry.commit, "files": result.files, "sites": total, "held": covered,
+        "coverage": round(covered / total, 4) if total else None, "forwarded": result.forwarded,
+        "cited_values": checked, "problems": problems,
+        "backends": {b: {"sites": n, "held": h} for b, (n, h) in sorted(per.items())},
+    }
+    if uncovered:
+        summary["uncovered"] = [s.to_dict() for s, ok in zip(sites, marks) if not ok]
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        from rich.table import Table
+
+        from bundlerun.runner.report import wide_console
+
+        console = wide_console()
+        console.print(f"ExecuTorch tests in {root} (registry citations refer to {registry.commit or 'no pinned commit'}): "
+                      f"{result.files} files, {total} tolerance-setting lines ({result.forwarded} forwarded values not counted)")
+        table = Table(title="tolerance lines per backend", title_justify="left")
+        for col in ("backend", "lines", "held by the registry", "coverage"):
+            table.add_column(col, justify="left" if col == "backend" else "right")
+        for b, (n, h) in sorted(per.items()):
+            table.add_row(b, str(n), str(h), f"{100 * h / n:.0f}%" if n else "-")
+        table.add_row("[bold]all[/]", str(total), str(covered), f"{100 * covered / total:.1f}%" if total else "-")
+        console.print(table)
+        if check:
+            console.print(f"{checked} cited values re-read from the source: "
+                          + ("[green]every cited range holds its value[/]" if not problems
+                             else f"[red]{len(problems)} do not[/]"))
+            for p in problems:
+                console.print(f"  [red]{p}[/]", highlight=False)
+        if uncovered:
+            for s, ok in zip(sites, marks):
+                if not ok:
+                    values = ", ".join("None" if v is None else f"{v:g}" for v in s.values)
+                    console.print(f"  {s.where}  {s.kind}={values}  [dim]{s.context}: {s.text[:100]}[/]", highlight=False)
+    raise SystemExit(1 if problems else 0)

@@ -1,0 +1,223 @@
+"""The backend test suite's golden artifacts -> `.bpte` bundles, replayable on any target.
+
+With `GOLDEN_ARTIFACTS_DIR` set, the suite writes per flow (suite/conftest.py TestRunner:
+`<dir>/<flow>/`) and per test (runner.py run_test: `<test name without test_>[_<subtest>]`):
+
+- `<name>_input.bin`, or `<name>_input_<i>.bin` when the model takes several inputs
+  (harness/tester.py _dump_golden_artifacts): each tensor input's raw bytes in the tensor's
+  *dim order* (`t.permute(t.dim_order()).contiguous()`);
+- `<name>_expected_output.bin` / `<name>_expected_output_<i>.bin`: the reference's raw bytes,
+  `.contiguous()`: logical (row-major) order;
+- `<name>.pte`, only after a passing comparison and only for flows that serialize (runner.py:
+  "Dump .pte after successful comparison"; the arm_tosa_* flows have supports_serialize=False).
+
+The files carry no dtype or shape: those are read from the program (its `forward` plan's
+input and output tensors). A bundle holds contiguous tensors only (bundles/bpte.py), so an
+input the program takes in another dim order (channels-last) cannot be replayed and is
+refused by name. Every bad golden (missing file, wrong size, a .pte that is not a program)
+is one line naming the file; the others are imported.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.program_meta import PROGRAM_IDENTIFIER
+
+_TENSOR = 5  # KernelTypes.Tensor (program.fbs)
+_ARTIFACT = re.compile(r"^(?P<name>.+?)_(?P<kind>input|expected_output)(?:_(?P<index>\d+))?\.bin$")
+
+
+class GoldenError(BundlerunError):
+    """One golden cannot be imported; the message names the file."""
+
+
+@dataclass
+class PlanTensor:
+    """An input or output of the program's method: its kind, and for tensors dtype, sizes, dim order."""
+
+    kind: str
+    scalar_type: int | None = None
+    sizes: list[int] = field(default_factory=list)
+    dim_order: list[int] = field(default_factory=list)
+    static: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.sizes) * st.itemsize(self.scalar_type)
+
+    def describe(self) -> str:
+        order = "" if self.dim_order == list(range(len(self.sizes))) else f" in dim order {tuple(self.dim_order)}"
+        return f"{st.name(self.scalar_type)}{self.sizes}{order}"
+
+
+def plan_values(program: bytes, source: str, method: str = "forward") -> tuple[list[PlanTensor], list[PlanTensor]]:
+    """(inputs, outputs) of `method`, read from the program flatbuffer (program.fbs:
+    ExecutionPlan.values=2, inputs=3, outputs=4; Tensor.scalar_type=0, sizes=2, dim_order=3,
+    shape_dynamism=8). GoldenError when it is not an ExecuTorch program."""
+    if len(program) < 8 or bytes(program[4:8]) != PROGRAM_IDENTIFIER:
+        raise GoldenError(f"{source}: not an ExecuTorch program (file identifier {bytes(program[4:8])!r}, "
+                          f"expected {PROGRAM_IDENTIFIER!r})")
+    try:
+        reader = FlatReader(program, source, "ExecuTorch program")
+        for i, plan in enumerate(reader.root("program").tables(1, "execution plan")):
+            if (plan.string(0, f"execution plan {i} name", 4096) or "") != method:
+                continue
+            start, count = plan.vector(2, 4, f"method {method!r} values")
+
+            def read(slot: int, what: str) -> list[PlanTensor]:
+                out = []
+                for k, index in enumerate(plan.scalars(slot, "i32", f"method {method!r} {what}s")):
+                    if not 0 <= index < count:
+                        raise reader.fail(f"method {method!r} {what} {k} refers to value {index} of {count}")
+                    value = FlatTable.at(reader, reader.indirect(start + 4 * index, "value"), f"{what} {k}")
+                    out.append(_tensor(value))
+                return out
+
+            return read(3, "input"), read(4, "output")
+    except BundlerunError as exc:
+        raise GoldenError(f"{source}: not a readable ExecuTorch program ({exc})"[:400]) from None
+    raise GoldenError(f"{source}: the program has no {method!r} method")
+
+
+def _tensor(value: FlatTable) -> PlanTensor:
+    kind = int(value.scalar(0, "u8", 0))
+    if kind != _TENSOR:
+        return PlanTensor(kind={2: "int", 3: "bool", 4: "double"}.get(kind, f"type {kind}"))
+    t = value.table(1, "tensor")
+    if t is None:
+        raise value.reader.fail("a tensor value has no content")
+    sizes = [int(s) for s in t.scalars(2, "i32", "tensor sizes")]
+    order = [int(d) for d in t.scalars(3, "u8", "tensor dim_order")] or list(range(len(sizes)))
+    return PlanTensor("tensor", int(t.scalar(0, "i8", 0)), sizes, order, int(t.scalar(8, "i8", 0)) == 0)
+
+
+@dataclass
+class Golden:
+    """One test's artifacts in a flow folder."""
+
+    flow: str
+    name: str
+    folder: Path
+
+    @property
+    def pte(self) -> Path:
+        return self.folder / f"{self.name}.pte"
+
+    def artifact(self, kind: str, index: int, count: int) -> Path:
+        suffix = "" if count == 1 else f"_{index}"
+        return self.folder / f"{self.name}_{kind}{suffix}.bin"
+
+
+@dataclass
+class GoldenProblem:
+    path: Path
+    message: str
+
+
+def find_goldens(root: str | Path) -> tuple[list[Golden], list[GoldenProblem]]:
+    """Every golden under `root` (a GOLDEN_ARTIFACTS_DIR with one folder per flow, or one flow
+    folder), and the artifacts that have no program beside them."""
+    root = Path(root)
+    if not root.is_dir():
+        raise GoldenError(f"{root}: not a folder of golden artifacts (GOLDEN_ARTIFACTS_DIR)")
+    folders = sorted({p.parent for p in root.rglob("*") if p.is_file() and p.suffix in (".pte", ".bin")})
+    goldens: list[Golden] = []
+    problems: list[GoldenProblem] = []
+    for folder in folders:
+        flow = folder.name if folder != root else root.name
+        names = sorted(p.stem for p in folder.glob("*.pte"))
+        goldens += [Golden(flow, n, folder) for n in names]
+        for path in sorted(folder.glob("*.bin")):
+            m = _ARTIFACT.match(path.name)
+            if m is None:
+                problems.append(GoldenProblem(path, f"{path}: not a golden artifact name "
+                                                    "(<name>_input[_i].bin or <name>_expected_output[_i].bin)"))
+            elif m.group("name") not in names:
+                problems.append(GoldenProblem(path, f"{path}: no {m.group('name')}.pte beside it (the suite writes "
+                                                    "the program only after a passing comparison, and not for flows "
+                                                    "that do not serialize, e.g. arm_tosa_*)"))
+    if not goldens and not problems:
+        raise GoldenError(f"{root}: no golden artifacts (<name>.pte with <name>_input*.bin) found")
+    return goldens, problems
+
+
+def _read_tensor(path: Path, spec: PlanTensor, physical: bool) -> np.ndarray:
+    """The file's bytes as a logical array of the program's dtype and sizes. `physical`: the
+    bytes are in the tensor's dim order (inputs); else logical order (expected outputs)."""
+    if not path.is_file():
+        raise GoldenError(f"{path}: missing (the program's {spec.describe()} tensor needs it)")
+    data = path.read_bytes()
+    if len(data) != spec.nbytes:
+        raise GoldenError(f"{path}: {len(data)} bytes, expected {spec.nbytes} for the program's {spec.describe()} "
+                          "tensor" + ("" if spec.static else " (a dynamic shape: the file must hold its upper bound)"))
+    if physical and spec.dim_order != list(range(len(spec.sizes))):
+        raise GoldenError(f"{path}: the program takes this input in dim order {tuple(spec.dim_order)}; a bundle "
+                          "holds contiguous tensors only, so it cannot be replayed")
+    return st.to_array(spec.scalar_type, spec.sizes, data)
+
+
+def read_golden(golden: Golden) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:
+    """(program, inputs, expected outputs) of one golden; GoldenError names the bad file."""
+    program = golden.pte.read_bytes()
+    inputs_spec, outputs_spec = plan_values(program, str(golden.pte))
+    inputs = []
+    for i, spec in enumerate(inputs_spec):
+        if spec.kind != "tensor":
+            raise GoldenError(f"{golden.pte}: input {i} is a {spec.kind}, and the goldens hold tensor inputs only")
+        inputs.append(_read_tensor(golden.artifact("input", i, len(inputs_spec)), spec, physical=True))
+    outputs = []
+    for j, spec in enumerate(outputs_spec):
+        if spec.kind != "tensor":
+            raise GoldenError(f"{golden.pte}: output {j} is a {spec.kind}, and the goldens hold tensor outputs only")
+        outputs.append(_read_tensor(golden.artifact("expected_output", j, len(outputs_spec)), spec, physical=False))
+    return program, inputs, outputs
+
+
+@dataclass
+class ImportResult:
+    golden: Golden
+    path: Path | None = None
+    error: str | None = None
+    criteria: str = ""
+
+
+def import_golden(golden: Golden, out_dir: Path, *, target: str | None = None, backend: str | None = None,
+                  dtype: str | None = None, registry: Any = None) -> ImportResult:
+    """One golden -> `<out>/<flow>/<name>.bpte`, its tolerances from the registry for the flow's backend."""
+    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program
+    from bundlerun.runner.suite.flows import default_target, numbers_from_name
+
+    try:
+        program, inputs, outputs = read_golden(golden)
+        numbers = numbers_from_name(golden.flow)
+        chosen = backend or numbers.backend
+        if chosen is None:
+            raise GoldenError(f"{golden.pte}: {numbers.problem}; give --backend")
+        url = target or default_target(golden.flow) or f"host://{chosen}"
+        built = bundle_program(ProgramBundleRequest(
+            program=program, cases={"forward": [ProgramCase(inputs, outputs)]}, backend=chosen,
+            dtype=dtype or numbers.dtype, target=url, reference=numbers.reference, model=f"{golden.flow}/{golden.name}",
+            model_source=str(golden.pte), quantization=f"suite flow {golden.flow}", registry=registry,
+            description="golden artifacts of ExecuTorch's backend test suite",
+            lowering={"source": "ExecuTorch backend test suite golden artifacts", "flow": golden.flow},
+            extra={"suite": {"flow": golden.flow, "test": golden.name, "golden": str(golden.folder)}}),
+            Path(out_dir) / golden.flow / f"{golden.name}.bpte")
+    except BundlerunError as exc:
+        return ImportResult(golden, error=str(exc))
+    except OSError as exc:
+        return ImportResult(golden, error=f"{exc.filename or golden.pte}: cannot read ({exc.strerror})")
+    spec = built.manifest.methods["forward"].outputs
+    crit = "; ".join(f"{o.name}: " + " ".join(f"{k} {getattr(o.criteria, k):g}" for k in
+                                               ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min")
+                                               if getattr(o.criteria, k) is not None) for o in spec)
+    return ImportResult(golden, path=built.path, criteria=crit)

@@ -1,0 +1,121 @@
+"""The rules some backends' tests judge by, beyond atol/rtol/qtol and the signal floors
+(docs/tolerances.md "Rules"): SQNR as the source measures it (whose norm is the signal, strict
+or not), Arm's output analysis of the Frobenius / cosine checks, and the top-1 comparison.
+numpy only, like runner/compare.py, which calls these from judge_output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bundlerun.bundles.manifest import Criteria
+
+
+def _fmt(x) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.einsum("i,i->", x, y))
+
+
+def _argmax(array: np.ndarray) -> int | None:
+    """torch.argmax(t) without dim: the flat index of the first maximum (NaN counts as the maximum)."""
+    flat = np.asarray(array).reshape(-1)
+    if flat.size == 0:
+        return None
+    if np.issubdtype(flat.dtype, np.floating) and np.isnan(flat).any():
+        return int(np.flatnonzero(np.isnan(flat))[0])
+    return int(np.argmax(flat))
+
+
+def _norm(x: np.ndarray) -> float:
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    return math.sqrt(_dot(flat, flat)) if flat.size else 0.0
+
+
+def sqnr_db(actual: np.ndarray, expected: np.ndarray, signal: str = "actual") -> float:
+    """20*log10(||signal|| / ||actual - expected||). signal "actual" is ErrorStatistics' sqnr
+    (torch.ao compute_sqnr(actual, reference)); "reference" is torchao's compute_error(reference, actual)."""
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(expected, dtype=np.float64)
+    finite = np.isfinite(a) & np.isfinite(r)
+    noise = _norm((a - r)[finite])
+    power = _norm((a if signal == "actual" else r)[finite])
+    if noise == 0:
+        return math.inf
+    return 20 * math.log10(power / noise) if power > 0 else -math.inf
+
+
+def _sqnr_check(actual, expected, stats, criteria: Criteria) -> list:
+    from bundlerun.runner.compare import FailedCriterion
+
+    floor = criteria.sqnr_min_db
+    measured = stats.sqnr if criteria.sqnr_reference == "actual" else sqnr_db(actual, expected, "reference")
+    if measured is None:
+        ok = False
+    else:
+        ok = measured > floor if criteria.sqnr_strict else measured >= floor
+    if ok:
+        return []
+    how = "ref/noise" if criteria.sqnr_reference == "reference" else "actual/noise"
+    op = "<=" if criteria.sqnr_strict else "<"
+    return [FailedCriterion("sqnr_min_db", measured, floor,
+                            f"SQNR ({how}) {_fmt(measured)} dB {op} floor {_fmt(floor)} dB"
+                            + (" (must exceed it)" if criteria.sqnr_strict else ""))]
+
+
+# Arm's output analysis (backends/arm/test/tester/analyze_output_utils.py:358-457 at the pinned
+# commit): the reference is cleaned (|r| < one quantization step -> 0, NaN -> 0, Inf -> the
+# quantized range), an all-zero reference passes, Frobenius is skipped while ||r|| is at noise
+# scale (<= scale*sqrt(numel)), and 0.02 is taken off the Frobenius error when cosine >= max(0.98, floor).
+ARM_FROBENIUS_DISCOUNT = 0.02
+ARM_HIGH_COSINE = 0.98
+ARM_LOW_NORM_FLOOR = 1e-8
+
+
+def arm_output_analysis(actual: np.ndarray, expected: np.ndarray, criteria: Criteria,
+                        qrange: tuple[int, int] = (-128, 127)) -> list:
+    """Frobenius / cosine judged the way Arm's TosaPipelineINT judges them (float32, as Arm does).
+
+    `qrange` bounds the Inf replacement; the manifest does not record the quantized dtype, so the
+    int8 range of Arm's default quantization config is used (an Inf reference is rare)."""
+    from bundlerun.runner.compare import FailedCriterion
+
+    ref = np.asarray(expected, dtype=np.float32).reshape(-1)
+    test = np.asarray(actual, dtype=np.float32).reshape(-1)
+    scale = criteria.scale
+    zp = criteria.zero_point or 0
+    if scale is not None:
+        ref = np.where(np.abs(ref) >= scale, ref, np.float32(0.0))
+        posinf, neginf = (qrange[1] - zp) * scale, (qrange[0] - zp) * scale
+    else:
+        posinf = neginf = None
+    ref = np.nan_to_num(ref, nan=0.0, posinf=posinf, neginf=neginf)
+    if np.count_nonzero(ref) == 0:
+        return []  # an all-zero reference passes without testing
+    ref_norm = float(np.linalg.norm(ref))
+    err_norm = float(np.linalg.norm(test - ref))
+    rel = err_norm / (ref_norm + 1e-8)
+    test_norm = float(np.linalg.norm(test))
+    cosine = float(np.dot(test.astype(np.float64), ref.astype(np.float64)) / max(test_norm * ref_norm, 1e-8))
+    failed = []
+    low_floor = ARM_LOW_NORM_FLOOR
+    if scale is not None:
+        low_floor = max(low_floor, scale * math.sqrt(ref.size))
+    fmax, cmin = criteria.rel_frobenius_max, criteria.cosine_min
+    if fmax is not None and ref_norm > low_floor:
+        high = max(ARM_HIGH_COSINE, cmin) if cmin is not None else ARM_HIGH_COSINE
+        effective = max(0.0, rel - ARM_FROBENIUS_DISCOUNT) if cosine >= high else rel
+        if effective > fmax:
+            failed.append(FailedCriterion(
+                "rel_frobenius_max", rel, fmax,
+                f"relative Frobenius error {_fmt(rel)}" + (f" (effective {_fmt(effective)} after the 0.02 "
+                                                            f"high-cosine discount)" if effective != rel else "")
+                + f" > ceiling {_fmt(fmax)} (Arm analysis; cosine {_fmt(cosine)})"))
+    if cmin is not None and cosine < cmin:
+        failed.append(FailedCriterion("cosine_min", cosine, cmin,
+                                      f"cosine {_fmt(cosine)} < floor {_fmt(cmin)} (Arm analysis, reference cleaned)"))
+    return failed

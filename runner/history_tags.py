@@ -1,0 +1,84 @@
+"""What the history keeps about a run beside its report: where it came from and which commit.
+
+The `run_tags` table (runner/history.py schema), one row per run:
+
+- source: `bundlerun` (a run of this tool), `suite` (a row of the backend test suite's own
+  report, imported), `suite+bundlerun` (a suite test whose compare step ran on a bundlerun target);
+- flow, operator, test, subtest: the suite's flow, the operator its test file covers
+  (`operators/test_add.py` -> `add`), the test id and subtest index;
+- commit_sha, commit_time, commit_source, dirty: the commit (runner/commits.py), its
+  committer date (the HUD's column order) and whether the working tree had local changes;
+- suite_result, suite_detail, suite_error: the suite's own Result / Result Detail / Error.
+
+A run recorded without a label is labelled with its commit (12 hex digits), so the HUD's
+columns are commits with no --label anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TAG_COLUMNS = ("source", "flow", "operator", "test", "subtest", "commit_sha", "commit_time", "commit_source", "dirty",
+               "suite_result", "suite_detail", "suite_error")
+
+
+def tag_row(row: dict[str, Any], report: dict[str, Any], tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the runs row, with the commit as label when it has none; the run_tags values)."""
+    from bundlerun.runner import commits
+    from bundlerun.runner.history import _sql_text, utc_iso
+
+    tags = {k: v for k, v in (tags or {}).items() if k in TAG_COLUMNS}
+    tags.setdefault("source", "bundlerun")
+    if "commit_sha" not in tags:
+        found = commits.detect()
+        if found is not None:
+            tags.update(commit_sha=found.sha, commit_time=found.time, commit_source=found.source, dirty=int(found.dirty))
+    elif tags.get("commit_sha") and not tags.get("commit_time"):
+        tags["commit_time"] = commits.commit_time(str(tags["commit_sha"]))
+    if tags.get("commit_time"):
+        tags["commit_time"] = utc_iso(tags["commit_time"])
+    sha = tags.get("commit_sha")
+    if not row.get("label") and sha:
+        row = {**row, "label": _sql_text(commits.Commit(str(sha), "").label)}
+    return row, {k: _sql_text(tags.get(k)) for k in TAG_COLUMNS}
+
+
+_SQL = """
+SELECT r.id, r.bundle_path, t.source, t.flow, t.operator, t.test, t.subtest, t.commit_sha, t.commit_time,
+       t.commit_source, t.dirty, t.suite_result, t.suite_detail, t.suite_error,
+       (SELECT MAX(error_max) FROM case_outputs c WHERE c.run_id = r.id) AS max_error
+FROM runs r LEFT JOIN run_tags t ON t.run_id = r.id
+"""
+
+
+def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
+    """run id -> its tags, bundle path and largest max error (what the HUD adds to RunRecord)."""
+    from bundlerun.runner.history import _retrying, connect
+
+    if not Path(db_path).exists():
+        return {}
+    conn = connect(db_path)
+    try:
+        rows = _retrying(lambda: conn.execute(_SQL).fetchall())
+    finally:
+        conn.close()
+    return {int(r["id"]): dict(r) for r in rows}
+
+
+def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500) -> dict[int, dict[str, Any]]:
+    """The stored reports of many runs through one connection per chunk (the HUD renders a page per
+    shown run: one connection each would cost a write-lock round trip per run), each read by the
+    history's one strict reader (history.stored_report)."""
+    from bundlerun.runner.history import read_rows, stored_report
+
+    out: dict[int, dict[str, Any]] = {}
+    ids = sorted(set(int(i) for i in run_ids))
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        rows = read_rows(db_path, f"SELECT id, report_json FROM runs WHERE id IN ({', '.join('?' * len(part))})",
+                         part, types={"id": "int"})
+        for row in rows:
+            report = stored_report(db_path, int(row["id"]), row["report_json"])
+            out[int(row["id"])] = report
+    return out

@@ -1,0 +1,226 @@
+"""The HUD's grid: rows of what ran, columns of commits, each cell the runs of one row at one commit.
+
+Read from the history through runner/history.py (list_runs) and runner/history_tags.py
+(source, flow, operator, commit of each run); rendered by runner/hud_page.py.
+
+- Row: group (the suite's flow, else the run's backend) > operator (the suite's operator test,
+  `models` for bundlerun's own model runs) > what ran (the model id; the bundle's file name
+  when its manifest names no model; `run #id` when neither is known), target, dtype.
+- Column: the run's label (a run recorded without one is labelled with its commit by the
+  history: runner/commits.py); a run with neither falls into its UTC day's bucket (`~2026-11-30`).
+  Columns are in commit order: the commit's committer date when the history knows it, else the
+  time of the column's first run.
+- Cell: every run of the row under that column; the latest is shown, the worst (verdict first,
+  then the lower metric) is named in the tooltip.
+- Regressions and culprits against the row's baseline (its run under `--baseline LABEL`, else
+  its first column), with runner/regression.py's rules on the summary numbers (docs/hud.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from bundlerun.runner import history
+from bundlerun.runner.regression import RegressionRules
+
+SEVERITY = {"PASS": 0, "SKIP": 1, "TIMEOUT": 2, "ERROR": 3, "FAIL": 4}
+MODELS = "models"  # the operator group of bundlerun's own (model) runs
+
+
+@dataclass
+class Column:
+    key: str  # the label, or "~YYYY-MM-DD" for runs with neither label nor commit
+    label: str | None
+    first_id: int
+    started: str | None
+    commit_time: str | None = None
+    bucket: bool = False  # a time bucket of unlabelled runs
+    commit: str | None = None  # the full commit id, when the history knows it
+    runs: int = 0
+
+    @property
+    def order(self) -> tuple:
+        return (self.commit_time or self.started or "\uffff", self.started or "\uffff", self.first_id)
+
+
+@dataclass
+class Cell:
+    run: history.RunRecord  # the latest run: what the cell shows
+    runs: int  # how many runs of this row are in this column
+    metric: str  # "top1" | "sqnr"
+    value: float | None
+    regressed: bool = False
+    why: str = ""
+    culprit: bool = False
+    baseline: bool = False
+    worst: history.RunRecord | None = None  # the worst of the column's runs, when there were several
+    worst_value: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the run's tags, bundle path, largest max error
+
+    @property
+    def failing(self) -> bool:
+        return self.run.verdict == "FAIL"
+
+
+@dataclass
+class Row:
+    model: str | None  # what ran (model id, bundle file name, or "run #id")
+    target: str | None
+    dtype: str | None
+    cells: dict[str, Cell] = field(default_factory=dict)
+    baseline: str | None = None  # column key
+    culprit: str | None = None  # column key
+    group: str = "-"  # flow / backend
+    operator: str = MODELS
+    source: str = "bundlerun"
+
+    @property
+    def key(self) -> tuple:
+        return (self.model or "", self.target or "", self.dtype or "")
+
+    def latest(self, columns: list[Column]) -> Cell | None:
+        for col in reversed(columns):
+            if col.key in self.cells:
+                return self.cells[col.key]
+        return None
+
+    def failing(self, columns: list[Column]) -> bool:
+        latest = self.latest(columns)
+        return latest is not None and latest.failing
+
+
+@dataclass
+class Grid:
+    columns: list[Column]
+    rows: list[Row]  # grouped: group, then operator, regressed first at every level
+    baseline_label: str | None
+    runs: int
+    rules: RegressionRules
+
+
+def _metric(r: history.RunRecord) -> tuple[str, float | None]:
+    if r.top1 is not None:
+        return "top1", float(r.top1)
+    return "sqnr", (None if r.min_sqnr is None else float(r.min_sqnr))
+
+
+def _regressed(cur: Cell, base: Cell, rules: RegressionRules) -> tuple[bool, str]:
+    if cur.run.verdict in ("ERROR", "TIMEOUT"):
+        return False, ""
+    if base.run.verdict == "PASS" and cur.run.verdict == "FAIL":
+        return True, "PASS -> FAIL"
+    if cur.value is None or base.value is None or cur.metric != base.metric:
+        return False, ""
+    if cur.metric == "sqnr":
+        cap = rules.sqnr_ceiling_db
+        now, then = min(cur.value, cap), min(base.value, cap)
+        if then - now > rules.sqnr_drop_db:
+            return True, f"worst SQNR {then:.1f} -> {now:.1f} dB ({now - then:+.1f})"
+        return False, ""
+    drop = (base.value - cur.value) * 100
+    if drop > rules.top1_drop_points:
+        return True, f"top-1 {base.value * 100:.2f}% -> {cur.value * 100:.2f}% ({-drop:+.2f} points)"
+    return False, ""
+
+
+def _badness(r: history.RunRecord) -> tuple:
+    metric, value = _metric(r)
+    return (SEVERITY.get(r.verdict or "", 3), -(value if value is not None else float("inf")))
+
+
+def what_ran(r: history.RunRecord, extra: dict[str, Any]) -> str:
+    """The row's name: the model id, else the bundle's file name, else the run."""
+    if r.model:
+        return r.model
+    path = extra.get("bundle_path")
+    return PurePath(str(path)).name if path else f"run #{r.id}"
+
+
+def column_of(r: history.RunRecord) -> tuple[str, bool]:
+    if r.label:
+        return r.label, False
+    return f"~{(history.utc_iso(r.started) or 'unknown')[:10]}", True
+
+
+def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules | None = None,
+               limit: int | None = None) -> Grid:
+    """The HUD's grid from the history database."""
+    from bundlerun.runner.history_tags import run_extras
+
+    rules = rules or RegressionRules()
+    records = list(reversed(history.list_runs(db_path, limit=limit or None)))  # oldest first
+    extras = run_extras(db_path)
+    cols: dict[str, Column] = {}
+    rows: dict[tuple, Row] = {}
+    for r in records:
+        x = extras.get(r.id, {})
+        key, bucket = column_of(r)
+        col = cols.get(key)
+        if col is None:
+            col = cols[key] = Column(key, r.label, r.id, r.started, x.get("commit_time"), bucket, x.get("commit_sha"))
+        if r.started and (col.started is None or r.started < col.started):
+            col.started = r.started
+        if x.get("commit_time") and (col.commit_time is None or x["commit_time"] < col.commit_time):
+            col.commit_time = x["commit_time"]
+        col.runs += 1
+        source = x.get("source") or "bundlerun"
+        group = x.get("flow") or r.backend or "-"
+        operator = x.get("operator") or (MODELS if source == "bundlerun" else "-")
+        name = what_ran(r, x)
+        row = rows.setdefault((group, operator, name, r.target or "", r.dtype or ""),
+                              Row(name, r.target, r.dtype, group=group, operator=operator, source=source))
+        metric, value = _metric(r)
+        before = row.cells.get(key)
+        cell = Cell(r, (before.runs if before else 0) + 1, metric, value, extra=x)  # the latest wins
+        if before is not None:
+            worst = before.worst or before.run
+            cell.worst = worst if _badness(worst) > _badness(r) else r
+            cell.worst_value = _metric(cell.worst)[1]
+        row.cells[key] = cell
+    columns = sorted(cols.values(), key=lambda c: c.order)
+    order = {c.key: i for i, c in enumerate(columns)}
+    for row in rows.values():
+        _judge_row(row, columns, order, baseline, rules)
+    ordered = _ordered(list(rows.values()), columns)
+    return Grid(columns, ordered, baseline, len(records), rules)
+
+
+def _judge_row(row: Row, columns: list[Column], order: dict[str, int], baseline: str | None,
+               rules: RegressionRules) -> None:
+    present = [c.key for c in columns if c.key in row.cells]
+    if baseline is not None:
+        row.baseline = baseline if baseline in row.cells else None
+    else:
+        row.baseline = present[0] if present else None
+    if row.baseline is None:
+        return
+    base = row.cells[row.baseline]
+    base.baseline = True
+    for key in present:
+        if order[key] > order[row.baseline]:
+            cell = row.cells[key]
+            cell.regressed, cell.why = _regressed(cell, base, rules)
+    # the culprit: first column of the trailing run of regressed cells (infrastructure errors
+    # in between neither break nor start it)
+    culprit = None
+    for key in reversed([k for k in present if order[k] > order[row.baseline]]):
+        cell = row.cells[key]
+        if cell.run.verdict in ("ERROR", "TIMEOUT") and not cell.regressed:
+            continue
+        if not cell.regressed:
+            break
+        culprit = key
+    row.culprit = culprit
+    if culprit:
+        row.cells[culprit].culprit = True
+
+
+def _ordered(rows: list[Row], columns: list[Column]) -> list[Row]:
+    """Groups with a regression first, then operators with one, then regressed rows, then rows
+    whose latest run fails; by name within each."""
+    bad_group = {r.group for r in rows if r.culprit}
+    bad_op = {(r.group, r.operator) for r in rows if r.culprit}
+    return sorted(rows, key=lambda r: (r.group not in bad_group, r.group, (r.group, r.operator) not in bad_op,
+                                       r.operator, r.culprit is None, not r.failing(columns), r.key))
