@@ -41,7 +41,7 @@ def main() -> int:
     worst = 0.0
     pairs = [(f, getattr(ours, f), getattr(ref, f)) for f in ("error_l2_norm", "error_mae", "error_max", "error_msd")]
     # ExecuTorch computes sqnr with torch.ao's compute_sqnr on float32 copies (its own
-    # comment: "requires float32"), which is only good to ~1e-5; DESIGN defines it in
+    # comment: "requires float32"), which is only good to ~1e-5; bundlerun computes it in
     # float64. Compare against the same formula in float64 torch, and show ET's too.
     a64, r64 = ta.double(), tr.double()
     sqnr64 = (20 * torch.log10(torch.linalg.norm(a64) / torch.linalg.norm(a64 - r64))).item()

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bundlerun.bundles import scalar_types as st
-from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
+from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module, target_info
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.inputs import generate_cases
@@ -207,6 +207,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             dtype=req.dtype,
             backend=backend,
             target=req.target,
+            target_info=target_info(req.target),
         )
     )
     undelegated = [op for op in lowering.info.get("undelegated_ops", []) if not op.startswith("dim_order_ops")]

@@ -60,7 +60,7 @@ def load_callable(ref: str, error: type[Exception] = ModelSourceError, what: str
     return fn
 
 
-def _specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
+def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
     import torch
 
     specs = []
@@ -96,7 +96,7 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
             examples = (examples,)
         if not hasattr(module, "forward"):
             raise ModelSourceError(f"model factory {ref} returned {type(module).__name__}, not a torch.nn.Module")
-        specs = _specs_from_examples(examples, distribution or options.get("distribution"))
+        specs = specs_from_examples(examples, distribution or options.get("distribution"))
         name = Path(ref.rpartition(":")[0]).stem + "." + ref.rpartition(":")[2]
         return ResolvedModel(name, f"factory:{ref}", options.get("description", ""), module.eval(), specs)
     load_extra_entries()

@@ -327,13 +327,14 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             progress.advance(task["id"])
 
     with progress:
-        return session.run(RunRequest(
+        report = session.run(RunRequest(
             bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
             repeat=_repeat(), require_seal=seal.required(),
             replay=_repeat("bundlerun.replay"),
         ), bundle=bundle, amend=amend)
+    return report
 
 
 def _repeat(key: str = "bundlerun.repeat") -> int:
@@ -394,11 +395,11 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
             from bundlerun.runner.regression import format_regressions
 
             click.echo(format_regressions(report["regressions"]))
-    if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
-        from bundlerun.runner.report import echo_must_show
+    from bundlerun.runner.report import echo_must_show, say_report
 
+    if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
         echo_must_show(report)
-    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    say_report(report, report_dir)
     if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
@@ -499,6 +500,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                     from bundlerun.runner.regression import format_regressions
 
                     click.echo(format_regressions(report["regressions"]))
+            from bundlerun.runner.report import warn_unwritten
+
+            warn_unwritten(report)
             s = report["summary"]
             if debug_on_fail and s["exit_code"] == 1:  # runner/commands/debug.py, as `run --debug-on-fail`
                 from bundlerun.runner.commands.debug import debug_on_fail as _drill

@@ -5,7 +5,6 @@ SQNR and max error along the graph, the first bad layer marked; plus the rich ta
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 from pathlib import Path

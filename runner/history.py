@@ -167,6 +167,26 @@ def read_rows(db_path: str | Path, sql: str, args: Any = (), types: dict[str, st
                 raise HistoryError(f"history database {db_path}: {run}column {column}: expected "
                                    f"{'a number' if kind != 'text' else 'text'}, got {shown} (corrupted database)")
     return rows
+def _disk_hint(db_path: str | Path) -> str:
+    """SQLite words a full disk as "disk I/O error" at times (WAL's shared memory): say so plainly."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(Path(db_path).parent).free
+    except OSError:
+        return ""
+    return f" (no space left on the disk: {free} bytes free)" if free < 1 << 20 else ""
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo a failed transaction without hiding why it failed: SQLite has already rolled back after
+    some errors (a full disk: SQLITE_FULL), and a second ROLLBACK would raise "no transaction is
+    active" in place of the cause."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
 
 def connect(db_path: str | Path) -> sqlite3.Connection:
@@ -176,7 +196,7 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
     except (OSError, sqlite3.Error) as exc:
-        raise HistoryError(f"cannot open history database {db_path}: {exc}") from None
+        raise HistoryError(f"cannot open history database {db_path}: {exc}{_disk_hint(db_path)}") from None
     conn.row_factory = sqlite3.Row
 
     def init() -> None:
@@ -195,14 +215,14 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     try:
         _retrying(init)
     except sqlite3.DatabaseError as exc:
         conn.close()
-        raise HistoryError(f"history database {db_path} is not usable: {exc}") from None
+        raise HistoryError(f"history database {db_path} is not usable: {exc}{_disk_hint(db_path)}") from None
     return conn
 
 
@@ -390,7 +410,7 @@ def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | 
             conn.execute("COMMIT")
             return ids
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def one(report: dict[str, Any], row: dict[str, Any], tagged: dict[str, Any], dataset: Any) -> int:
@@ -437,7 +457,7 @@ def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | 
     try:
         return _retrying(write)
     except sqlite3.DatabaseError as exc:
-        raise HistoryError(f"cannot record run in {db_path}: {exc}") from None
+        raise HistoryError(f"cannot record run in {db_path}: {exc}{_disk_hint(db_path)}") from None
     finally:
         conn.close()
 
@@ -464,7 +484,7 @@ def record_farm_attempts(db_path: str | Path | None, farm_uuid: str, job: str, a
             conn.executemany("INSERT OR REPLACE INTO farm_attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     try:

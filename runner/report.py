@@ -86,6 +86,45 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
     return atomic_write_text(Path(out_dir) / REPORT_FILE, text + "\n")
 
 
+def write_record(report: dict[str, Any], out_dir: Path) -> Path | None:
+    """report.json, written atomically; None when the folder refuses it (a full disk, a folder gone).
+    The file and the reason then go to report["unwritten"], so the command still prints its verdict
+    and exits with its code: a disk problem never takes a run's result with it."""
+    try:
+        return write_report(report, out_dir)
+    except OSError as exc:
+        note_unwritten(report, Path(out_dir) / REPORT_FILE, exc)
+        return None
+
+
+def note_unwritten(report: dict[str, Any], path: Path, exc: OSError) -> None:
+    """Record that `path` could not be written, and why (once per file)."""
+    entry = {"file": str(path), "error": exc.strerror or str(exc)}
+    unwritten = report.setdefault("unwritten", [])
+    if entry not in unwritten:
+        unwritten.append(entry)
+
+
+def say_report(report: dict[str, Any], report_dir: Path) -> None:
+    """Where the report is, or which of its files could not be written and why (on stderr; a full
+    disk never takes the verdict with it, and neither --quiet nor --json hides it)."""
+    import click
+
+    warn_unwritten(report)
+    if not any(Path(u["file"]).name == REPORT_FILE for u in report.get("unwritten") or []):
+        click.echo(f"report: {Path(report_dir) / REPORT_FILE}", err=True)
+
+
+def warn_unwritten(report: dict[str, Any]) -> None:
+    """One stderr line per report file the run could not write (never hidden by --quiet/--json)."""
+    import click
+
+    for entry in report.get("unwritten") or []:
+        click.echo(f"bundlerun: could not write {plain(entry['file'])}: {plain(entry['error'])} "
+                   f"(the verdict above stands: {report['summary']['verdict']}, exit code "
+                   f"{report['summary']['exit_code']})", err=True)
+
+
 def read_report(path: Path) -> dict[str, Any]:
     """A report.json (file or folder), checked and brought to the current schema."""
     from bundlerun.runner.report_model import read_report as read_typed

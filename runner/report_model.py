@@ -98,7 +98,10 @@ class CaseRecord:
         if kw["verdict"] not in VERDICTS:
             raise ReportError(f"case verdict {kw['verdict']!r} is not one of {', '.join(VERDICTS)}")
         kw["case"] = int(kw["case"])
-        kw["error_kind"] = FailureKind.parse(kw.get("error_kind"))
+        try:
+            kw["error_kind"] = FailureKind.read(kw.get("error_kind"))
+        except ValueError as exc:
+            raise ReportError(f"a case of {kw['method']}[{kw['case']}]: {exc}") from None
         kw["outputs"] = [OutputRecord.from_json(o) for o in kw.get("outputs") or []]
         kw["log_excerpt"] = list(kw.get("log_excerpt") or [])
         return cls(**kw)
@@ -139,27 +142,6 @@ class Summary:
         return out
 
 
-# How a case's `elapsed_s` reads on each target (the targets measure different things).
-# scheme -> (figure name, kind, source, first vs warm: cases share one warm process)
-_ELAPSED: dict[str, tuple[str, str, str, bool]] = {
-    "host": ("execution_wall_time", "host-wall", "host worker: wall time of the program's run_method (elapsed_s)", True),
-    "tosa": ("interpreter_time", "simulation-time",
-             "program walker: TOSA reference model delegate calls and torch kernels, wall time (elapsed_s)", True),
-    "mlx": ("interpreter_time", "simulation-time",
-            "program walker: MLX delegate calls and torch kernels, wall time (elapsed_s)", True),
-}
-_SESSION = ("session_wall_time", "host-wall", "host wall clock of the whole runner session (elapsed_s)", False)
-_ELAPSED_NAMES = {entry[0] for entry in _ELAPSED.values()} | {_SESSION[0]}
-
-
-def _scheme(url: str) -> str:
-    """The scheme whose process measured elapsed_s: `ssh://h/host://xnnpack` -> host."""
-    scheme, _, rest = str(url or "").partition("://")
-    while scheme == "ssh" and "/" in rest:
-        scheme, _, rest = rest.split("/", 1)[1].partition("://")
-    return scheme.lower()
-
-
 def format_amount(value: Any, unit: Any, exact: bool = False) -> str:
     """A perf figure for people: bytes scaled (exact adds the byte count: gate messages), cycles and
     counts whole, sub-second times in ms; "–" for a missing value. Callers escape for their format."""
@@ -179,25 +161,28 @@ def format_amount(value: Any, unit: Any, exact: bool = False) -> str:
 
 
 def elapsed_figures(cases: list["CaseRecord"], target_url: str) -> None:
-    """Add each finished case's elapsed_s as a labelled figure (in place, cases without one only):
-    host wall time of one execution on host://, interpreter (simulation) time on tosa:// and mlx://,
-    the whole session's host wall clock elsewhere (simulator or device start-up and transfers
-    included: never device latency). Where one warm process runs every case (host, tosa, mlx) the
-    first case of a method is its first execution ("first"), the later ones "warm". A case that did
-    not finish gives no figure."""
-    scheme = _scheme(target_url)
-    name, kind, source, phased = _ELAPSED.get(scheme, _SESSION)
+    """Add each finished case's elapsed_s as a labelled figure (in place, cases without one only),
+    on the clock the target declares (`SPEC.elapsed`: e.g. host wall time of one execution on
+    host://, interpreter time on tosa:// and mlx://; elsewhere the whole session's host wall clock,
+    simulator or device start-up and transfers included: never device latency). Where one warm
+    process runs every case (`phased`) the first case of a method is its first execution
+    ("first"), the later ones "warm". A case that did not finish gives no figure."""
+    from bundlerun.targets import SESSION_CLOCK, elapsed_clock, families
+
+    elapsed_names = {spec.elapsed.name for spec in families()} | {SESSION_CLOCK.name}
+    clock = elapsed_clock(str(target_url or "")) if "://" in str(target_url or "") else SESSION_CLOCK
+    scheme = str(target_url or "").partition("://")[0].lower()
     seen: set[str] = set()
     for case in cases:
         first = case.method not in seen
         seen.add(case.method)
         if case.status != "ok" or not isinstance(case.elapsed_s, (int, float)) or isinstance(case.elapsed_s, bool):
             continue
-        if any(f.name in _ELAPSED_NAMES for f in case.perf):  # already read (a merged report mixes targets)
-            continue
-        note = None if phased else f"{scheme or 'target'} session: tool start-up and I/O included, not device latency"
-        case.perf.append(PerfFigure(name, float(case.elapsed_s), "s", kind, source,
-                                    phase=("first" if first else "warm") if phased else None, note=note))
+        if any(f.name in elapsed_names for f in case.perf):
+            continue  # already read (a merged report mixes targets)
+        note = None if clock.phased else f"{scheme or 'target'} session: tool start-up and I/O included, not device latency"
+        case.perf.append(PerfFigure(clock.name, float(case.elapsed_s), "s", clock.kind, clock.source,
+                                    phase=("first" if first else "warm") if clock.phased else None, note=note))
 
 
 @dataclass
@@ -290,6 +275,22 @@ class Report:
 
     def perf_summary(self) -> list[PerfStat]:
         return perf_summary(self.cases)
+
+    def failures(self) -> list[str]:
+        """One line per output that did not pass, as `method[case].output: VERDICT (why)`: what a
+        test's assertion message should show."""
+        lines = []
+        for case in self.cases:
+            for out in case.outputs:
+                if out.verdict == "PASS":
+                    continue
+                why = "; ".join(f"{f.get('criterion')} {f.get('measured')} vs {f.get('limit')}" for f in out.failed)
+                lines.append(f"{case.method}[{case.case}].{out.name}: {out.verdict}"
+                             + (f" ({why or case.error or case.error_kind and case.error_kind.value})"
+                                if why or case.error or case.error_kind else ""))
+            if not case.outputs and case.verdict != "PASS":
+                lines.append(f"{case.method}[{case.case}]: {case.verdict} ({case.error})")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -68,8 +68,14 @@ def write_reports(
     when given. Returns {format: path} for what was written; failures land in
     report["warnings"].
     """
+    from bundlerun.runner.report import note_unwritten
+
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        note_unwritten(report, out_dir, exc)
+        return {}
     if regressions is None and "regressions" in report:
         regressions = report.get("regressions") or []
     written: dict[str, Path] = {}
@@ -81,6 +87,7 @@ def write_reports(
             written["junit"] = write_junit(report, out_dir / "junit.xml")
         except OSError as exc:
             warnings.append(f"JUnit report not written: {exc}")
+            note_unwritten(report, out_dir / "junit.xml", exc)
     if "markdown" in formats:
         from bundlerun.runner.markdown import write_markdown
 
@@ -88,6 +95,7 @@ def write_reports(
             written["markdown"] = write_markdown(report, out_dir / "summary.md", regressions)
         except OSError as exc:
             warnings.append(f"Markdown summary not written: {exc}")
+            note_unwritten(report, out_dir / "summary.md", exc)
     if "html" in formats:
         from bundlerun.runner.html_report import write_html
 
@@ -102,4 +110,6 @@ def write_reports(
             )
         except (OSError, ValueError) as exc:
             warnings.append(f"HTML report not written: {exc}")
+            if isinstance(exc, OSError):
+                note_unwritten(report, out_dir / "report.html", exc)
     return written

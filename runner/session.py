@@ -24,7 +24,8 @@ from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
 from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
-from bundlerun.runner.report import bundle_section, host_section, save_outputs, target_section, tool_version, write_report
+from bundlerun.runner.report import (OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs,
+                                     target_section, tool_version, write_record)
 from bundlerun.targets import open_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.runner.report_model import SCHEMA as REPORT_SCHEMA
@@ -97,18 +98,21 @@ def perf_conditions(req: RunRequest, run: TargetRun | None, load_before: list[fl
             out.update(repeat=info["repeat"], warmup=info.get("warmup", 0))
         else:
             out["repeat"] = 1
-            note = (f"--repeat {req.repeat} not applied: {req.target} runs each case once "
-                    "(repeated executions are supported on host://, adb:// and qemu-user://)")
+            from bundlerun.targets import repeat_schemes
+
+            note = (f"--repeat {req.repeat} not applied: {req.target} runs each case once (repeated "
+                    f"executions are supported on {', '.join(s + '://' for s in repeat_schemes())})")
             out["notes"] = [note]
             warnings.append(note)
     return out
 
 
 def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
-                opener: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+                session: "Session | None" = None) -> dict[str, Any]:
     """Run and judge; returns the report dict (written to req.report_dir unless `write` is False,
-    for a caller that writes it once after adding history and baseline results). `opener`
-    (url, config) -> target: the session's, which keeps targets open for the command."""
+    for a caller that writes it once after adding history and baseline results). `session`: the
+    command's, which keeps targets that ask for it open across bundles; otherwise the target is
+    opened for this run and closed after it."""
     started, t0 = _now(), time.perf_counter()
     bundle = bundle or read_bundle(req.bundle_path, require_seal=req.require_seal)
     if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
@@ -118,7 +122,10 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     ctx = load_context(bundle)
     override_records = apply_overrides(ctx, bundle, req.overrides)
     work_dir = Path(req.report_dir) / "work"
-    work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
     finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
 
     def progress(result: CaseResult) -> None:
@@ -135,7 +142,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         retries=req.retries,
         config=dict(req.target_config),
         progress=progress,
-        repeat=req.repeat,
+        repeat=req.repeat if _declares(req.target, "repeat") else 1,  # a target that cannot is told nothing
         replay=req.replay,
     )
     pairs = selected_cases(bundle, options)
@@ -145,8 +152,10 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     interrupted = False
     warnings = list(ctx.warnings)
     load_before = _loadavg()
+    target = None
     try:
-        target = (opener or open_target)(req.target, req.target_config)
+        target = session.open_target(req.target, req.target_config) if session else open_target(req.target,
+                                                                                              req.target_config)
         run = target.run(bundle, Path(req.bundle_path), options)
         if req.replay > 1:  # runner/replay.py: the target's own loop, else N-1 more whole runs
             from bundlerun.runner.replay import complete
@@ -158,6 +167,14 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind=kind) for m, c in pairs
         ])
         warnings.append(f"target failed: {exc}")
+    except OSError as exc:  # the host refused the run's own files (logs, outputs): a full disk, a folder gone
+        why = f"the host could not write the run's files: {exc.strerror or exc}" + (
+            f" ({exc.filename})" if getattr(exc, "filename", None) else "")
+        run = TargetRun(req.target, [
+            finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error=why, error_kind=FailureKind.HOST_IO)
+            for m, c in pairs
+        ])
+        warnings.append(why)
     except KeyboardInterrupt:
         # Finished cases keep their results; the rest are marked interrupted.
         interrupted = True
@@ -167,11 +184,14 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             for m, c in pairs
         ])
         warnings.append(f"run {interrupts.describe()} after {len(finished)} of {len(pairs)} cases")
+    finally:
+        if target is not None:
+            session.release(target) if session else _close_quietly(target)
     with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
         report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
                                 load_before)
         if write:
-            write_report(report, req.report_dir)
+            write_record(report, req.report_dir)
     if write:
         interrupts.raise_pending()
     return report
@@ -221,10 +241,14 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
         }, req.confidence)
     if req.save_outputs:
-        report["outputs_file"] = str(save_outputs(run, req.report_dir))
-        from bundlerun.runner.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
+        try:
+            report["outputs_file"] = str(save_outputs(run, req.report_dir))
+        except OSError as exc:
+            note_unwritten(report, Path(req.report_dir) / OUTPUTS_FILE, exc)
+        else:
+            from bundlerun.runner.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
 
-        report["outputs_sha256"] = file_digest(report["outputs_file"])
+            report["outputs_sha256"] = file_digest(report["outputs_file"])
     from bundlerun.runner.report_model import Report
 
     return Report.from_json(report).to_json()  # what we write is what every reader accepts
@@ -259,8 +283,29 @@ def finish_run(
             report["summary"]["exit_code"] = 1
     files = write_reports(report, Path(report_dir), bundle=bundle, history_db=db)
     report["files"] = {k: str(v) for k, v in files.items()}
-    write_report(report, report_dir)
+    write_record(report, report_dir)
     return report
+
+
+def _declares(url: str, capability: str) -> bool:
+    """Whether the target at `url` declares a boolean capability (`repeat`, `keep_open`)."""
+    from bundlerun.targets import parse_target_url, spec_for
+
+    try:
+        return bool(getattr(spec_for(parse_target_url(url)), capability))
+    except BundlerunError:
+        return False  # the run reports the bad URL
+
+
+def _keeps_open(url: str) -> bool:
+    return _declares(url, "keep_open")
+
+
+def _close_quietly(target: Any) -> None:
+    try:
+        target.close()
+    except Exception:  # noqa: BLE001 - closing never changes a verdict
+        pass
 
 
 @dataclass
@@ -291,7 +336,7 @@ class Session:
         return self
 
     def close(self) -> None:
-        """Kill and reap every warm worker, close every opened target. Idempotent."""
+        """Kill and reap every warm worker, close every target kept open. Idempotent."""
         pool, self._pool = self._pool, None
         targets, self._targets = list(self._targets.values()), {}
         try:
@@ -299,12 +344,7 @@ class Session:
                 pool.close()
         finally:
             for target in targets:
-                closer = getattr(target, "close", None)
-                if callable(closer):
-                    try:
-                        closer()
-                    except Exception:  # noqa: BLE001 - closing never changes a verdict
-                        pass
+                _close_quietly(target)
 
     def __enter__(self) -> "Session":
         return self.open()
@@ -318,23 +358,23 @@ class Session:
         return self._pool
 
     def open_target(self, url: str, config: dict[str, Any]):
-        """The target for `url` + `config`. In an open session, a target that declares
-        `keep_open = True` (it holds something worth keeping between bundles: a connection, a
-        booted device) is opened once and reused; any target with a `close()` is closed with
-        the session. Others are opened per bundle, as outside a session."""
-        if self._pool is None:
+        """The target for `url` + `config`. In an open session a target whose module declares
+        `keep_open` (it holds something worth keeping between bundles: a connection, a booted
+        device) is opened once per URL and settings and closed with the session; any other is
+        opened for its bundle and closed after it (`release`)."""
+        if self._pool is None or not _keeps_open(url):
             return open_target(url, config)
         import json
 
         key = (url, json.dumps(config, sort_keys=True, default=str))
-        if key in self._targets:
-            return self._targets[key]
-        target = open_target(url, config)
-        if getattr(target, "keep_open", False):
-            self._targets[key] = target
-        elif callable(getattr(target, "close", None)):
-            self._targets[(key, id(target))] = target
-        return target
+        if key not in self._targets:
+            self._targets[key] = open_target(url, config)
+        return self._targets[key]
+
+    def release(self, target: Any) -> None:
+        """A bundle is done with `target`: closed now unless the session keeps it open."""
+        if not any(kept is target for kept in self._targets.values()):
+            _close_quietly(target)
 
     @classmethod
     def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
@@ -370,11 +410,17 @@ class Session:
             if not sep or not key:
                 raise ConfigError(f"--target-opt {item!r}: expected KEY=VALUE")
             section[key] = value
-        if scheme == "ssh" and "://" in url.split("://", 1)[1]:
-            # ssh://HOST/<inner URL>: the inner target's own [targets.<inner>] section travels to the
-            # remote worker (--target-opt stays with ssh://; inner options go in the inner URL)
-            inner = url.split("://", 1)[1].split("/", 1)[1] if "/" in url.split("://", 1)[1] else ""
-            inner_section = self._sections(inner) if "://" in inner else {}
+        from bundlerun.targets import inner_of
+
+        try:
+            inner = inner_of(url)
+        except BundlerunError:
+            inner = None  # the run reports the bad URL
+        if inner:
+            # a wrapper (ssh://HOST/<inner URL>, labgrid://PLACE/<inner URL>): the inner target's own
+            # [targets.<inner>] section goes with it (--target-opt stays with the wrapper; inner
+            # options go in the inner URL)
+            inner_section = self._sections(inner)
             if inner_section:
                 section["inner_config"] = inner_section
         return section
@@ -387,17 +433,22 @@ class Session:
         finally:
             self.target_opts = saved
 
+    def execute(self, req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]:
+        """Run and judge one bundle with this session's targets and warm workers; nothing is written
+        (`run` adds history, baseline and the report files; a farm worker leaves those to its
+        coordinator, which records each job once after its retries)."""
+        if not req.target_config:
+            req.target_config = self.target_config(req.target)
+        if self._pool is None:
+            return execute_run(req, bundle=bundle, write=False)
+        with self._pool.activate():
+            return execute_run(req, bundle=bundle, write=False, session=self)
+
     def run(self, req: RunRequest, bundle: Bundle | None = None,
             amend: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Run, judge (`amend` adds to the report), record history, check the baseline, write every
         report: report.json once."""
-        if not req.target_config:
-            req.target_config = self.target_config(req.target)
-        if self._pool is not None:
-            with self._pool.activate():
-                report = execute_run(req, bundle=bundle, write=False, opener=self.open_target)
-        else:
-            report = execute_run(req, bundle=bundle, write=False)
+        report = self.execute(req, bundle)
         with interrupts.deferred():  # a stop during history/baseline/reports is raised once they are written
             if amend is not None:
                 amend(report)
@@ -405,7 +456,7 @@ class Session:
                 report = finish_run(report, req.report_dir, bundle or req.bundle_path, self.project, self.baseline,
                                     self.history_db, self.no_history)
             except BaseException:
-                write_report(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
+                write_record(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
                 raise
         if report["summary"].get("interrupted"):
             raise RunInterrupted(f"{interrupts.describe()}; the report of the finished cases is in "

@@ -33,6 +33,8 @@ BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.vulkan",
     "bundlerun.targets.qnn",
     "bundlerun.targets.mlx",
+    "bundlerun.targets.vulkan",
+    "bundlerun.targets.qnn",
     "bundlerun.targets.ssh",
     "bundlerun.targets.labgrid",
 )
@@ -204,20 +206,99 @@ def inner_default_backend(fallback: str) -> Callable[[TargetURL], str]:
     the inner URL's default backend, or `fallback` when there is no (valid) inner URL."""
 
     def backend(url: TargetURL) -> str:
-        inner = url.path.lstrip("/")
+        inner = path_inner_url(url)
         try:
-            return default_backend(inner) if "://" in inner else fallback
+            return default_backend(inner) if inner else fallback
         except Exception:  # noqa: BLE001 - a bad inner URL is reported by the run
             return fallback
 
     return backend
 
 
+def lazy(ref: str) -> Callable[..., Any]:
+    """`"package.module:function"` as a callable that imports its module on the first call, so a
+    SPEC can declare a capability whose code is heavy (torch, executorch) at no start-up cost."""
+    module_name, _, attr = ref.partition(":")
+
+    def call(*args: Any, **kw: Any) -> Any:
+        return getattr(importlib.import_module(module_name), attr)(*args, **kw)
+
+    call.__qualname__ = call.__name__ = attr
+    call.__doc__ = f"{ref} (imported on first use)"
+    return call
+
+
+def path_inner_url(url: TargetURL) -> str | None:
+    """`inner` for wrappers that carry a whole target URL as their path (ssh://HOST/<inner URL>)."""
+    inner = url.path.lstrip("/")
+    return inner if "://" in inner else None
+
+
+def inner_of(url: str | TargetURL) -> str | None:
+    """The URL a wrapper target runs its cases on, or None (not a wrapper, or no inner URL)."""
+    parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
+    spec = spec_for(parsed)
+    return spec.inner(parsed) if spec.inner is not None else None
+
+
+def _declared(url: str | TargetURL, pick: Callable[[TargetSpec], Any]) -> tuple[TargetSpec, TargetURL] | None:
+    """The first spec along the wrapper chain (outer first) for which `pick` holds."""
+    seen = 0
+    while url is not None and seen < 8:  # wrappers of wrappers are refused by the targets; this bounds it
+        parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
+        spec = spec_for(parsed)
+        if pick(spec):
+            return spec, parsed
+        url = spec.inner(parsed) if spec.inner is not None else None
+        seen += 1
+    return None
+
+
+def lowering_info(url: str) -> dict[str, Any]:
+    """What a backend recipe lowers for when building for `url` (the target, or the target a wrapper
+    runs its cases on, declares it: e.g. {"kind": "tosa", "tosa_spec": "TOSA-1.0+INT"}); {} if none."""
+    found = _declared(url, lambda s: s.lowering is not None)
+    return dict(found[0].lowering(found[1])) if found else {}
+
+
+def device_key(url: str) -> str | None:
+    """The physical device `url` occupies (a farm runs one job at a time on it), None for a CPU job."""
+    found = _declared(url, lambda s: s.device_key is not None)
+    return found[0].device_key(found[1]) if found else None
+
+
+def elapsed_clock(url: str) -> ElapsedClock:
+    """What a case's elapsed_s measures on `url`: the clock of the process that ran the case (a
+    wrapper's inner target), the whole session's host wall clock where nothing is declared."""
+    try:
+        found = _declared(url, lambda s: s.elapsed is not SESSION_CLOCK or s.inner is None)
+    except TargetError:  # a report from a target this installation does not have
+        return SESSION_CLOCK
+    return found[0].elapsed if found else SESSION_CLOCK
+
+
+def repeat_schemes() -> list[str]:
+    """The schemes whose targets honour `--repeat N` (they declare `repeat=True`)."""
+    return [scheme for scheme, spec in target_specs().items() if spec.repeat]
+
+
+def capture_schemes() -> list[str]:
+    """The target families that can return every intermediate output (`bundlerun debug`)."""
+    return [f"{spec.name}://" for spec in families() if spec.capture is not None]
+
+
 def open_target(url: str, config: dict | None = None):
-    """Instantiate the target for `url` with its config section."""
+    """Instantiate the target for `url` with its config section. What `create` returns must be a
+    `targets.base.Target` (run + close; deriving from `TargetBase` gives a no-op close)."""
+    from bundlerun.targets.base import Target
+
     parsed = parse_target_url(url)
-    module = importlib.import_module(target_specs()[parsed.scheme].module)
-    return module.create(parsed, dict(config or {}))
+    spec = target_specs()[parsed.scheme]
+    target = importlib.import_module(spec.module).create(parsed, dict(config or {}))
+    if not isinstance(target, Target):
+        raise TargetError(f"target module {spec.module}: create() returned {type(target).__name__}, which lacks "
+                          "run()/close() (derive it from bundlerun.targets.base.TargetBase)")
+    return target
 
 
 def url_help() -> str:

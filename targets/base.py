@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from bundlerun.targets.failures import FailureKind
 
@@ -190,8 +190,10 @@ class RunOptions:
     replay: int = 1
 
 
+@runtime_checkable
 class Target(Protocol):
-    """What runner/ calls. Implementations live one per module in targets/."""
+    """What runner/ calls. Implementations live one per module in targets/; what else a target can
+    do (debug capture, farm device, lowering, repeat, ...) is declared in its module's SPEC."""
 
     url: str
 
@@ -201,6 +203,26 @@ class Target(Protocol):
         all can run (missing tool, unreachable device); the runner then marks
         every case ERROR with that message."""
         ...
+
+    def close(self) -> None:
+        """Release what the target holds (a connection, a reservation, a booted device). The
+        session calls it once, when the command's bundles are done (SPEC.keep_open: the same
+        target serves every bundle of the command), or after the bundle otherwise."""
+        ...
+
+
+class TargetBase:
+    """A target that holds nothing between bundles: `close()` does nothing; usable as a context
+    manager like every target."""
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def safe_name(name: str) -> str:

@@ -22,6 +22,7 @@ class FailureKind(str, enum.Enum):
     BAD_CONFIG = "bad-config"  # a target option or the project config is invalid
     TOOL_MISSING = "tool-missing"  # simulator, runner binary or device tool not found
     TOOL_FAILED = "tool-failed"  # the simulator/tool failed before the runner started
+    HOST_IO = "host-io"  # the host could not write the run's files (a full disk, a folder removed)
     TRANSPORT = "transport"  # port/ADB/SSH link lost, device offline, push/pull cut
     AUTH_REFUSED = "auth-refused"  # the remote host refused our credentials (SSH key)
     HOST_KEY = "host-key"  # the remote host's key is unknown, changed or not the pinned one
@@ -67,13 +68,23 @@ class FailureKind(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: "str | FailureKind | None") -> "FailureKind | None":
-        """A kind from a report (current value or a pre-enum synonym); None stays None."""
+        """A kind from live code: a member or its exact value; None stays None. Anything else
+        (an old synonym, a typo) is a bug and raises ValueError, so it cannot hide in a report."""
         if value is None or isinstance(value, FailureKind):
             return value
         try:
             return cls(value)
         except ValueError:
-            return _SYNONYMS.get(value, cls.RUNNER_ERROR)
+            raise ValueError(f"{value!r} is not a failure kind (targets/failures.py: "
+                             f"{', '.join(k.value for k in cls)})") from None
+
+    @classmethod
+    def read(cls, value: "str | FailureKind | None") -> "FailureKind | None":
+        """A kind from a report file: the current values, or the free-text kinds of reports written
+        before the enum (mapped through their synonyms). Unknown text raises ValueError."""
+        if isinstance(value, str) and value in _SYNONYMS:
+            return _SYNONYMS[value]
+        return cls.parse(value)
 
 
 _MEANINGS: dict[FailureKind, str] = {
@@ -82,6 +93,7 @@ _MEANINGS: dict[FailureKind, str] = {
     FailureKind.BAD_CONFIG: "a target option or the project configuration is invalid",
     FailureKind.TOOL_MISSING: "a simulator, runner binary or device tool was not found",
     FailureKind.TOOL_FAILED: "the simulator or tool failed before the runner started",
+    FailureKind.HOST_IO: "the host could not write the run's files (a full disk, a folder that went away)",
     FailureKind.TRANSPORT: "the link to the device failed (port, ADB, SSH, push/pull)",
     FailureKind.AUTH_REFUSED: "the remote host refused the credentials (SSH key or agent)",
     FailureKind.HOST_KEY: "the remote host key is unknown, changed, or not the pinned fingerprint",

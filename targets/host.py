@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL
-from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_target_url
+from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.worker_process import run_in_worker
 
@@ -27,7 +27,7 @@ VARIANTS = ("xnnpack", "portable")
 
 
 @dataclass
-class HostTarget:
+class HostTarget(TargetBase):
     url: str
     variant: str
     threads: int = 0
@@ -64,6 +64,16 @@ def _doctor(_section: dict) -> list[Check]:
     return [dist_check("executorch", "executorch"), dist_check("torch", "torch")]
 
 
+def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path, timeout_s: float,
+             debug_buffer_mb: int):
+    """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/debug_worker.py)."""
+    from bundlerun.targets.intermediates import run_worker
+
+    create(parse_target_url(url), config)  # the URL and its settings are checked as for a run
+    return run_worker(url, "host", bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,
+                      "every kernel call and every delegate call (runtime ETDump + debug buffer)")
+
+
 SPEC = TargetSpec(
     name="host",
     schemes=("host",),
@@ -72,6 +82,10 @@ SPEC = TargetSpec(
     default_backend=lambda url: "portable" if url.rest.lower().startswith("portable") else "xnnpack",
     settings=HostSettings,
     doctor=_doctor,
+    capture=_capture,
+    elapsed=ElapsedClock("execution_wall_time", "host-wall",
+                         "host worker: wall time of the program's run_method (elapsed_s)", phased=True),
+    repeat=True,
     replay=True,  # --replay: the host worker runs each case N times in one loaded program
 )
 

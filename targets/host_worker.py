@@ -109,7 +109,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
                     if suite.method_name in methods}
     except Exception as exc:  # reported as a classified load failure
-        _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load")
+        _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load-failure")
         return 1
     if threads:
         try:
@@ -142,7 +142,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         try:
             outputs = module.run_method(method, inputs)
         except Exception as exc:
-            _emit(event="error", method=method, case=case, error=f"method execution failed: {exc}", kind="runtime",
+            _emit(event="error", method=method, case=case, error=f"method execution failed: {exc}", kind="runner-error",
                   elapsed_s=time.perf_counter() - start)
             continue
         elapsed = time.perf_counter() - start
@@ -153,7 +153,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             out = out.contiguous()
             code = code_of.get(out.dtype)
             if code is None:
-                _emit(event="error", method=method, case=case, error=f"output {j} has unsupported dtype {out.dtype}", kind="runtime")
+                _emit(event="error", method=method, case=case, error=f"output {j} has unsupported dtype {out.dtype}", kind="runner-error")
                 break
             data = (out.view(torch.int16) if out.dtype == torch.bfloat16 else out).numpy().tobytes()
             path = out_dir / f"{method}-{case}-{j}.bin"

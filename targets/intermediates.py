@@ -9,30 +9,13 @@ visible, one `Intermediate` of kind "delegate-op" per operator inside the call
 operator index in the payload, its output tensor's name). Like a normal run it
 returns raw data and never judges; runner/debug.py maps and compares.
 
-What each target captures:
-
-- host://xnnpack, host://portable: the real runtime (pybindings) in a child
-  process (targets/debug_worker.py), loaded with ETDump and a debug buffer; every
-  kernel output, and every delegate call's outputs (a delegate's inside is not
-  visible: XNNPACK logs no per-operator outputs).
-- tosa://int, tosa://fp: the program walker (targets/program/walker.py) with an
-  observer, in a child process: every kernel output, every TOSA delegate call's
-  outputs and every TOSA operator inside it. The reference model returns only a
-  block's outputs, so the delegate payload is rewritten with every operator's
-  output tensor as an extra block output and run once
-  (targets/program/tosa_delegate.py `with_operator_outputs`).
-- mlx://cpu, mlx://gpu (targets/mlx_intermediates.py): the same walker with the
-  MLX delegate recording every main-chain instruction's outputs, in a child
-  process; plus the kernel calls outside the delegate.
-- qemu://, fvp://, serial (targets/arm/intermediates.py): ExecuTorch's
-  arm_executor_runner built with --etdump (event tracer + debug buffer); its
-  etdump.bin / debug_buffer.bin come back as semihosting files or as the UART's
-  base64 block.
-- adb://, qemu-user:// (targets/android/intermediates.py): bundlerun's debug runner
-  (firmware_scripts/android/debug_runner, qnn_executor_runner's debug flags) or
-  the device's qnn_executor_runner; the ETDump and debug output are pulled back.
-- every other target: `IntermediatesUnsupported` with one line saying what would
-  be needed.
+Which targets can, and how, is declared by each target module (`SPEC.capture`, or
+`SPEC.capture_note` saying what it would need); `bundlerun debug --target help` lists them:
+host:// (the real runtime with ETDump + a debug buffer, targets/debug_worker.py), tosa:// and
+mlx:// (the program walker with an observer; inside TOSA delegates one row per TOSA operator,
+inside MLX delegates one per instruction), qemu://, fvp:// and serial (arm_executor_runner
+built with --etdump, targets/arm/intermediates.py), adb:// and qemu-user:// (bundlerun's debug
+runner or the device's qnn_executor_runner, targets/android/intermediates.py).
 """
 
 from __future__ import annotations
@@ -85,93 +68,44 @@ class IntermediateRun:
     notes: list[str] = field(default_factory=list)
 
 
-# scheme -> why it cannot, one line each
-_CANNOT = {
-    "ssh": "needs the remote worker to run the inner target's intermediate capture and ship the arrays back",
-    "labgrid": "needs the inner serial lane's capture run through the labgrid agent",
-}
-
-
 def unsupported_message(url: str) -> str:
-    scheme = url.split("://", 1)[0].lower() if "://" in url else url
-    family = scheme.split("+", 1)[0]
-    why = _CANNOT.get(scheme) or _CANNOT.get(family) or _declared_note(url) or "this target has no way to dump intermediates"
-    return (f"{url}: cannot return intermediate outputs (yet): {why}; host://, tosa://, mlx://, qemu://, fvp://, "
-            "serial, adb:// and qemu-user:// can. To find the delegated operator that makes a case fail here without "
-            f"them: bundlerun bisect MODEL --target {url} --case N (re-lowers with the delegate restricted, "
-            "docs/debugging.md)")
+    """Why `url` cannot return intermediates (its SPEC's capture_note), which targets can, and
+    the way to find a failing delegated operator without them (`bundlerun bisect`)."""
+    from bundlerun.targets import capture_schemes, parse_target_url, spec_for
+
+    why = "this target has no way to dump intermediates"
+    try:
+        why = spec_for(parse_target_url(url)).capture_note or why
+    except TargetError:
+        pass
+    return (f"{url}: cannot return intermediate outputs (yet): {why}; {', '.join(capture_schemes())} can. "
+            f"To find the delegated operator that makes a case fail here without them: bundlerun bisect MODEL "
+            f"--target {url} --case N (re-lowers with the delegate restricted, docs/debugging.md)")
 
 
 def supports_capture(url: str) -> bool:
-    """Whether `capture` has a lane for this URL (checked before anything else is loaded)."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else url
-    if scheme in ("host", "tosa") or scheme in _DEVICE_CAPTURE or scheme.split("+", 1)[0] in _DEVICE_CAPTURE:
-        return True
+    """Whether the URL's target declares `capture` (checked before anything else is loaded)."""
+    from bundlerun.targets import parse_target_url, spec_for
+
     try:
-        from bundlerun.targets import spec_for
-
-        return spec_for(url).capture is not None
-    except Exception:  # noqa: BLE001 - an unknown URL is reported by capture itself
+        return spec_for(parse_target_url(url)).capture is not None
+    except TargetError:  # an unknown URL is reported by capture itself
         return True
-
-
-def _declared_note(url: str) -> str:
-    """The target's own SPEC.capture_note (why it cannot), if it declares one."""
-    try:
-        from bundlerun.targets import spec_for
-
-        return spec_for(url).capture_note
-    except Exception:  # noqa: BLE001 - an unknown URL: the generic line
-        return ""
-
-
-# scheme -> module with `capture(url, config, bundle_path, method, case, work_dir, timeout_s,
-# debug_buffer_mb) -> IntermediateRun`, for targets whose runtime is a device runner (its ETDump +
-# debug buffer come back as files and are read by `parse_etdump`)
-_DEVICE_CAPTURE = {
-    "qemu": "bundlerun.targets.arm.intermediates",
-    "fvp": "bundlerun.targets.arm.intermediates",
-    "serial": "bundlerun.targets.arm.intermediates",
-    "adb": "bundlerun.targets.android.intermediates",
-    "qemu-user": "bundlerun.targets.android.intermediates",
-    "mlx": "bundlerun.targets.mlx_intermediates",
-}
 
 
 def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
             timeout_s: float = 600.0, debug_buffer_mb: int = DEFAULT_DEBUG_BUFFER_MB,
             config: dict[str, Any] | None = None) -> IntermediateRun:
     """Run `method`[`case`] of the bundle on `url` (with its `[targets.X]` config) with every
-    intermediate output."""
-    scheme, _, rest = url.partition("://")
-    scheme = scheme.lower()
-    family = scheme.split("+", 1)[0]
-    if scheme == "host":
-        variant = (rest or "xnnpack").split("?", 1)[0].lower()
-        if variant not in ("xnnpack", "portable"):
-            raise TargetError(f"unknown host variant {variant!r} in {url}")
-        mode = "host"
-        granularity = "every kernel call and every delegate call (runtime ETDump + debug buffer)"
-    elif scheme == "tosa":
-        mode = "tosa"
-        granularity = ("every kernel call, every TOSA delegate call and every TOSA operator inside it (program "
-                       "walker; the reference model run once with every operator's output as a graph output)")
-    elif (scheme if scheme in _DEVICE_CAPTURE else family) in _DEVICE_CAPTURE:
-        import importlib
+    intermediate output: the target's declared `capture` (targets/__init__.py TargetSpec)."""
+    from bundlerun.targets import parse_target_url, spec_for
 
-        name = _DEVICE_CAPTURE[scheme if scheme in _DEVICE_CAPTURE else family]
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            raise IntermediatesUnsupported(unsupported_message(url)) from None
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-        return module.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
-                              debug_buffer_mb)
-    else:
+    spec = spec_for(parse_target_url(url))
+    if spec.capture is None:
         raise IntermediatesUnsupported(unsupported_message(url))
-    return run_worker(url, mode, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb, granularity)
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    return spec.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
+                        debug_buffer_mb)
 
 
 def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,

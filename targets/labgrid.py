@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from bundlerun.bundles.errors import ConfigError, TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backend
+from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backend, path_inner_url
+from bundlerun.targets.base import TargetBase
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import parse_settings
 
@@ -447,7 +448,7 @@ def resolve_inner(place_name: str, resources: list[tuple[str, str, Any]], inner:
 
 
 @dataclass
-class LabgridTarget:
+class LabgridTarget(TargetBase):
     url: str
     place: str  # "" with a tag pool
     inner: str  # "" = resolve from the place's resources
@@ -604,6 +605,9 @@ SPEC = TargetSpec(
     settings=LabgridSettings,
     doctor=_doctor,
     command_settings=("python",),  # the interpreter the labgrid agent runs in
+    inner=path_inner_url,
+    device_key=lambda url: f"board:{url.netloc}" if url.netloc else None,  # a pool by tag: whichever is free
+    capture_note="needs the inner serial lane's capture run through the labgrid agent",
 )
 
 
@@ -612,7 +616,12 @@ def create(url: TargetURL, config: dict) -> LabgridTarget:
 
     place = url.netloc
     inner = url.path.lstrip("/")
-    cfg_mine, cfg_inner = _split(dict(config or {}))
+    config = dict(config or {})
+    from_project = config.pop("inner_config", None) or {}  # the inner's own [targets.X] (runner/session.py)
+    if not isinstance(from_project, dict):
+        raise ConfigError(f"{url.raw}: inner_config must be a table of the inner target's settings")
+    cfg_mine, cfg_inner = _split(config)
+    cfg_inner = {**from_project, **cfg_inner}
     q_mine, q_inner = _split(dict(url.query))
     settings = parse_settings(LabgridSettings, {**cfg_mine, **q_mine}, "targets.labgrid")
     if not place and not settings.tag:

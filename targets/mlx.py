@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
-from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
+from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.worker_process import run_in_worker
 
@@ -100,7 +100,7 @@ SPEC = TargetSpec(
     settings=MlxSettings,
     doctor=_doctor,
     command_settings=("runner",),  # a host executor_runner binary
-    capture=lambda *a: _capture(*a),
+    capture=lazy("bundlerun.targets.mlx_intermediates:capture"),
     elapsed=ElapsedClock("runner_process_wall_time", "host-wall",
                          "host wall clock of one executor_runner process (libmlx load, program load, MLX init, "
                          "execute, output files); runtime=interpreter: interpreter wall time of the case"),
@@ -108,14 +108,8 @@ SPEC = TargetSpec(
 )
 
 
-def _capture(*args):
-    from bundlerun.targets.mlx_intermediates import capture
-
-    return capture(*args)
-
-
 @dataclass
-class MlxTarget:
+class MlxTarget(TargetBase):
     url: str
     device: str
     settings: MlxSettings

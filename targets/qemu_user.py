@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner
+from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner, lazy
 from bundlerun.targets.base import (
     CaseResult,
     CaseStatus,
     RunOptions,
+    TargetBase,
     TargetRun,
     expected_layout,
     raw_outputs_from_files,
@@ -115,6 +116,8 @@ SPEC = TargetSpec(
     settings=QemuUserSettings,
     doctor=_doctor,
     command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine
+    capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    repeat=True,
 )
 
 
@@ -168,7 +171,7 @@ def wait_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
 
 
 @dataclass
-class QemuUserTarget:
+class QemuUserTarget(TargetBase):
     url: str
     arch: str
     settings: QemuUserSettings

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
-from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.worker_process import run_in_worker
@@ -248,7 +248,7 @@ def _refine(case: CaseResult, runtime_version: str | None, built_version: str | 
 
 
 @dataclass
-class QnnTarget:
+class QnnTarget(TargetBase):
     url: str
     soc: str
     lib_dir: Path | None = None

@@ -21,11 +21,8 @@ inner target's URL (checked against that target's declared settings).
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import secrets
-import select
 import shlex
 import time
 from dataclasses import dataclass, field, fields
@@ -34,11 +31,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlencode
 
 from bundlerun.bundles.errors import ConfigError, TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backend
-from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, RunOptions, TargetRun, safe_name, selected_cases
+from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backend, path_inner_url
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, safe_name, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
-from bundlerun.targets.worker_process import tail_lines as _tail
+from bundlerun.targets.worker_protocol import Buffer, Ending, EventDriver, Limits, tail_lines as _tail
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -130,16 +127,16 @@ def _check_inner(inner: str, inner_q: dict[str, str], raw: str) -> str:
 
 
 def _kind(transport_kind: str) -> FailureKind:
+    """SSH's own faults first (credentials, host key, no ssh client), then any transport fault's."""
     from bundlerun.targets.remote.ssh_transport import HOST_KEY
-    from bundlerun.targets.remote.transport import NO_SPACE, TIMEOUT, UNAUTHORIZED
+    from bundlerun.targets.remote.transport import ABSENT, UNAUTHORIZED, failure_kind
 
-    return {UNAUTHORIZED: FailureKind.AUTH_REFUSED, HOST_KEY: FailureKind.HOST_KEY, NO_SPACE: FailureKind.DEVICE_FULL,
-            TIMEOUT: FailureKind.HOST_TIMEOUT, "absent": FailureKind.TOOL_MISSING}.get(transport_kind,
-                                                                                     FailureKind.TRANSPORT)
+    return {UNAUTHORIZED: FailureKind.AUTH_REFUSED, HOST_KEY: FailureKind.HOST_KEY,
+            ABSENT: FailureKind.TOOL_MISSING}.get(transport_kind) or failure_kind(transport_kind)
 
 
 @dataclass
-class SshTarget:
+class SshTarget(TargetBase):
     url: str
     user: str | None
     host: str
@@ -360,134 +357,47 @@ class SshTarget:
             pass
 
     def _drive(self, proc, pairs, options, log_path, results, session, setup_limit, case_limit, t) -> str:
-        buf = b""
-        ready = False
-        first_case = True
-        current: tuple[str, int] | None = None
-        deadline = time.monotonic() + setup_limit
-        fd = proc.stdout.fileno()
-        started = time.monotonic()
-        while True:
-            wait = deadline - time.monotonic()
-            readable = select.select([fd], [], [], max(0.0, min(wait, 1.0)))[0] if wait > 0 else []
-            if not readable:
-                if time.monotonic() < deadline:
-                    continue
-                if not ready:
-                    self._mark(results, pairs, f"{t.description}: the remote worker was not ready within "
-                               f"{setup_limit:g} s (setup timeout; session killed)", FailureKind.HOST_TIMEOUT)
-                    for p in pairs:
-                        results[p].status = CaseStatus.TIMEOUT
-                        results[p].log_excerpt, results[p].log_path = _tail(log_path), str(log_path)
-                    return "fatal"
-                m, c = current or next(p for p in pairs if p not in results)
-                results[(m, c)] = CaseResult(
-                    m, c, CaseStatus.TIMEOUT, error=f"{t.description}: no result for this case within {case_limit:g} s "
-                    "(link timeout; remote session killed)", error_kind=FailureKind.HOST_TIMEOUT,
-                    log_excerpt=_tail(log_path), log_path=str(log_path), elapsed_s=case_limit)
-                self._notify(results[(m, c)], options)
-                return "timeout"
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                try:
-                    proc.wait(timeout=10)
-                except Exception:  # noqa: BLE001
-                    pass
-                code = proc.returncode
-                lost = code == 255 or not t.alive()
-                why = ("the SSH connection was lost" if lost else f"the remote worker exited (exit code {code})")
-                tail = _tail(log_path)
-                if tail and lost:
-                    why += f": {tail[-1]}"
-                pending = current or next((p for p in pairs if p not in results), None)
-                if not ready:
-                    kind = FailureKind.TRANSPORT if lost else FailureKind.TOOL_FAILED
-                    self._mark(results, pairs, f"{t.description}: {why} before the remote worker was ready", kind)
-                    for p in pairs:
-                        results[p].log_excerpt, results[p].log_path = tail, str(log_path)
-                    return "fatal"
-                if pending is not None:
-                    m, c = pending
-                    results[(m, c)] = CaseResult(
-                        m, c, CaseStatus.ERROR, error=f"{t.description}: {why} while running this case",
-                        error_kind=FailureKind.TRANSPORT if lost else FailureKind.CRASH, log_excerpt=tail,
-                        log_path=str(log_path), extra={"transport_fault": "connection-lost" if lost else "worker-exit"})
-                    self._notify(results[(m, c)], options)
-                return "link-lost" if lost else "worker-lost"
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                try:
-                    msg = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if not isinstance(msg, dict):
-                    continue  # the remote worker's lines are data: only its documented events are read
-                event = msg.get("event")
-                if event in ("start", "done", "error"):
-                    try:  # a case key that is not (text, integer) is no event of this session
-                        if not isinstance(msg["method"], str):
-                            raise TypeError("method")
-                        msg["case"] = int(msg["case"])
-                    except (KeyError, TypeError, ValueError, OverflowError):
-                        continue
-                if event == "ready":
-                    ready = True
-                    session.setdefault("info", {}).update(msg.get("info", {}))
-                    self.timings["worker_ready_s"] = time.monotonic() - started
-                    deadline = time.monotonic() + case_limit + (setup_limit if first_case else 0)
-                elif event == "start":
-                    current = (msg["method"], int(msg["case"]))
-                    deadline = time.monotonic() + case_limit + (setup_limit if first_case else 0)
-                elif event in ("done", "error"):
-                    key = (msg["method"], int(msg["case"]))
-                    if key in results or key not in pairs:
-                        continue
-                    results[key] = self._result(msg, log_path)
-                    self._notify(results[key], options)
-                    current, first_case = None, False
-                    deadline = time.monotonic() + case_limit
-                elif event == "fatal":
-                    kind = FailureKind.parse(msg.get("kind") or "tool-failed")
-                    error = msg.get("error", "the remote worker failed")
-                    if kind is FailureKind.VERSION_MISMATCH:
-                        error = f"{t.description}: {error}"
-                    self._mark(results, [p for p in pairs if p not in results], error, kind)
-                    for p in pairs:
-                        if results[p].error == error:
-                            results[p].log_excerpt, results[p].log_path = _tail(log_path), str(log_path)
-                    return "fatal"
-                elif event == "finished":
-                    session.update({k: msg.get(k) for k in ("info", "warnings", "setup_s") if k in msg})
-                    session["info"] = {**session.get("info", {}), **(msg.get("info") or {})}
-                    return "finished"
+        """The remote worker's event stream (targets/worker_protocol.py, outputs inline) -> results.
+        A lost link is `transport`, a remote worker that died `crash`; either way a new session
+        takes the remaining cases."""
 
-    def _result(self, msg: dict, log_path: Path) -> CaseResult:
-        try:
-            return self._parse_result(msg, log_path)
-        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:  # binascii.Error too
-            return CaseResult(msg["method"], int(msg["case"]), CaseStatus.ERROR, error=(
-                f"the remote worker sent a malformed result ({type(exc).__name__}: {str(exc)[:120]})"),
-                error_kind=FailureKind.TRANSPORT, log_path=str(log_path), extra={"transport_fault": "malformed"})
+        def gone(ready: bool) -> tuple[FailureKind, str, dict]:
+            try:
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+            lost = proc.returncode == 255 or not t.alive()
+            why = "the SSH connection was lost" if lost else f"the remote worker exited (exit code {proc.returncode})"
+            tail = _tail(log_path)
+            if tail and lost:
+                why += f": {tail[-1]}"
+            session["lost"] = lost
+            if not ready:
+                return (FailureKind.TRANSPORT if lost else FailureKind.TOOL_FAILED,
+                        f"{t.description}: {why} before the remote worker was ready", {})
+            return (FailureKind.TRANSPORT if lost else FailureKind.CRASH, f"{t.description}: {why} while running this case",
+                    {"transport_fault": "connection-lost" if lost else "worker-exit"})
 
-    def _parse_result(self, msg: dict, log_path: Path) -> CaseResult:
-        method, case = msg["method"], int(msg["case"])
-        # the remote's fields are data: each is taken only with the type the report records
-        elapsed = msg.get("elapsed_s")
-        elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) else None
-        extra = msg.get("extra") if isinstance(msg.get("extra"), dict) else {}
-        if msg["event"] == "error":
-            status = CaseStatus.TIMEOUT if msg.get("status") == "timeout" else CaseStatus.ERROR
-            kind = msg.get("kind")
-            return CaseResult(method, case, status, error=str(msg.get("error") or "the remote worker reported an error"),
-                              error_kind=FailureKind.parse(kind) if isinstance(kind, str) else FailureKind.RUNNER_ERROR,
-                              log_excerpt=[str(x) for x in (msg.get("log_excerpt") or [])][:200], log_path=str(log_path),
-                              elapsed_s=elapsed, extra={**extra, "remote": True})
-        outputs = [RawTensor(int(o["scalar_type"]), [int(d) for d in o["shape"]], base64.b64decode(o["b64"], validate=True),
-                             bool(o.get("lossy", False))) for o in msg.get("outputs", [])]
-        verdict = msg.get("device_verdict")
-        return CaseResult(method, case, CaseStatus.OK, outputs=outputs, elapsed_s=elapsed,
-                          device_verdict=verdict if isinstance(verdict, dict) else None, extra=dict(extra))
+        driver = EventDriver(
+            list(pairs), results, log_path,
+            Limits(setup_s=setup_limit, case_s=case_limit, first_case_extra_s=setup_limit),
+            Ending(not_ready=lambda s: f"{t.description}: the remote worker was not ready within {s:g} s (setup "
+                                       "timeout; session killed)",
+                   case_silent=lambda s: f"{t.description}: no result for this case within {s:g} s (link timeout; "
+                                         "remote session killed)",
+                   gone=gone, fatal_kind=FailureKind.TOOL_FAILED),
+            progress=options.progress, result_extra={"remote": True})
+        outcome = driver.run(proc.stdout.fileno(), Buffer())
+        if driver.ready_after_s is not None:
+            self.timings["worker_ready_s"] = driver.ready_after_s
+        for result in results.values():  # the remote side cannot name the link it came over
+            if result.error_kind is FailureKind.VERSION_MISMATCH and not (result.error or "").startswith(t.description):
+                result.error = f"{t.description}: {result.error}"
+        session["info"] = dict(driver.info)
+        session.update(driver.finished)
+        if outcome == "gone":
+            return "link-lost" if session.get("lost") else "worker-lost"
+        return outcome
 
     @staticmethod
     def _notify(result: CaseResult, options: RunOptions) -> None:
@@ -517,6 +427,8 @@ SPEC = TargetSpec(
     doctor=_doctor,
     # the local client and its options (a ProxyCommand runs here), the remote command and its environment
     command_settings=("ssh", "ssh_options", "ssh_config", "bundlerun", "env"),
+    inner=path_inner_url,  # farm device, lowering and elapsed clock are the inner target's
+    capture_note="needs the remote worker to run the inner target's intermediate capture and ship the arrays back",
 )
 
 

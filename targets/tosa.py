@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_target_url
 from bundlerun.targets.settings import check_keys
-from bundlerun.targets.base import RunOptions, TargetRun
+from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.worker_process import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -31,7 +31,7 @@ RUNNABLE_BACKENDS = ("TOSABackend",)
 
 
 @dataclass
-class TosaTarget:
+class TosaTarget(TargetBase):
     url: str
     profile: str  # "int" | "fp"
 
@@ -51,7 +51,7 @@ class TosaTarget:
                 "reference model, or run it on its fvp:// target", kind="unsupported"
             )
         # Other backends (XNNPACK, ...) are reported per case by the worker as
-        # error_kind "unsupported-backend", naming the backend.
+        # error_kind "missing-backend", naming the backend.
         specs = sorted({d.compile_specs.get("tosa_spec", b"").decode() for d in delegates} - {""})
         info: dict = {"tosa_specs": specs, "delegate_count": len(delegates)}
         want = PROFILES[self.profile]
@@ -79,6 +79,26 @@ def _doctor(_section: dict) -> list[Check]:
     return [dist_check("tosa-tools", "tosa-tools", "tosa_reference_model", "pip install 'bundlerun[arm]'")]
 
 
+def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path, timeout_s: float,
+             debug_buffer_mb: int):
+    """`bundlerun debug`: the program walker with an observer; the reference model runs each TOSA
+    payload once with every operator's output made a graph output (targets/program/tosa_delegate.py)."""
+    from bundlerun.targets.intermediates import run_worker
+
+    create(parse_target_url(url), config)
+    return run_worker(url, "tosa", bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,
+                      "every kernel call, every TOSA delegate call and every TOSA operator inside it (program "
+                      "walker; the reference model run once with every operator's output as a graph output)")
+
+
+def _lowering(url: TargetURL) -> dict:
+    """tosa://int -> the TOSA-1.0+INT profile (TOSAQuantizer + TOSAPartitioner), tosa://fp -> +FP."""
+    profile = url.rest.lower()
+    if profile not in PROFILES:
+        raise TargetError(f"unknown TOSA target {url.raw!r}; use tosa://int or tosa://fp", kind="bad-config")
+    return {"arm": "tosa", "integer": profile == "int", "tosa_spec": PROFILES[profile]}
+
+
 SPEC = TargetSpec(
     name="tosa",
     schemes=("tosa",),
@@ -87,6 +107,11 @@ SPEC = TargetSpec(
     default_backend="arm",
     doctor=_doctor,
     replay=True,  # --replay: the program walker runs each case N times in one process
+    capture=_capture,
+    lowering=_lowering,
+    elapsed=ElapsedClock("interpreter_time", "simulation-time",
+                         "program walker: TOSA reference model delegate calls and torch kernels, wall time (elapsed_s)",
+                         phased=True),
 )
 
 

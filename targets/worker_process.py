@@ -2,15 +2,8 @@
 cannot take bundlerun down.
 
 The child (e.g. `python -m targets.host_worker`) loads the program once and
-speaks JSON lines on stdout:
-
-    {"event": "ready", "load_s": 0.4, "info": {...}}
-    {"event": "start", "method": "forward", "case": 3}
-    {"event": "done", "method": "forward", "case": 3, "elapsed_s": 0.01,
-     "outputs": [{"scalar_type": 6, "shape": [1, 10], "file": "/abs/path.bin"}]}
-    {"event": "error", "method": "forward", "case": 3, "error": "...", "kind": "runtime"}
-    {"event": "fatal", "error": "...", "kind": "load"}
-    {"event": "finished"}
+speaks the JSON-lines protocol of targets/worker_protocol.py on stdout (ready, start,
+done | error per case, fatal, finished), which also drives ssh:// workers.
 
 The parent enforces a setup timeout (until "ready") and a per-case timeout
 (from "start"). A case during which the child dies or hangs becomes ERROR or
@@ -41,7 +34,6 @@ import contextlib
 import contextvars
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -52,7 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, RunOptions
+from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions
+from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.worker_protocol import Buffer, Ending, EventDriver, Limits
 from bundlerun.targets.process import kill_process_group
 
 MAX_RESTARTS = 3
@@ -67,22 +61,6 @@ def _signal_name(returncode: int) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
-
-
-def _take_file(path: str) -> bytes:
-    """A child's output file, read and removed."""
-    data = Path(path).read_bytes()
-    Path(path).unlink(missing_ok=True)
-    return data
-
-
-def tail_lines(path: Path, lines: int = 12) -> list[str]:
-    """The last non-empty lines of a log (a case's excerpt after a crash or hang)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in text if line.strip()][-lines:]
 
 
 # --------------------------------------------------------------------------- warm workers (parent side)
@@ -105,7 +83,7 @@ class WarmWorker:
         self.argv = argv
         self.env = env
         self.proc: subprocess.Popen | None = None
-        self.buf = b""
+        self.buffer = Buffer()  # events read ahead of the one being handled
         self.bundles = 0  # bundles loaded by this process
 
     def alive(self) -> bool:
@@ -115,7 +93,7 @@ class WarmWorker:
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(list(self.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          start_new_session=True, env=self.env)
-        self.buf = b""
+        self.buffer = Buffer()
         self.bundles = 0
 
     def send(self, message: dict) -> bool:
@@ -257,13 +235,13 @@ class WorkerSupervisor:
                     results[(method, case)] = CaseResult(
                         method, case, CaseStatus.ERROR,
                         error=f"not run: the runtime process failed {attempt} times",
-                        error_kind="gave-up",
+                        error_kind=FailureKind.NOT_RUN,
                     )
                 break
         for method, case in pairs:
             results.setdefault(
                 (method, case),
-                CaseResult(method, case, CaseStatus.ERROR, error="not run: runtime failed to start", error_kind="load"),
+                CaseResult(method, case, CaseStatus.ERROR, error="not run: runtime failed to start", error_kind=FailureKind.LOAD_FAILURE),
             )
         return [results[p] for p in pairs]
 
@@ -283,9 +261,8 @@ class WorkerSupervisor:
                 start_new_session=True,
                 env=_child_env(),
             )
-        channel = _Channel()
         try:
-            return self._drive(proc, pairs, log_path, results, channel)
+            return self._drive(proc, pairs, log_path, results, Buffer())[0]
         finally:
             kill_process_group(proc, 10.0, term_first=False)
             if proc.stdout:
@@ -297,7 +274,6 @@ class WorkerSupervisor:
         opts.work_dir.mkdir(parents=True, exist_ok=True)
         message = {"cmd": "load", **self.warm.request, "log": str(log_path.resolve()), "cases": [[m, c] for m, c in pairs]}
         worker = self.pool.acquire(self.warm.argv)
-        channel = _Channel(worker)
         idle = False
         try:
             reused = worker.alive()
@@ -316,152 +292,38 @@ class WorkerSupervisor:
                 self.reused = reused
             self._warm_attempts += 1
             worker.bundles += 1
-            outcome = self._drive(worker.proc, pairs, log_path, results, channel)
-            idle = channel.idle and worker.alive()
+            outcome, driver = self._drive(worker.proc, pairs, log_path, results, worker.buffer)
+            idle = driver.idle and worker.alive()  # a worker that could not load this bundle waits for the next
             return outcome
         finally:
             if not idle:  # crashed, hung, interrupted or confused: never reused
                 worker.kill()
             self.pool.release(worker)
 
-    def _drive(self, proc: subprocess.Popen, pairs, log_path: Path, results: dict, channel: "_Channel") -> str:
+    def _drive(self, proc: subprocess.Popen, pairs, log_path: Path, results: dict,
+               buffer: Buffer) -> tuple[str, EventDriver]:
+        """One child's event stream (targets/worker_protocol.py) -> results; "fatal" ends the
+        attempts, anything else lets the remaining cases run on a new child."""
         opts = self.options
-        current: tuple[str, int] | None = None
-        started = time.monotonic()
-        deadline = started + opts.setup_timeout_s
-        ready = False
-        fd = proc.stdout.fileno()
-        while True:
-            # events already buffered (a warm worker's previous read) are handled before waiting
-            if b"\n" not in channel.buf:
-                timeout = max(0.0, deadline - time.monotonic())
-                readable, _, _ = select.select([fd], [], [], min(timeout, 1.0))
-                if not readable:
-                    if time.monotonic() < deadline:
-                        continue
-                    if current is None and not ready:
-                        for m, c in pairs:
-                            results[(m, c)] = CaseResult(
-                                m, c, CaseStatus.TIMEOUT,
-                                error=f"runtime did not load the program within {opts.setup_timeout_s:g} s",
-                                error_kind="load-timeout", log_excerpt=tail_lines(log_path), log_path=str(log_path),
-                            )
-                        return "fatal"
-                    m, c = current or pairs[0]
-                    results[(m, c)] = CaseResult(
-                        m, c, CaseStatus.TIMEOUT,
-                        error=f"case did not finish within {opts.case_timeout_s:g} s (process killed)",
-                        error_kind="hang", log_excerpt=tail_lines(log_path), log_path=str(log_path),
-                        elapsed_s=opts.case_timeout_s,
-                    )
-                    self._notify(results[(m, c)])
-                    return "timeout"
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    proc.wait()
-                    if current is not None:
-                        m, c = current
-                        results[(m, c)] = CaseResult(
-                            m, c, CaseStatus.ERROR,
-                            error=f"runtime crashed ({_signal_name(proc.returncode)}) while running this case",
-                            error_kind="crash", log_excerpt=tail_lines(log_path), log_path=str(log_path),
-                        )
-                        self._notify(results[(m, c)])
-                        return "crash"
-                    if not ready:
-                        for m, c in pairs:
-                            results[(m, c)] = CaseResult(
-                                m, c, CaseStatus.ERROR,
-                                error=f"runtime exited before loading the program ({_signal_name(proc.returncode)})",
-                                error_kind="load", log_excerpt=tail_lines(log_path), log_path=str(log_path),
-                            )
-                        return "fatal"
-                    return "eof"
-                channel.buf += chunk
-            while b"\n" in channel.buf:
-                line, channel.buf = channel.buf.split(b"\n", 1)
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue  # stray print from a library; the protocol lines are JSON
-                if not isinstance(msg, dict):
-                    continue
-                event = msg.get("event")
-                if event == "ready":
-                    ready = True
-                    self.info.update(msg.get("info", {}))
-                    self.setup_s = (self.setup_s or 0.0) + float(msg.get("load_s", 0.0))
-                    deadline = time.monotonic() + opts.setup_timeout_s
-                elif event == "start":
-                    current = (msg["method"], int(msg["case"]))
-                    deadline = time.monotonic() + opts.case_timeout_s
-                elif event in ("done", "error"):
-                    key = (msg["method"], int(msg["case"]))
-                    results[key] = self._result(msg, log_path)
-                    self._notify(results[key])
-                    current = None
-                    deadline = time.monotonic() + opts.case_timeout_s
-                elif event == "fatal":
-                    for m, c in pairs:
-                        results.setdefault(
-                            (m, c),
-                            CaseResult(
-                                m, c, CaseStatus.ERROR, error=msg.get("error", "runtime failed"),
-                                error_kind=msg.get("kind", "load"), log_excerpt=tail_lines(log_path), log_path=str(log_path),
-                            ),
-                        )
-                    channel.idle = True  # a warm worker that could not load this bundle waits for the next
-                    return "fatal"
-                elif event == "finished":
-                    channel.idle = True
-                    return "eof"
 
-    def _result(self, msg: dict, log_path: Path) -> CaseResult:
-        method, case = msg["method"], int(msg["case"])
-        if msg["event"] == "error":
-            return CaseResult(
-                method, case, CaseStatus.ERROR, error=msg.get("error"), error_kind=msg.get("kind", "runtime"),
-                log_excerpt=tail_lines(log_path), log_path=str(log_path), elapsed_s=msg.get("elapsed_s"),
-            )
-        outputs = []
-        for out in msg.get("outputs", []):
-            path = Path(out["file"])
-            data = path.read_bytes()
-            path.unlink(missing_ok=True)
-            outputs.append(RawTensor(int(out["scalar_type"]), list(out["shape"]), data))
-        result = CaseResult(method, case, CaseStatus.OK, outputs=outputs, elapsed_s=msg.get("elapsed_s"))
-        for run in msg.get("replays") or []:  # --replay N: the later runs' outputs (host_worker, program worker)
-            result.replays.append([RawTensor(int(o["scalar_type"]), list(o["shape"]), _take_file(o["file"])) for o in run])
-        if msg.get("perf"):  # figures the worker measured (host_worker --repeat): PerfFigure dicts
-            from bundlerun.targets.base import PerfFigure
+        def gone(ready: bool) -> tuple[FailureKind, str, dict]:
+            proc.wait()
+            if ready:
+                return FailureKind.CRASH, f"runtime crashed ({_signal_name(proc.returncode)}) while running this case", {}
+            return (FailureKind.LOAD_FAILURE,
+                    f"runtime exited before loading the program ({_signal_name(proc.returncode)})", {})
 
-            result.add_perf([PerfFigure.from_dict(f) for f in msg["perf"]])
-        return result
-
-    def _notify(self, result: CaseResult) -> None:
-        if self.options.progress:
-            self.options.progress(result)
-
-
-class _Channel:
-    """The child's stdout as JSON lines: the bytes read but not yet handled, and whether the
-    child ended its last request idle (finished or fatal), ready for another bundle."""
-
-    def __init__(self, worker: WarmWorker | None = None) -> None:
-        self._worker = worker
-        self._buf = b""
-        self.idle = False
-
-    @property
-    def buf(self) -> bytes:
-        return self._worker.buf if self._worker is not None else self._buf
-
-    @buf.setter
-    def buf(self, value: bytes) -> None:
-        if self._worker is not None:
-            self._worker.buf = value
-        else:
-            self._buf = value
+        driver = EventDriver(
+            list(pairs), results, log_path,
+            Limits(setup_s=opts.setup_timeout_s, case_s=opts.case_timeout_s, after_ready_s=opts.setup_timeout_s),
+            Ending(not_ready=lambda s: f"runtime did not load the program within {s:g} s",
+                   case_silent=lambda s: f"case did not finish within {s:g} s (process killed)", gone=gone),
+            progress=opts.progress)
+        outcome = driver.run(proc.stdout.fileno(), buffer)
+        self.info.update(driver.info)
+        if driver.ready_after_s is not None:
+            self.setup_s = (self.setup_s or 0.0) + driver.load_s
+        return outcome, driver
 
 
 def python_module_command(module: str, *args: str) -> CommandFn:
@@ -536,7 +398,7 @@ def serve(handle: Callable[[dict], None]) -> int:
                 import traceback
 
                 traceback.print_exc()
-                sys.stdout.write(json.dumps({"event": "fatal", "kind": "runtime",
+                sys.stdout.write(json.dumps({"event": "fatal", "kind": "runner-error",
                                              "error": f"runtime worker failed: {type(exc).__name__}: {exc}"}) + "\n")
                 sys.stdout.flush()
 

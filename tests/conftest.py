@@ -13,6 +13,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _process_tag(monkeypatch):
+    """Every process a test starts inherits a tag of that test (tests/proc_helpers.py `mine`), so a
+    check that nothing is left running sees only what this test started, never a parallel worker's."""
+    from proc_helpers import TAG_VAR, new_tag
+
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
+    return tag
+
+
 @pytest.fixture(scope="session")
 def bundle_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("bundles")

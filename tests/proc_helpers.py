@@ -4,6 +4,7 @@ programs: each test puts a unique tag in its environment, which every child inhe
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -29,3 +30,18 @@ def tagged(tag: str, needle: bytes) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def mine(needle: bytes) -> list[int]:
+    """Live processes of the running test (tests/conftest.py tags each test) whose command line
+    contains `needle`: a "nothing left running" check that other test runs cannot disturb."""
+    return tagged(os.environ[TAG_VAR], needle)
+
+
+def settled(probe, within_s: float = 30.0):
+    """`probe()` until it returns something empty (the processes are gone) or `within_s` passes;
+    its last value. A condition, not a guess of how fast the machine reaps: usually at once."""
+    deadline = time.monotonic() + within_s
+    while (left := probe()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

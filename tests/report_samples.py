@@ -55,7 +55,7 @@ def target_run(bundle: Bundle, noise: float = 1e-5, seed: int = 1, errors: dict[
         if kind:
             status = {"error": CaseStatus.ERROR, "timeout": CaseStatus.TIMEOUT, "skip": CaseStatus.SKIP}[kind]
             results.append(CaseResult("forward", i, status, error=f"case {i}: runtime {kind} (exit -11)",
-                                      error_kind="crash" if kind == "error" else kind,
+                                      error_kind={"error": "crash", "timeout": "host-timeout", "skip": None}[kind],
                                       log_excerpt=["E [executorch:method.cpp:1 execute()] \x1b[31mfault\x1b[0m\x04"]))
             continue
         exp = case.expected_outputs[0].to_array()

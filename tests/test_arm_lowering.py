@@ -28,7 +28,9 @@ def test_parse_arm_target(url, kind, integer, detail):
     t = arm.parse_arm_target(url)
     assert (t.kind, t.integer) == (kind, integer)
     assert detail in (t.tosa_spec, t.accelerator, t.cpu)
-    assert arm.default_dtype(url) == ("int8" if integer else "fp32")
+    from bundlerun.bundles.backends.base import default_dtype
+
+    assert default_dtype("arm", url) == ("int8" if integer else "fp32")  # from what the target declares
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,7 @@ def test_parse_arm_target(url, kind, integer, detail):
         ("fvp://corstone-320/ethos-u55-128", "corstone-300"),
         ("fvp://corstone-300/ethos-u55-100", "no 100-MAC"),
         ("fvp://corstone-300/cortex-a53", "unknown processor"),
-        ("host://xnnpack", "tosa:// and fvp://"),
+        ("host://xnnpack", "tosa://, fvp:// and qemu://"),
         ("qemu://virt", "unknown QEMU machine"),
     ],
 )

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle
+from proc_helpers import mine
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, fake_qnn_sdk, runner_binaries
 from tests.test_debug import assert_conv2d_1_first_bad, fp32_bundles  # noqa: F401 - fp32_bundles: the shared fixture
@@ -72,8 +73,8 @@ def arm64(tmp_path, debug_runner, monkeypatch):
 
 
 def _no_qemu_left() -> bool:
-    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
-    return not [ln for ln in out.splitlines() if ln.startswith("qemu-aarch64") or "/qemu-aarch64 " in ln]
+    """No qemu-aarch64 of this test is left (a parallel test's are not ours to count)."""
+    return not mine(b"qemu-aarch64")
 
 
 def _assert_names_conv2d_1(bad, good) -> None:

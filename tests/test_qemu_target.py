@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from proc_helpers import mine
 from tests.conftest import run_cli
 
 URL = "qemu://mps3-an547"
 
 
-def _qemu_alive() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.startswith("qemu-system-arm") or "/qemu-system-arm " in line]
+def _qemu_alive() -> list[int]:
+    """This test's QEMUs still running (a parallel test's are not ours to count)."""
+    return mine(b"qemu-system-arm")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from proc_helpers import TAG_VAR, new_tag, tagged
+from proc_helpers import TAG_VAR, new_tag, settled, tagged
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()"]
@@ -39,14 +39,6 @@ def _wait_for_hang(proc: subprocess.Popen, logs: Path, pattern: str, where: str 
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the runtime never reached the hanging case"
         time.sleep(0.2)
-
-
-def _nothing_left(tag: str, within_s: float = 30.0) -> list[int]:
-    """This test's processes still alive after `within_s` (a condition, not a guess: usually at once)."""
-    deadline = time.monotonic() + within_s
-    while (left := tagged(tag, b"")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +67,7 @@ def test_sigterm_keeps_finished_cases_writes_the_report_and_exits_143(command, m
     assert any("terminated (SIGTERM)" in w for w in report["warnings"])
     if command == "validate":
         assert not (tmp_path / "tiny-cnn-fp32").exists()  # the command stopped: the next model never started
-    assert _nothing_left(tag) == []
+    assert settled(lambda: tagged(tag, b"")) == []
 
 
 @pytest.mark.parametrize("executor", ["local", "ray"])
@@ -101,7 +93,7 @@ def test_sigterm_to_a_farm_writes_the_merged_report_and_leaves_nothing_running(e
     assert report["summary"]["interrupted"] is True and report["summary"]["exit_code"] == 143
     assert {c["verdict"] for c in report["cases"]} <= {"PASS", "ERROR"}
     assert "interrupted" in {c["error_kind"] for c in report["cases"]}
-    assert _nothing_left(tag, 60.0) == []
+    assert settled(lambda: tagged(tag, b""), 60.0) == []
 
 
 def _a_worker_hangs(tag: str, where: str) -> bool:

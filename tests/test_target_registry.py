@@ -79,3 +79,39 @@ def test_default_backends_are_declared():
     assert targets.default_backend("tosa://int") == "arm"
     assert targets.default_backend("fvp://corstone-300/cortex-m55") == "cortex-m"
     assert targets.default_backend("fvp://corstone-300/ethos-u55-128") == "arm"
+
+
+def test_a_plugin_target_gets_debug_farm_repeat_and_perf_from_its_declarations(bundle_cache, tmp_path):
+    """tests/fixtures/echo_target.py declares capture, device_key, repeat and its elapsed clock in its
+    own SPEC; nothing else in bundlerun names echo://, and each capability works through the CLI."""
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+
+    bundle = build_bundle(BuildRequest(model="mlp", output=tmp_path / "mlp.bpte", backend="portable", dtype="fp32",
+                                       cases=2, target="host://portable", etrecord=True, cache=False)).path
+    # debug: the target's capture runs (one row per output of the echo, in its own words)
+    proc = _cli("debug", str(bundle), "--target", "echo://here", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    debug = json.loads(proc.stdout)
+    assert debug["granularity"] == "every output of the echo (test fixture)" and len(debug["rows"]) == 1
+    # farm: the device the target declares is what the farm locks
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'bundles = ["{bundle}"]\ntargets = ["echo://here?device=bench-7", "echo://cpu"]\n')
+    proc = _cli("farm", str(plan), "--dry-run", "--json", "--report", str(tmp_path / "farm"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resources = {job["group"]: job["resources"] for job in json.loads(proc.stdout)["jobs"]}
+    assert resources == {"echo://here?device=bench-7": ["echo:bench-7"], "echo://cpu": []}  # no device: a CPU job
+    # --repeat reaches a target that declares it, and its perf clock labels elapsed_s
+    proc = _cli("run", str(bundle), "--target", "echo://here", "--repeat", "3", "--report", str(tmp_path / "r"),
+                "--no-history")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["perf"]["repeat"] == 3 and "notes" not in report["perf"]
+    figures = {f["name"]: f for f in report["cases"][0]["perf"]}
+    assert figures["echo_latency"]["samples"] == [1e-6, 2e-6, 3e-6]
+    assert figures["echo_time"]["kind"] == "host-wall" and "echo fixture" in figures["echo_time"]["source"]
+    # and a target that does not declare repeat is not asked: the report says so, naming those that can
+    env = {**ENV, "BUNDLERUN_TARGETS": "tests.fixtures.echo_target,tests.fixtures.sim_device"}
+    proc = _cli("run", str(bundle), "--target", "sim://emu-1?sleep=0", "--repeat", "2", "--report",
+                str(tmp_path / "s"), "--no-history", env=env)
+    perf = json.loads((tmp_path / "s" / "report.json").read_text())["perf"]
+    assert proc.returncode == 0 and perf["repeat"] == 1 and "echo://" in perf["notes"][0], proc.stderr[-2000:]

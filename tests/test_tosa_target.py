@@ -140,7 +140,7 @@ def test_other_delegate_is_refused_naming_the_backend(bundle_cache):
     walker = ProgramWalker(load_program(bundle.program), delegate_runners())
     with pytest.raises(WalkError, match="XnnpackBackend") as info:
         walker.run("forward", [bundle.suite("forward").test_cases[0].inputs[0].to_array()])
-    assert info.value.kind == "unsupported-backend"
+    assert info.value.kind == "missing-backend"
 
 
 @pytest.mark.parametrize("model, dtype", [("tiny-cnn", "fp32"), ("tiny-transformer", "int8"), ("tiny-gru", "fp32")])

@@ -6,7 +6,7 @@ on an exception) leaves nothing running. Real runtime (host://xnnpack), real pro
 from __future__ import annotations
 
 import os
-import time
+from proc_helpers import settled
 from dataclasses import replace
 from pathlib import Path
 
@@ -97,8 +97,7 @@ def test_crash_and_hang_in_a_warm_worker_cost_only_their_case(bundle_cache, tmp_
     assert sorted(p.name for p in (tmp_path / "b" / "work").glob("host-runtime-*.log")) == [
         "host-runtime-1.log", "host-runtime-2.log", "host-runtime-3.log"]
     assert "hanging before forward:3" in (tmp_path / "b" / "work" / "host-runtime-2.log").read_text()
-    time.sleep(0.2)
-    assert _host_workers() - before == set()
+    assert settled(lambda: _host_workers() - before) == set()
 
 
 def test_a_bundle_the_runtime_cannot_load_costs_only_that_bundle(bundle_cache, tmp_path):
@@ -152,19 +151,22 @@ def test_tosa_bundles_share_a_warm_walker(bundle_cache, tmp_path):
 
 
 def test_session_keeps_targets_that_ask_for_it_and_closes_them(monkeypatch):
+    """A target whose module declares keep_open is opened once per URL and settings and closed with
+    the session; any other is closed as soon as its bundle releases it."""
     import bundlerun.runner.session as session_module
 
     opened = []
 
     class Target:
-        def __init__(self, url, keep):
-            self.url, self.keep_open, self.closed = url, keep, 0
+        def __init__(self, url):
+            self.url, self.closed = url, 0
             opened.append(self)
 
         def close(self):
             self.closed += 1
 
-    monkeypatch.setattr(session_module, "open_target", lambda url, config: Target(url, url.startswith("keep")))
+    monkeypatch.setattr(session_module, "open_target", lambda url, config: Target(url))
+    monkeypatch.setattr(session_module, "_keeps_open", lambda url: url.startswith("keep"))  # as SPEC.keep_open says
     session = Session()
     cold = session.open_target("keep://a", {})
     assert session.open_target("keep://a", {}) is not cold  # not open: nothing is kept
@@ -172,9 +174,14 @@ def test_session_keeps_targets_that_ask_for_it_and_closes_them(monkeypatch):
         kept = session.open_target("keep://a", {"x": 1})
         assert session.open_target("keep://a", {"x": 1}) is kept  # reused for the command's bundles
         assert session.open_target("keep://a", {"x": 2}) is not kept  # other settings, other target
+        session.release(kept)
+        assert kept.closed == 0  # kept for the next bundle
         fresh = [session.open_target("fresh://b", {}) for _ in range(2)]
         assert fresh[0] is not fresh[1]
-    assert kept.closed == 1 and all(t.closed == 1 for t in fresh)
+        for target in fresh:
+            session.release(target)
+        assert all(t.closed == 1 for t in fresh)  # closed when their bundle was done
+    assert kept.closed == 1
     assert cold.closed == 0  # opened outside the session: not the session's to close
     session.close()  # idempotent
     assert kept.closed == 1

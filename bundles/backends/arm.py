@@ -32,8 +32,6 @@ from bundlerun.bundles.backends.common import (
 )
 from bundlerun.bundles.errors import BuildError
 
-# QEMU system machines that are a Corstone platform's CPU side (board, core).
-QEMU_MACHINES = {"mps3-an547": ("corstone-300", "cortex-m55")}
 _INT_DTYPES = ("int8", "int16")
 _FP_DTYPES = ("fp32", "fp16")
 
@@ -51,41 +49,24 @@ class ArmTarget:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_arm_target(url: str) -> ArmTarget:
-    """Map a target URL to an Arm lowering; a one-line BuildError for anything else."""
-    scheme, _, rest = url.partition("://")
-    rest = rest.split("?", 1)[0].strip("/").lower()
-    if scheme == "tosa":
-        if rest == "int":
-            return ArmTarget(url, "tosa", True, tosa_spec="TOSA-1.0+INT")
-        if rest == "fp":
-            return ArmTarget(url, "tosa", False, tosa_spec="TOSA-1.0+FP")
-        raise BuildError(f"unknown TOSA target {url!r}; use tosa://int or tosa://fp")
-    if scheme in ("fvp", "qemu"):
-        from bundlerun.bundles.arm_platforms import parse_platform
+def parse_arm_target(url: str, target_info: dict[str, Any] | None = None) -> ArmTarget:
+    """The Arm lowering the target at `url` declares (its SPEC's `lowering`: tosa://, fvp://,
+    qemu://, or a wrapper around them); a one-line BuildError for a target that declares none.
+    `target_info` is what the builder already asked the target for (else it is asked here)."""
+    if not target_info:
+        from bundlerun.bundles.backends.base import target_info as declared
 
-        if scheme == "qemu":  # qemu://mps3-an547 is Corstone-300's CPU side: a Cortex-M55, no NPU
-            if rest not in QEMU_MACHINES:
-                raise BuildError(f"unknown QEMU machine {rest!r} in {url!r}; known: {', '.join(QEMU_MACHINES)}")
-            board, core = QEMU_MACHINES[rest]
-        else:
-            parts = rest.split("/")
-            if len(parts) != 2:
-                raise BuildError(f"FVP target {url!r} must look like fvp://corstone-300/ethos-u55-128")
-            board, core = parts
-        try:
-            platform = parse_platform(board, core)
-        except ValueError as exc:
-            raise BuildError(f"{exc} ({url})") from None
-        if platform.has_npu:
-            return ArmTarget(url, "ethos-u", True, accelerator=platform.accelerator)
-        return ArmTarget(url, "cortex-m", True, cpu=platform.cpu)
-    raise BuildError(f"the arm backend builds for tosa:// and fvp:// targets, not {url!r}")
+        target_info = declared(url)
+    kind = target_info.get("arm")
+    if kind not in ("tosa", "ethos-u", "cortex-m"):
+        raise BuildError(f"the arm backend builds for tosa://, fvp:// and qemu:// targets, not {url!r}")
+    return ArmTarget(url, kind, bool(target_info.get("integer")), tosa_spec=target_info.get("tosa_spec"),
+                     accelerator=target_info.get("accelerator"), cpu=target_info.get("cpu"))
 
 
-def default_dtype(target_url: str) -> str:
+def default_dtype(target_info: dict[str, Any]) -> str:
     """The dtype a build for this target should use when none is given."""
-    return "int8" if parse_arm_target(target_url).integer else "fp32"
+    return "int8" if target_info.get("integer") else "fp32"
 
 
 # --------------------------------------------------------------------------- compile specs
@@ -477,7 +458,7 @@ def _lower_cortex_m(req: LoweringRequest, target: ArmTarget) -> LoweringResult:
 
 
 def lower(req: LoweringRequest) -> LoweringResult:
-    target = parse_arm_target(req.target)
+    target = parse_arm_target(req.target, req.target_info)
     if req.backend == "cortex-m" and target.kind != "cortex-m":
         raise BuildError(f"backend cortex-m builds for fvp://corstone-300/cortex-m55 (or cortex-m85), not {req.target}")
     _check_dtype(target, req.dtype)

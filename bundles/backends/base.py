@@ -37,6 +37,7 @@ class LoweringRequest:
     backend: str
     target: str  # the target URL the bundle is meant for
     options: dict[str, Any] = field(default_factory=dict)
+    target_info: dict[str, Any] = field(default_factory=dict)  # what the target declares to lower for (target_info())
 
 
 @dataclass
@@ -50,12 +51,30 @@ class LoweringResult:
     info: dict[str, Any] = field(default_factory=dict)  # partitioner, delegated node counts, ...
 
 
+def target_info(url: str) -> dict[str, Any]:
+    """What the target at `url` declares a recipe should lower for (its SPEC's `lowering`, e.g.
+    {"arm": "tosa", "integer": True, "tosa_spec": "TOSA-1.0+INT"} or {"soc": "SM8650"}): the one
+    place a build asks the target registry what a URL means, instead of parsing URLs itself."""
+    from bundlerun.targets import lowering_info
+
+    try:
+        return lowering_info(url)
+    except BuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bad URL is one line, as a build error
+        from bundlerun.bundles.errors import BundlerunError
+
+        if isinstance(exc, BundlerunError):
+            raise BuildError(str(exc)) from None
+        raise
+
+
 def default_dtype(backend: str, target: str) -> str:
-    """The dtype a build uses when none is given: the backend module's `default_dtype(target)`
+    """The dtype a build uses when none is given: the backend module's `default_dtype(target_info)`
     (int8 for integer Arm targets), else fp32."""
     module = lowering_module(backend)
     chooser = getattr(module, "default_dtype", None)
-    return chooser(target) if callable(chooser) else "fp32"
+    return chooser(target_info(target)) if callable(chooser) else "fp32"
 
 
 def lowering_module(backend: str):

@@ -126,28 +126,14 @@ def _chipset(soc: str) -> tuple[Any, Any]:
 
 
 def soc_of(req: LoweringRequest) -> str:
-    """The SoC to compile for: the request's options (a caller's explicit choice), else the target's
-    (target_info: the URL's ?soc=), else SM8650."""
-    info = getattr(req, "target_info", None)
-    if info is None:  # until the builder fills LoweringRequest.target_info: ask the target's SPEC.lowering
-        info = _declared_lowering(req.target)
-    soc = str(req.options.get("soc") or req.options.get("soc_model") or (info or {}).get("soc") or DEFAULT_SOC)
+    """The SoC to compile for: the request's options (a caller's explicit choice), else what the
+    target declares (its SPEC.lowering, in LoweringRequest.target_info: qnn://htp-sim?soc=...),
+    else SM8650."""
+    soc = str(req.options.get("soc") or req.options.get("soc_model") or req.target_info.get("soc") or DEFAULT_SOC)
     return soc.upper()
 
 
-def _declared_lowering(target: str) -> dict[str, Any]:
-    """What the target URL's own SPEC.lowering(url) says a recipe should lower for ({} when none)."""
-    try:
-        from bundlerun.targets import parse_target_url, spec_for
-
-        url = parse_target_url(target)
-        declared = spec_for(url).lowering
-        return dict(declared(url)) if declared is not None else {}
-    except Exception:  # noqa: BLE001 - an unknown target is reported by the run, not the build
-        return {}
-
-
-def default_dtype(_target: str) -> str:
+def default_dtype(_target_info: dict) -> str:
     """HTP computes in fp16 or integer: fp16 unless asked otherwise."""
     return "fp16"
 

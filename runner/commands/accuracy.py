@@ -167,10 +167,10 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
-    from bundlerun.runner.report import echo_must_show
+    from bundlerun.runner.report import echo_must_show, say_report
 
     echo_must_show(report)  # print_accuracy shows no warnings: a run missing from the history is said anyway
-    click.echo(f"report: {req.report_dir / 'report.json'}", err=True)
+    say_report(report, req.report_dir)
     s = report["summary"]
     # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)
     # is expected there and is reported, but only infrastructure errors and regressions set the code.

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from bundlerun.targets import capture_schemes
+
 
 def run_debug(bundle: Path, target: str, case: int | None = None, output: str | None = None,
               report_dir: Path | None = None, history_db: Path | None = None, method: str = "forward",
@@ -72,8 +74,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 @click.command(name="debug")
 @click.argument("bundle", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--target", default="host://xnnpack", show_default=True,
-              help="Target URL: host://, tosa:// (per TOSA operator), mlx:// (per MLX instruction), qemu://, fvp://, "
-                   "serial, adb:// and qemu-user:// return intermediates; others say what they need.")
+              help=f"Target URL. These return intermediates (their modules declare a capture): "
+                   f"{', '.join(capture_schemes())}; others say what they would need.")
 @click.option("--case", "case", type=click.IntRange(min=0), default=None,
               help="Case index (default: the worst failing case of this bundle's last recorded run, else 0).")
 @click.option("--output", default=None, help="Output name whose budget is split over the layers (default: the first).")

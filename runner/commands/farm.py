@@ -119,8 +119,8 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         for d in bad:
             click.echo(f"device {visible(d['url'])}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
-    from bundlerun.runner.report import echo_must_show
+    from bundlerun.runner.report import echo_must_show, say_report
 
     echo_must_show(result.report)  # jobs missing from the history: said in every output mode
-    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    say_report(result.report, report_dir)
     sys.exit(result.exit_code)

@@ -42,6 +42,9 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
         from bundlerun.runner.report import print_summary
 
         print_summary(report)
+    from bundlerun.runner.report import warn_unwritten
+
+    warn_unwritten(report)
     ctx.exit(report["summary"]["exit_code"])
 
 
@@ -54,7 +57,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
 
     from bundlerun.runner.judge import judge_run, load_context, summarize
     from bundlerun.runner.overrides import apply_overrides
-    from bundlerun.runner.report import OUTPUTS_FILE, write_report
+    from bundlerun.runner.report import OUTPUTS_FILE, write_record
     from bundlerun.runner.saved_run import load_saved_run
 
     from bundlerun.runner.overrides import parse_overrides
@@ -92,5 +95,5 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         # every report file of the new verdict, not only report.json
         files = write_reports(report, out_dir, bundle=saved.bundle)
         report["files"] = {k: str(v) for k, v in files.items()}
-        write_report(report, out_dir)
+        write_record(report, out_dir)
     return report

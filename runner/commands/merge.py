@@ -22,7 +22,7 @@ from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports  # no
 
 def write_merged(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """report.json + junit.xml + summary.md + report.html into out_dir (report.json last, with the file list)."""
-    from bundlerun.runner.report import write_report
+    from bundlerun.runner.report import write_record
     from bundlerun.runner.reports import write_reports
 
     out_dir = Path(out_dir)
@@ -31,7 +31,7 @@ def write_merged(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     files = write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
     files["json"] = out_dir / "report.json"
     report["files"] = {k: str(v) for k, v in files.items()}
-    write_report(report, out_dir)
+    write_record(report, out_dir)
     return files
 
 
@@ -70,5 +70,7 @@ def command(reports, report_dir, force, allow_partial, as_json):
         click.echo(f"merged {len(paths)} report(s): {s['verdict']} ({s['cases']} cases; {counts or 'no outputs'})")
         for w in merged.get("warnings", []):
             click.echo(f"warning: {visible(w)}", err=True)  # warnings come from the merged files
-    click.echo(f"report: {report_dir / 'report.json'}", err=True)
+    from bundlerun.runner.report import say_report
+
+    say_report(merged, report_dir)
     sys.exit(s["exit_code"])

@@ -2,8 +2,9 @@
 
 Started over SSH by targets/ssh.py on the machine that runs the bundle. It opens the
 INNER target (e.g. host://xnnpack) here, runs the requested cases and streams one JSON
-line per event on stdout, the protocol of targets/worker_process.py with the raw
-outputs inline so no second round trip is needed:
+line per event on stdout, the protocol of targets/worker_protocol.py (its encoder and the
+driver that reads it on the other side live there) with the raw outputs inline, so no second
+round trip is needed:
 
     stdin : {"cases": [["forward", 0], ...]}          (first line; stdin then stays open)
     stdout: {"event": "ready", "version": "0.1.0", "load_s": ..., "info": {...}}
@@ -127,21 +128,6 @@ def _watch_stdin() -> None:
     _shutdown("stdin closed (session ended)")
 
 
-def _record(result) -> dict:
-    import base64
-
-    from bundlerun.targets.base import CaseStatus
-
-    base = {"method": result.method, "case": result.case_index, "elapsed_s": result.elapsed_s}
-    if result.status == CaseStatus.OK:
-        return {"event": "done", **base, "device_verdict": result.device_verdict, "extra": result.extra,
-                "outputs": [{"scalar_type": t.scalar_type, "shape": list(t.shape), "lossy": t.lossy,
-                             "b64": base64.b64encode(t.data).decode("ascii")} for t in result.outputs]}
-    return {"event": "error", **base, "status": result.status.value, "error": result.error,
-            "kind": str(result.error_kind) if result.error_kind else None, "log_excerpt": list(result.log_excerpt),
-            "extra": result.extra}
-
-
 def _groups(pairs: list[tuple[str, int]]) -> list[tuple[list[str], list[int]]]:
     """(methods, cases) selections whose product is exactly `pairs`."""
     methods = list(dict.fromkeys(m for m, _ in pairs))
@@ -214,6 +200,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
                 "remote_python": platform.python_version(), "remote_bundlerun": __version__, "inner_target": inner})
 
     from bundlerun.targets.base import RunOptions
+    from bundlerun.targets.worker_protocol import result_event
 
     sent: set[tuple[str, int]] = set()
     order = list(pairs)
@@ -229,7 +216,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         if key in sent or key not in set(order):
             return
         sent.add(key)
-        _emit(**_record(result))
+        _emit(**result_event(result))
         start_next()
 
     info: dict = {}

@@ -13,6 +13,7 @@ Ray is imported only here, only when asked for (`pip install 'bundlerun[farm]'`)
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -104,6 +105,8 @@ class LocalExecutor:
 
 # Seconds a stopped farm's pool worker gets to write its attempt's report and reap its children.
 STOP_GRACE_S = 20.0
+# Tries to connect through a Ray Client server whose per-client server process failed to start.
+CLIENT_ATTEMPTS = 3
 
 
 class RayExecutor:
@@ -130,11 +133,20 @@ class RayExecutor:
                       object_store_memory=96 * 1024 * 1024)
         if ray.is_initialized():
             ray.shutdown()
-        try:  # "local": a new Ray for this command, never an unrelated cluster found on this machine
-            ray.init(address=address or "local", **kw)
-        except Exception as exc:  # noqa: BLE001 - one line, not Ray's traceback
-            raise ConfigError(f"cannot reach the Ray cluster at {address or 'a new local instance'}: "
-                              f"{type(exc).__name__}: {exc}") from None
+        for attempt in range(1, CLIENT_ATTEMPTS + 1):
+            try:  # "local": a new Ray for this command, never an unrelated cluster found on this machine
+                ray.init(address=address or "local", **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - one line, not Ray's traceback
+                # A Ray Client server starts a server process per client; on a loaded head that
+                # process can fail to come up ("Starting Ray client server failed"): another try.
+                transient = str(address or "").startswith("ray://") and "client server failed" in str(exc)
+                if not transient or attempt == CLIENT_ATTEMPTS:
+                    raise ConfigError(f"cannot reach the Ray cluster at {address or 'a new local instance'}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+                if ray.is_initialized():
+                    ray.shutdown()
+                time.sleep(2.0 * attempt)
         self.address = address or "local"
         from bundlerun.runner import interrupts
 

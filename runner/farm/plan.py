@@ -42,7 +42,6 @@ from typing import Any
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.limits import (MAX_CASES, MAX_CONCURRENCY, MAX_JOBS, MAX_RETRIES, MAX_SEED,
                                       seconds)
-from bundlerun.runner.farm.devices import device_key
 from bundlerun.targets.settings import did_you_mean
 
 TOP_KEYS = ("bundles", "models", "dtypes", "backend", "cases", "seed", "targets", "retries", "timeout",
@@ -51,6 +50,18 @@ POOL_KEYS = ("devices", "tags", "concurrency", "options")
 TARGET_KEYS = ("url", "pool", "tag", "concurrency", "options", "resource", "backend", "build_target")
 DEVICE_KEYS = ("url", "resource")
 DEFAULT_RETRIES = 2
+
+
+def _device_key(url: str) -> str | None:
+    """The device a URL occupies, as its target declares (SPEC.device_key, through wrappers); an
+    unknown scheme is reported by the plan check itself, so it occupies nothing here."""
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.targets import device_key
+
+    try:
+        return device_key(url)
+    except BundlerunError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -285,13 +296,13 @@ def _no_commands(where: str, url: str, options: dict[str, Any] | None = None) ->
 
 def _device(where: str, entry: Any) -> Device:
     if isinstance(entry, str):
-        return Device(_url(where, entry), device_key(entry))
+        return Device(_url(where, entry), _device_key(entry))
     _typed(where, entry, dict, "a URL or {url = ..., resource = ...}")
     _check_keys(where, entry, DEVICE_KEYS)
     if "url" not in entry:
         raise ConfigError(f"{where}: a device needs url")
     url = _url(f"{where}.url", entry["url"])
-    resource = entry.get("resource", device_key(url))
+    resource = entry.get("resource", _device_key(url))
     if resource is not None:
         _typed(f"{where}.resource", resource, str, "a resource name such as adb:SERIAL")
     return Device(url, resource)
@@ -318,14 +329,15 @@ def _check_build(where: str, backend: str | None, build_url: str) -> None:
 
     if backend not in ("arm", "cortex-m"):  # None: the target's own default backend, which builds for it
         return
-    from bundlerun.bundles.backends.arm import parse_arm_target
+    from bundlerun.bundles.backends.base import target_info
 
     try:
-        kind = parse_arm_target(build_url).kind
+        kind = target_info(build_url).get("arm")
     except BuildError as exc:
-        if backend == "arm" or build_url.split("://", 1)[0] in ("qemu", "fvp"):
-            raise ConfigError(f"{where}: backend {backend!r} cannot build for {build_url}: {exc}") from None
-        kind = None
+        raise ConfigError(f"{where}: backend {backend!r} cannot build for {build_url}: {exc}") from None
+    if backend == "arm" and kind is None:
+        raise ConfigError(f"{where}: backend 'arm' cannot build for {build_url}: it builds for tosa://, fvp:// and "
+                          "qemu:// targets")
     if backend == "cortex-m" and kind != "cortex-m":
         raise ConfigError(f"{where}: backend 'cortex-m' cannot build for {build_url}: it builds for "
                           "qemu://mps3-an547 and fvp://corstone-300/cortex-m55 (or cortex-m85); give the "
@@ -418,7 +430,7 @@ def parse_plan(data: dict[str, Any], path: Path, retries: int | None = None) -> 
             new = [pool_group(n, w, conc, options) for n in names]
         else:
             url = _url(w, text)
-            dev = Device(url, resource if resource is not None else device_key(url))
+            dev = Device(url, resource if resource is not None else _device_key(url))
             new = [TargetGroup(url, [dev], conc or (1 if dev.resource else default_conc), options)]
         for group in new:
             for device in group.devices:  # the group's (and its pool's) options, against each device's target

@@ -98,7 +98,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     from bundlerun.runner.farm.plan import shard_jobs
     from bundlerun.runner.farm.worker import _bad_report
     from bundlerun.runner.merge import MergeOptions, merge_reports
-    from bundlerun.runner.report import write_report
+    from bundlerun.runner.report import write_record
     from bundlerun.runner.session import Session
 
     session = session or Session()
@@ -179,7 +179,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             # Ray: the reports came back as results; local: a worker that died wrote none (the
             # scheduler's crash report stands in), so every attempt folder holds its report
             if ex.ship or not (attempt_dir / "report.json").is_file():
-                write_report(t.report, attempt_dir)
+                write_record(t.report, attempt_dir)
         farm = dict(final.get("farm") or {})
         farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
                     attempts=[t.record() for t in tries])
@@ -202,7 +202,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
                 record["history_id"] = run_id
             except Exception as exc:  # noqa: BLE001 - history never changes a verdict
                 final.setdefault("warnings", []).append(f"history not recorded in {history_db}: {exc}")
-        write_report(final, final_dir)
+        write_record(final, final_dir)
         finals.append(final)
         job_records.append(record)
 
@@ -239,12 +239,12 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         merged["farm"]["shard"] = shard_rec["spec"]
     from bundlerun.runner.reports import write_reports
 
-    write_report(merged, report_dir)
+    write_record(merged, report_dir)
     files = write_reports(merged, report_dir)
     if "markdown" in files:
         _add_farm_markdown(Path(files["markdown"]), merged["farm"])
     merged["files"] = {k: str(v) for k, v in files.items()}
-    write_report(merged, report_dir)
+    write_record(merged, report_dir)
     if interrupted:
         raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)
@@ -253,7 +253,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:
     """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
     its report still carries the shard record so `bundlerun merge` counts it."""
-    from bundlerun.runner.report import tool_version, write_report
+    from bundlerun.runner.report import tool_version, write_record
     from bundlerun.runner.report_model import SCHEMA, Report
     from bundlerun.runner.reports import write_reports
 
@@ -277,7 +277,7 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
     report = Report.from_json(report).to_json()
     files = write_reports(report, report_dir)
     report["files"] = {k: str(v) for k, v in files.items()}
-    write_report(report, report_dir)
+    write_record(report, report_dir)
     return FarmResult(report, 0, [], [])
 
 

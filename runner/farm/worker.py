@@ -112,8 +112,8 @@ def run_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, Any]:
     from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.report import write_report
-    from bundlerun.runner.session import RunRequest, execute_run
+    from bundlerun.runner.report import write_record
+    from bundlerun.runner.session import RunRequest
 
     scratch = None
     report_dir = Path(payload["report_dir"])
@@ -136,10 +136,7 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, An
             req = RunRequest(bundle_path=bundle_path, target=payload["url"], report_dir=report_dir,
                              case_timeout_s=payload["case_timeout_s"], setup_timeout_s=payload["setup_timeout_s"],
                              label=payload.get("label"), target_config=dict(payload.get("target_config") or {}))
-            if not req.target_config:
-                req.target_config = session.target_config(req.target)
-            with session.workers.activate():
-                report = execute_run(req, bundle=bundle, write=False, opener=session.open_target)
+            report = session.execute(req, bundle)
         if scratch:
             report["bundle"]["path"] = payload["bundle_path"]  # where the coordinator has it
     except Exception as exc:  # noqa: BLE001 - a worker failure is an infrastructure error of this attempt
@@ -157,7 +154,7 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, An
             "elapsed_s": time.perf_counter() - t0}
     report["farm"] = farm
     if not payload.get("bundle_bytes"):
-        write_report(report, Path(payload["report_dir"]))
+        write_record(report, Path(payload["report_dir"]))
     return report
 
 

@@ -7,7 +7,7 @@ Importing this package is cheap; transports import adb-shell lazily.
 from __future__ import annotations
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec
+from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.android.config import AndroidTargetConfig
 
 
@@ -28,7 +28,17 @@ SPEC = TargetSpec(
     doctor=_doctor,
     # the local adb binary; programs, libraries and environment run on the device
     command_settings=("adb_path", "runner", "libraries", "env", "qnn_sdk_root", "qnn_backend_lib", "debug_runner"),
+    capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    device_key=lambda url: _device_key(url),
+    repeat=True,
 )
+
+
+def _device_key(url: TargetURL) -> str | None:
+    """One phone runs one job at a time: adb:SERIAL (adb:HOST:PORT over TCP); a Ray node holding it
+    is started with `--resources '{"adb:SERIAL": 1}'`."""
+    where = (url.netloc + url.path).strip("/")
+    return f"adb:{where}" if where else None
 
 
 def make_transport(url, cfg: AndroidTargetConfig):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.targets.remote.transport import (
-    ABSENT, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, RemoteStat, TransportError, classify_message,
+    ABSENT, MISSING_FILE, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, RemoteStat, TransportError, classify_message,
 )
 
 
@@ -201,7 +201,7 @@ class AdbCliTransport:
             tmp.unlink(missing_ok=True)
             err = self._fail(f"pull {remote} failed", res)
             if "does not exist" in err.output or "No such file" in err.output:
-                err.kind = "missing-file"
+                err.kind = MISSING_FILE
             raise err
         os.replace(tmp, local)
 

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from bundlerun.targets.remote.transport import (
-    ABSENT, NO_SPACE, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, USB, RemoteStat, TransportError, classify_message,
+    ABSENT, MISSING_FILE, NO_SPACE, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, USB, RemoteStat, TransportError,
+    classify_message,
 )
 
 
@@ -659,7 +660,7 @@ class AdbShellTransport:
         except AdbCommandFailureException as exc:  # sync FAIL: the file is not there / unreadable
             tmp.unlink(missing_ok=True)
             self._end()
-            raise TransportError(f"pull {remote} failed: {str(exc).split(':', 1)[-1].strip()}", "missing-file") from None
+            raise TransportError(f"pull {remote} failed: {str(exc).split(':', 1)[-1].strip()}", MISSING_FILE) from None
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             raise self._wrap(f"pull {remote}", exc, timeout_s) from None

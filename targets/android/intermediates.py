@@ -49,6 +49,7 @@ import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, parse_etdump
+from bundlerun.targets.remote.transport import MISSING_FILE
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "firmware_scripts" / "android" / "build_executor_runner.sh"
 RUNNER_KIND = "debug_runner"
@@ -340,7 +341,7 @@ def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str,
             try:
                 target._pull(posixpath.join(run_dir, OUT, fname), local / fname, budget)
             except TransportError as exc:
-                if exc.kind != "missing-file":
+                if exc.kind != MISSING_FILE:
                     raise
                 raise IntermediatesFailed(f"{url}: {desc} wrote no {OUT}/{fname} for {method}[{case}] (log: {log})") \
                     from None

@@ -57,7 +57,8 @@ def sort_qnn_outputs(names: list[str]) -> dict[int, list[str]]:
 
 
 def qnn_libraries(cfg: AndroidTargetConfig, htp_arch: str) -> list[Path]:
-    """The QNN HTP libraries for one Hexagon architecture (DESIGN §7)."""
+    """The QNN HTP libraries for one Hexagon architecture: what ExecuTorch pushes beside
+    qnn_executor_runner (backends/qualcomm/export_utils.py:313-326 at the pinned commit)."""
     if cfg.qnn_sdk_root is None:
         raise TargetError("qnn-executor-runner needs the QNN SDK: set QNN_SDK_ROOT or [targets.adb] qnn_sdk_root")
     root = Path(cfg.qnn_sdk_root)

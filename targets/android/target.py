@@ -16,8 +16,10 @@ from bundlerun.targets import executor_runner
 from bundlerun.targets.android import profiles
 from bundlerun.targets.android.config import AndroidTargetConfig
 from bundlerun.targets.remote.device_cache import Artifact, DeviceCache
-from bundlerun.targets.remote.transport import TIMEOUT, Transport, TransportError, shell
-from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, raw_outputs_from_files, selected_cases
+from bundlerun.targets.remote.transport import MISSING_FILE, TIMEOUT, Transport, TransportError, failure_kind, shell
+from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, raw_outputs_from_files,
+                                    selected_cases)
 
 _LOG_HINT = re.compile(r"(^[EF] |error|Error|ERROR|fault|Fault|dlopen|CANNOT LINK|not found|Abort|Segmentation|Test_result)")
 
@@ -53,7 +55,7 @@ def _excerpt(log: str, limit: int = 20) -> list[str]:
     return (hits or lines)[-limit:]
 
 
-class AndroidTarget:
+class AndroidTarget(TargetBase):
     def __init__(self, url: str, transport: Transport, config: AndroidTargetConfig):
         self.url = url
         self.transport = transport
@@ -192,7 +194,8 @@ class AndroidTarget:
         atomic_write_bytes(path, f"{exc}\n{exc.output}\n".encode("utf-8", "replace"))
         excerpt = [str(exc)] + _excerpt(exc.output, 10)
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
-        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind, log_excerpt=excerpt, log_path=str(path),
+        return CaseResult(method, index, status, error=str(exc), error_kind=failure_kind(exc.kind), log_excerpt=excerpt,
+                          log_path=str(path),
                           extra={"transport_fault": exc.kind})
 
     def _case_error(self, method: str, index: int, exc: TransportError, log_path: str | Path) -> CaseResult:
@@ -201,7 +204,7 @@ class AndroidTarget:
         previous = path.read_text(errors="replace") if path.exists() else ""
         atomic_write_bytes(path, (previous + f"--- {exc.kind}: {exc}\n{exc.output}\n").encode("utf-8", "replace"))
         status = CaseStatus.TIMEOUT if exc.kind == TIMEOUT else CaseStatus.ERROR
-        return CaseResult(method, index, status, error=str(exc), error_kind=exc.kind,
+        return CaseResult(method, index, status, error=str(exc), error_kind=failure_kind(exc.kind),
                           log_excerpt=[str(exc)] + _excerpt(exc.output, 10), log_path=str(path),
                           extra={"transport_fault": exc.kind})
 
@@ -267,7 +270,7 @@ class AndroidTarget:
         excerpt = _excerpt(ex.output + "\n" + logcat)
         if ex.timed_out:
             return CaseResult(method, index, CaseStatus.TIMEOUT, error=f"the runner did not finish within {options.case_timeout_s:g} s",
-                              error_kind="timeout", log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s)
+                              error_kind=FailureKind.HOST_TIMEOUT, log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s)
         problem = executor_runner.classify(ex.output + "\n" + logcat, ex.exit_status)
         if problem:
             return CaseResult(method, index, problem.status, error=problem.message, error_kind=problem.kind,
@@ -284,15 +287,15 @@ class AndroidTarget:
             try:
                 self._pull(posixpath.join(run_dir, "out", f"output-{k}.bin"), local, budget)
             except TransportError as exc:
-                if exc.kind != "missing-file":
+                if exc.kind != MISSING_FILE:
                     raise
                 return CaseResult(method, index, CaseStatus.ERROR, error=f"the runner wrote no output-{k}.bin ({exc})",
-                                  error_kind="missing-output", log_excerpt=excerpt, log_path=log,
+                                  error_kind=FailureKind.MISSING_OUTPUT, log_excerpt=excerpt, log_path=log,
                                   elapsed_s=ex.elapsed_s, device_verdict=verdict)
             files.append(local)
         outputs, err = raw_outputs_from_files(files, layout)
         if err:
-            return CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind="output-size",
+            return CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind=FailureKind.WRONG_OUTPUT_SIZE,
                               log_excerpt=excerpt, log_path=log, elapsed_s=ex.elapsed_s, device_verdict=verdict)
         result = CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt, log_path=log,
                             elapsed_s=ex.elapsed_s, device_verdict=verdict)
@@ -306,7 +309,7 @@ class AndroidTarget:
         try:
             self._pull(remote, local, budget)
         except TransportError as exc:
-            if exc.kind != "missing-file":
+            if exc.kind != MISSING_FILE:
                 raise
             return None
         return str(local)
@@ -377,7 +380,7 @@ class AndroidTarget:
         per_case = ex.elapsed_s / max(1, len(cases))
         if ex.timed_out:
             return [CaseResult(method, i, CaseStatus.TIMEOUT, error=f"qnn_executor_runner did not finish within "
-                               f"{options.case_timeout_s * len(cases):g} s", error_kind="timeout",
+                               f"{options.case_timeout_s * len(cases):g} s", error_kind=FailureKind.HOST_TIMEOUT,
                                log_excerpt=excerpt, log_path=log) for i in cases]
         problem = executor_runner.classify(ex.output + "\n" + logcat, ex.exit_status)
         if problem:
@@ -390,7 +393,7 @@ class AndroidTarget:
             layout = [(v.scalar_type, list(v.sizes)) for v in case.expected_outputs if v.kind == "tensor"]
             names = produced.get(line_no, [])
             if len(names) < len(layout):
-                results.append(CaseResult(method, index, CaseStatus.ERROR, error_kind="missing-output",
+                results.append(CaseResult(method, index, CaseStatus.ERROR, error_kind=FailureKind.MISSING_OUTPUT,
                                           error=f"inference {line_no}: expected {len(layout)} output files, found {len(names)}",
                                           log_excerpt=excerpt, log_path=log, elapsed_s=per_case))
                 continue
@@ -403,7 +406,7 @@ class AndroidTarget:
                 files.append(local)
             outputs, err = raw_outputs_from_files(files, layout)
             if err:
-                results.append(CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind="output-size",
+                results.append(CaseResult(method, index, CaseStatus.ERROR, error=err, error_kind=FailureKind.WRONG_OUTPUT_SIZE,
                                           log_excerpt=excerpt, log_path=log, elapsed_s=per_case))
             else:
                 results.append(CaseResult(method, index, CaseStatus.OK, outputs=outputs, log_excerpt=excerpt,

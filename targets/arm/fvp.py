@@ -33,8 +33,9 @@ from bundlerun.bundles.arm_platforms import FVP_300_U55, FVP_300_U65, FVP_320, F
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
-from bundlerun.targets import Check, TargetSpec, TargetURL
-from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
+from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
+                                    safe_name as _safe, selected_cases)
 from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -271,7 +272,7 @@ class _Plan:
     model_addr: str | None
 
 
-class FVPTarget:
+class FVPTarget(TargetBase):
     """Runs bundles on a Corstone FVP; see the module docstring."""
 
     def __init__(self, url: str, variant: Variant, config: dict[str, Any]):
@@ -481,7 +482,28 @@ SPEC = TargetSpec(
     # the FVP binary, its extra options, and firmware it runs with semihosting (files on this machine);
     # also refused inside per-platform tables and their `<name>s` maps
     command_settings=("fvp_path", "extra_args", "runner_elf", "uart_runner_elf", "debug_elf"),
+    capture=lazy("bundlerun.targets.arm.intermediates:capture"),
+    lowering=lambda url: platform_lowering(url.raw, *_board_core(url)),
 )
+
+
+def _board_core(url: TargetURL) -> tuple[str, str]:
+    parts = url.rest.lower().split("/")
+    if len(parts) != 2:
+        raise TargetError(f"FVP target {url.raw!r} must look like fvp://corstone-300/ethos-u55-128", kind="bad-config")
+    return parts[0], parts[1]
+
+
+def platform_lowering(url: str, board: str, core: str) -> dict[str, Any]:
+    """What a Corstone platform means for the Arm recipe (bundles/backends/arm.py): an Ethos-U
+    accelerator (Vela) or a Cortex-M core (CMSIS-NN kernels), both integer."""
+    try:
+        platform = parse_platform(board, core)
+    except ValueError as exc:
+        raise TargetError(f"{exc} ({url})", kind="bad-config") from None
+    if platform.has_npu:
+        return {"arm": "ethos-u", "integer": True, "accelerator": platform.accelerator}
+    return {"arm": "cortex-m", "integer": True, "cpu": platform.cpu}
 
 
 def create(url, config: dict) -> FVPTarget:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundlerun.bundles.errors import ConfigError, TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL
+from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.arm import qemu_plugin
 from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
-from bundlerun.targets.base import CaseResult, RunOptions, TargetRun, expected_layout, safe_name, selected_cases
+from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun, expected_layout, safe_name, selected_cases
 from bundlerun.targets.runner_cache import cached_runners, run_build
 from bundlerun.targets.settings import parse_settings
 
@@ -107,11 +107,27 @@ SPEC = TargetSpec(
     doctor=_doctor,
     # QEMU itself, and firmware it runs with semihosting (which opens and writes files on this machine)
     command_settings=("qemu", "runner_elf", "debug_elf"),
+    capture=lazy("bundlerun.targets.arm.intermediates:capture"),
+    lowering=lambda url: _lowering(url),
 )
+
+# QEMU system machines that are a Corstone platform's CPU side (board, core): mps3-an547 is
+# Corstone-300's SSE-300 with a Cortex-M55 and no NPU.
+QEMU_MACHINES = {"mps3-an547": ("corstone-300", "cortex-m55")}
+
+
+def _lowering(url: TargetURL) -> dict:
+    from bundlerun.targets.arm.fvp import platform_lowering
+
+    machine = url.rest.lower()
+    if machine not in QEMU_MACHINES:
+        raise TargetError(f"unknown QEMU machine {machine!r} in {url.raw!r}; known: {', '.join(QEMU_MACHINES)}",
+                          kind="bad-config")
+    return platform_lowering(url.raw, *QEMU_MACHINES[machine])
 
 
 @dataclass
-class QemuTarget:
+class QemuTarget(TargetBase):
     url: str
     machine: str
     settings: QemuSettings

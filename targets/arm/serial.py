@@ -30,9 +30,10 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.targets.process import kill_process_group
-from bundlerun.targets import Check, TargetSpec
+from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.arm.protocol import SessionEnd, case_from_session
-from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, expected_layout, safe_name as _safe, selected_cases
+from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
+                                    safe_name as _safe, selected_cases)
 from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -535,7 +536,7 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None, sta
 # ---------------------------------------------------------------- the target
 
 
-class SerialTarget:
+class SerialTarget(TargetBase):
     """`Target` for a UART-attached runner (board or FVP telnet terminal)."""
 
     def __init__(self, url: str, settings: SerialSettings, config: dict[str, Any] | None = None):
@@ -855,7 +856,15 @@ SPEC = TargetSpec(
     doctor=_doctor,
     # external commands, and the values substituted into them ({elf}, {target})
     command_settings=("flash", "reset_exec", "launch", "elf", "debug_elf", "target"),
+    capture=lazy("bundlerun.targets.arm.intermediates:capture"),
+    device_key=lambda url: _device_key(url),
 )
+
+
+def _device_key(url: TargetURL) -> str | None:
+    """One board runs one job at a time: board:/dev/ttyACM0, board:HOST:PORT."""
+    where = (url.path or url.netloc) if url.scheme == "serial" else (url.netloc + url.path).strip("/")
+    return f"board:{where}" if where else None
 
 
 def create(url, config: dict) -> SerialTarget:

@@ -41,7 +41,7 @@ def import_mlx():
     try:
         import mlx.core as mx
     except ImportError as exc:
-        raise WalkError("unsupported-backend", f"MLX delegate needs the mlx package (pip install \"mlx[cpu]\" on Linux): {exc}") from None
+        raise WalkError("missing-backend", f"MLX delegate needs the mlx package (pip install \"mlx[cpu]\" on Linux): {exc}") from None
     return mx
 
 
@@ -66,7 +66,7 @@ class _Loaded:
 def _to_mlx(mx, array: np.ndarray, code: int, shape: tuple[int, ...]):
     a = np.ascontiguousarray(array)
     if a.size != int(np.prod(shape, dtype=np.int64)):
-        raise WalkError("backend-error", f"MLX input has {a.size} elements, the graph expects shape {list(shape)}")
+        raise WalkError("runner-error", f"MLX input has {a.size} elements, the graph expects shape {list(shape)}")
     a = a.reshape(shape)
     if code == 15:  # bfloat16 arrives as raw uint16 words
         return mx.view(mx.array(a.view(np.uint16)), mx.bfloat16)
@@ -114,27 +114,27 @@ class MLXDelegateRunner:
         mx.set_default_device(mx.gpu if self.device == "gpu" else mx.cpu)
         graph = decode(call.payload)
         if graph.version and graph.version.isdigit() and int(graph.version) > MAX_SCHEMA_VERSION:
-            raise WalkError("backend-error", f"MLX payload schema version {graph.version} is newer than this interpreter ({MAX_SCHEMA_VERSION})")
+            raise WalkError("runner-error", f"MLX payload schema version {graph.version} is newer than this interpreter ({MAX_SCHEMA_VERSION})")
         for op in sorted(graph.op_names()):
             if op in UNSUPPORTED:
-                raise WalkError("unsupported-op", f"MLX op {op}Node cannot run here: {UNSUPPORTED[op]}")
+                raise WalkError("missing-operator", f"MLX op {op}Node cannot run here: {UNSUPPORTED[op]}")
             if op not in HANDLERS and op not in CONTROL_FLOW:
-                raise WalkError("unsupported-op", f"MLX op {op}Node is not implemented by bundlerun's MLX interpreter")
+                raise WalkError("missing-operator", f"MLX op {op}Node is not implemented by bundlerun's MLX interpreter")
         constants = []
         for tid in range(graph.num_constants):
             meta = graph.tensor_meta[tid] if tid < len(graph.tensor_meta) else None
             name = graph.named_slots.get(tid)
             if meta is None or name is None:
-                raise WalkError("backend-error", f"MLX constant {tid} has no {'metadata' if meta is None else 'name'}")
+                raise WalkError("runner-error", f"MLX constant {tid} has no {'metadata' if meta is None else 'name'}")
             if name not in call.named_data:
-                raise WalkError("bad-program", f"MLX constant {name!r} is not in the program's named data")
+                raise WalkError("bad-bundle", f"MLX constant {name!r} is not in the program's named data")
             dtype = _dtype(mx, meta.scalar_type)
             raw = np.frombuffer(call.named_data[name], dtype=np.uint8)
             constants.append(self._constant(mx, raw, meta.shape, dtype, name))
         loaded = _Loaded(graph, constants)
         for idx, slot_type in graph.mutable_buffer_map:
             if slot_type != SLOT_TENSOR:
-                raise WalkError("backend-error", f"MLX mutable buffer slot of type {slot_type}")
+                raise WalkError("runner-error", f"MLX mutable buffer slot of type {slot_type}")
             meta = graph.tensor_meta[idx]
             loaded.mutable[idx] = mx.zeros(list(meta.shape), dtype=_dtype(mx, meta.scalar_type))
         if graph.init_chain >= 0:
@@ -148,11 +148,11 @@ class MLXDelegateRunner:
     @staticmethod
     def _constant(mx, raw: np.ndarray, shape: tuple[int, ...], dtype, name: str):
         if any(d < 0 for d in shape):
-            raise WalkError("backend-error", f"MLX constant {name!r} has a dynamic shape")
+            raise WalkError("runner-error", f"MLX constant {name!r} has a dynamic shape")
         numel = int(np.prod(shape, dtype=np.int64))
         nbytes = numel * dtype.size
         if raw.size < nbytes:
-            raise WalkError("bad-program", f"MLX constant {name!r} has {raw.size} bytes, needs {nbytes}")
+            raise WalkError("bad-bundle", f"MLX constant {name!r} has {raw.size} bytes, needs {nbytes}")
         words = raw[:nbytes]
         arr = mx.view(mx.array(words), dtype) if nbytes else mx.zeros([0], dtype=dtype)
         return arr.reshape(list(shape))
@@ -165,24 +165,24 @@ class MLXDelegateRunner:
 
         graph = loaded.graph
         if len(call.inputs) != len(graph.input_map):
-            raise WalkError("backend-error", f"MLX graph takes {len(graph.input_map)} inputs, the program passes {len(call.inputs)}")
+            raise WalkError("runner-error", f"MLX graph takes {len(graph.input_map)} inputs, the program passes {len(call.inputs)}")
         st = State(mx, graph, loaded.constants, loaded.mutable)
         for (idx, slot_type), value in zip(graph.input_map, call.inputs):
             if slot_type == SLOT_TENSOR:
                 meta = graph.tensor_meta[idx]
                 got = 15 if meta.scalar_type == 15 and value.dtype == np.uint16 else _NP_TO_CODE.get(str(value.dtype))
                 if got != meta.scalar_type:
-                    raise WalkError("backend-error", f"MLX input dtype mismatch: the program passes {value.dtype}, "
+                    raise WalkError("runner-error", f"MLX input dtype mismatch: the program passes {value.dtype}, "
                                                      f"the graph expects ScalarType {meta.scalar_type}")
                 shape = tuple(int(s) for s in meta.shape) if all(s >= 0 for s in meta.shape) else value.shape
                 st.set(idx, _to_mlx(mx, value, meta.scalar_type, shape))
             elif slot_type == SLOT_INT:
                 v = int(np.asarray(value).item())
                 if not -(2**31) <= v < 2**31:
-                    raise WalkError("backend-error", f"MLX int input {v} exceeds int32 range")
+                    raise WalkError("runner-error", f"MLX int input {v} exceeds int32 range")
                 st.set_v(idx, v)
             else:
-                raise WalkError("backend-error", f"MLX input slot type {slot_type} is not handled")
+                raise WalkError("runner-error", f"MLX input slot type {slot_type} is not handled")
         if self.capture_inner:
             from bundlerun.bundles.etrecord import mlx_ops_digest
 
@@ -194,9 +194,9 @@ class MLXDelegateRunner:
         outputs = []
         tensor_slots = [(i, s) for i, s in graph.output_map if s == SLOT_TENSOR]
         if len(tensor_slots) != len(graph.output_map):
-            raise WalkError("unsupported-op", "MLX graphs with scalar (int) outputs are not supported by the program walker")
+            raise WalkError("missing-operator", "MLX graphs with scalar (int) outputs are not supported by the program walker")
         if len(call.output_layouts) != len(tensor_slots):
-            raise WalkError("backend-error", f"MLX graph has {len(tensor_slots)} outputs, the program expects {len(call.output_layouts)}")
+            raise WalkError("runner-error", f"MLX graph has {len(tensor_slots)} outputs, the program expects {len(call.output_layouts)}")
         prepared = []
         for (idx, _), (sizes, dim_order, code) in zip(tensor_slots, call.output_layouts):
             arr = mx.contiguous(st.t(idx), False).astype(_dtype_for(mx, code))
@@ -214,7 +214,7 @@ class MLXDelegateRunner:
 
         graph = st.graph
         if not 0 <= chain_idx < len(graph.chains):
-            raise WalkError("backend-error", f"MLX chain index {chain_idx} out of range")
+            raise WalkError("runner-error", f"MLX chain index {chain_idx} out of range")
         for pos, ins in enumerate(graph.chains[chain_idx]):
             try:
                 if ins.op == "Scan":
@@ -229,7 +229,7 @@ class MLXDelegateRunner:
                 raise
             except Exception as exc:  # noqa: BLE001 - an mlx error is this case's backend error
                 msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise WalkError("backend-error", f"MLX {ins.op}Node (chain {chain_idx}, instruction {pos}) failed: {msg}") from None
+                raise WalkError("runner-error", f"MLX {ins.op}Node (chain {chain_idx}, instruction {pos}) failed: {msg}") from None
 
     @staticmethod
     def _inner(st, chain_idx: int, pos: int, ins, digest: str) -> InnerOutput:

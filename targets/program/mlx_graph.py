@@ -71,10 +71,10 @@ class MLXGraph:
 def parse_header(payload: bytes) -> tuple[int, int]:
     """(flatbuffer offset, flatbuffer size); WalkError if this is not an MLX payload."""
     if len(payload) < HEADER_LENGTH or payload[4:8] != MAGIC:
-        raise WalkError("backend-error", "MLX delegate payload lacks the MLX0 header")
+        raise WalkError("runner-error", "MLX delegate payload lacks the MLX0 header")
     data_offset, _size = struct.unpack_from("<QQ", payload, 8)
     if not HEADER_LENGTH <= data_offset <= len(payload):
-        raise WalkError("backend-error", f"MLX payload data offset {data_offset} is outside the payload ({len(payload)} bytes)")
+        raise WalkError("runner-error", f"MLX payload data offset {data_offset} is outside the payload ({len(payload)} bytes)")
     return HEADER_LENGTH, data_offset - HEADER_LENGTH
 
 
@@ -88,9 +88,9 @@ def _bindings():
         fb = importlib.import_module("executorch.backends.mlx.serialization._generated.mlx_delegate")
         inspector = importlib.import_module("executorch.backends.mlx._generated_inspector")
     except BundlerunError as exc:
-        raise WalkError("backend-error", f"MLX flatbuffer bindings unavailable: {exc}") from None
+        raise WalkError("runner-error", f"MLX flatbuffer bindings unavailable: {exc}") from None
     except ImportError as exc:
-        raise WalkError("backend-error", f"MLX flatbuffer bindings unavailable: {exc}") from None
+        raise WalkError("runner-error", f"MLX flatbuffer bindings unavailable: {exc}") from None
     return fb, inspector.OP_NODE_FIELDS
 
 
@@ -130,7 +130,7 @@ def _decode_field(node, accessor: str, kind: str) -> Any:  # noqa: C901 - one br
             return ("vid", obj.Vid().Idx())
         if k == 2:
             return ("tid", obj.Tid().Idx())
-        raise WalkError("backend-error", f"IntOrVidOrTid with unknown kind {k}")
+        raise WalkError("runner-error", f"IntOrVidOrTid with unknown kind {k}")
     n = getattr(node, f"{accessor}Length")() if kind.endswith("_list") else 0
     if kind == "int_list":
         return [int(get(i)) for i in range(n)]
@@ -147,7 +147,7 @@ def _decode_field(node, accessor: str, kind: str) -> Any:  # noqa: C901 - one br
 
 
 def decode(payload: bytes) -> MLXGraph:
-    """Parse the payload into an MLXGraph; WalkError("backend-error") on a malformed one."""
+    """Parse the payload into an MLXGraph; WalkError("runner-error") on a malformed one."""
     fb_offset, fb_size = parse_header(payload)
     fb, fields_by_op = _bindings()
     buf = bytearray(payload[fb_offset : fb_offset + fb_size])
@@ -164,7 +164,7 @@ def decode(payload: bytes) -> MLXGraph:
                 type_id = ins.OpType()
                 name = union_names.get(type_id)
                 if name is None:
-                    raise WalkError("unsupported-op", f"MLX op type id {type_id} is not in this executorch's schema")
+                    raise WalkError("missing-operator", f"MLX op type id {type_id} is not in this executorch's schema")
                 if type_id not in classes:
                     classes[type_id] = _node_class(name)
                 node = classes[type_id]()
@@ -212,7 +212,7 @@ def decode(payload: bytes) -> MLXGraph:
     except WalkError:
         raise
     except Exception as exc:  # noqa: BLE001 - any flatbuffer decoding failure is a malformed payload
-        raise WalkError("backend-error", f"MLX payload is not a readable MLXGraph flatbuffer: {type(exc).__name__}: {exc}") from None
+        raise WalkError("runner-error", f"MLX payload is not a readable MLXGraph flatbuffer: {type(exc).__name__}: {exc}") from None
 
 
 def count_outputs(payload: bytes) -> int:
@@ -223,4 +223,4 @@ def count_outputs(payload: bytes) -> int:
         root = fb.MLXGraph.MLXGraph.GetRootAs(bytearray(payload[fb_offset : fb_offset + fb_size]), 0)
         return int(root.OutputMapLength())
     except Exception as exc:  # noqa: BLE001
-        raise WalkError("backend-error", f"MLX payload is not a readable MLXGraph flatbuffer: {exc}") from None
+        raise WalkError("runner-error", f"MLX payload is not a readable MLXGraph flatbuffer: {exc}") from None

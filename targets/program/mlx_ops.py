@@ -32,7 +32,7 @@ def _dtype(mx, code: int):
     try:
         return table[int(code)]
     except KeyError:
-        raise WalkError("unsupported-op", f"MLX: unsupported ScalarType {code}") from None
+        raise WalkError("missing-operator", f"MLX: unsupported ScalarType {code}") from None
 
 
 class State:
@@ -60,12 +60,12 @@ class State:
         try:
             return store[tid]
         except KeyError:
-            raise WalkError("backend-error", f"MLX: tensor {tid} read before it was written") from None
+            raise WalkError("runner-error", f"MLX: tensor {tid} read before it was written") from None
 
     def set(self, tid: int, arr) -> None:
         if tid < self.nc:
             if not self.is_init:
-                raise WalkError("backend-error", f"MLX: write to constant tensor {tid} outside the init chain")
+                raise WalkError("runner-error", f"MLX: write to constant tensor {tid} outside the init chain")
             self.constants[tid] = arr
         elif self.out_end <= tid < self.mut_end:
             self.mutable[tid] = arr
@@ -76,7 +76,7 @@ class State:
         try:
             return self.values[vid]
         except KeyError:
-            raise WalkError("backend-error", f"MLX: value slot {vid} read before it was written") from None
+            raise WalkError("runner-error", f"MLX: value slot {vid} read before it was written") from None
 
     def set_v(self, vid: int, value) -> None:
         self.values[vid] = value
@@ -98,13 +98,13 @@ class State:
 
 def _int32(op: str, value: int) -> int:
     if not INT32_MIN <= value <= INT32_MAX:
-        raise WalkError("backend-error", f"MLX: {op}: overflow")
+        raise WalkError("runner-error", f"MLX: {op}: overflow")
     return value
 
 
 def _norm_axis(axis: int, rank: int, op: str) -> int:
     if axis < -rank or axis >= rank:
-        raise WalkError("backend-error", f"MLX: {op}: axis out of range")
+        raise WalkError("runner-error", f"MLX: {op}: axis out of range")
     return axis + rank if axis < 0 else axis
 
 
@@ -157,16 +157,16 @@ def _int_arith(name: str, fn: Callable[[int, int], int]):
 def _floor_divide_int(st: State, f: dict) -> None:
     a, b = st.i(f["a"]), st.i(f["b"])
     if b == 0:
-        raise WalkError("backend-error", "MLX: floor_divide_int: division by zero")
+        raise WalkError("runner-error", "MLX: floor_divide_int: division by zero")
     if a == INT32_MIN and b == -1:
-        raise WalkError("backend-error", "MLX: floor_divide_int: overflow (INT32_MIN / -1)")
+        raise WalkError("runner-error", "MLX: floor_divide_int: overflow (INT32_MIN / -1)")
     st.set_v(f["out"], a // b)  # Python floors, like the C++ adjusted truncation
 
 
 def _mod_int(st: State, f: dict) -> None:
     a, b = st.i(f["a"]), st.i(f["b"])
     if b == 0:
-        raise WalkError("backend-error", "MLX: mod_int: division by zero")
+        raise WalkError("runner-error", "MLX: mod_int: division by zero")
     st.set_v(f["out"], a % b)  # Python's sign follows b, like the C++ adjusted remainder
 
 
@@ -344,7 +344,7 @@ def _reshape(st: State, f: dict) -> None:
     x = st.t(f["x"])
     shape = st.ints(f["shape"])
     if shape.count(-1) > 1:
-        raise WalkError("backend-error", "MLX: infer_shape: only one dimension can be -1")
+        raise WalkError("runner-error", "MLX: infer_shape: only one dimension can be -1")
     st.set(f["out"], st.mx.reshape(x, shape))
 
 
@@ -384,11 +384,11 @@ def _pad(st: State, f: dict) -> None:
     mx = st.mx
     widths = st.ints(f["pad_width"])
     if len(widths) % 2:
-        raise WalkError("backend-error", f"MLX: pad: pad_width must have even length, got {len(widths)}")
+        raise WalkError("runner-error", f"MLX: pad: pad_width must have even length, got {len(widths)}")
     pairs = [(widths[i], widths[i + 1]) for i in range(0, len(widths), 2)]
     mode = f["mode"]
     if mode not in ("constant", "edge"):
-        raise WalkError("backend-error", f"MLX: unsupported pad mode: {mode}")
+        raise WalkError("runner-error", f"MLX: unsupported pad mode: {mode}")
     value = mx.array(float(f["constant_value"]) if mode == "constant" else 0.0, dtype=mx.float32)
     st.set(f["out"], mx.pad(st.t(f["x"]), pairs, mode=mode, constant_values=value))
 
@@ -412,7 +412,7 @@ def _slice(st: State, f: dict) -> None:
     axis = _norm_axis(st.i(f["axis"]), x.ndim, "Slice")
     step = int(f["step"])
     if step == 0:
-        raise WalkError("backend-error", "MLX: Slice: step must not be 0")
+        raise WalkError("runner-error", "MLX: Slice: step must not be 0")
     # mlx::slice normalizes start/stop as numpy does (negative wrap, clamp), as does mlx's indexing
     st.set(f["out"], x[_slicer(x.ndim, axis, st.i(f["start"]), st.i(f["stop"]), step)])
 
@@ -434,7 +434,7 @@ def _slice_update(st: State, f: dict) -> None:
     stop = max(0, min(stop + dim if stop < 0 else stop, dim))
     step = int(f["step"])
     if step < 1:
-        raise WalkError("backend-error", "MLX: SliceUpdate: step must be >= 1")
+        raise WalkError("runner-error", "MLX: SliceUpdate: step must be >= 1")
     if start == stop:
         if f["out"] != f["dst"]:
             st.set(f["out"], dst)
@@ -448,15 +448,15 @@ def _index_copy(st: State, f: dict) -> None:
     mx = st.mx
     dst, upd, indices = st.t(f["dst"]), st.t(f["update"]), st.t(f["indices"])
     if indices.ndim != 1:
-        raise WalkError("backend-error", "MLX: IndexCopyNode: indices must be 1-D")
+        raise WalkError("runner-error", "MLX: IndexCopyNode: indices must be 1-D")
     if indices.dtype != mx.int64:
-        raise WalkError("backend-error", "MLX: IndexCopyNode: expected int64 indices")
+        raise WalkError("runner-error", "MLX: IndexCopyNode: expected int64 indices")
     axis = _norm_axis(int(f["axis"]), dst.ndim, "IndexCopyNode")
     dim = dst.shape[axis]
     idx = np.array(indices).astype(np.int64)
     idx = np.where(idx < 0, idx + dim, idx)
     if ((idx < 0) | (idx >= dim)).any():
-        raise WalkError("backend-error", "MLX: IndexCopyNode: index out of range")
+        raise WalkError("runner-error", "MLX: IndexCopyNode: index out of range")
     if idx.size == 0:
         if f["out"] != f["dst"]:
             st.set(f["out"], dst)
@@ -473,7 +473,7 @@ def _split(st: State, f: dict) -> None:
     axis = int(f["axis"])
     if len(sizes) == 1:
         if sizes[0] <= 0:
-            raise WalkError("backend-error", f"MLX: split: split_size must be positive, got {sizes[0]}")
+            raise WalkError("runner-error", f"MLX: split: split_size must be positive, got {sizes[0]}")
         dim = x.shape[axis + x.ndim if axis < 0 else axis]
         cuts = list(range(sizes[0], dim, sizes[0]))
     else:
@@ -483,7 +483,7 @@ def _split(st: State, f: dict) -> None:
             cuts.append(total)
     parts = mx.split(x, cuts, axis=axis)
     if len(parts) != len(f["outs"]):
-        raise WalkError("backend-error", "MLX: Split: output count mismatch")
+        raise WalkError("runner-error", "MLX: Split: output count mismatch")
     for tid, part in zip(f["outs"], parts):
         st.set(tid, part)
 
@@ -521,9 +521,9 @@ def _gather(st: State, f: dict) -> None:
     x = st.t(f["x"])
     axes, sizes = list(f["axes"]), list(f["slice_sizes"])
     if len(f["indices"]) != len(axes):
-        raise WalkError("backend-error", "MLX: GatherNode: indices count must match axes count")
+        raise WalkError("runner-error", "MLX: GatherNode: indices count must match axes count")
     if len(sizes) != x.ndim:
-        raise WalkError("backend-error", "MLX: GatherNode: slice_sizes length must match input ndim")
+        raise WalkError("runner-error", "MLX: GatherNode: slice_sizes length must match input ndim")
     idx = mx.broadcast_arrays(*[st.t(t) for t in f["indices"]]) if f["indices"] else []
     batch = list(idx[0].shape) if idx else []
     nb, nd = len(batch), x.ndim
@@ -556,7 +556,7 @@ def _scatter_add(st: State, f: dict) -> None:
 def _repeat(st: State, f: dict) -> None:
     repeats = st.i(f["repeats"])
     if repeats < 0:
-        raise WalkError("backend-error", "MLX: repeat: repeats must be non-negative")
+        raise WalkError("runner-error", "MLX: repeat: repeats must be non-negative")
     st.set(f["out"], st.mx.repeat(st.t(f["x"]), repeats, axis=int(f["axis"])))
 
 
@@ -585,7 +585,7 @@ def _tril_triu(fn: str):
 
 def _check_shape(shape: list[int], op: str) -> None:
     if any(d <= 0 for d in shape):
-        raise WalkError("backend-error", f"MLX: {op}: invalid dimension in {shape}")
+        raise WalkError("runner-error", f"MLX: {op}: invalid dimension in {shape}")
 
 
 def _full(st: State, f: dict) -> None:
@@ -603,7 +603,7 @@ def _full_like(st: State, f: dict) -> None:
 def _arange(st: State, f: dict) -> None:
     start, stop, step = st.i(f["start"]), st.i(f["stop"]), st.i(f["step"])
     if step == 0:
-        raise WalkError("backend-error", "MLX: arange: step must not be zero")
+        raise WalkError("runner-error", "MLX: arange: step must not be zero")
     dtype = st.dtype(f["scalar_type"]) if f["scalar_type"] is not None else st.mx.int32
     st.set(f["out"], st.mx.arange(start, stop, step, dtype=dtype))
 
@@ -626,7 +626,7 @@ def _sym_size(st: State, f: dict) -> None:
     dim = int(f["dim"])
     dim = dim + a.ndim if dim < 0 else dim
     if not 0 <= dim < a.ndim:
-        raise WalkError("backend-error", "MLX: SYM_SIZE: dim out of range")
+        raise WalkError("runner-error", "MLX: SYM_SIZE: dim out of range")
     st.set_v(f["out"], int(a.shape[dim]))
 
 

@@ -44,7 +44,7 @@ def _block(payload: bytes):
         region = graph.Regions(0)
         return region.Blocks(0)
     except Exception as exc:  # noqa: BLE001
-        raise WalkError("backend-error", f"TOSABackend payload is not a TOSA flatbuffer: {exc}") from None
+        raise WalkError("runner-error", f"TOSABackend payload is not a TOSA flatbuffer: {exc}") from None
 
 
 _NOT_COMPUTED = ("CONST", "CONST_SHAPE")
@@ -85,7 +85,7 @@ def with_operator_outputs(payload: bytes, names: list[str]) -> tuple[bytes, list
     tab = block._tab
     field = tab.Offset(12)  # TosaBasicBlock.outputs
     if not field:
-        raise WalkError("backend-error", "TOSA block has no outputs field to extend")
+        raise WalkError("runner-error", "TOSA block has no outputs field to extend")
     existing = [block.Outputs(i) for i in range(block.OutputsLength())]
     wanted = existing + [n.encode() for n in dict.fromkeys(names) if n.encode() not in existing]
     buf = bytearray(payload)
@@ -144,7 +144,7 @@ class TosaReferenceRunner:
         block = _block(call.payload)
         if block.InputsLength() != len(call.inputs):
             raise WalkError(
-                "backend-error",
+                "runner-error",
                 f"TOSA graph takes {block.InputsLength()} inputs, the program passes {len(call.inputs)}",
             )
         payload, ops, names = call.payload, [], []
@@ -157,13 +157,13 @@ class TosaReferenceRunner:
                 outputs, status = trm.run(payload, [np.ascontiguousarray(a) for a in call.inputs],
                                           initialize_variable_tensor_from_numpy=1)
         except ValueError as exc:
-            raise WalkError("backend-error", f"TOSA reference model rejected the inputs: {exc}") from None
+            raise WalkError("runner-error", f"TOSA reference model rejected the inputs: {exc}") from None
         if status != trm.GraphStatus.TOSA_VALID:
-            raise WalkError("backend-error", f"TOSA reference model returned {status.name} (expected TOSA_VALID)")
+            raise WalkError("runner-error", f"TOSA reference model returned {status.name} (expected TOSA_VALID)")
         arrays = [np.asarray(o) for o in outputs]
         if self.capture_inner:
             if len(arrays) != len(names):
-                raise WalkError("backend-error", f"TOSA reference model returned {len(arrays)} outputs for "
+                raise WalkError("runner-error", f"TOSA reference model returned {len(arrays)} outputs for "
                                                  f"{len(names)} requested (operator outputs)")
             by_name = dict(zip(names, arrays))
             self.last_inner = [InnerOutput(j, op, outs[0] if outs else "", [by_name[t].copy() for t in outs],

@@ -26,6 +26,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from bundlerun.bundles import scalar_types as st
+from bundlerun.targets.failures import FailureKind
 
 MAX_INSTRUCTIONS = 10_000_000  # bound a runaway JumpFalse loop
 
@@ -33,9 +34,9 @@ MAX_INSTRUCTIONS = 10_000_000  # bound a runaway JumpFalse loop
 class WalkError(Exception):
     """A case could not be executed; `kind` is the CaseResult.error_kind."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: "FailureKind | str", message: str):
         super().__init__(message)
-        self.kind = kind
+        self.kind = FailureKind.parse(kind).value  # the closed set: a kind outside it is a bug, raised here
         self.message = message
 
 
@@ -90,7 +91,7 @@ class LoadedProgram:
         for plan in self.program.execution_plan:
             if plan.name == method:
                 return plan
-        raise WalkError("bad-input", f"program has no method {method!r}; it has {', '.join(self.method_names)}")
+        raise WalkError("bad-bundle", f"program has no method {method!r}; it has {', '.join(self.method_names)}")
 
 
 def load_program(pte: bytes) -> LoadedProgram:
@@ -102,7 +103,7 @@ def load_program(pte: bytes) -> LoadedProgram:
     try:
         pte_file = deserialize_pte_binary(bytes(pte))
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad program
-        raise WalkError("bad-program", f"cannot deserialize the program: {exc}") from None
+        raise WalkError("bad-bundle", f"cannot deserialize the program: {exc}") from None
     program = pte_file.program
     ids = sorted({d.id for plan in program.execution_plan for d in plan.delegates})
     return LoadedProgram(program, [p.name for p in program.execution_plan], ids, _named_data(pte_file))
@@ -148,7 +149,7 @@ def read_delegates(pte: bytes) -> list[DelegateSummary]:
 
     buf = bytes(pte)
     if len(buf) < 8 or buf[4:6] != b"ET":
-        raise WalkError("bad-program", "not an ExecuTorch program (missing ET file identifier)")
+        raise WalkError("bad-bundle", "not an ExecuTorch program (missing ET file identifier)")
 
     def vector(tab: Table, slot: int) -> list[Table]:
         off = tab.Offset(4 + 2 * slot)
@@ -178,7 +179,7 @@ def read_delegates(pte: bytes) -> list[DelegateSummary]:
                 out.append(DelegateSummary(method, string(delegate, 0), specs))
         return out
     except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
-        raise WalkError("bad-program", f"cannot read the program's delegates: {exc}") from None
+        raise WalkError("bad-bundle", f"cannot read the program's delegates: {exc}") from None
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -196,7 +197,7 @@ def torch_dtype(code: int):
     try:
         return st.torch_dtype(code)
     except KeyError:
-        raise WalkError("unsupported-op", f"unsupported ExecuTorch scalar type code {int(code)}") from None
+        raise WalkError("missing-operator", f"unsupported ExecuTorch scalar type code {int(code)}") from None
 
 
 def tensor_to_numpy(t) -> np.ndarray:
@@ -253,13 +254,13 @@ def _resolve_kernel(name: str, overload: str) -> _Kernel:
 
     full = f"{name}.{overload}" if overload else name
     if "::" not in name:
-        raise WalkError("unsupported-op", f"operator {full} has no namespace")
+        raise WalkError("missing-operator", f"operator {full} has no namespace")
     ns, op_name = name.split("::", 1)
     try:
         packet = getattr(getattr(torch.ops, ns), op_name)
         op = getattr(packet, overload or "default")
     except (AttributeError, RuntimeError):
-        raise WalkError("unsupported-op", f"operator {full} has no torch reference implementation") from None
+        raise WalkError("missing-operator", f"operator {full} has no torch reference implementation") from None
     schema = op._schema
     out_names = [a.name for a in schema.arguments if a.is_out]
     if not out_names:
@@ -330,13 +331,13 @@ class _Frame:
         info = v.allocation_info
         arena = self.arenas.get(int(info.memory_id))
         if arena is None:
-            raise WalkError("bad-program", f"tensor planned in memory arena {info.memory_id}, which the plan does not size")
+            raise WalkError("bad-bundle", f"tensor planned in memory arena {info.memory_id}, which the plan does not size")
         dtype = torch_dtype(v.scalar_type)
         itemsize = torch.empty((), dtype=dtype).element_size()
         offset = int(info.memory_offset_low) + (int(info.memory_offset_high) << 32)
         end = offset + int(np.prod(sizes, dtype=np.int64)) * itemsize
         if end > arena.numel():
-            raise WalkError("bad-program", f"tensor at offset {offset} runs past planned arena {info.memory_id}")
+            raise WalkError("bad-bundle", f"tensor at offset {offset} runs past planned arena {info.memory_id}")
         flat = arena[offset:end]
         flat = flat.view(dtype) if offset % itemsize == 0 else flat.clone().view(dtype)
         order = [int(d) for d in v.dim_order] or list(range(len(sizes)))
@@ -354,7 +355,7 @@ class _Frame:
         if v.data_buffer_idx > 0:
             info = v.extra_tensor_info
             if info is not None and int(info.location) == 1:  # EXTERNAL: weights in a .ptd
-                raise WalkError("unsupported-op", "program keeps constant tensors in an external data file (.ptd)")
+                raise WalkError("missing-operator", "program keeps constant tensors in an external data file (.ptd)")
             storage = program.constant_buffer[v.data_buffer_idx].storage
             numel = int(np.prod(sizes, dtype=np.int64))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
@@ -395,7 +396,7 @@ class _Frame:
         if isinstance(v, (S.TensorList, S.OptionalTensorList)):
             items = list(value)
             if len(items) != len(v.items):
-                raise WalkError("bad-program", f"value {index}: {len(items)} tensors for a list of {len(v.items)}")
+                raise WalkError("bad-bundle", f"value {index}: {len(items)} tensors for a list of {len(v.items)}")
             for j, item in zip(v.items, items):
                 if j >= 0:
                     self.set(j, item)
@@ -424,7 +425,7 @@ class _Frame:
 
         v = self.plan.values[index].val
         if not isinstance(v, S.Tensor):
-            raise WalkError("bad-program", f"value {index} is a {type(v).__name__}, expected a tensor")
+            raise WalkError("bad-bundle", f"value {index} is a {type(v).__name__}, expected a tensor")
         return v
 
 
@@ -476,7 +477,7 @@ class ProgramWalker:
         for d in plan.delegates:
             if d.id not in self.delegate_runners:
                 raise WalkError(
-                    "unsupported-backend",
+                    "missing-backend",
                     f"delegate backend {d.id} cannot run here (supported: {', '.join(sorted(self.delegate_runners))})",
                 )
         for i in range(len(plan.operators)):
@@ -493,7 +494,7 @@ class ProgramWalker:
         self.check_supported(method)
         frame = _Frame(self.loaded, plan)
         if len(inputs) != len(plan.inputs):
-            raise WalkError("bad-input", f"method {method!r} takes {len(plan.inputs)} inputs, the case has {len(inputs)}")
+            raise WalkError("bad-bundle", f"method {method!r} takes {len(plan.inputs)} inputs, the case has {len(inputs)}")
         for pos, (index, value) in enumerate(zip(plan.inputs, inputs)):
             self._set_input(frame, pos, index, value)
         with torch.no_grad():
@@ -513,7 +514,7 @@ class ProgramWalker:
             elif isinstance(value, float):
                 outputs.append((7, np.array(value, dtype=np.float64)))
             else:
-                raise WalkError("unsupported-op", f"output value {index} of type {type(value).__name__} is not supported")
+                raise WalkError("missing-operator", f"output value {index} of type {type(value).__name__} is not supported")
         return outputs
 
     # -- internals ----------------------------------------------------------------------
@@ -527,13 +528,13 @@ class ProgramWalker:
             code = int(spec.scalar_type)
             want = [int(s) for s in spec.sizes]
             if list(arr.shape) != want:
-                raise WalkError("bad-input", f"input {pos} has shape {list(arr.shape)}, the program expects {want}")
+                raise WalkError("bad-bundle", f"input {pos} has shape {list(arr.shape)}, the program expects {want}")
             from bundlerun.bundles.scalar_types import code_from_numpy
 
             got = 15 if code == 15 and arr.dtype == np.uint16 else code_from_numpy(arr.dtype)
             if got != code:
                 raise WalkError(
-                    "bad-input",
+                    "bad-bundle",
                     f"input {pos} has dtype {_dtype_name(got)}, the program expects {_dtype_name(code)}",
                 )
             frame.set(index, numpy_to_tensor(arr, code))
@@ -556,7 +557,7 @@ class ProgramWalker:
         while pc < len(instructions):
             steps += 1
             if steps > MAX_INSTRUCTIONS:
-                raise WalkError("bad-program", f"more than {MAX_INSTRUCTIONS} instructions executed (endless loop?)")
+                raise WalkError("bad-bundle", f"more than {MAX_INSTRUCTIONS} instructions executed (endless loop?)")
             ins = instructions[pc].instr_args
             if isinstance(ins, S.KernelCall):
                 self._kernel_call(method, frame, ins)
@@ -574,7 +575,7 @@ class ProgramWalker:
             elif isinstance(ins, S.FreeCall):
                 pass  # memory is managed by Python; freeing changes no result
             else:
-                raise WalkError("unsupported-op", f"instruction {type(ins).__name__} is not supported")
+                raise WalkError("missing-operator", f"instruction {type(ins).__name__} is not supported")
             if self.observer is not None and isinstance(ins, (S.KernelCall, S.DelegateCall)):
                 self.observer(method, self.loaded.plan(method).chains.index(chain), pc, ins, frame)
             pc += 1
@@ -584,7 +585,7 @@ class ProgramWalker:
         schema_args = kernel.schema.arguments
         n = len(schema_args)
         if len(call.args) < n:
-            raise WalkError("bad-program", f"{kernel.name}: {len(call.args)} arguments, schema needs {n}")
+            raise WalkError("bad-bundle", f"{kernel.name}: {len(call.args)} arguments, schema needs {n}")
         positional: list[Any] = []
         keyword: dict[str, Any] = {}
         out_indices: list[int] = []
@@ -610,15 +611,15 @@ class ProgramWalker:
         except Exception as exc:  # noqa: BLE001 - a kernel failure is this case's error
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if isinstance(exc, NotImplementedError) or "Could not run" in msg:
-                raise WalkError("unsupported-op", f"operator {kernel.name} has no CPU kernel in torch: {msg}") from None
-            raise WalkError("kernel-error", f"{kernel.name} failed: {msg}") from None
+                raise WalkError("missing-operator", f"operator {kernel.name} has no CPU kernel in torch: {msg}") from None
+            raise WalkError("runner-error", f"{kernel.name} failed: {msg}") from None
         targets = out_indices if kernel.out_names else ret_indices
         if kernel.out_names and not kernel.functional:
             results = fresh_outs  # the out-variant wrote into fresh tensors
         else:
             results = list(result) if isinstance(result, (tuple, list)) and len(targets) != 1 else [result]
             if len(results) != len(targets):
-                raise WalkError("bad-program", f"{kernel.name}: {len(results)} results for {len(targets)} outputs")
+                raise WalkError("bad-bundle", f"{kernel.name}: {len(results)} results for {len(targets)} outputs")
         for index, value in zip(targets, results):
             frame.set(index, value)
         if kernel.out_names:
@@ -644,15 +645,15 @@ class ProgramWalker:
         delegate = frame.plan.delegates[call.delegate_index]
         runner = self.delegate_runners.get(delegate.id)
         if runner is None:
-            raise WalkError("unsupported-backend", f"delegate backend {delegate.id} cannot run here")
+            raise WalkError("missing-backend", f"delegate backend {delegate.id} cannot run here")
         ref = delegate.processed
         if int(ref.location) != 0:  # restored segments are inline after deserialize_pte_binary
-            raise WalkError("bad-program", f"delegate {delegate.id} payload is not inline")
+            raise WalkError("bad-bundle", f"delegate {delegate.id} payload is not inline")
         payload = bytes(program.backend_delegate_data[ref.index].data)
         specs = {c.key: bytes(c.value) for c in delegate.compile_specs}
         n_out = runner.num_outputs(payload)
         if n_out > len(call.args):
-            raise WalkError("bad-program", f"{delegate.id} payload has {n_out} outputs but the call passes {len(call.args)} values")
+            raise WalkError("bad-bundle", f"{delegate.id} payload has {n_out} outputs but the call passes {len(call.args)} values")
         in_idx, out_idx = list(call.args[: len(call.args) - n_out]), list(call.args[len(call.args) - n_out :])
         inputs = []
         for index in in_idx:
@@ -668,10 +669,10 @@ class ProgramWalker:
             layouts.append(([int(s) for s in spec.sizes], [int(d) for d in spec.dim_order], int(spec.scalar_type)))
         outputs = runner(DelegateInvocation(delegate.id, payload, specs, inputs, layouts, self.loaded.named_data))
         if len(outputs) != len(out_idx):
-            raise WalkError("backend-error", f"{delegate.id} returned {len(outputs)} outputs, the program expects {len(out_idx)}")
+            raise WalkError("runner-error", f"{delegate.id} returned {len(outputs)} outputs, the program expects {len(out_idx)}")
         for index, array, (sizes, dim_order, code) in zip(out_idx, outputs, layouts):
             want = int(np.prod(sizes, dtype=np.int64))
             if array.size != want:
-                raise WalkError("backend-error", f"{delegate.id} output has {array.size} elements, the program expects {want} ({sizes})")
+                raise WalkError("runner-error", f"{delegate.id} output has {array.size} elements, the program expects {want} ({sizes})")
             flat = numpy_to_tensor(np.asarray(array).reshape(-1), code)
             frame.set(index, _from_physical(flat.to(torch_dtype(code)), sizes, dim_order))

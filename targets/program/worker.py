@@ -68,7 +68,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "t
         bundle, loaded, walker, runtime, dists = _load(bundle_path, delegates)
         from bundlerun.targets.program.walker import WalkError
     except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
-        kind = getattr(exc, "kind", "load")
+        kind = getattr(exc, "kind", "load-failure")
         _emit(event="fatal", error=f"could not load the program: {getattr(exc, 'message', exc)}", kind=kind)
         return 1
     _emit(

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bundlerun.targets.process import kill_process_group
 from bundlerun.targets.remote.transport import (
+    MISSING_FILE,
     NO_SPACE,
     TIMEOUT,
     TRANSPORT,
@@ -353,7 +354,7 @@ class SshTransport:
             text = err.decode(errors="replace")
             if proc.returncode == SSH_FAILED:
                 raise self._fail(text, "pull")
-            kind = "missing-file" if "no such file" in text.lower() else TRANSPORT
+            kind = MISSING_FILE if "no such file" in text.lower() else TRANSPORT
             raise TransportError(f"pull of {remote} failed: {ssh_error_line(text)}", kind, text)
 
     def stat(self, remote: str, timeout_s: float) -> RemoteStat | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.failures import FailureKind
 
 MARKER = "__BUNDLERUN_RC="
 
@@ -24,7 +25,16 @@ MARKER = "__BUNDLERUN_RC="
 OFFLINE, UNAUTHORIZED, ABSENT, NO_SPACE, TRANSPORT, TIMEOUT, USB = (
     "offline", "unauthorized", "absent", "no-space", "transport", "timeout", "usb",
 )
+MISSING_FILE = "missing-file"  # a pull of a file the device does not have
 TRANSIENT = frozenset({TRANSPORT})
+
+
+def failure_kind(transport_kind: str) -> FailureKind:
+    """A transport fault as the report's failure kind: a full device is `device-full`, a step that
+    ran out of time `host-timeout`, a file the device does not have `missing-output`; every other fault of the link (offline, unauthorized, absent,
+    USB, a failed device command) is `transport`. The fault itself stays in extra.transport_fault."""
+    return {NO_SPACE: FailureKind.DEVICE_FULL, TIMEOUT: FailureKind.HOST_TIMEOUT,
+            MISSING_FILE: FailureKind.MISSING_OUTPUT}.get(transport_kind, FailureKind.TRANSPORT)
 
 
 class TransportError(TargetError):

@@ -1,6 +1,7 @@
 """Stand-ins for ExecuTorch's Android runners, run "on" the emulated device.
 
-They honour the real command lines and file names (DESIGN §7):
+They honour the real command lines and file names (examples/portable/executor_runner/executor_runner.cpp and
+examples/qualcomm/executor_runner/qnn_executor_runner.cpp at the pinned ExecuTorch commit):
 
 executor_runner      --model_path --method_name --bundleio_rtol --bundleio_atol
                      --num_executions --cpu_threads --output_file PREFIX

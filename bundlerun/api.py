@@ -1,0 +1,207 @@
+"""The Python API: build a bundle, run it on a target, get the typed report back, judge again.
+
+What the CLI, the pytest plugin and the farm do, callable from a Tester-based test or a notebook:
+
+    from bundlerun import api
+
+    bundle = api.build(model, (torch.randn(1, 32),), backend="xnnpack", dtype="fp32", output="mlp.bpte")
+    report = api.run(bundle, target="qemu-user://aarch64")        # a Report, nothing written
+    assert report.summary.verdict == "PASS", report.failures()
+
+    # a program somebody already lowered (a Tester's artifact, an ExecutorchProgramManager, a .pte):
+    bundle = api.bundle_program(manager, {"forward": [(x,)]}, reference=model, backend="xnnpack",
+                                output="lowered.bpte")
+
+Every number a bundle carries comes from the tolerance registry (bundles/registry.py) for the
+backend, dtype and target given; `report_dir` writes the same report folder the CLI writes.
+Heavy imports (torch, executorch) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report_model import Report
+
+__all__ = ["build", "bundle_program", "run", "judge", "validate", "Report"]
+
+
+def __getattr__(name: str):  # `api.Report` without importing the report model at `import bundlerun.api`
+    if name == "Report":
+        from bundlerun.runner.report_model import Report
+
+        return Report
+    raise AttributeError(name)
+
+
+def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: str | Path | None = None,
+          backend: str | None = None, target: str = "host://xnnpack", dtype: str | None = None, cases: int = 8,
+          seed: int = 0, reference: str | None = None, distribution: str | None = None,
+          tolerances: Mapping[str, float] | None = None, etrecord: bool = False, config: str | Path | None = None,
+          cache: bool = True) -> Path:
+    """Lower `model` with bundlerun's recipe for `backend` (default: the target's) and bundle it.
+
+    `model` is an `nn.Module` with `example_inputs`, a `torch.export.ExportedProgram` (its module
+    is lowered, its example inputs are the default), or a zoo name / "path.py:factory" as on the
+    command line. Inputs are generated from the examples' shapes and dtypes (`distribution`,
+    seeded by `seed`); the expected outputs come from the eager model (`reference` "quantized":
+    from the fake-quantized one). Returns the .bpte path (a temporary file when `output` is None)."""
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.runner.session import Session
+
+    from bundlerun.bundles.backends.base import default_dtype
+    from bundlerun.targets import default_backend
+
+    backend = backend or default_backend(target)
+    out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
+    resolved = None
+    name = model if isinstance(model, str) else None
+    if name is None:
+        resolved = _resolved(model, example_inputs, distribution)
+        cache = False  # an in-memory module has no source the build cache could key on
+    request = BuildRequest(model=name or resolved.name, output=out, backend=backend, target=target,
+                           dtype=dtype or default_dtype(backend, target), cases=cases, seed=seed, reference=reference,
+                           distribution=distribution, overrides=dict(tolerances or {}), resolved_model=resolved,
+                           registry=Session.load(Path(config) if config else None).registry, cache=cache,
+                           etrecord=etrecord)
+    return build_bundle(request).path
+
+
+def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: str | None):
+    """An nn.Module (or an ExportedProgram's module) as the builder's model record."""
+    from bundlerun.bundles.errors import ModelSourceError
+    from bundlerun.bundles.model_source import ResolvedModel, specs_from_examples
+
+    if hasattr(model, "graph_module") and hasattr(model, "module"):  # torch.export.ExportedProgram
+        if example_inputs is None and getattr(model, "example_inputs", None):
+            example_inputs = model.example_inputs[0]
+        model = model.module()
+    if not hasattr(model, "forward"):
+        raise ModelSourceError(f"api.build takes an nn.Module, an ExportedProgram or a model name, not "
+                               f"{type(model).__name__}")
+    if example_inputs is None:
+        raise ModelSourceError("api.build needs example_inputs for an nn.Module (a tuple of tensors)")
+    examples = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    name = type(model).__name__
+    return ResolvedModel(name, f"python:{type(model).__module__}.{name}", "", model.eval(),
+                         specs_from_examples(examples, distribution))
+
+
+def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] | Sequence[Sequence[Any]], *,
+                   expected: Mapping[str, Sequence[Any]] | Sequence[Any] | None = None, reference: Any = None,
+                   backend: str, dtype: str = "fp32", target: str | None = None, output: str | Path | None = None,
+                   output_qparams: Mapping[str, list] | None = None, model_id: str = "program",
+                   tolerances: Mapping[str, float] | None = None) -> Path:
+    """Bundle a program that is already lowered, with the registry's numbers for `backend`/`dtype`.
+
+    `program`: an `ExecutorchProgramManager`, an `EdgeProgramManager` (made executable here), a
+    Tester's serialized artifact, .pte bytes or a .pte path. `inputs`: per method a list of cases,
+    each a tuple of inputs (a plain list means "forward"). The expected outputs are `expected`
+    (per method, one entry per case) or `reference(*inputs)` (an nn.Module or callable, or a dict
+    of them per method): the eager model, never the program itself."""
+    from bundlerun.bundles.errors import BuildError
+    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program as _bundle
+
+    if hasattr(program, "to_executorch") and not hasattr(program, "buffer"):  # EdgeProgramManager
+        program = program.to_executorch()
+    if isinstance(program, (str, Path)):
+        program = Path(program).read_bytes()
+    per_method = dict(inputs) if isinstance(inputs, Mapping) else {"forward": list(inputs)}
+    want = (dict(expected) if isinstance(expected, Mapping) else {"forward": list(expected)}) if expected is not None \
+        else None
+    cases: dict[str, list] = {}
+    for method, method_inputs in per_method.items():
+        rows = []
+        for i, case_inputs in enumerate(method_inputs):
+            case_inputs = tuple(case_inputs) if isinstance(case_inputs, (tuple, list)) else (case_inputs,)
+            if want is not None:
+                try:
+                    outs = want[method][i]
+                except (KeyError, IndexError):
+                    raise BuildError(f"expected outputs of {method}[{i}] are missing") from None
+            elif reference is not None:
+                fn = reference.get(method) if isinstance(reference, Mapping) else (
+                    reference if method == "forward" else getattr(reference, method, None))
+                if fn is None:
+                    raise BuildError(f"no reference for method {method!r}: pass reference={{'{method}': ...}}")
+                outs = _eager(fn, case_inputs)
+            else:
+                raise BuildError("bundle_program needs expected outputs or a reference model to compute them")
+            rows.append(ProgramCase(case_inputs, outs if isinstance(outs, (tuple, list)) else (outs,)))
+        cases[method] = rows
+    out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / f"{model_id}.bpte"
+    request = ProgramBundleRequest(program=program, cases=cases, backend=backend, dtype=dtype,
+                                   target=target or f"host://{'portable' if backend == 'portable' else 'xnnpack'}",
+                                   output_qparams=dict(output_qparams or {}), model=model_id,
+                                   overrides=dict(tolerances or {}))
+    return _bundle(request, out).path
+
+
+def _eager(fn: Any, inputs: tuple) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return fn(*inputs)
+
+
+def run(bundle: str | Path, target: str = "host://xnnpack", *, report_dir: str | Path | None = None,
+        cases: Sequence[int] | None = None, methods: Sequence[str] | None = None,
+        overrides: Sequence[str] = (), timeout: float = 120.0, setup_timeout: float = 300.0,
+        target_config: Mapping[str, Any] | None = None, config: str | Path | None = None, label: str | None = None,
+        save_outputs: bool = False, history: bool = False) -> "Report":
+    """Run every case of `bundle` on `target` and judge every output; returns the typed Report.
+
+    Without `report_dir` nothing is kept on disk (the run's scratch folder is removed). With it,
+    the folder gets what `bundlerun run --report` writes (report.json, JUnit, Markdown, HTML,
+    logs). `overrides` are `out0.atol=0.05` strings as on the command line; history is recorded
+    only when asked for. Infrastructure problems are verdicts (ERROR), not exceptions; a bundle
+    that cannot be read raises BundleError."""
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.runner.report_model import Report
+    from bundlerun.runner.session import RunRequest, Session
+
+    parsed = read_bundle(bundle)  # bad input is an exception here, before anything starts
+    scratch = None
+    if report_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="bundlerun-run-")
+        out = Path(scratch.name)
+    else:
+        out = Path(report_dir)
+    session = Session.load(Path(config) if config else None, no_history=not history)
+    try:
+        with session:
+            request = RunRequest(bundle_path=Path(bundle), target=target, report_dir=out, case_timeout_s=timeout,
+                                 setup_timeout_s=setup_timeout, methods=list(methods) if methods else None,
+                                 cases=sorted(set(cases)) if cases is not None else None, overrides=list(overrides),
+                                 label=label, target_config=dict(target_config or session.target_config(target)),
+                                 save_outputs=save_outputs)
+            raw = session.run(request, bundle=parsed) if report_dir is not None else session.execute(request, parsed)
+        return Report.from_json(raw)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def judge(report_dir: str | Path, overrides: Sequence[str] = (), bundle: str | Path | None = None,
+          out_dir: str | Path | None = None) -> "Report":
+    """Judge the outputs a run saved (`run(..., save_outputs=True)` or `bundlerun run --save-outputs`)
+    again, with `overrides`; nothing runs. Returns the new Report (written to `out_dir` if given)."""
+    from bundlerun.runner.commands.judge import rejudge
+    from bundlerun.runner.report_model import Report
+
+    return Report.from_json(rejudge(Path(report_dir), list(overrides), Path(bundle) if bundle else None,
+                                    Path(out_dir) if out_dir else None))
+
+
+def validate(model: Any, example_inputs: Sequence[Any] | None = None, target: str = "host://xnnpack", **kw: Any) -> "Report":
+    """`build` for `target` then `run` there (build keywords: backend, dtype, cases, seed, ...;
+    run keywords: report_dir, timeout, overrides, ...)."""
+    run_keys = {"report_dir", "methods", "overrides", "timeout", "setup_timeout", "target_config", "label",
+                "save_outputs", "history"}
+    run_kw = {k: kw.pop(k) for k in list(kw) if k in run_keys}
+    with tempfile.TemporaryDirectory(prefix="bundlerun-validate-") as tmp:
+        path = build(model, example_inputs, target=target, output=kw.pop("output", Path(tmp) / "bundle.bpte"), **kw)
+        return run(path, target, **run_kw)
