@@ -226,7 +226,11 @@ semihosting=ON
 [[ "$mode" == uart ]] && semihosting=OFF
 etdump_on=OFF
 if $etdump; then etdump_on=ON; fi
-cmake_cmd=(cmake -S "$here/qemu" -B "$build_dir" -G Ninja -Wno-dev
+# CMake ties a build tree to the path of its sources: the runner's sources are configured from a copy
+# in the cached tree, so a second checkout of bundlerun (a CI clone elsewhere) reuses the cached
+# libraries instead of failing with "does not match the source ... used to generate cache".
+runner_src="$lib_dir/runner-src"
+cmake_cmd=(cmake -S "$runner_src" -B "$build_dir" -G Ninja -Wno-dev
   -DCMAKE_BUILD_TYPE="$build_type"
   -DCMAKE_TOOLCHAIN_FILE="$src_root/examples/arm/ethos-u-setup/arm-none-eabi-gcc.cmake"
   -DEXECUTORCH_ROOT="$src_root"
@@ -278,6 +282,15 @@ if $etdump && [[ ! -f "$lib_dir/src/.view-complete" ]]; then
   lib_cached=false
   et_build_tree "$et_root" "$lib_dir/src" >/dev/null
   touch "$lib_dir/src/.view-complete"
+fi
+# the runner's sources into the tree's own copy: only changed files, so ninja rebuilds only what changed
+mkdir -p "$runner_src"
+for f in "$here"/qemu/*; do
+  [[ -f "$f" ]] || continue
+  cmp -s "$f" "$runner_src/${f##*/}" || cp -p "$f" "$runner_src/${f##*/}"
+done
+if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$runner_src" "$build_dir/CMakeCache.txt"; then
+  rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"   # a tree configured from elsewhere (older layout)
 fi
 log="$lib_dir/build-$runner_key.log"
 start=$(date +%s)
