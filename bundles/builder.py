@@ -164,7 +164,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"--cases {req.cases!r}: give 1 to {MAX_CASES} test cases (bundlerun's limit, docs/security.md)")
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
         raise BuildError(f"--seed {req.seed!r}: give a whole number from 0 to {MAX_SEED}")
-    reference = req.reference or "eager-fp32"
+    from bundlerun.bundles.backends.base import default_reference
+
+    reference = req.reference or default_reference(backend, req.dtype)
     if reference not in REFERENCES:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
     key = _cache_key(req, backend, reference)
@@ -219,6 +221,14 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             f"{backend} left {', '.join(undelegated)} on portable kernels")
     if reference == "quantized" and lowering.quantized_reference is None:
         raise BuildError(f"reference 'quantized' needs a quantized build; {req.dtype} on {backend} has none")
+    in_dtype, dtype_model = None, None  # eager-dtype: a copy of the eager model, and its inputs, in the build's dtype
+    if reference == "eager-dtype":
+        import copy
+
+        in_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(req.dtype)
+        if in_dtype is None:
+            raise BuildError(f"reference 'eager-dtype' needs a float build (fp32, fp16 or bf16), not {req.dtype}")
+        dtype_model = copy.deepcopy(model.module).to(in_dtype)
     out_dtypes = _program_output_dtypes(lowering.program)
 
     say(f"computing expected outputs for {len(case_arrays)} cases")
@@ -231,6 +241,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             )
             float_inputs = tuple(x.float() if x.is_floating_point() else x for x in program_inputs)
             runner = lowering.quantized_reference if reference == "quantized" else model.module
+            if in_dtype is not None:
+                float_inputs = tuple(x.to(in_dtype) if x.is_floating_point() else x for x in program_inputs)
+                runner = dtype_model
             try:
                 outs = _flatten_outputs(runner(*float_inputs))
             except BuildError:

@@ -35,7 +35,8 @@ FLOORS = frozenset({"sqnr_min_db", "cosine_min"})  # looser = smaller
 BASE_DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")
 QUANTIZED_DTYPES = ("int8", "int16")
 TIERS = BASE_DTYPES + tuple(f"{d}.vs-float" for d in QUANTIZED_DTYPES)
-REFERENCES = ("eager-fp32", "quantized")
+# eager-dtype: the eager model run in the build's own float dtype (fp16 / bf16), as MLX's tests do
+REFERENCES = ("eager-fp32", "eager-dtype", "quantized")
 INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})
 BUNDLERUN = "bundlerun"
 

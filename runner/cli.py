@@ -198,8 +198,8 @@ build_options = [
     click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True,
                  help="Test cases to bundle."),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input generator."),
-    click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None,
-                 help="What expected outputs come from (default eager-fp32)."),
+    click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default=None,
+                 help="What expected outputs come from (default eager-fp32; eager-dtype for fp16/bf16 on MLX, as its tests do)."),
     click.option("--distribution", default=None, help="Input distribution: randn, rand, uniform(lo,hi), normal(m,s)."),
     click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE",
                  help="Explicit criterion for every output, e.g. atol=0.05 (repeatable)."),
@@ -421,7 +421,7 @@ def _validate_slug(model: str, dtype: str) -> str:
               help="Comma list, e.g. fp32,fp16,int8 (default: int8 for integer Arm targets, else fp32).")
 @click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
+@click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default=None)
 @click.option("--distribution", default=None)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary of every run on stdout (no tables).")

@@ -77,6 +77,21 @@ def default_dtype(backend: str, target: str) -> str:
     return chooser(target_info(target)) if callable(chooser) else "fp32"
 
 
+# Backends whose upstream tests compare a half-precision program with the eager model run in that
+# same dtype, not with fp32: MLX's OpTestCase casts model and inputs to the test's dtype and takes
+# `model(*test_inputs)` as the expected output (backends/mlx/test/test_utils.py:912-920), then
+# compares with the dtype's TOLERANCE_PRESETS (backends/mlx/test/test_utils.py:1011-1014, 56-58).
+_DTYPE_REFERENCE = {"mlx"}
+
+
+def default_reference(backend: str, dtype: str) -> str:
+    """What expected outputs come from when a build names no reference: the eager model in the
+    build's dtype where the backend's own tests do that (fp16 / bf16 on MLX), else eager fp32."""
+    if backend in _DTYPE_REFERENCE and dtype in ("fp16", "bf16"):
+        return "eager-dtype"
+    return "eager-fp32"
+
+
 def lowering_module(backend: str):
     if backend not in BACKENDS:
         raise BuildError(f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}")

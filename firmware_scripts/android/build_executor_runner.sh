@@ -141,7 +141,7 @@ build_gnu() {
     kleidiai="$(et_kleidiai_dir "$et")"
     kai_fix="$HERE/toolchains/kleidiai-gcc12.cmake"  # GCC 12 vectorizer ICE on KleidiAI's bf16 kernels
   fi
-  if command -v "$cxx" >/dev/null; then compiler_version="$("$cxx" --version | head -n 1)"; else compiler_version="$cxx (not installed)"; fi
+  if command -v "$cxx" >/dev/null; then compiler_version="$("$cxx" --version | sed -n 1,1p)"; else compiler_version="$cxx (not installed)"; fi
 
   local flags=(
     -DCMAKE_BUILD_TYPE="$BUILD_TYPE"

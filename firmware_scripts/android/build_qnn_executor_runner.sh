@@ -89,9 +89,9 @@ run cmake --build "$EXAMPLE_DIR" -j "$JOBS" --target qnn_executor_runner
 RUNNER="$EXAMPLE_DIR/executor_runner/qnn_executor_runner"
 BACKEND_LIB="$BUILD_DIR/backends/qualcomm/libqnn_executorch_backend.so"
 if [ "$DRY_RUN" = 0 ]; then
-  [ -x "$RUNNER" ] || RUNNER="$(find "$EXAMPLE_DIR" -name qnn_executor_runner -type f -perm -u+x | head -n1)"
+  [ -x "$RUNNER" ] || RUNNER="$(find "$EXAMPLE_DIR" -name qnn_executor_runner -type f -perm -u+x | sed -n 1p)"
   [ -n "$RUNNER" ] && [ -x "$RUNNER" ] || die "build finished but qnn_executor_runner was not found under $EXAMPLE_DIR"
-  [ -f "$BACKEND_LIB" ] || BACKEND_LIB="$(find "$BUILD_DIR" -name libqnn_executorch_backend.so | head -n1)"
+  [ -f "$BACKEND_LIB" ] || BACKEND_LIB="$(find "$BUILD_DIR" -name libqnn_executorch_backend.so | sed -n 1p)"
 fi
 echo "$RUNNER"
 echo "$BACKEND_LIB"

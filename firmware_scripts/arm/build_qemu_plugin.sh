@@ -54,9 +54,9 @@ done
 
 qemu_path="$(command -v "$qemu_bin" || true)"
 [[ -n "$qemu_path" ]] || die "$qemu_bin not found (apt-get install qemu-system-arm)"
-qemu_version="$("$qemu_path" --version | head -n 1)"
+qemu_version="$("$qemu_path" --version | sed -n 1,1p)"
 command -v gcc >/dev/null 2>&1 || die "gcc not found (apt-get install gcc)"
-compiler="$(gcc --version | head -n 1)"
+compiler="$(gcc --version | sed -n 1,1p)"
 
 if [[ -n "$qemu_src" ]]; then
   header="$qemu_src/include/qemu/qemu-plugin.h"
@@ -91,7 +91,7 @@ if [[ -z "$header" ]]; then
   [[ "$got" == "$DEBIAN_ORIG_SHA256" ]] || die "$DEBIAN_ORIG_URL has SHA-256 $got, not Debian's $DEBIAN_ORIG_SHA256"
   tar -xJf "$tmp/qemu.orig.tar.xz" -C "$tmp" --wildcards '*/include/qemu/qemu-plugin.h' \
     || die "the QEMU source tarball holds no include/qemu/qemu-plugin.h"
-  header="$(find "$tmp" -path '*/include/qemu/qemu-plugin.h' | head -n 1)"
+  header="$(find "$tmp" -path '*/include/qemu/qemu-plugin.h' | sed -n 1p)"
   rm -f "$tmp/qemu.orig.tar.xz"
 fi
 mkdir -p "$tmp/include"

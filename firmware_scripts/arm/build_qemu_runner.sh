@@ -193,7 +193,7 @@ for lib in librdimon.a libstdc++.a; do
   [[ "$(arm-none-eabi-gcc -print-file-name="$lib")" == /* ]] \
     || die "arm-none-eabi toolchain has no $lib (apt-get install libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)"
 done
-toolchain="$(arm-none-eabi-gcc --version | head -n 1)"
+toolchain="$(arm-none-eabi-gcc --version | sed -n 1,1p)"
 flatc="$(et_wheel_flatc "$python_bin")" || exit 2
 python_abs="$(command -v "$python_bin")"
 

@@ -122,7 +122,7 @@ fi
 command -v arm-none-eabi-gcc >/dev/null || die "arm-none-eabi-gcc not on PATH (source <et-root>/examples/arm/arm-scratch/setup_path.sh)"
 "${cmd[@]}"
 
-elf="$(find "$output" -name arm_executor_runner -type f | head -n 1)"
+elf="$(find "$output" -name arm_executor_runner -type f | sed -n 1p)"
 [[ -n "$elf" ]] || die "build finished but no arm_executor_runner under $output"
 board="corstone-300"
 [[ "$target" == ethos-u85-* || "$target" == cortex-m85 ]] && board="corstone-320"

@@ -157,7 +157,7 @@ et_source_fingerprint() {
 }
 
 # Content-addressed cache key: hash of every argument (strings or files) given.
-# Usage: et_cache_key "fingerprint" "flags..." "ops" "$(arm-none-eabi-gcc --version | head -1)" [FILE...]
+# Usage: et_cache_key "fingerprint" "flags..." "ops" "$(arm-none-eabi-gcc --version | sed -n 1,1p)" [FILE...]
 et_cache_key() {
   local part
   for part in "$@"; do

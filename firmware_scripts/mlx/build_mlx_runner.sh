@@ -92,7 +92,7 @@ MLX_SHA="$(sha256sum "$MLX_LIB" | cut -c1-64)"
 ET="$(et_resolve_sources "$ET_DIR")"
 FP="$(et_source_fingerprint "$ET")"
 FLATC="$(et_wheel_flatc "$PYTHON_BIN")"
-COMPILER="$(g++ --version | head -n 1)"
+COMPILER="$(g++ --version | sed -n 1,1p)"
 for f in runtime/MLXBackend.cpp runtime/MLXInterpreter.h serialization/generate.py serialization/schema.fbs \
          serialization/MLXLoader.h.tmpl serialization/MLXLoader.cpp.tmpl; do
   [ -f "$ET/backends/mlx/$f" ] || die "$ET has no backends/mlx/$f: an ExecuTorch without the MLX backend"

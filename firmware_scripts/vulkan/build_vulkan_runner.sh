@@ -65,7 +65,7 @@ if [ -z "$GLSLC" ]; then
     GLSLC="$(bash "$HERE/fetch_glslc.sh" | tail -n 1)/glslc"
   fi
 fi
-glslc_version="$("$GLSLC" --version 2>/dev/null | head -n 3 | tr '\n' ' ')" || glslc_version=""
+glslc_version="$("$GLSLC" --version 2>/dev/null | sed -n 1,3p | tr '\n' ' ')" || glslc_version=""
 if [ -z "$glslc_version" ]; then
   [ "$DRY_RUN" = 1 ] || [ "$CACHED_ONLY" = 1 ] || die "glslc at $GLSLC does not run (firmware_scripts/vulkan/fetch_glslc.sh unpacks one)"
   glslc_version="glslc (not fetched yet)"
@@ -74,7 +74,7 @@ fi
 et="$(et_resolve_sources "$ET_DIR")"
 fp="$(et_source_fingerprint "$et")"
 if [ "$DRY_RUN" = 1 ]; then flatc="<executorch wheel>/data/bin/flatc"; else flatc="$(et_wheel_flatc "$PYTHON_BIN")"; fi
-compiler_version="$(g++ --version 2>/dev/null | head -n 1 || echo 'g++ (not installed)')"
+compiler_version="$(g++ --version 2>/dev/null | sed -n 1,1p || echo 'g++ (not installed)')"
 
 flags=(
   -DCMAKE_BUILD_TYPE=Release

@@ -41,5 +41,5 @@ EOF
   chmod +x "$DEST/bin/glslc.tmp"
   mv "$DEST/bin/glslc.tmp" "$DEST/bin/glslc"
 fi
-"$DEST/bin/glslc" --version >/dev/null 2>&1 || private_apt_die "$DEST/bin/glslc does not run: $("$DEST/bin/glslc" --version 2>&1 | head -n 1)"
+"$DEST/bin/glslc" --version >/dev/null 2>&1 || private_apt_die "$DEST/bin/glslc does not run: $("$DEST/bin/glslc" --version 2>&1 | sed -n 1,1p)"
 echo "$DEST/bin"

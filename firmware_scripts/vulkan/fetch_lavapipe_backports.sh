@@ -32,7 +32,7 @@ mkdir -p "$BUNDLERUN_CACHE/tools"
 LIBDIR="$DEST/root/usr/lib/x86_64-linux-gnu"
 LIB="$LIBDIR/libvulkan_lvp.so"
 [ -f "$LIB" ] || private_apt_die "no libvulkan_lvp.so in $LIBDIR (mesa-vulkan-drivers of $SUITE not unpacked?)"
-SRC_JSON="$(ls "$DEST"/root/usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -n 1)"
+SRC_JSON="$(ls "$DEST"/root/usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | sed -n 1p)"
 [ -n "$SRC_JSON" ] || private_apt_die "no lvp_icd*.json in $DEST/root/usr/share/vulkan/icd.d"
 python3 -c 'import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)' "$LIB" \
   || private_apt_die "$LIB does not load against this system's libraries (a dependency too old?)"

@@ -27,7 +27,7 @@ import click
 @click.option("--cases", "num_cases", type=click.IntRange(min=1), default=8, show_default=True,
               help="Cases bundled in each candidate (as the failing bundle was built).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default=None)
+@click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default=None)
 @click.option("--distribution", default=None)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE", help="As for `build`.")
 @click.option("--no-cache", is_flag=True, help="Build every candidate even when the build cache has it.")

@@ -114,7 +114,7 @@ def _check_explain_args(registry, backend: str, target: str | None, distribution
 @click.option("--dtype", required=True, help="fp32, fp16, bf16, int8 or int16.")
 @click.option("--model", default=None, help="Model name (per-model overrides).")
 @click.option("--op", "ops", multiple=True, help="aten op the model contains (op rules); repeatable.")
-@click.option("--reference", type=click.Choice(["eager-fp32", "quantized"]), default="eager-fp32", show_default=True)
+@click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default="eager-fp32", show_default=True)
 @click.option("--distribution", default="randn", show_default=True, help="Input distribution (randn, rand, ...).")
 @click.option("--output-dtype", default="float32", show_default=True, help="dtype of the output tensor.")
 @click.option("--output", "output_name", default="out0", show_default=True, help="Output name (outN).")

@@ -18,7 +18,7 @@ limit="${4:-60}"
 elf="$runner/arm_executor_runner.elf"
 [[ -f "$elf" && -f "$runner/runner.json" ]] || die "$runner has no arm_executor_runner.elf/runner.json"
 command -v qemu-system-arm >/dev/null || die "qemu-system-arm not found (apt-get install qemu-system-arm)"
-mode="$(sed -n 's/.*"mode": "\([a-z]*\)".*/\1/p' "$runner/runner.json" | head -n 1)"
+mode="$(sed -n 's/.*"mode": "\([a-z]*\)".*/\1/p' "$runner/runner.json" | sed -n 1p)"
 mkdir -p "$work"
 cd "$work"
 if [[ "$mode" == uart ]]; then
