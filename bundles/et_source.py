@@ -26,10 +26,12 @@ EXTRACT_SUFFIXES = (".py", ".sh")
 
 
 def third_party_dirs() -> list[Path]:
-    """Folders that may hold executorch.tar.xz (the same search as bundles/mlx_codegen.py)."""
-    from bundlerun.bundles.mlx_codegen import _third_party_dirs
-
-    return _third_party_dirs()
+    """Folders that may hold executorch.tar.xz: $BUNDLERUN_THIRD_PARTY, then ../shared/third_party
+    next to the installed package or the checkout."""
+    here = Path(__file__).resolve()
+    dirs = [os.environ.get("BUNDLERUN_THIRD_PARTY", "")]
+    dirs += [str(here.parents[2] / "shared" / "third_party"), str(here.parents[3] / "shared" / "third_party")]
+    return [Path(d) for d in dirs if d]
 
 
 def cache_root() -> Path:

@@ -109,13 +109,6 @@ def cache_key(et_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _third_party_dirs() -> list[Path]:
-    here = Path(__file__).resolve()
-    dirs = [os.environ.get("BUNDLERUN_THIRD_PARTY", "")]
-    dirs += [str(here.parents[2] / "shared" / "third_party"), str(here.parents[3] / "shared" / "third_party")]
-    return [Path(d) for d in dirs if d]
-
-
 def _copy_templates(dest: Path) -> str:
     """Put the two C++ templates into `dest`; return where they came from."""
     src = os.environ.get("BUNDLERUN_EXECUTORCH_SRC")
@@ -127,7 +120,9 @@ def _copy_templates(dest: Path) -> str:
         for t in TEMPLATES:
             shutil.copyfile(folder / t, dest / t)
         return str(folder)
-    for d in _third_party_dirs():
+    from bundlerun.bundles.et_source import third_party_dirs
+
+    for d in third_party_dirs():
         tarball = d / "executorch.tar.xz"
         if tarball.is_file():
             _extract_templates(tarball, dest)

@@ -273,15 +273,12 @@ class BundlerunPlugin:
                    cases: list[int] | None = None) -> dict[str, Any]:
         from bundlerun.runner.session import RunRequest
 
-        from bundlerun.runner.suite.device import steady_environment
-
         session = self.session()
         config = {**session.target_config(url), **(options or {})}
-        with steady_environment():  # one warm worker for the session, not one per test
-            return session.run(RunRequest(bundle_path=Path(bundle), target=url, report_dir=Path(report_dir),
-                                          case_timeout_s=timeout or self.config.getoption("bundlerun_timeout"),
-                                          overrides=list(overrides or []), cases=cases, target_config=config,
-                                          label=os.environ.get("BUNDLERUN_LABEL")))
+        return session.run(RunRequest(bundle_path=Path(bundle), target=url, report_dir=Path(report_dir),
+                                      case_timeout_s=timeout or self.config.getoption("bundlerun_timeout"),
+                                      overrides=list(overrides or []), cases=cases, target_config=config,
+                                      label=os.environ.get("BUNDLERUN_LABEL")))
 
     # ------------------------------------------------------------------ hooks
 

@@ -194,8 +194,14 @@ def _close_live_pools() -> None:
         pool.close()
 
 
+# Variables that change while one command runs but mean nothing to a runtime: pytest sets
+# PYTEST_CURRENT_TEST to each test's id, and a warm worker is kept only while its environment is
+# unchanged (WorkerPool.acquire), so a pytest session would otherwise start one worker per test.
+_VOLATILE = ("PYTEST_CURRENT_TEST",)
+
+
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _VOLATILE}
     env.setdefault("PYTHONWARNINGS", "ignore")
     return env
 

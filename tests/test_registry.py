@@ -127,6 +127,24 @@ def test_int8_against_quantized_reference_counts_steps_and_conv_gets_two(builtin
     assert (c1.atol, c1.rtol, c1.qtol) == (0.04, 0.02, 0)
 
 
+def test_qnn_quantized_tier_keeps_qnns_numbers_and_adds_a_floor_that_refuses_zeros(builtin):
+    """QNN's own int8 bound (atol 0.1, rtol 1) passes an all-zero output; bundlerun adds its 20 dB floor
+    (origin bundlerun), so an all-zero output FAILs instead of the output being vacuous (ERROR)."""
+    from bundlerun.runner.compare import judge_output
+    from bundlerun.runner.vacuity import vacuous_reason
+
+    c = resolve_criteria(ctx(backend="qnn", target="qnn://htp-sim", dtype="int8", reference="quantized", scale=0.02),
+                         registry=builtin)
+    assert (c.atol, c.rtol, c.sqnr_min_db) == (0.1, 1, 20.0)
+    assert "test_qnn_delegate.py:3030" in c.trail["atol"][-1]["origin"]
+    assert c.trail["sqnr_min_db"][-1]["origin"].startswith("bundlerun: ")
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    assert vacuous_reason(ref, c, "float32") is None
+    assert judge_output(np.zeros_like(ref), ref, c, actual_dtype="float32", expected_dtype="float32").verdict == "FAIL"
+    near = ref + np.float32(0.01)  # a few quantization steps off: well above 20 dB
+    assert judge_output(near, ref, c, actual_dtype="float32", expected_dtype="float32").verdict == "PASS"
+
+
 def test_tiers_keep_reference_kind():
     assert tier_for("int8", "eager-fp32") == "int8.vs-float"
     assert tier_for("int8", "quantized") == "int8"

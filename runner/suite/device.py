@@ -20,7 +20,6 @@ verdict unless `strict` is set (then it is an AssertionError, as the Tester's ow
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
@@ -105,22 +104,6 @@ def _g(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
-# Set by pytest to the running test's id, so it differs in every test; a warm runtime worker is
-# kept only while its environment is unchanged (targets/worker_process.py WorkerPool.acquire), so
-# with it a session would start a new worker for every test.
-PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST",)
-
-
-@contextlib.contextmanager
-def steady_environment():
-    """The environment without pytest's per-test variables while a bundle runs (restored after)."""
-    saved = {k: os.environ.pop(k) for k in PER_TEST_VARIABLES if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
 def safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@-]+", "_", text).strip("_")[:120] or "x"
 
@@ -161,10 +144,9 @@ class TargetRunner:
 
         session = self.session()
         config = {**session.target_config(self.url), **self.target_config}
-        with steady_environment():
-            return session.run(RunRequest(bundle_path=Path(bundle_path), target=self.url, report_dir=Path(report_dir),
-                                          case_timeout_s=self.timeout_s, target_config=config, save_outputs=True,
-                                          label=self.label))
+        return session.run(RunRequest(bundle_path=Path(bundle_path), target=self.url, report_dir=Path(report_dir),
+                                      case_timeout_s=self.timeout_s, target_config=config, save_outputs=True,
+                                      label=self.label))
 
     def close(self) -> None:
         own, self._own = self._own, None

@@ -30,8 +30,17 @@ SPEC = TargetSpec(
     command_settings=("adb_path", "runner", "libraries", "env", "qnn_sdk_root", "qnn_backend_lib", "debug_runner"),
     capture=lazy("bundlerun.targets.android.intermediates:capture"),
     device_key=lambda url: _device_key(url),
+    lowering=lambda url: _lowering(url),
     repeat=True,
 )
+
+
+def _lowering(url: TargetURL) -> dict:
+    """What a recipe compiles for on this phone: its Qualcomm SoC when the URL names it
+    (`adb://SERIAL?soc=SM8550`, read by the qnn recipe as qnn://htp-sim?soc= is), else nothing (the
+    recipe's own default)."""
+    soc = (url.query.get("soc") or url.query.get("soc_model") or "").strip().upper()
+    return {"soc": soc} if soc else {}
 
 
 def _device_key(url: TargetURL) -> str | None:

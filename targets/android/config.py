@@ -65,6 +65,8 @@ class AndroidTargetConfig:
             raw.setdefault("server_host", query.pop("host"))
         if "port" in query:
             raw.setdefault("server_port", query.pop("port"))
+        if "soc" in query:  # adb://SERIAL?soc=SM8550: the SoC builds for this URL compile for (SPEC.lowering)
+            raw.setdefault("soc_model", query.pop("soc"))
         for k, v in query.items():
             raw.setdefault(k.replace("-", "_"), v)
         from bundlerun.targets.settings import check_keys
