@@ -163,7 +163,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             try:  # --replay N: the same case N-1 more times in this process (runner/replay.py)
                 replays = _replay_runs(module, method, case, inputs, out_dir, replay, code_of, torch)
             except Exception as exc:
-                _emit(event="error", method=method, case=case, error=f"replay execution failed: {exc}", kind="runtime")
+                _emit(event="error", method=method, case=case, error=f"replay execution failed: {exc}", kind="runner-error")
                 continue
             _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records,
                   **({"replays": replays} if replays else {}),
