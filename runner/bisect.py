@@ -216,7 +216,8 @@ class Bisector:
         return built, (lowering.get("partition_control") or {})
 
     def _run(self, step: Step, bundle_path: Path, folder: Path, target: str | None = None) -> None:
-        from bundlerun.runner.session import RunRequest, execute_run
+        from bundlerun.runner.report import write_record
+        from bundlerun.runner.session import RunRequest
 
         req = self.req
         t = time.monotonic()
@@ -225,12 +226,8 @@ class Bisector:
         config = dict(req.target_config) if target == req.target else self.session.target_config(target)
         run_req = RunRequest(bundle_path=bundle_path, target=target, report_dir=folder, case_timeout_s=req.timeout_s,
                              methods=[req.method], cases=[req.case], target_config=config)
-        pool = self.session.workers
-        if pool is not None:
-            with pool.activate():
-                report = execute_run(run_req, opener=self.session.open_target)
-        else:
-            report = execute_run(run_req)
+        report = self.session.execute(run_req)  # the session's open targets and warm workers
+        write_record(report, folder)
         step.run_s = time.monotonic() - t
         step.report = str(folder / "report.json")
         if (report.get("summary") or {}).get("interrupted"):  # the run kept its report; the bisection stops too

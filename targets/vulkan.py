@@ -41,6 +41,7 @@ from bundlerun.targets.base import (
     CaseResult,
     CaseStatus,
     RunOptions,
+    TargetBase,
     TargetRun,
     expected_layout,
     raw_outputs_from_files,
@@ -329,7 +330,7 @@ def classify(output: str, exit_status: int | None, icd: Path, probe: dict[str, A
 
 
 @dataclass
-class VulkanTarget:
+class VulkanTarget(TargetBase):
     url: str
     driver: str
     settings: VulkanSettings
