@@ -34,9 +34,10 @@ def test_vulkan_lowers_and_delegates(dtype):
     assert buf[4:6] == b"ET" and b"VulkanBackend" in buf
 
 
-def test_vulkan_rejects_int8():
-    with pytest.raises(BuildError, match="vulkan recipe"):
-        lowering_module("vulkan").lower(_request("vulkan", "int8"))
+def test_vulkan_rejects_bf16():
+    """fp32, fp16 (force_fp16) and int8 (XNNPACK-style PTQ) lower for Vulkan; bf16 is refused by name."""
+    with pytest.raises(BuildError, match=r"dtype 'bf16' is not supported by the vulkan recipe \(fp32, fp16, int8\)"):
+        lowering_module("vulkan").lower(_request("vulkan", "bf16"))
 
 
 def test_qnn_needs_the_sdk(monkeypatch, tmp_path):

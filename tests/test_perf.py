@@ -281,7 +281,7 @@ def _report(url: str, errors=None, elapsed=(0.004, 0.002, 0.003, 0.001), perf=No
     ("host://xnnpack", "execution_wall_time", "host-wall", True),
     ("ssh://lab-box/host://portable", "execution_wall_time", "host-wall", True),
     ("tosa://int", "interpreter_time", "simulation-time", True),
-    ("mlx://cpu", "interpreter_time", "simulation-time", True),
+    ("mlx://cpu", "runner_process_wall_time", "host-wall", False),  # ExecuTorch's C++ MLX runner, one process per case
     ("qemu://mps3-an547", "session_wall_time", "host-wall", False),
     ("adb://R58M", "session_wall_time", "host-wall", False),
 ])
