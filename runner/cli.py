@@ -39,7 +39,7 @@ LAZY_COMMANDS: dict[str, str] = {
 
 
 def _version() -> str:
-    from bundlerun.runner._version import __version__
+    from bundlerun._version import __version__
 
     return __version__
 

@@ -257,7 +257,7 @@ def write_debug_reports(result: DebugResult, report_dir: Path) -> dict[str, Path
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    from bundlerun.runner._version import __version__
+    from bundlerun._version import __version__
 
     body = {"schema": "bundlerun.debug/1", "kind": "debug", "tool": {"name": "bundlerun", "version": __version__},
             "debug": result.to_json()}

@@ -21,7 +21,7 @@ OUTPUTS_FILE = "outputs.npz"
 
 
 def tool_version() -> str:
-    from bundlerun.runner._version import __version__
+    from bundlerun._version import __version__
 
     return __version__
 

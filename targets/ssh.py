@@ -211,7 +211,7 @@ class SshTarget(TargetBase):
             raise TargetError(message, kind=_kind(exc.kind).value) from None
 
     def _check_version(self, t) -> str:
-        from bundlerun.runner._version import __version__
+        from bundlerun._version import __version__
         from bundlerun.targets.remote.ssh_transport import parse_version
 
         cmd = f"{self.settings.bundlerun} --version"
@@ -246,7 +246,7 @@ class SshTarget(TargetBase):
 
     # ---- the worker session -----------------------------------------------------------------
     def _worker_command(self, remote_bundle: str, workspace: str, options: RunOptions, session_id: str) -> str:
-        from bundlerun.runner._version import __version__
+        from bundlerun._version import __version__
 
         s = self.settings
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items() if k.isidentifier())

@@ -24,7 +24,7 @@ from sshd_fixture import live_processes, sshd, wait_gone  # noqa: E402,F401
 
 from bundlerun.bundles.bpte import read_bundle  # noqa: E402
 from bundlerun.bundles.errors import ConfigError, TargetError  # noqa: E402
-from bundlerun.runner._version import __version__  # noqa: E402
+from bundlerun._version import __version__  # noqa: E402
 from bundlerun.runner.session import RunRequest, execute_run  # noqa: E402
 from bundlerun.targets import open_target, parse_target_url  # noqa: E402
 from bundlerun.targets.base import CaseStatus, RunOptions  # noqa: E402

@@ -156,7 +156,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         signal.signal(sig, lambda signum, _frame: _shutdown(f"got {signal.Signals(signum).name}"))
     t0 = time.perf_counter()
 
-    from bundlerun.runner._version import __version__
+    from bundlerun._version import __version__
 
     request_line = sys.stdin.buffer.readline()
     if not request_line:
