@@ -47,13 +47,16 @@ def tag_row(row: dict[str, Any], report: dict[str, Any], tags: dict[str, Any] | 
 _SQL = """
 SELECT r.id, r.bundle_path, t.source, t.flow, t.operator, t.test, t.subtest, t.commit_sha, t.commit_time,
        t.commit_source, t.dirty, t.suite_result, t.suite_detail, t.suite_error,
-       (SELECT MAX(error_max) FROM case_outputs c WHERE c.run_id = r.id) AS max_error
+       (SELECT MAX(error_max) FROM case_outputs c WHERE c.run_id = r.id) AS max_error,
+       (SELECT COUNT(*) FROM replay_outputs p WHERE p.run_id = r.id AND p.finding IS NOT NULL) AS replay_findings,
+       (SELECT COUNT(*) FROM replay_outputs p WHERE p.run_id = r.id AND p.flips = 1) AS replay_flips
 FROM runs r LEFT JOIN run_tags t ON t.run_id = r.id
 """
 
 
 def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
-    """run id -> its tags, bundle path and largest max error (what the HUD adds to RunRecord)."""
+    """run id -> its tags, bundle path, largest max error and `--replay` findings (outputs whose
+    results differed between runs, and those whose verdict flipped): what the HUD adds to RunRecord."""
     from bundlerun.runner.history import _retrying, connect
 
     if not Path(db_path).exists():

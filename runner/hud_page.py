@@ -51,6 +51,7 @@ th.lab.base{background:#e3f2fd} th.lab.bucket{color:#777;font-style:italic}
 .sub{color:#78909c;font-size:.9em;margin-left:4px}
 td.c{text-align:right;min-width:34px} td.c a{color:inherit;text-decoration:none;display:block}
 td.PASS{background:#e8f5e9;color:#1b5e20} td.FAIL{background:#ffebee;color:#b71c1c}
+td.flaky{outline:2px dashed #8e24aa;outline-offset:-3px}
 td.ERROR{background:#fff3e0;color:#e65100} td.TIMEOUT{background:#f3e5f5;color:#4a148c} td.SKIP{background:#f5f5f5;color:#555}
 td.reg{background:#e53935;color:#fff;font-weight:600} td.base{box-shadow:inset 0 0 0 2px #1e88e5}
 td.culprit{box-shadow:inset 0 0 0 3px #212121}
@@ -187,6 +188,8 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
         classes.append("base")
     if cell.culprit:
         classes.append("culprit")
+    if cell.extra.get("replay_findings"):  # --replay: flaky numerics, told apart from wrong numerics
+        classes.append("flaky")
     r = cell.run
     tip = [f"run #{r.id}", f"verdict {r.verdict}", f"{'top-1' if cell.metric == 'top1' else 'worst SQNR'} {fmt(cell)}"]
     x = cell.extra
@@ -194,6 +197,9 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
         tip.append(f"max error {x['max_error']:.4g}")
     if r.max_mae is not None:
         tip.append(f"max MAE {r.max_mae:.4g}")
+    if x.get("replay_findings"):
+        tip.append(f"flaky numerics: {x['replay_findings']} output(s) differed between --replay runs"
+                   + (f", {x['replay_flips']} with a verdict that flipped" if x.get("replay_flips") else ""))
     if x.get("suite_result"):
         tip.append(f"suite: {x['suite_result']}" + (f" ({x['suite_detail']})" if x.get("suite_detail") else ""))
     if cell.runs > 1:
@@ -304,7 +310,8 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         "<p class='meta legend'><span style='background:#e8f5e9'>PASS</span>"
         "<span style='background:#ffebee'>FAIL</span><span style='background:#e53935;color:#fff'>regressed</span>"
         "<span style='background:#fff3e0'>ERROR</span><span style='background:#f3e5f5'>TIMEOUT</span>"
-        "<span style='box-shadow:inset 0 0 0 2px #1e88e5'>baseline</span></p>"
+        "<span style='box-shadow:inset 0 0 0 2px #1e88e5'>baseline</span>"
+        "<span style='outline:2px dashed #8e24aa;outline-offset:-3px'>flaky numerics (--replay)</span></p>"
         "<div class='bar'><input id='filter' type='search' placeholder='filter rows (test, operator, flow, target, "
         "dtype)' aria-label='filter rows'><span><input id='bad' type='checkbox' aria-label='only regressed or failing'>"
         " only regressed or failing</span><button id='expand' type='button'>expand all</button>"

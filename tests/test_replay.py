@@ -72,6 +72,19 @@ def test_flaky_double_is_a_named_finding_everywhere(tmp_path, mlp_bundle):
     rows = flaky_outputs(history, run_id)
     assert [(r["case_index"], r["finding"], r["flips"], r["distinct_results"]) for r in rows] == \
         [(0, "flaky-numerics", 1, 3), (1, "flaky-numerics", 1, 3)]
+    # the HUD tells flaky numerics apart from wrong ones: the flaky run's cell is marked, a stable run's not
+    stable = _cli("run", mlp_bundle, "--target", "flaky://here?mode=stable", "--replay", "2", "--report",
+                  tmp_path / "stable", "--history", history, "--label", "later", env=DOUBLE_ENV)
+    assert stable.returncode == 0, stable.stdout[-2000:]
+    from bundlerun.runner.hud import write_site
+
+    _, grid = write_site(history, tmp_path / "site")
+    cells = sorted((c for row in grid.rows for c in row.cells.values()), key=lambda c: c.run.id)
+    assert [(c.run.id, c.extra.get("replay_findings"), c.extra.get("replay_flips")) for c in cells] == \
+        [(run_id, 2, 2), (run_id + 1, 0, 0)]
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert page.count("class='c PASS flaky'") + page.count("class='c PASS base flaky'") == 1
+    assert "flaky numerics: 2 output(s) differed between --replay runs, 2 with a verdict that flipped" in page
 
 
 def test_whole_run_replay_for_targets_without_a_loop(tmp_path, mlp_bundle):
