@@ -18,6 +18,7 @@ Read from the runner's source and checked on the real binary built from source
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 from bundlerun.targets.arm.log import parse_runner_log
 from bundlerun.targets.arm.protocol import Failure, cause_of
@@ -174,3 +175,32 @@ def device_verdict(output: str) -> dict | None:
         return None
     return DeviceVerdict(log.bundle_verdict, "executor_runner BundleIO (test case 0)",
                          error_stats=dict(log.error_stats)).to_dict()
+
+
+def case_result(bundle, method: str, index: int, folder, rc: int | None, output: str, timeout_s: float,
+                classify_fn: Callable[[str, int], Failure | None], base: dict[str, Any], who: str = "the runner",
+                etdump: str | None = None):
+    """The CaseResult of one executor_runner process that ran a one-case bundle in `folder` with
+    `runner_args(..., "out/output", etdump=...)`: a timeout (rc None: its process group was killed),
+    the lane's classified failure, or the outputs it wrote (out/output-K.bin, checked against the
+    bundle's layout). `base` holds the CaseResult fields the lane measured (log path, elapsed, ...)."""
+    from bundlerun.targets.base import CaseResult, CaseStatus, expected_layout, raw_outputs_from_files
+
+    tail = output.splitlines()[-10:]
+    if rc is None:
+        return CaseResult(status=CaseStatus.TIMEOUT, error=f"{who} did not finish within {timeout_s:g} s; "
+                          "process group killed", error_kind=FailureKind.HOST_TIMEOUT, log_excerpt=tail, **base)
+    problem = classify_fn(output, rc)
+    if problem:
+        return CaseResult(status=problem.status, error=problem.message, error_kind=problem.kind,
+                          log_excerpt=problem.evidence, **base)
+    layout = expected_layout(bundle, method, index)
+    files = [folder / "out" / f"output-{k}.bin" for k in range(len(layout))]
+    outputs, err = raw_outputs_from_files([f for f in files if f.is_file()], layout)
+    if err:
+        kind = FailureKind.WRONG_OUTPUT_SIZE if "bytes, expected" in err else FailureKind.MISSING_OUTPUT
+        return CaseResult(status=CaseStatus.ERROR, error=err, error_kind=kind, log_excerpt=tail, **base)
+    result = CaseResult(status=CaseStatus.OK, outputs=outputs, extra={"outputs_from": "files"}, **base)
+    if etdump and (folder / etdump).is_file():
+        result.extra["etdump"] = str(folder / etdump)
+    return result

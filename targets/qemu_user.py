@@ -24,16 +24,12 @@ from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner, lazy
 from bundlerun.targets.base import (
     CaseResult,
-    CaseStatus,
     RunOptions,
     TargetBase,
     TargetRun,
-    expected_layout,
-    raw_outputs_from_files,
     safe_name,
     selected_cases,
 )
-from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group
 from bundlerun.targets.runner_cache import cached_runners
 from bundlerun.targets.settings import parse_settings
@@ -223,25 +219,8 @@ class QemuUserTarget(TargetBase):
         verdict = executor_runner.device_verdict(output)
         base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed, device_verdict=verdict,
                     perf=executor_runner.perf_figures(output, simulated=True))
-        if rc is None:
-            return CaseResult(status=CaseStatus.TIMEOUT, error=f"the runner did not finish within {timeout_s:g} s; "
-                              "process group killed", error_kind=FailureKind.HOST_TIMEOUT,
-                              log_excerpt=output.splitlines()[-10:], **base)
-        problem = executor_runner.classify(output, rc)
-        if problem:
-            return CaseResult(status=problem.status, error=problem.message, error_kind=problem.kind,
-                              log_excerpt=problem.evidence, **base)
-        layout = expected_layout(bundle, method, index)
-        files = [folder / "out" / f"output-{k}.bin" for k in range(len(layout))]
-        outputs, err = raw_outputs_from_files([f for f in files if f.is_file()], layout)
-        if err:
-            kind = FailureKind.WRONG_OUTPUT_SIZE if "bytes, expected" in err else FailureKind.MISSING_OUTPUT
-            return CaseResult(status=CaseStatus.ERROR, error=err, error_kind=kind, log_excerpt=output.splitlines()[-10:],
-                              **base)
-        result = CaseResult(status=CaseStatus.OK, outputs=outputs, extra={"outputs_from": "files"}, **base)
-        if etdump and (folder / etdump).is_file():
-            result.extra["etdump"] = str(folder / etdump)
-        return result
+        return executor_runner.case_result(bundle, method, index, folder, rc, output, timeout_s,
+                                           executor_runner.classify, base, etdump=etdump)
 
 
 def create(url: TargetURL, config: dict) -> QemuUserTarget:

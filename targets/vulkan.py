@@ -39,12 +39,9 @@ from bundlerun.targets.arm.log import parse_runner_log
 from bundlerun.targets.arm.protocol import Failure
 from bundlerun.targets.base import (
     CaseResult,
-    CaseStatus,
     RunOptions,
     TargetBase,
     TargetRun,
-    expected_layout,
-    raw_outputs_from_files,
     safe_name,
     selected_cases,
 )
@@ -385,25 +382,9 @@ class VulkanTarget(TargetBase):
         base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=elapsed,
                     device_verdict=executor_runner.device_verdict(output),
                     perf=executor_runner.perf_figures(output, simulated=True))
-        if rc is None:
-            return CaseResult(status=CaseStatus.TIMEOUT, error=f"the Vulkan runner did not finish within {timeout_s:g} s; "
-                              "process group killed", error_kind=FailureKind.HOST_TIMEOUT,
-                              log_excerpt=output.splitlines()[-10:], **base)
-        problem = classify(output, rc, self.icd, probe)
-        if problem:
-            return CaseResult(status=problem.status, error=problem.message, error_kind=problem.kind,
-                              log_excerpt=problem.evidence, **base)
-        layout = expected_layout(bundle, method, index)
-        files = [folder / "out" / f"output-{k}.bin" for k in range(len(layout))]
-        outputs, err = raw_outputs_from_files([f for f in files if f.is_file()], layout)
-        if err:
-            kind = FailureKind.WRONG_OUTPUT_SIZE if "bytes, expected" in err else FailureKind.MISSING_OUTPUT
-            return CaseResult(status=CaseStatus.ERROR, error=err, error_kind=kind,
-                              log_excerpt=output.splitlines()[-10:], **base)
-        result = CaseResult(status=CaseStatus.OK, outputs=outputs, extra={"outputs_from": "files"}, **base)
-        if etdump and (folder / etdump).is_file():
-            result.extra["etdump"] = str(folder / etdump)
-        return result
+        return executor_runner.case_result(bundle, method, index, folder, rc, output, timeout_s,
+                                           lambda out, code: classify(out, code, self.icd, probe), base,
+                                           "the Vulkan runner", etdump)
 
 
 def create(url: TargetURL, config: dict) -> VulkanTarget:

@@ -189,3 +189,20 @@ et_wheel_flatc() {
   [ -x "$flatc" ] || et_die "no flatc at $flatc"
   echo "$flatc"
 }
+
+# The CMake options every bundlerun executor_runner build shares (examples/portable/executor_runner
+# with BundleIO, ETDump and logging, the portable kernels): each lane adds its kernels and backends.
+# Cache keys hash the full flag list, so this list keeps its order.
+ET_RUNNER_COMMON_FLAGS=(
+  -DEXECUTORCH_BUILD_EXECUTOR_RUNNER=ON
+  -DEXECUTORCH_ENABLE_BUNDLE_IO=ON
+  -DEXECUTORCH_BUILD_DEVTOOLS=ON
+  -DEXECUTORCH_ENABLE_EVENT_TRACER=ON
+  -DEXECUTORCH_ENABLE_LOGGING=ON
+  -DEXECUTORCH_PAL_DEFAULT=posix
+  -DEXECUTORCH_BUILD_EXTENSION_DATA_LOADER=ON
+  -DEXECUTORCH_BUILD_EXTENSION_FLAT_TENSOR=ON
+  -DEXECUTORCH_BUILD_EXTENSION_EVALUE_UTIL=ON
+  -DEXECUTORCH_BUILD_EXTENSION_RUNNER_UTIL=ON
+  -DEXECUTORCH_BUILD_PORTABLE_OPS=ON
+)
