@@ -271,20 +271,9 @@ def _reference_graph(record) -> tuple[Any, str]:
 
 def _capture_by_name(graph_module, inputs: tuple) -> dict[str, Any]:
     """Every call_function node's output of `graph_module` on `inputs`, by node name."""
-    import torch
+    from bundlerun.runner.export_divergence import capture_graph
 
-    values: dict[str, Any] = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            result = super().run_node(n)
-            if n.op == "call_function":
-                values[n.name] = result
-            return result
-
-    with torch.no_grad():
-        Recorder(graph_module).run(*inputs)
-    return values
+    return capture_graph(graph_module, inputs)[0]
 
 
 def _fp32_counterpart(fp32_gm, name: str) -> str | None:
