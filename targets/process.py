@@ -22,3 +22,23 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 3.0, *, term_fir
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
+
+
+def wait_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    """`proc`'s exit status, or None when it is still running after `timeout_s`. Why not Popen.wait(timeout):
+    with a timeout CPython polls, sleeping up to 50 ms between polls, which a 32-case run pays 32 times;
+    a pidfd (Linux >= 5.3) wakes the moment the process ends."""
+    import select
+
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd here: the polling wait
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    return proc.wait() if ready else None

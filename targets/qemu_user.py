@@ -30,7 +30,7 @@ from bundlerun.targets.base import (
     safe_name,
     selected_cases,
 )
-from bundlerun.targets.process import kill_process_group
+from bundlerun.targets.process import kill_process_group, wait_exit
 from bundlerun.targets.runner_cache import cached_runners
 from bundlerun.targets.settings import parse_settings
 
@@ -144,26 +144,6 @@ def run_under_qemu(qemu: str, runner: Path, args: list[str], cwd: Path, log_path
         finally:
             kill_process_group(proc)
     return rc, time.monotonic() - start, log_path.read_text(errors="replace")
-
-
-def wait_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
-    """`proc`'s exit status, or None when it is still running after `timeout_s`. Why not Popen.wait(timeout):
-    with a timeout CPython polls, sleeping up to 50 ms between polls, which a 32-case run pays 32 times;
-    a pidfd (Linux >= 5.3) wakes the moment the process ends."""
-    import select
-
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd here: the polling wait
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
-    finally:
-        os.close(fd)
-    return proc.wait() if ready else None
 
 
 @dataclass
