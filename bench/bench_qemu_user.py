@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     from bundlerun.bundles.bpte import read_bundle, write_bundle
-    from bundlerun.targets import executor_runner
+    from bundlerun.targets.et_runner import executor_runner
     from bundlerun.targets.qemu_user import QemuUserSettings, cached_runner, qemu_for
 
     meta = cached_runner("aarch64")

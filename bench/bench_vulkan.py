@@ -32,7 +32,8 @@ def timed(cmd: list[str], env: dict | None = None) -> float:
 
 def main() -> int:
     from bundlerun.bundles.bpte import read_bundle, write_bundle
-    from bundlerun.targets import executor_runner, open_target
+    from bundlerun.targets import open_target
+    from bundlerun.targets.et_runner import executor_runner
     from bundlerun.targets.vulkan import default_shader_cache, runner_env
 
     parser = argparse.ArgumentParser(description=__doc__)

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
-    from bundlerun.runner.report_model import Report
+    from bundlerun.runner.report.model import Report
 
 __all__ = ["build", "bundle_program", "run", "judge", "validate", "Report"]
 
 
 def __getattr__(name: str):  # `api.Report` without importing the report model at `import bundlerun.api`
     if name == "Report":
-        from bundlerun.runner.report_model import Report
+        from bundlerun.runner.report.model import Report
 
         return Report
     raise AttributeError(name)
@@ -160,7 +160,7 @@ def run(bundle: str | Path, target: str = "host://xnnpack", *, report_dir: str |
     only when asked for. Infrastructure problems are verdicts (ERROR), not exceptions; a bundle
     that cannot be read raises BundleError."""
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.report_model import Report
+    from bundlerun.runner.report.model import Report
     from bundlerun.runner.session import RunRequest, Session
 
     parsed = read_bundle(bundle)  # bad input is an exception here, before anything starts
@@ -190,7 +190,7 @@ def judge(report_dir: str | Path, overrides: Sequence[str] = (), bundle: str | P
     """Judge the outputs a run saved (`run(..., save_outputs=True)` or `bundlerun run --save-outputs`)
     again, with `overrides`; nothing runs. Returns the new Report (written to `out_dir` if given)."""
     from bundlerun.runner.commands.judge import rejudge
-    from bundlerun.runner.report_model import Report
+    from bundlerun.runner.report.model import Report
 
     return Report.from_json(rejudge(Path(report_dir), list(overrides), Path(bundle) if bundle else None,
                                     Path(out_dir) if out_dir else None))

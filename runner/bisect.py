@@ -216,7 +216,7 @@ class Bisector:
         return built, (lowering.get("partition_control") or {})
 
     def _run(self, step: Step, bundle_path: Path, folder: Path, target: str | None = None) -> None:
-        from bundlerun.runner.report import write_record
+        from bundlerun.runner.report.record import write_record
         from bundlerun.runner.session import RunRequest
 
         req = self.req

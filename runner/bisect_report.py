@@ -56,7 +56,7 @@ def culprit_text(result: BisectResult) -> str:
 def print_result(result: BisectResult, console: Any) -> None:
     from rich.table import Table
 
-    from bundlerun.runner.report import plain
+    from bundlerun.runner.report.record import plain
 
     table = Table(title=f"bisect {plain(result.model)} on {plain(result.target)}: {result.method}[{result.case}]",
                   title_justify="left")
@@ -89,7 +89,7 @@ def print_result(result: BisectResult, console: Any) -> None:
 
 
 def render_markdown(result: BisectResult) -> str:
-    from bundlerun.runner.markdown import _md
+    from bundlerun.runner.writers.markdown import _md
 
     lines = [f"# bisect: {_md(result.model)} on {_md(result.target)}", "",
              f"Case {_md(result.method)}[{result.case}], {result.backend or ''} {result.dtype or ''}; "

@@ -360,7 +360,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.report import print_summary
+    from bundlerun.runner.report.record import print_summary
 
     parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
@@ -381,7 +381,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides,
                          label, methods=list(methods) or None, cases=cases, quiet=quiet or as_json, bundle=parsed,
                          amend=plan.amend if plan else None)
-    from bundlerun.runner import github
+    from bundlerun.runner.writers import github
 
     github.annotate(report, report_dir / "report.json", stream=sys.stderr if as_json else None)
     if as_json:
@@ -395,7 +395,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
             from bundlerun.runner.regression import format_regressions
 
             click.echo(format_regressions(report["regressions"]))
-    from bundlerun.runner.report import echo_must_show, say_report
+    from bundlerun.runner.report.record import echo_must_show, say_report
 
     if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
         echo_must_show(report)
@@ -442,12 +442,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report (and with --etrecord its
     ETRecord; with --debug-on-fail a failing one's debug report in debug/).
     """
-    from bundlerun.runner.report import plain, wide_console
+    from bundlerun.runner.report.record import plain, wide_console
     from rich.table import Table
 
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.zoo import names as zoo_names
-    from bundlerun.runner.report import print_summary
+    from bundlerun.runner.report.record import print_summary
 
     report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
@@ -487,11 +487,11 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                              label, quiet=as_json, amend=None if mine is None else (
                                  lambda r, key=slug: r.__setitem__("shard", {**shard_record(shard, "models", mine,
                                                                                             universe), "key": key})))
-            from bundlerun.runner import github
+            from bundlerun.runner.writers import github
 
             github.annotate(report, out / "report.json", stream=sys.stderr if as_json else None)
             if as_json:  # the JSON mode hides the table, never that the run is missing from the history
-                from bundlerun.runner.report import echo_must_show
+                from bundlerun.runner.report.record import echo_must_show
 
                 echo_must_show(report)
             else:
@@ -500,7 +500,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                     from bundlerun.runner.regression import format_regressions
 
                     click.echo(format_regressions(report["regressions"]))
-            from bundlerun.runner.report import warn_unwritten
+            from bundlerun.runner.report.record import warn_unwritten
 
             warn_unwritten(report)
             s = report["summary"]

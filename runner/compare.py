@@ -23,7 +23,7 @@ from bundlerun.bundles.manifest import Criteria
 
 # Slack for outputs decoded from 6-decimal `Output[i][j]` text, defined once where that text
 # is decoded: 6-decimal rounding plus float32 re-rounding, at most 1e-6.
-from bundlerun.targets.arm.outputs import LOSSY_ROUNDING_ATOL as LOSSY_TEXT_ATOL
+from bundlerun.targets.et_runner.outputs import LOSSY_ROUNDING_ATOL as LOSSY_TEXT_ATOL
 
 CHUNK = 1 << 16  # elements per float64 chunk (512 KiB): the work buffers stay in L2
 

@@ -99,7 +99,7 @@ def rich_table(result: DebugResult):
     from rich.table import Table
 
     quantized = any(r.quantized is not None for r in result.rows)
-    from bundlerun.runner.report import plain  # names come from the bundle: inert, markup escaped
+    from bundlerun.runner.report.record import plain  # names come from the bundle: inert, markup escaped
 
     table = Table(title=plain(f"{result.model or result.bundle} {result.dtype or ''} on {result.target}: case "
                               f"{result.case}, {result.output}"), title_justify="left")
@@ -217,7 +217,7 @@ def summary_md(result: DebugResult) -> str:
 
 
 def html_page(result: DebugResult, png: bytes) -> str:
-    from bundlerun.runner.html_report import _e as e  # entities + controls/bidi made visible (runner/safe_text.py)
+    from bundlerun.runner.writers.html import _e as e  # entities + controls/bidi made visible (runner/safe_text.py)
     md_rows = []
     for r in result.rows:
         cls = "bad" if r.index == result.first_bad else ("exceeds" if r.exceeds else r.status)

@@ -612,9 +612,9 @@ def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
 
 def stored_report(db_path: str | Path, run_id: int, text: Any) -> dict[str, Any]:
     """The report JSON stored with a run, through the one strict report reader
-    (runner/report_model.py): a corrupted database row is one HistoryError naming the database,
+    (runner/report/model.py): a corrupted database row is one HistoryError naming the database,
     the run and the field, never an internal error."""
-    from bundlerun.runner.report_model import Report, ReportError
+    from bundlerun.runner.report.model import Report, ReportError
 
     where = f"history {db_path}: run #{run_id}: report_json"
     if isinstance(text, bytes):
@@ -655,7 +655,7 @@ def resolve_run(
     if path.is_dir() and (path / "report.json").is_file():
         path = path / "report.json"
     if path.suffix == ".json" or path.is_file():
-        from bundlerun.runner.report_model import ReportError, read_report
+        from bundlerun.runner.report.model import ReportError, read_report
 
         if not path.exists():
             raise HistoryError(f"baseline report {ref} does not exist")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.runner import history
-from bundlerun.runner.html_report import _e
+from bundlerun.runner.writers.html import _e
 from bundlerun.runner.regression import RegressionRules
 
 # The grid (rows, columns, cells, regressions) and the page live in their own modules; the grid's
@@ -37,7 +37,7 @@ __all__ = ["Cell", "Column", "Grid", "Row", "build_grid", "render", "write_site"
 def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None,
                rules: RegressionRules | None = None, limit: int | None = None) -> tuple[Path, Grid]:
     """Write `out/index.html` and `out/runs/<id>.html`; returns the index path and the grid."""
-    from bundlerun.runner.html_report import render_html
+    from bundlerun.runner.writers.html import render_html
 
     out = Path(out)
     if not Path(db_path).exists():

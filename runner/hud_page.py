@@ -9,7 +9,7 @@ rows first at every level.
 
 Self-contained: inline CSS, inline SVG and one inline script allowed by its hash in the page's
 Content-Security-Policy. Everything from the database is HTML-escaped with control characters
-made visible (html_report._e).
+made visible (runner/writers/html.py `_e`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bundlerun.runner import history
 from bundlerun.runner.commits import looks_like_sha
-from bundlerun.runner.html_report import _e
+from bundlerun.runner.writers.html import _e
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed

@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from bundlerun.runner.report_model import SCHEMA, Report, ReportError
+from bundlerun.runner.report.model import SCHEMA, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 
 

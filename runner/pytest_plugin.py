@@ -320,7 +320,7 @@ def _worst(report: dict[str, Any]) -> tuple[dict, dict] | None:
 
 def failure_message(report: dict[str, Any], report_dir: Path) -> str:
     """What a failed item says: the counts, then the worst output's numbers."""
-    from bundlerun.runner.junit import failure_text
+    from bundlerun.runner.writers.junit import failure_text
 
     s = report["summary"]
     counts = s.get("counts") or {}
@@ -406,7 +406,7 @@ class BundleItem(pytest.Item):
             from _pytest.subtests import SubtestContext, SubtestReport
         except ImportError:  # an older pytest: the item's own verdict still says everything
             return
-        from bundlerun.runner.junit import failure_text
+        from bundlerun.runner.writers.junit import failure_text
 
         for case in (self.report or {}).get("cases") or []:
             verdict = case.get("verdict")

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.runner.report_model import format_amount
+from bundlerun.runner.report.model import format_amount
 
 
 @dataclass

@@ -171,7 +171,7 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
     section = report.get("replay")
     if not section:
         return []
-    from bundlerun.runner.markdown import _md
+    from bundlerun.runner.writers.markdown import _md
 
     icon = "⚠️" if section.get("findings") else "✅"
     lines = [f"### {icon} Determinism replay: {section.get('runs')} runs per case ({_md(section.get('mode'))})", "",
@@ -213,7 +213,7 @@ def junit_suite(root: Any, report: dict[str, Any], model: str, target: str) -> t
     nondeterministic-output) when its results differ. Returns (tests, failures) for the totals."""
     import xml.etree.ElementTree as ET
 
-    from bundlerun.runner.junit import _clean
+    from bundlerun.runner.writers.junit import _clean
 
     section = report.get("replay")
     if not section:

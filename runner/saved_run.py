@@ -80,13 +80,13 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
     bundle (runner/saved_outputs.py)."""
     from bundlerun.bundles import scalar_types as st
     from bundlerun.bundles.fileio import file_sha256
-    from bundlerun.runner.report import OUTPUTS_FILE, REPORT_FILE
+    from bundlerun.runner.report.record import OUTPUTS_FILE, REPORT_FILE
 
     directory = Path(directory)
     report_file = directory / REPORT_FILE if directory.is_dir() else directory
     if directory.is_file():
         directory = directory.parent
-    from bundlerun.runner.report_model import read_report
+    from bundlerun.runner.report.model import read_report
 
     report = read_report(report_file).to_json()
     outputs_file = directory / OUTPUTS_FILE  # the directory's own file first: copies stay self-contained

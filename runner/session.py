@@ -24,11 +24,11 @@ from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
 from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
-from bundlerun.runner.report import (OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs,
+from bundlerun.runner.report.record import (OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs,
                                      target_section, tool_version, write_record)
 from bundlerun.targets import open_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
-from bundlerun.runner.report_model import SCHEMA as REPORT_SCHEMA
+from bundlerun.runner.report.model import SCHEMA as REPORT_SCHEMA
 from bundlerun.targets.failures import FailureKind
 
 
@@ -249,7 +249,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
             from bundlerun.runner.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
 
             report["outputs_sha256"] = file_digest(report["outputs_file"])
-    from bundlerun.runner.report_model import Report
+    from bundlerun.runner.report.model import Report
 
     return Report.from_json(report).to_json()  # what we write is what every reader accepts
 
@@ -268,7 +268,7 @@ def finish_run(
     rewrite report.json with all of that in it."""
     from bundlerun.runner import history
     from bundlerun.runner.regression import check_baseline
-    from bundlerun.runner.reports import write_reports
+    from bundlerun.runner.writers import write_reports
 
     db = None if no_history else history.resolve_db_path(history_db, project)
     if db is not None:
@@ -314,7 +314,7 @@ class Session:
 
     An open session (`with session:` or `open()` ... `close()`; the CLI ties it to the command)
     also owns what is worth keeping between the bundles of a command: the opened targets and
-    the warm runtime workers (targets.worker_process.WorkerPool: torch and the runtime are
+    the warm runtime workers (targets.workers.supervisor.WorkerPool: torch and the runtime are
     imported once per target instead of once per bundle). `close()` kills and reaps every
     worker and closes the targets; a session that was never opened starts one child per bundle."""
 
@@ -330,7 +330,7 @@ class Session:
     def open(self) -> "Session":
         """Start keeping targets and warm workers for the bundles of this command."""
         if self._pool is None:
-            from bundlerun.targets.worker_process import WorkerPool
+            from bundlerun.targets.workers.supervisor import WorkerPool
 
             self._pool = WorkerPool()
         return self

@@ -167,8 +167,8 @@ def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, lab
     import uuid
     from pathlib import Path
 
-    from bundlerun.runner.report import bundle_section, host_section, target_section, tool_version
-    from bundlerun.runner.report_model import SCHEMA, Report
+    from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version
+    from bundlerun.runner.report.model import SCHEMA, Report
 
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     report = {

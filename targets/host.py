@@ -1,10 +1,10 @@
 """host://xnnpack and host://portable: the real ExecuTorch runtime on this machine.
 
-The program is loaded once per bundle in a child process (targets.host_worker)
+The program is loaded once per bundle in a child process (targets.workers.host)
 so a segfault, abort or hang of the runtime becomes a classified ERROR/TIMEOUT
 for that case instead of taking the tool down. Within a command (a Session), that
 child is a warm worker reused across bundles: torch and the pybindings are
-imported once, each bundle is loaded on request (targets.worker_process).
+imported once, each bundle is loaded on request (targets.workers.supervisor).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_target_url
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import parse_settings
-from bundlerun.targets.worker_process import run_in_worker
+from bundlerun.targets.workers.supervisor import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -47,7 +47,7 @@ class HostTarget(TargetBase):
         if self.variant == "portable" and built not in (None, "portable"):
             warnings.append(f"{self.url}: this bundle was lowered for {built}; the runtime runs its {built} "
                             "delegate, not portable kernels (build with --backend portable to test those)")
-        return run_in_worker(self.url, "bundlerun.targets.host_worker", args, bundle, options, "host-runtime",
+        return run_in_worker(self.url, "bundlerun.targets.workers.host", args, bundle, options, "host-runtime",
                              info, warnings, warm=True)
 
 
@@ -66,7 +66,7 @@ def _doctor(_section: dict) -> list[Check]:
 
 def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path, timeout_s: float,
              debug_buffer_mb: int):
-    """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/debug_worker.py)."""
+    """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/workers/debug.py)."""
     from bundlerun.targets.intermediates import run_worker
 
     create(parse_target_url(url), config)  # the URL and its settings are checked as for a run

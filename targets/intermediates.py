@@ -11,7 +11,7 @@ returns raw data and never judges; runner/debug.py maps and compares.
 
 Which targets can, and how, is declared by each target module (`SPEC.capture`, or
 `SPEC.capture_note` saying what it would need); `bundlerun debug --target help` lists them:
-host:// (the real runtime with ETDump + a debug buffer, targets/debug_worker.py), tosa:// and
+host:// (the real runtime with ETDump + a debug buffer, targets/workers/debug.py), tosa:// and
 mlx:// (the program walker with an observer; inside TOSA delegates one row per TOSA operator,
 inside MLX delegates one per instruction), qemu://, fvp:// and serial (arm_executor_runner
 built with --etdump, targets/arm/intermediates.py), adb:// and qemu-user:// (bundlerun's debug
@@ -111,11 +111,11 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
 def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
                timeout_s: float, debug_buffer_mb: int, granularity: str,
                extra_args: tuple[str, ...] = ()) -> IntermediateRun:
-    """Run targets/debug_worker.py `mode` in a child process (a crash or hang kills only it) and load
+    """Run targets/workers/debug.py `mode` in a child process (a crash or hang kills only it) and load
     its intermediates.{json,npz}."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "bundlerun.targets.debug_worker", mode, str(Path(bundle_path).resolve()), method,
+    args = [sys.executable, "-m", "bundlerun.targets.workers.debug", mode, str(Path(bundle_path).resolve()), method,
             str(case), str(work.resolve()), "--debug-buffer-mb", str(debug_buffer_mb), *extra_args]
     log = work / "debug-worker.log"
     with open(log, "wb") as err:

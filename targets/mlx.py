@@ -26,7 +26,7 @@ from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import parse_settings
-from bundlerun.targets.worker_process import run_in_worker
+from bundlerun.targets.workers.supervisor import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -133,7 +133,7 @@ class MlxTarget(TargetBase):
             return mlx_runner.run_bundle(self.url, bundle, options, runner, etdump=self.settings.etdump,
                                          print_output=self.settings.print_output)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
-        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "mlx-runtime",
+        return run_in_worker(self.url, "bundlerun.targets.workers.program", args, bundle, options, "mlx-runtime",
                              {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"}, warm=True)
 
 

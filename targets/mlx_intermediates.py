@@ -6,7 +6,7 @@ so its ETDump holds the delegate call alone; the interpreter, held to the same o
 C++ delegate (tests/test_mlx_cpp_delegate.py), yields every instruction's tensors.
 
 The bundle's program is walked in Python (targets/program/walker.py) in a child
-process (targets/debug_worker.py, mode `mlx`), so a crash or hang of the mlx
+process (targets/workers/debug.py, mode `mlx`), so a crash or hang of the mlx
 package kills only that child. The MLX delegate (targets/program/mlx_delegate.py)
 records, after each instruction of its main chain, the tensors the instruction
 wrote (`capture_inner`); the walker's observer turns them into one "delegate-op"

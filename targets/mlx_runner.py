@@ -4,7 +4,7 @@ pinned sources by firmware_scripts/mlx/build_mlx_runner.sh into the runner cache
 `mlx_executor_runner`). The same C++ interpreter a Mac runs, on MLX's CPU kernels.
 
 Each case runs as its own one-case bundle (the runner loads and checks case 0 only) in its own
-folder, under the executor_runner contract of targets/executor_runner.py: outputs come back bit
+folder, under the executor_runner contract of targets/et_runner/executor_runner.py: outputs come back bit
 exact from `--output_file`, each process runs in its own process group under the case timeout and
 is always reaped. What only this lane can say is read from the delegate's own log lines first
 (MLXBackend.cpp, MLXLoader.cpp.tmpl): an MLX op the runtime's schema lacks, a payload it cannot
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import executor_runner
-from bundlerun.targets.arm.log import parse_runner_log
-from bundlerun.targets.arm.protocol import Failure
+from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.et_runner.log import parse_runner_log
+from bundlerun.targets.et_runner.protocol import Failure
 from bundlerun.targets.base import (
     CaseResult,
     RunOptions,

@@ -6,7 +6,7 @@ ones host://xnnpack runs - without a phone or adb: a cross-architecture check of
 
 Each case runs as its own one-case bundle (the runner checks case 0 only) in its own folder;
 outputs come back bit exact from `--output_file` (`output-<i>.bin`), the ETDump beside them.
-The runner's contract (flags, log, exit codes) is targets/executor_runner.py. Each process
+The runner's contract (flags, log, exit codes) is targets/et_runner/executor_runner.py. Each process
 runs in its own process group under the case timeout and is always reaped.
 """
 
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, executor_runner, lazy
+from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
+from bundlerun.targets.et_runner import executor_runner
 from bundlerun.targets.base import (
     CaseResult,
     RunOptions,

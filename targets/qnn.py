@@ -2,7 +2,7 @@
 
 The executorch wheel's pybindings link its QNN delegate (libexecutorch_backend_qnn.so); with
 Qualcomm's x86_64 libQnnHtp.so on LD_LIBRARY_PATH that delegate runs the program's context binary
-on the HTP simulator. Cases run in targets.host_worker (the host lane's runtime child) started as
+on the HTP simulator. Cases run in targets.workers.host (the host lane's runtime child) started as
 `python -m bundlerun.targets.qnn --qnn-libs DIR ...`, which re-executes itself with
 LD_LIBRARY_PATH=DIR and QNN_SDK_ROOT set but empty (the loader reads LD_LIBRARY_PATH only at
 start-up; ExecuTorch then downloads no SDK). The worker imports the pybindings before any program
@@ -34,7 +34,7 @@ from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
-from bundlerun.targets.worker_process import run_in_worker
+from bundlerun.targets.workers.supervisor import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -330,11 +330,11 @@ def create(url: TargetURL, config: dict) -> QnnTarget:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """`python -m bundlerun.targets.qnn --qnn-libs DIR <host_worker args>`: re-execute with the QNN
-    environment, then run host_worker with fd 1 kept for its protocol lines (QNN's native prints
+    """`python -m bundlerun.targets.qnn --qnn-libs DIR <targets.workers.host args>`: re-execute with the QNN
+    environment, then run targets.workers.host with fd 1 kept for its protocol lines (QNN's native prints
     go to stderr, the case log)."""
     if "--qnn-libs" not in argv or argv.index("--qnn-libs") + 1 >= len(argv):
-        print("usage: python -m bundlerun.targets.qnn --qnn-libs DIR <host_worker arguments>", file=sys.stderr)
+        print("usage: python -m bundlerun.targets.qnn --qnn-libs DIR <targets.workers.host arguments>", file=sys.stderr)
         return 2
     i = argv.index("--qnn-libs")
     lib, rest = argv[i + 1], argv[:i] + argv[i + 2:]
@@ -345,7 +345,7 @@ def _worker_main(argv: list[str]) -> int:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = protocol
-    from bundlerun.targets.host_worker import main
+    from bundlerun.targets.workers.host import main
 
     return main(rest)
 

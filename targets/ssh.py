@@ -35,7 +35,7 @@ from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backen
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, safe_name, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
-from bundlerun.targets.worker_protocol import Buffer, Ending, EventDriver, Limits, tail_lines as _tail
+from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits, tail_lines as _tail
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -357,7 +357,7 @@ class SshTarget(TargetBase):
             pass
 
     def _drive(self, proc, pairs, options, log_path, results, session, setup_limit, case_limit, t) -> str:
-        """The remote worker's event stream (targets/worker_protocol.py, outputs inline) -> results.
+        """The remote worker's event stream (targets/workers/protocol.py, outputs inline) -> results.
         A lost link is `transport`, a remote worker that died `crash`; either way a new session
         takes the remaining cases."""
 

@@ -3,7 +3,7 @@
 The program itself is executed (targets.program.walker walks its execution plan):
 kernel calls outside the delegate run on torch's reference ops, `TOSABackend`
 delegate calls run their TOSA flatbuffer on `tosa_reference_model`. It runs in
-a child process (targets.program.worker under targets.worker_process's supervisor),
+a child process (targets.workers.program under targets.workers.supervisor's supervisor),
 so a crash or hang of the reference model is one case's ERROR/TIMEOUT.
 
 A program lowered for Ethos-U carries a Vela command stream instead of a TOSA
@@ -21,7 +21,7 @@ from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_target_url
 from bundlerun.targets.settings import check_keys
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
-from bundlerun.targets.worker_process import run_in_worker
+from bundlerun.targets.workers.supervisor import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -70,7 +70,7 @@ class TosaTarget(TargetBase):
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "tosa-outputs")]
         if getattr(options, "replay", 1) > 1:  # --replay N: each case N times in the walker
             args += ["--replay", str(options.replay)]
-        return run_in_worker(self.url, "bundlerun.targets.program.worker", args, bundle, options, "tosa-runtime", info, warm=True)
+        return run_in_worker(self.url, "bundlerun.targets.workers.program", args, bundle, options, "tosa-runtime", info, warm=True)
 
 
 def _doctor(_section: dict) -> list[Check]:

@@ -10,7 +10,7 @@ Mesa version, Vulkan version) is read from the driver itself before the run (`pr
 goes into the report's target info.
 
 Each case runs as its own one-case bundle (the runner loads and checks case 0 only) in its own folder,
-exactly the executor_runner contract of targets/executor_runner.py (shared with adb:// and
+exactly the executor_runner contract of targets/et_runner/executor_runner.py (shared with adb:// and
 qemu-user://): outputs come back bit exact from `--output_file`, the ETDump beside them. Each process
 runs in its own process group under the case timeout and is always reaped. Mesa's shader cache lives
 in the bundlerun cache (`shader_cache`), so shaders compile once per driver, not once per case.
@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import ConfigError, TargetError
-from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, executor_runner
-from bundlerun.targets.arm.log import parse_runner_log
-from bundlerun.targets.arm.protocol import Failure
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
+from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.et_runner.log import parse_runner_log
+from bundlerun.targets.et_runner.protocol import Failure
 from bundlerun.targets.base import (
     CaseResult,
     RunOptions,

@@ -20,7 +20,7 @@ Which runner each Android test uses:
                                 missing flag, logcat), each test saying so
 
 The missing-kernel, missing-delegate and corrupted-bundle tests check the
-classification of the real runner's log (targets/executor_runner.py).
+classification of the real runner's log (targets/et_runner/executor_runner.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def test_run_without_a_report_folder_keeps_nothing_and_returns_typed_records(tmp
     import tempfile
 
     from bundlerun import api
-    from bundlerun.runner.report_model import CaseRecord, Report
+    from bundlerun.runner.report.model import CaseRecord, Report
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where api.run's scratch folder goes
     bundle = bundle_cache("mlp", backend="portable", cases=2, target="host://portable")

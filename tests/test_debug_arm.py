@@ -118,7 +118,7 @@ def test_debug_cli_on_qemu_prints_the_first_bad_layer(fp32_bundles, tmp_path):  
 
 def test_qemu_uart_runner_gives_the_same_answer_from_its_base64_block(fp32_bundles, host_bad, tmp_path):  # noqa: F811
     """?mode=uart: the --etdump UART runner prints etdump.bin and debug_buffer.bin base64-encoded
-    between '#[RUN THIS]' and '#[END]'; decoded by targets.arm.log.etdump_block_files."""
+    between '#[RUN THIS]' and '#[END]'; decoded by targets.et_runner.log.etdump_block_files."""
     bad = debug_bundle(fp32_bundles / "bad.bpte", URL + "?mode=uart", case=2, work_dir=tmp_path / "u")
     assert _shape(bad) == _shape(host_bad)
     assert bad.first_bad_row is not None and bad.first_bad_row.aot_ops == ["conv2d_1"]

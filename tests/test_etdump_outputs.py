@@ -21,7 +21,7 @@ import pytest
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import read_bundle
 from bundlerun.targets.base import expected_layout
-from bundlerun.targets.arm.outputs import (
+from bundlerun.targets.et_runner.outputs import (
     LOSSY_ROUNDING_ATOL,
     PRINTED_DECIMAL_ROUNDING,
     OutputDecodeError,
@@ -32,7 +32,7 @@ from bundlerun.targets.arm.outputs import (
     parse_etdump_block,
 )
 from doubles.board import etdump_block
-from bundlerun.targets.arm.log import parse_runner_log
+from bundlerun.targets.et_runner.log import parse_runner_log
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_non_contiguous_output_is_reordered():
     """A strided (dim-order) tensor in the debug buffer comes back in logical order."""
     from types import SimpleNamespace
 
-    from bundlerun.targets.arm.outputs import _tensor_bytes
+    from bundlerun.targets.et_runner.outputs import _tensor_bytes
 
     logical = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
     nhwc = np.ascontiguousarray(logical.transpose(0, 2, 3, 1))  # bytes as a channels-last sink stores them

@@ -65,7 +65,7 @@ def test_live_code_refuses_a_kind_outside_the_set_and_reports_still_read_old_syn
 
 
 def test_a_report_with_an_unknown_kind_is_a_one_line_report_error():
-    from bundlerun.runner.report_model import CaseRecord, ReportError
+    from bundlerun.runner.report.model import CaseRecord, ReportError
 
     case = {"method": "forward", "case": 0, "status": "error", "verdict": "ERROR", "error_kind": "hnag"}
     with pytest.raises(ReportError, match="forward\\[0\\].*'hnag' is not a failure kind"):

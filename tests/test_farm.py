@@ -24,7 +24,7 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.farm.plan import load_plan
 from bundlerun.runner.farm.scheduler import retryable
 from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports
-from bundlerun.runner.report_model import Report
+from bundlerun.runner.report.model import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 # RAY_AUTH_MODE: the test clusters run without token auth, and so must their drivers (tests/ray_fixture.py)
@@ -358,7 +358,7 @@ def test_merge_of_jobs_keeps_each_jobs_cases_apart(echo_reports):
     again = merge_reports([good, good], MergeOptions(force=True))  # forced: the first kept, each case once
     assert again["merged"]["mode"] == "shards" and len(again["cases"]) == 2
     assert any("overlapping shards" in w for w in again["warnings"])
-    from bundlerun.runner.junit import junit_bytes
+    from bundlerun.runner.writers.junit import junit_bytes
 
     xml = junit_bytes(merged).decode()
     assert xml.count("<testcase ") == 4 and xml.count("<failure ") == 2

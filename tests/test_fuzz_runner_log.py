@@ -13,9 +13,9 @@ import random
 import pytest
 
 from bundlerun.bundles import scalar_types as st
-from bundlerun.targets import executor_runner
-from bundlerun.targets.arm.log import IncrementalLogParser, parse_runner_log
-from bundlerun.targets.arm.protocol import Collected, Failure, SessionEnd, classify, collect_outputs
+from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.et_runner.log import IncrementalLogParser, parse_runner_log
+from bundlerun.targets.et_runner.protocol import Collected, Failure, SessionEnd, classify, collect_outputs
 from tests.test_runner_log import REAL_BUS_FAULT, REAL_EARLY, REAL_HANG, REAL_LEARNING_PATH, REAL_TUTORIAL
 
 QEMU_PASS = (

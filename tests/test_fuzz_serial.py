@@ -26,8 +26,8 @@ import pytest
 import serial
 
 from bundlerun.bundles import scalar_types as st
-from bundlerun.targets.arm.log import parse_runner_log
-from bundlerun.targets.arm.protocol import SessionEnd, case_from_session
+from bundlerun.targets.et_runner.log import parse_runner_log
+from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.arm.serial import _ENDS, SerialSettings, capture_uart
 from bundlerun.targets.base import CaseStatus
 from tests.test_runner_log import REAL_BUS_FAULT, REAL_EARLY, REAL_HANG, REAL_TUTORIAL

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle, write_bundle
-from bundlerun.runner import github
+from bundlerun.runner.writers import github
 
 BUNDLERUN = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()"]
 

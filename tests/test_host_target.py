@@ -64,7 +64,7 @@ def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     assert crash["error_kind"] == "crash" and "SIGSEGV" in crash["error"]
     assert report["cases"][3]["error_kind"] == "host-timeout"
     assert report["summary"]["exit_code"] == 2
-    assert tagged(tag, b"bundlerun.targets.host_worker") == []  # crashed, hung and finished workers all reaped
+    assert tagged(tag, b"bundlerun.targets.workers.host") == []  # crashed, hung and finished workers all reaped
 
 
 def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):

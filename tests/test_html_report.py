@@ -16,7 +16,7 @@ import report_samples as rs  # noqa: E402
 
 from bundlerun.runner import history  # noqa: E402
 from bundlerun.runner.accuracy import dataset_summary  # noqa: E402
-from bundlerun.runner.reports import write_reports  # noqa: E402
+from bundlerun.runner.writers import write_reports  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 

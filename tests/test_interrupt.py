@@ -41,4 +41,4 @@ def test_ctrl_c_keeps_finished_cases_and_stops_the_command(tmp_path):
     assert verdicts[:3] == ["PASS", "PASS", "PASS"], verdicts
     assert all(c["error_kind"] == "interrupted" for c in report["cases"][3:])
     assert not (tmp_path / "tiny-cnn-fp32").exists()  # the command stopped: the next model was never built
-    assert settled(lambda: tagged(tag, b"bundlerun.targets.host_worker")) == []  # this command's workers are gone
+    assert settled(lambda: tagged(tag, b"bundlerun.targets.workers.host")) == []  # this command's workers are gone

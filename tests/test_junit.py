@@ -11,7 +11,7 @@ from lxml import etree
 sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
-from bundlerun.runner.junit import write_junit  # noqa: E402
+from bundlerun.runner.writers.junit import write_junit  # noqa: E402
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from bundlerun.runner.report_model import Report, ReportError, read_report
-from bundlerun.targets.arm.log import parse_runner_log
+from bundlerun.runner.report.model import Report, ReportError, read_report
+from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.arm.perf import arm_runner_figures
-from bundlerun.targets.arm.protocol import SessionEnd, case_from_session
+from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import PERF_KINDS, PerfFigure
-from bundlerun.targets.executor_runner import perf_figures
+from bundlerun.targets.et_runner.executor_runner import perf_figures
 from tests.conftest import run_cli
 from tests.report_samples import make_bundle, make_report, target_run
 
@@ -327,7 +327,7 @@ def test_malformed_perf_is_a_one_line_error():
     with pytest.raises(ReportError, match="perf kind 'device-speed'"):
         Report.from_json(data)
     data["cases"][0]["perf"] = [{"name": "x", "value": "fast", "unit": "s", "kind": "host-wall", "source": "?"}]
-    with pytest.raises(ReportError, match=r"cases\[0\]\.perf\[0\]\.value: expected a number"):  # runner/report_check.py
+    with pytest.raises(ReportError, match=r"cases\[0\]\.perf\[0\]\.value: expected a number"):  # runner/report/check.py
         Report.from_json(data)
 
 
@@ -336,7 +336,7 @@ def test_console_shows_a_perf_line():
 
     from rich.console import Console
 
-    from bundlerun.runner.report import perf_line, print_summary
+    from bundlerun.runner.report.record import perf_line, print_summary
 
     data = Report.from_json(_report("host://xnnpack")).to_json()
     line = perf_line(data)

@@ -20,9 +20,9 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.regression import (
     PerfRules, check_baseline, comparison_notes, find_regressions, format_regressions, perf_deltas,
 )
-from bundlerun.runner.report_model import Report
+from bundlerun.runner.report.model import Report
 from bundlerun.targets.arm.perf import arm_runner_figures
-from bundlerun.targets.executor_runner import executions_for, perf_figures, runner_args
+from bundlerun.targets.et_runner.executor_runner import executions_for, perf_figures, runner_args
 from tests.conftest import run_cli
 from tests.report_samples import make_bundle, make_report, target_run
 
@@ -221,9 +221,9 @@ def test_perf_section_is_validated_with_did_you_mean(tmp_path):
 
 
 def test_a_cycle_regression_is_named_in_every_report_format(tmp_path):
-    from bundlerun.runner.html_report import render_html
-    from bundlerun.runner.junit import junit_bytes
-    from bundlerun.runner.markdown import render_markdown
+    from bundlerun.runner.writers.html import render_html
+    from bundlerun.runner.writers.junit import junit_bytes
+    from bundlerun.runner.writers.markdown import render_markdown
 
     base = _arm_report()
     (tmp_path / "base.json").write_text(json.dumps(base))
@@ -299,7 +299,7 @@ def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
     assert "latest median 110000 cycles" in res.stdout
     res = run_cli("trend", "mlp", "--metric", "npu_active_cycles", "--history", str(db), "-o", str(out))
     assert res.returncode != 0 and "npu_active_cycles" in res.stderr
-    from bundlerun.runner.html_report import render_html
+    from bundlerun.runner.writers.html import render_html
 
     page = render_html(rep, history_db=db)  # the newest run's report: its cycles over the history
     assert "alt=\"trend inference_cpu_cycles\"" in page and "last 3 recorded run(s)" in page

@@ -2,7 +2,7 @@
 firmware_scripts/arm/build_qemu_runner.sh, cached) on the real qemu-system-arm, driven through
 bundlerun's target, every case and output judged on the host. No double anywhere: the fault
 scenarios are real runner builds (qemu_runner fixture, tests/conftest.py) classified from the
-real runner's log by targets/arm/protocol.py."""
+real runner's log by targets/et_runner/protocol.py."""
 
 from __future__ import annotations
 

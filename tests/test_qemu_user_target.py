@@ -241,7 +241,7 @@ def test_runtime_refusals_are_one_line_errors_with_a_report(xnn_runner, fault_bu
 
 def test_unhandled_dtype_line_is_unsupported():
     """The kernels' own dtype switch (runtime/core/exec_aten/util/scalar_type_util.h:928), as the runner logs it."""
-    from bundlerun.targets.executor_runner import classify
+    from bundlerun.targets.et_runner.executor_runner import classify
     from bundlerun.targets.failures import FailureKind
 
     log = ("E 00:00:00.101 executorch:op_logit.cpp:39] Unhandled dtype Half for logit.out\n"

@@ -4,7 +4,7 @@ one-line error with its FailureKind, a written report, exit code 2, and nothing 
 Faulty programs are real QNN programs (bundlerun's qnn recipe) with one thing wrong: a kernel the
 runtime lacks, an input of the wrong dtype, a context binary overwritten in its middle, a context
 binary whose recorded HTP API version is newer than the simulator's, online_prepare=True. The
-crash and the hang use host_worker's BUNDLERUN_FAULT switch (a real SIGSEGV / a real stop inside
+crash and the hang use targets/workers/host.py's BUNDLERUN_FAULT switch (a real SIGSEGV / a real stop inside
 the real worker); the missing library is a copy of the simulator folder without libc++abi."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _run(bundle: Path, tmp_path: Path, *extra: str, env: dict | None = None, tim
 @pytest.fixture(scope="module")
 def pool(sim):
     """One warm qnn worker shared by this module's in-process runs; nothing of it outlives the module."""
-    from bundlerun.targets.worker_process import WorkerPool
+    from bundlerun.targets.workers.supervisor import WorkerPool
 
     workers = WorkerPool()
     yield workers

@@ -97,7 +97,7 @@ def test_lowering_never_loads_qnn_into_the_build_process(linear_programs):
 
 @pytest.fixture(scope="module")
 def pool(sim):
-    from bundlerun.targets.worker_process import WorkerPool
+    from bundlerun.targets.workers.supervisor import WorkerPool
 
     workers = WorkerPool()
     yield workers

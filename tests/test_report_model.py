@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bundlerun.runner.report_model import SCHEMA, Report, ReportError, read_report
+from bundlerun.runner.report.model import SCHEMA, Report, ReportError, read_report
 from bundlerun.targets.failures import FailureKind
 from tests.report_samples import quick_report
 
@@ -39,7 +39,7 @@ def test_schema_1_reports_read_with_their_free_text_kinds_mapped(tmp_path):
 @pytest.mark.parametrize("mutate,needle", [
     (lambda r: r.clear(), "schema None"),
     (lambda r: r.update(schema="other/1"), "schema 'other/1'"),
-    # the strict reader (runner/report_check.py) names the field's path
+    # the strict reader (runner/report/check.py) names the field's path
     (lambda r: r.update(summary=[]), "summary: expected an object, got a list"),
     (lambda r: r["summary"].pop("verdict"), "summary: no 'verdict'"),
     (lambda r: r["cases"][0].update(verdict="MAYBE"), r"cases\[0\]\.verdict: expected one of .* 'MAYBE'"),
@@ -72,8 +72,8 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
 
     from rich.console import Console
 
-    from bundlerun.runner.markdown import render_markdown
-    from bundlerun.runner.report import print_summary
+    from bundlerun.runner.writers.markdown import render_markdown
+    from bundlerun.runner.report.record import print_summary
 
     data = quick_report(errors={0: "error"})
     evil = "[/x] [bold]|x| <b>`\x1b[2J \x9b2J \ud800"  # a one-byte C1 CSI and a lone surrogate too

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from bundlerun.targets.arm.log import IncrementalLogParser, parse_line, parse_runner_log
+from bundlerun.targets.et_runner.log import IncrementalLogParser, parse_line, parse_runner_log
 
 # Arm learning path (Corstone-320, runner ~2025): current prefix with function name.
 REAL_LEARNING_PATH = """\
@@ -398,9 +398,9 @@ def test_report_schema_documents_every_failure_kind():
     assert FailureKind.read("hang") is FailureKind.HOST_TIMEOUT and FailureKind.parse(None) is None
 
 
-# -- the one Arm runner protocol (targets.arm.protocol), on log text in the runner's own formats --
+# -- the one Arm runner protocol (targets.et_runner.protocol), on log text in the runner's own formats --
 
-from bundlerun.targets.arm.protocol import SessionEnd, classify, collect_outputs  # noqa: E402
+from bundlerun.targets.et_runner.protocol import SessionEnd, classify, collect_outputs  # noqa: E402
 from bundlerun.targets.failures import FailureKind  # noqa: E402
 
 _M = "I [executorch:arm_executor_runner.cpp:{n} main()] "

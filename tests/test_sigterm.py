@@ -85,7 +85,7 @@ def test_sigterm_to_a_farm_writes_the_merged_report_and_leaves_nothing_running(e
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the farm's job never reached the hanging case"
         time.sleep(0.3)
-    assert len(tagged(tag, b"bundlerun.targets.host_worker")) >= 1  # the runtime worker is running now
+    assert len(tagged(tag, b"bundlerun.targets.workers.host")) >= 1  # the runtime worker is running now
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 143, out[-2000:] + err[-3000:]
@@ -98,7 +98,7 @@ def test_sigterm_to_a_farm_writes_the_merged_report_and_leaves_nothing_running(e
 
 def _a_worker_hangs(tag: str, where: str) -> bool:
     """A runtime worker of this test has said it hangs before `where` (its stderr is its log)."""
-    for pid in tagged(tag, b"bundlerun.targets.host_worker"):
+    for pid in tagged(tag, b"bundlerun.targets.workers.host"):
         try:
             if f"hanging before {where}" in Path(os.readlink(f"/proc/{pid}/fd/2")).read_text(errors="replace"):
                 return True

@@ -120,13 +120,13 @@ def test_worker_streams_inline_outputs_and_dies_with_its_stdin(mlp3, tmp_path):
     assert events[0]["version"] == __version__
     time.sleep(1.0)
     bundle_users = live_processes(str(mlp3))
-    assert any("host_worker" in p for p in bundle_users), bundle_users  # the runtime child is hanging
+    assert any("targets.workers.host" in p for p in bundle_users), bundle_users  # the runtime child is hanging
     t0 = time.monotonic()
     proc.stdin.close()
     proc.wait(timeout=30)
     assert time.monotonic() - t0 < 10
     assert b"stdin closed" in proc.stderr.read()
-    assert wait_gone(str(tmp_path / "w")) == [] and not [p for p in live_processes(str(mlp3)) if "host_worker" in p]
+    assert wait_gone(str(tmp_path / "w")) == [] and not [p for p in live_processes(str(mlp3)) if "targets.workers.host" in p]
 
 
 # ---- a real run over ssh ---------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def test_connection_dropped_mid_run(sshd, mlp3, tmp_path):
     assert seen and seen[0].case_index == 0
     hanging = []
     while not hanging and time.monotonic() < deadline:  # case 1 is in flight in the remote runtime
-        hanging = [p for p in live_processes(str(ws)) if "host_worker" in p]
+        hanging = [p for p in live_processes(str(ws)) if "targets.workers.host" in p]
         time.sleep(0.1)
     assert hanging
     killed = sshd.kill_sessions()
@@ -295,7 +295,7 @@ def test_connection_dropped_for_good_stops_cleanly(sshd, mlp3, tmp_path):
     deadline = time.monotonic() + 180
     while not seen and time.monotonic() < deadline:
         time.sleep(0.1)
-    while not [p for p in live_processes(str(ws)) if "host_worker" in p] and time.monotonic() < deadline:
+    while not [p for p in live_processes(str(ws)) if "targets.workers.host" in p] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert seen and live_processes(str(ws))
     key.write_bytes(sshd.wrong_key.read_bytes())  # reconnecting now fails authentication
@@ -441,9 +441,9 @@ def test_local_bundlerun_killed_leaves_nothing_on_either_side(sshd, mlp3, tmp_pa
                              "--target", url, "--report", str(tmp_path / "r"), "--no-history", "--quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    while not [p for p in live_processes(str(ws)) if "host_worker" in p] and time.monotonic() < deadline:
+    while not [p for p in live_processes(str(ws)) if "targets.workers.host" in p] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [p for p in live_processes(str(ws)) if "host_worker" in p], "case 1 never started remotely"
+    assert [p for p in live_processes(str(ws)) if "targets.workers.host" in p], "case 1 never started remotely"
     assert live_processes(str(key))  # the local ssh master and worker channel
     proc.kill()
     proc.wait()

@@ -37,7 +37,7 @@ def _host_workers() -> set[int]:
                 ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if b"bundlerun.targets.host_worker" in cmd and ppid == os.getpid() and _alive(int(pid)):
+            if b"bundlerun.targets.workers.host" in cmd and ppid == os.getpid() and _alive(int(pid)):
                 found.add(int(pid))
     return found
 

@@ -167,7 +167,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
-    from bundlerun.runner.report import echo_must_show, say_report
+    from bundlerun.runner.report.record import echo_must_show, say_report
 
     echo_must_show(report)  # print_accuracy shows no warnings: a run missing from the history is said anyway
     say_report(report, req.report_dir)

@@ -21,7 +21,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
     """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
     from bundlerun.runner.debug import debug_bundle
     from bundlerun.runner.debug_report import rich_table, verdict_line, write_debug_reports
-    from bundlerun.runner.report import wide_console
+    from bundlerun.runner.report.record import wide_console
 
     work = (report_dir / "work") if report_dir else None
     result = debug_bundle(bundle, target, case=case, output=output, method=method, work_dir=work,

@@ -19,7 +19,7 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    from bundlerun.runner.report import plain, wide_console
+    from bundlerun.runner.report.record import plain, wide_console
 
     table = Table(title=f"farm plan {plain(plan.path)}: {len(jobs)} jobs, retries {plan.retries}", title_justify="left")
     for col in ("#", "job", "bundle", "target", "devices", "concurrency"):
@@ -102,7 +102,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     else:
         from rich.table import Table
 
-        from bundlerun.runner.report import plain, wide_console
+        from bundlerun.runner.report.record import plain, wide_console
 
         table = Table(title=f"farm: {len(result.jobs)} jobs, {result.report['farm']['makespan_s']:.1f} s",
                       title_justify="left")
@@ -119,7 +119,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         for d in bad:
             click.echo(f"device {visible(d['url'])}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
-    from bundlerun.runner.report import echo_must_show, say_report
+    from bundlerun.runner.report.record import echo_must_show, say_report
 
     echo_must_show(result.report)  # jobs missing from the history: said in every output mode
     say_report(result.report, report_dir)

@@ -39,10 +39,10 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
         click.echo(json.dumps({"summary": report["summary"], "overrides": report["overrides"],
                                "previous_summary": report["judged"]["previous_summary"]}, indent=2))
     elif not quiet:
-        from bundlerun.runner.report import print_summary
+        from bundlerun.runner.report.record import print_summary
 
         print_summary(report)
-    from bundlerun.runner.report import warn_unwritten
+    from bundlerun.runner.report.record import warn_unwritten
 
     warn_unwritten(report)
     ctx.exit(report["summary"]["exit_code"])
@@ -57,7 +57,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
 
     from bundlerun.runner.judge import judge_run, load_context, summarize
     from bundlerun.runner.overrides import apply_overrides
-    from bundlerun.runner.report import OUTPUTS_FILE, write_record
+    from bundlerun.runner.report.record import OUTPUTS_FILE, write_record
     from bundlerun.runner.saved_run import load_saved_run
 
     from bundlerun.runner.overrides import parse_overrides
@@ -90,7 +90,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         from bundlerun.runner.saved_outputs import file_digest
 
         report["outputs_sha256"] = file_digest(out_dir / OUTPUTS_FILE)
-        from bundlerun.runner.reports import write_reports
+        from bundlerun.runner.writers import write_reports
 
         # every report file of the new verdict, not only report.json
         files = write_reports(report, out_dir, bundle=saved.bundle)

@@ -22,8 +22,8 @@ from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports  # no
 
 def write_merged(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """report.json + junit.xml + summary.md + report.html into out_dir (report.json last, with the file list)."""
-    from bundlerun.runner.report import write_record
-    from bundlerun.runner.reports import write_reports
+    from bundlerun.runner.report.record import write_record
+    from bundlerun.runner.writers import write_reports
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -51,8 +51,8 @@ def command(reports, report_dir, force, allow_partial, as_json):
     """
     import json
 
-    from bundlerun.runner import github
-    from bundlerun.runner.report import read_report
+    from bundlerun.runner.writers import github
+    from bundlerun.runner.report.record import read_report
     from bundlerun.runner.safe_text import visible
 
     paths = [p / "report.json" if p.is_dir() else p for p in reports]
@@ -70,7 +70,7 @@ def command(reports, report_dir, force, allow_partial, as_json):
         click.echo(f"merged {len(paths)} report(s): {s['verdict']} ({s['cases']} cases; {counts or 'no outputs'})")
         for w in merged.get("warnings", []):
             click.echo(f"warning: {visible(w)}", err=True)  # warnings come from the merged files
-    from bundlerun.runner.report import say_report
+    from bundlerun.runner.report.record import say_report
 
     say_report(merged, report_dir)
     sys.exit(s["exit_code"])

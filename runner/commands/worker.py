@@ -2,7 +2,7 @@
 
 Started over SSH by targets/ssh.py on the machine that runs the bundle. It opens the
 INNER target (e.g. host://xnnpack) here, runs the requested cases and streams one JSON
-line per event on stdout, the protocol of targets/worker_protocol.py (its encoder and the
+line per event on stdout, the protocol of targets/workers/protocol.py (its encoder and the
 driver that reads it on the other side live there) with the raw outputs inline, so no second
 round trip is needed:
 
@@ -200,7 +200,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
                 "remote_python": platform.python_version(), "remote_bundlerun": __version__, "inner_target": inner})
 
     from bundlerun.targets.base import RunOptions
-    from bundlerun.targets.worker_protocol import result_event
+    from bundlerun.targets.workers.protocol import result_event
 
     sent: set[tuple[str, int]] = set()
     order = list(pairs)

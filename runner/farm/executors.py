@@ -38,7 +38,7 @@ class LocalExecutor:
         if method == "fork":
             import bundlerun.bundles.bpte  # noqa: F401 - inherited by the workers
             import bundlerun.runner.judge  # noqa: F401
-            import bundlerun.runner.report  # noqa: F401
+            import bundlerun.runner.report.record  # noqa: F401
             import bundlerun.runner.session  # noqa: F401
             from bundlerun.targets import target_specs
 
@@ -50,7 +50,7 @@ class LocalExecutor:
     def _new_pool(self):
         from concurrent.futures import ProcessPoolExecutor
 
-        from bundlerun.runner.farm.worker import pool_worker_init
+        from bundlerun.runner.farm.job import pool_worker_init
 
         return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context, initializer=pool_worker_init)
 
@@ -67,7 +67,7 @@ class LocalExecutor:
         the later ones, so one dead worker does not fail the rest of the run."""
         from concurrent.futures.process import BrokenProcessPool
 
-        from bundlerun.runner.farm.worker import run_job
+        from bundlerun.runner.farm.job import run_job
 
         try:
             return self._pool.submit(run_job, payload)
@@ -151,7 +151,7 @@ class RayExecutor:
         from bundlerun.runner import interrupts
 
         interrupts.install()  # Ray's core worker installs a SIGTERM handler that exits at once: ours again
-        from bundlerun.runner.farm.worker import run_job_ray
+        from bundlerun.runner.farm.job import run_job_ray
 
         self._task = ray.remote(run_job_ray)
         self._refs: list[Any] = []  # every attempt sent, so a stopped farm can cancel the running ones

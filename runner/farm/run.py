@@ -96,9 +96,9 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job."""
     from bundlerun.runner.farm.executors import make_executor
     from bundlerun.runner.farm.plan import shard_jobs
-    from bundlerun.runner.farm.worker import _bad_report
+    from bundlerun.runner.farm.job import _bad_report
     from bundlerun.runner.merge import MergeOptions, merge_reports
-    from bundlerun.runner.report import write_record
+    from bundlerun.runner.report.record import write_record
     from bundlerun.runner.session import Session
 
     session = session or Session()
@@ -237,7 +237,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
         merged["shard"] = shard_rec
         merged["farm"]["shard"] = shard_rec["spec"]
-    from bundlerun.runner.reports import write_reports
+    from bundlerun.runner.writers import write_reports
 
     write_record(merged, report_dir)
     files = write_reports(merged, report_dir)
@@ -253,9 +253,9 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:
     """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
     its report still carries the shard record so `bundlerun merge` counts it."""
-    from bundlerun.runner.report import tool_version, write_record
-    from bundlerun.runner.report_model import SCHEMA, Report
-    from bundlerun.runner.reports import write_reports
+    from bundlerun.runner.report.record import tool_version, write_record
+    from bundlerun.runner.report.model import SCHEMA, Report
+    from bundlerun.runner.writers import write_reports
 
     now = _now()
     report = {
@@ -284,7 +284,7 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
 def _add_farm_markdown(path: Path, farm: dict[str, Any]) -> None:
     """summary.md: the jobs (verdict, attempts, devices, flaky) and the devices that failed, first."""
     from bundlerun.bundles.fileio import atomic_write_text
-    from bundlerun.runner.markdown import _md
+    from bundlerun.runner.writers.markdown import _md
 
     lines = [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
              f"({_md(farm['executor'].get('name'))} executor)", "",

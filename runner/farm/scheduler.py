@@ -164,7 +164,7 @@ class Scheduler:
         try:
             return future.result()
         except Exception as exc:  # noqa: BLE001 - the worker process or the Ray task died: infrastructure
-            from bundlerun.runner.farm.worker import _bad_report
+            from bundlerun.runner.farm.job import _bad_report
 
             report = _bad_report({"url": device.url, "bundle_path": str(item.job.bundle)},
                                  f"the attempt's worker died: {type(exc).__name__}: {exc}", "crash")

@@ -190,8 +190,8 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
                        source_file: str) -> dict[str, Any]:
     """A bundlerun report for one suite subtest, from the suite's own columns."""
     from bundlerun.runner.judge import summarize
-    from bundlerun.runner.report import tool_version
-    from bundlerun.runner.report_model import SCHEMA, Report
+    from bundlerun.runner.report.record import tool_version
+    from bundlerun.runner.report.model import SCHEMA, Report
 
     result = RESULTS.get(str(row.columns.get("Result") or "").strip().lower(), "FAIL")
     bundlerun_verdict = str(row.columns.get("bundlerun Verdict") or "")
@@ -242,7 +242,7 @@ class ImportSummary:
 def import_suite_report(db_path: str | Path, path: str | Path, commit: str | None = None,
                         time: str | None = None) -> ImportSummary:
     from bundlerun.runner import history
-    from bundlerun.runner.report_model import ReportError, read_report
+    from bundlerun.runner.report.model import ReportError, read_report
 
     suite = read_suite_file(path)
     sha, commit_source = _commit_of(commit, suite.environment)

@@ -145,7 +145,7 @@ def _buffer_size(configured: int | None, debug_buffer_mb: int, url: str) -> int:
 def _check_run(url: str, method: str, case: int, output: str, exit_status: int | None, timeout_s: float,
                buffer_size: int, runner: str, log: Path) -> None:
     """IntermediatesFailed, one line, when the run produced no usable ETDump + outputs."""
-    from bundlerun.targets import executor_runner
+    from bundlerun.targets.et_runner import executor_runner
 
     where = f" (log: {log})"
     if exit_status is None:

@@ -1,7 +1,7 @@
 """How each on-device runner is invoked and how its results are read back.
 
 executor-runner: ExecuTorch's portable executor_runner built with BundleIO (its
-flags, log and exit codes: targets/executor_runner.py). It checks test case 0
+flags, log and exit codes: targets/et_runner/executor_runner.py). It checks test case 0
 only, so each case runs as its own one-case bundle and its tensors come back
 from `--output_file PREFIX` (`PREFIX-<i>.bin`).
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from bundlerun.bundles.bpte import Bundle, serialize_bundle
 from bundlerun.bundles.errors import TargetError
 from bundlerun.bundles.fileio import atomic_write_bytes
-from bundlerun.targets import executor_runner
+from bundlerun.targets.et_runner import executor_runner
 from bundlerun.targets.android import profiles
 from bundlerun.targets.android.config import AndroidTargetConfig
 from bundlerun.targets.remote.device_cache import Artifact, DeviceCache

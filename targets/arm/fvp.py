@@ -14,7 +14,7 @@ with `--data FILE@ADDR`) and takes outputs from the ETDump block, or from the
 6-decimal `Output[i][j]` lines (marked lossy).
 
 The FVP's exit code is unreliable; every run is judged from its log
-(targets.arm.log). The FVP runs in its own process group under a host
+(targets.et_runner.log). The FVP runs in its own process group under a host
 wall-clock bound on top of its own `--timelimit`; the whole group is killed.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from bundlerun.bundles.arm_platforms import FVP_300_U55, FVP_300_U65, FVP_320, FVP_BINARIES, Platform, parse_platform
 from bundlerun.bundles.errors import ConfigError, TargetError
-from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
+from bundlerun.targets.et_runner.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,

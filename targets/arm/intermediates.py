@@ -15,13 +15,13 @@ compiled unmodified) built with the event tracer and a debug buffer.
 debug runner: qemu/fvp run it in place of `runner_elf` (fvp uart: `uart_runner_elf`); serial
 substitutes it as `{elf}` in its flash / launch command.
 
-The ONE case runs through the lane's own target (targets/arm/protocol.py: a per-case working
+The ONE case runs through the lane's own target (targets/et_runner/protocol.py: a per-case working
 directory holding a bundle whose case 0 is that case, the host wall-clock bound, the simulator's
 process group always reaped). What the runner does with ET_EVENT_TRACER_ENABLED +
 ET_DUMP_INTERMEDIATE_OUTPUTS (+ ET_DEBUG_BUFFER_SIZE, taken from its method pool): in semihosting
 mode it writes `etdump.bin` and `debug_buffer.bin` into its cwd (the case folder) after the run and
 before its BundleIO abort; in UART mode it prints them base64-encoded between `#[RUN THIS]` and
-`#[END]` (decoded by targets.arm.log.etdump_block_files). Both are read with ExecuTorch's
+`#[END]` (decoded by targets.et_runner.log.etdump_block_files). Both are read with ExecuTorch's
 Inspector (targets.intermediates.parse_etdump). When the buffer runs full, ETDumpGen's
 log_evalue aborts the runner (`write_tensor_or_return_error() failed to write tensor to debug
 buffer`): that is a one-line IntermediatesFailed naming the buffer size and how to rebuild it
@@ -169,7 +169,7 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
     """Run `method`[`case`] of the bundle on an Arm runner lane with every intermediate output."""
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.targets import open_target
-    from bundlerun.targets.arm.log import (DEBUG_BUFFER_FULL_RE, EtdumpBlockError, RunnerLog, debug_buffer_size,
+    from bundlerun.targets.et_runner.log import (DEBUG_BUFFER_FULL_RE, EtdumpBlockError, RunnerLog, debug_buffer_size,
                                            etdump_block_files, parse_runner_log)
     from bundlerun.targets.base import CaseStatus, RunOptions, expected_layout
 
@@ -271,7 +271,7 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
 
     outputs: list[np.ndarray] = [t.to_array() for t in result.outputs]
     if not outputs:
-        from bundlerun.targets.arm.outputs import OutputDecodeError, outputs_from_etdump
+        from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump
 
         try:
             outputs = [t.to_array() for t in outputs_from_etdump(

@@ -29,7 +29,7 @@ import math
 import re
 from typing import Iterable
 
-from bundlerun.targets.arm.log import LogLine, RunnerLog, parse_runner_log
+from bundlerun.targets.et_runner.log import LogLine, RunnerLog, parse_runner_log
 from bundlerun.targets.base import PerfFigure
 
 SIMULATORS = ("FVP", "QEMU")  # SessionEnd.tool values that mean "not a real device"

@@ -8,7 +8,7 @@ Corstone SSE-300 machine (Cortex-M55, no Ethos-U).
 Same per-case protocol as `fvp://` in semihosting mode: each case gets a folder
 holding a bundle whose case 0 is that case (the stock runner checks case 0
 only), QEMU's cwd is that folder, and the runner writes `out-<i>.bin` there. The
-log is judged by the one Arm runner protocol (targets.arm.protocol). A
+log is judged by the one Arm runner protocol (targets.et_runner.protocol). A
 wall-clock bound ends hangs; QEMU runs in its own process group, always reaped.
 
 The runner comes from `firmware_scripts/arm/build_qemu_runner.sh` (its cache is
@@ -34,7 +34,7 @@ from pathlib import Path
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.arm import qemu_plugin
-from bundlerun.targets.arm.protocol import case_from_session, clear_outputs
+from bundlerun.targets.et_runner.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun, expected_layout, safe_name, selected_cases
 from bundlerun.targets.runner_cache import cached_runners, run_build

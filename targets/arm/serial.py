@@ -8,7 +8,7 @@ Per test case: write the one-case bundle (`Bundle.single_case`: the stock runner
 checks case 0 only), open the port, run the configured flash command, reset the
 board, capture the UART until the runner's end (`Program complete, exiting.`,
 EOT, or its abort after a failed BundleIO check) or the deadline, save the raw
-bytes, and parse them with `targets.arm.log`. Outputs come from the ETDump
+bytes, and parse them with `targets.et_runner.log`. Outputs come from the ETDump
 block at full precision, else from the 6-decimal `Output[i][j]` lines (lossy).
 Every read is bounded (`timeout=` on the port + an overall deadline) and the port
 is always closed. This target never judges numerics; the firmware's own verdict
@@ -31,7 +31,7 @@ from typing import Any
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.targets.process import kill_process_group
 from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
-from bundlerun.targets.arm.protocol import SessionEnd, case_from_session
+from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
                                     safe_name as _safe, selected_cases)
 from bundlerun.targets.failures import FailureKind
@@ -462,7 +462,7 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None, sta
     """
     import serial
 
-    from bundlerun.targets.arm.log import IncrementalLogParser
+    from bundlerun.targets.et_runner.log import IncrementalLogParser
 
     parser = IncrementalLogParser()
     data = bytearray()
@@ -747,7 +747,7 @@ class SerialTarget(TargetBase):
         board: Board | None,
         launched_for_case: bool,
     ) -> CaseResult:
-        from bundlerun.targets.arm.log import parse_runner_log
+        from bundlerun.targets.et_runner.log import parse_runner_log
 
         values = self._values(bundle_path, case_bundle, work)
         log_path = work / f"{stem}.uart.log"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets.arm.log import IncrementalLogParser, RunnerLog
-from bundlerun.targets.arm.protocol import SessionEnd
+from bundlerun.targets.et_runner.log import IncrementalLogParser, RunnerLog
+from bundlerun.targets.et_runner.protocol import SessionEnd
 from bundlerun.targets.process import kill_process_group
 
 
@@ -128,7 +128,7 @@ def _reap_group(proc: subprocess.Popen) -> None:
 
 
 def session_end(outcome: ProcessOutcome, tool: str, wall_timeout_s: float) -> SessionEnd:
-    """How the stream ended, for targets.arm.protocol.classify."""
+    """How the stream ended, for targets.et_runner.protocol.classify."""
     if outcome.host_timeout:
         return SessionEnd("host-timeout", tool, outcome.returncode, f"{wall_timeout_s:.0f}s wall clock")
     return SessionEnd("exited", tool, outcome.returncode)

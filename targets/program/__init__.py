@@ -4,5 +4,5 @@
                       delegate calls handed to a DelegateRunner
     tosa_delegate.py  TOSABackend payloads on the TOSA reference model (tosa-tools)
     mlx_delegate.py   MLXBackend payloads on the mlx package (mlx_graph.py, mlx_ops.py)
-    worker.py         the child process tosa:// and mlx:// run under targets.worker_process
+    (targets/workers/program.py is the child process tosa:// and mlx:// run this in)
 """

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.report_model import format_amount
+from bundlerun.runner.report.model import format_amount
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -296,7 +296,7 @@ def _perf_section(report: dict[str, Any], max_rows: int = 40) -> str:
     """The run's perf figures (median, min..max over the cases, with the kind of clock), the
     conditions they were measured in, the figures against the baseline, and the operator profile
     from ETDump when one was read."""
-    from bundlerun.runner.markdown import perf_conditions
+    from bundlerun.runner.writers.markdown import perf_conditions
 
     perf = report.get("perf") or {}
     rows = perf.get("summary") or []

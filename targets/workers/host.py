@@ -1,6 +1,6 @@
 """Child process of the host target: load the bundle once in the real ExecuTorch
 runtime (pybindings), run the requested cases, stream JSON events (see
-targets/worker_process.py). Inputs come from the bundle itself. With `--serve` it is
+targets/workers/supervisor.py). Inputs come from the bundle itself. With `--serve` it is
 a warm worker: the runtime is imported once and bundles are loaded on request.
 
 `BUNDLERUN_FAULT=crash@forward:2` / `hang@forward:2` makes the child die with
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.serve:
-        from bundlerun.targets.worker_process import serve
+        from bundlerun.targets.workers.supervisor import serve
 
         t_import = time.perf_counter()
         try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
-from bundlerun.runner.report_model import REPORT_FILE, format_amount
+from bundlerun.runner.report.model import REPORT_FILE, format_amount
 from bundlerun.targets.base import TargetRun
 
 OUTPUTS_FILE = "outputs.npz"
@@ -127,7 +127,7 @@ def warn_unwritten(report: dict[str, Any]) -> None:
 
 def read_report(path: Path) -> dict[str, Any]:
     """A report.json (file or folder), checked and brought to the current schema."""
-    from bundlerun.runner.report_model import read_report as read_typed
+    from bundlerun.runner.report.model import read_report as read_typed
 
     return read_typed(path).to_json()
 

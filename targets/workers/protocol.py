@@ -1,7 +1,7 @@
 """The JSON-lines protocol between bundlerun and a runtime worker, once: its codec and its driver.
 
 A worker is a process that loaded a bundle and runs cases for us: a local child (host://,
-tosa://, mlx://, through targets/worker_process.py) or `bundlerun worker` on another machine
+tosa://, mlx://, through targets/workers/supervisor.py) or `bundlerun worker` on another machine
 (ssh://, runner/commands/worker.py). Each speaks one JSON object per line:
 
     {"event": "ready", "load_s": 0.4, "info": {...}}
@@ -75,7 +75,7 @@ def event_result(msg: dict[str, Any], log_path: Path, default_kind: FailureKind 
                         extra=dict(msg.get("extra") or {}))
     # --replay N: the outputs of runs 2..N of the case, in the same form (runner/replay.py)
     result.replays = [_tensors(run) for run in msg.get("replays") or []]
-    if msg.get("perf"):  # figures the worker measured (e.g. host_worker --repeat)
+    if msg.get("perf"):  # figures the worker measured (e.g. targets/workers/host.py --repeat)
         result.add_perf([PerfFigure.from_dict(f) for f in msg["perf"]])
     return result
 

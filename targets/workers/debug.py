@@ -1,6 +1,6 @@
 """Child process of `bundlerun debug`: run one case of a bundle with every intermediate output.
 
-    python -m bundlerun.targets.debug_worker host|tosa|mlx BUNDLE METHOD CASE WORK_DIR
+    python -m bundlerun.targets.workers.debug host|tosa|mlx BUNDLE METHOD CASE WORK_DIR
         [--debug-buffer-mb N] [--device cpu|gpu]
 
 host: the program in the real ExecuTorch runtime (pybindings) loaded with ETDump and
@@ -31,7 +31,7 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
     import numpy as np
 
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets.host_worker import _quiet_imports
+    from bundlerun.targets.workers.host import _quiet_imports
     from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy
 
     bundle = read_bundle(bundle_path)
@@ -52,7 +52,7 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
 
 def _run_walker(bundle_path: str, method: str, case: int, delegates: str) -> tuple[dict, list, list]:
     from bundlerun.targets.intermediates import walker_observer
-    from bundlerun.targets.program.worker import _load
+    from bundlerun.targets.workers.program import _load
 
     bundle, loaded, walker, runtime, _dists = _load(bundle_path, delegates)
     items: list = []

@@ -82,8 +82,8 @@ def close_session() -> None:
 def _bad_report(payload: dict[str, Any], error: str, kind: str) -> dict[str, Any]:
     """A report for an attempt that could not even start (bundle unreadable, worker failure):
     one ERROR case, so the job still ends with a verdict."""
-    from bundlerun.runner.report_model import SCHEMA
-    from bundlerun.runner.report import tool_version
+    from bundlerun.runner.report.model import SCHEMA
+    from bundlerun.runner.report.record import tool_version
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     return {
@@ -112,7 +112,7 @@ def run_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, Any]:
     from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.report import write_record
+    from bundlerun.runner.report.record import write_record
     from bundlerun.runner.session import RunRequest
 
     scratch = None

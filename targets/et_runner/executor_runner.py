@@ -9,7 +9,7 @@ Read from the runner's source and checked on the real binary built from source
   `--print_output none|summary|all`, `--etdump_path` (only with the event tracer, which then
   always writes an ETDump);
 * log on stderr, `I 00:00:00.364824 executorch:file.cpp:76] msg` (posix PAL), parsed by
-  targets.arm.log like every ExecuTorch runner log;
+  targets.et_runner.log like every ExecuTorch runner log;
 * exit 0: ran and case 0 verified; exit 1: a failed BundleIO check (outputs were written:
   judged on the host like any other) or a refused flag / unreadable model; SIGABRT (134 through
   a shell, -6 without) for every `ET_CHECK_MSG`: missing kernel, missing delegate, load failure.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from bundlerun.targets.arm.log import parse_runner_log
-from bundlerun.targets.arm.protocol import Failure, cause_of
+from bundlerun.targets.et_runner.log import parse_runner_log
+from bundlerun.targets.et_runner.protocol import Failure, cause_of
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
 
@@ -29,7 +29,7 @@ DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _LIBRARY_RE = re.compile(r'(dlopen failed: library "[^"]+" not found|CANNOT LINK EXECUTABLE[^\n]*|library "[^"]+" not found)')
 _FLAG_RE = re.compile(r"ERROR: unknown command line flag '([^']+)'")
-# Runtime error lines the generic parser (targets/arm/protocol.py) has no kind for, read from the pinned
+# Runtime error lines the generic parser (targets/et_runner/protocol.py) has no kind for, read from the pinned
 # sources: XNNPACK's payload check (backends/xnnpack/runtime/XNNCompiler.cpp:2172), Method::set_input's
 # dtype check (runtime/executor/method.cpp:1206) and the kernels' dtype switch
 # (runtime/core/exec_aten/util/scalar_type_util.h:928).

@@ -1,8 +1,8 @@
 """Run test cases in a child Python process so a crash or hang of a runtime
 cannot take bundlerun down.
 
-The child (e.g. `python -m targets.host_worker`) loads the program once and
-speaks the JSON-lines protocol of targets/worker_protocol.py on stdout (ready, start,
+The child (e.g. `python -m targets.workers.host`) loads the program once and
+speaks the JSON-lines protocol of targets/workers/protocol.py on stdout (ready, start,
 done | error per case, fatal, finished), which also drives ssh:// workers.
 
 The parent enforces a setup timeout (until "ready") and a per-case timeout
@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions
 from bundlerun.targets.failures import FailureKind
-from bundlerun.targets.worker_protocol import Buffer, Ending, EventDriver, Limits
+from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits
 from bundlerun.targets.process import kill_process_group
 
 MAX_RESTARTS = 3
@@ -308,7 +308,7 @@ class WorkerSupervisor:
 
     def _drive(self, proc: subprocess.Popen, pairs, log_path: Path, results: dict,
                buffer: Buffer) -> tuple[str, EventDriver]:
-        """One child's event stream (targets/worker_protocol.py) -> results; "fatal" ends the
+        """One child's event stream (targets/workers/protocol.py) -> results; "fatal" ends the
         attempts, anything else lets the remaining cases run on a new child."""
         opts = self.options
 

@@ -2,7 +2,7 @@
 device said, and where the outputs are.
 
 Every Arm-runner lane (an FVP, QEMU's mps3-an547, a board on a serial port) only
-moves bytes: it hands this module the parsed log (`targets.arm.log.RunnerLog`),
+moves bytes: it hands this module the parsed log (`targets.et_runner.log.RunnerLog`),
 how the byte stream ended (`SessionEnd`), and, in semihosting mode, the folder
 the runner wrote its files into. Semantics checked against
 `examples/arm/executor_runner/arm_executor_runner.cpp` and ExecuTorch's runtime:
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundlerun.targets.arm.log import FAULT_RE, LogLine, RunnerLog
+from bundlerun.targets.et_runner.log import FAULT_RE, LogLine, RunnerLog
 from bundlerun.targets.base import CaseResult, CaseStatus, DeviceVerdict, RawTensor, raw_outputs_from_files
 from bundlerun.targets.failures import FailureKind
 
@@ -261,7 +261,7 @@ def collect_outputs(
     semihosting files (`out-<i>.bin`, bit exact), else the ETDump block or
     semihosting `etdump.bin`+`debug_buffer.bin` (bit exact), else the printed
     `Output[i][j]` lines (6 decimals, lossy). `prefer`: auto | files | etdump | printed."""
-    from bundlerun.targets.arm.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed
+    from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed
 
     problems: list[str] = []
     if files_dir is not None and prefer in ("auto", "files"):

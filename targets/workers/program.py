@@ -1,9 +1,9 @@
 """Child process of the program-walking targets (tosa://, mlx://): walk the bundle's
 program in Python (targets.program.walker) with the delegates of `--delegates`
 (TOSA on the reference model, MLX on the mlx package), run the requested cases,
-stream JSON events (protocol: targets/worker_process.py). Inputs come from the
+stream JSON events (protocol: targets/workers/supervisor.py). Inputs come from the
 bundle itself. With `--serve` it is a warm worker: the delegates' libraries are
-imported once and bundles are loaded on request (targets/worker_process.py).
+imported once and bundles are loaded on request (targets/workers/supervisor.py).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         import gc
 
-        from bundlerun.targets.worker_process import serve
+        from bundlerun.targets.workers.supervisor import serve
 
         t_import = time.perf_counter()
         real_stdout = sys.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.report_model import format_amount
+from bundlerun.runner.report.model import format_amount
 
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
 

@@ -68,7 +68,7 @@ def write_reports(
     when given. Returns {format: path} for what was written; failures land in
     report["warnings"].
     """
-    from bundlerun.runner.report import note_unwritten
+    from bundlerun.runner.report.record import note_unwritten
 
     out_dir = Path(out_dir)
     try:
@@ -81,7 +81,7 @@ def write_reports(
     written: dict[str, Path] = {}
     warnings = report.setdefault("warnings", [])
     if "junit" in formats:
-        from bundlerun.runner.junit import write_junit
+        from bundlerun.runner.writers.junit import write_junit
 
         try:
             written["junit"] = write_junit(report, out_dir / "junit.xml")
@@ -89,7 +89,7 @@ def write_reports(
             warnings.append(f"JUnit report not written: {exc}")
             note_unwritten(report, out_dir / "junit.xml", exc)
     if "markdown" in formats:
-        from bundlerun.runner.markdown import write_markdown
+        from bundlerun.runner.writers.markdown import write_markdown
 
         try:
             written["markdown"] = write_markdown(report, out_dir / "summary.md", regressions)
@@ -97,7 +97,7 @@ def write_reports(
             warnings.append(f"Markdown summary not written: {exc}")
             note_unwritten(report, out_dir / "summary.md", exc)
     if "html" in formats:
-        from bundlerun.runner.html_report import write_html
+        from bundlerun.runner.writers.html import write_html
 
         try:
             written["html"] = write_html(

@@ -5,7 +5,7 @@ When `GITHUB_ACTIONS=true`, `annotate(report)` prints one `::error` per failing 
 run (infrastructure ERROR/TIMEOUT: a flaky board, not a regression), capped per level
 so a bad run does not drown the job page (GitHub shows at most 10 of each level per
 step); the last one says how many more there were. When `GITHUB_STEP_SUMMARY` is set,
-`append_step_summary(text)` appends Markdown to it (runner/markdown.py's writer does
+`append_step_summary(text)` appends Markdown to it (runner/writers/markdown.py's writer does
 this for every report it writes).
 
 Escaping follows GitHub's workflow-command rules (actions/toolkit `command.ts`): in the

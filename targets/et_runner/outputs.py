@@ -24,7 +24,7 @@ import binascii
 from dataclasses import dataclass
 
 from bundlerun.bundles import scalar_types as st
-from bundlerun.targets.arm.log import ECHO_RE
+from bundlerun.targets.et_runner.log import ECHO_RE
 from bundlerun.targets.base import RawTensor
 
 # `%f` rounds to 6 decimals: |printed - x| <= 5e-7. Storing the printed decimal

@@ -247,9 +247,9 @@ class Report:
         if schema not in READABLE_SCHEMAS:
             raise ReportError(f"not a bundlerun report this version reads (schema {repr(schema)[:80]}; "
                               f"reads {', '.join(READABLE_SCHEMAS)})")
-        from bundlerun.runner.report_check import ReportCheckError, check_report
+        from bundlerun.runner.report.check import ReportCheckError, check_report
 
-        try:  # every field a reader relies on has its type checked, with its path (runner/report_check.py)
+        try:  # every field a reader relies on has its type checked, with its path (runner/report/check.py)
             check_report(data)
         except ReportCheckError as exc:
             raise ReportError(f"malformed report: {exc}") from None
