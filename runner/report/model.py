@@ -235,9 +235,20 @@ class Report:
     overrides: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     dataset: dict[str, Any] | None = None
-    extras: dict[str, Any] = field(default_factory=dict)  # regressions, baseline, files, outputs_file, judged, ...
+    regressions: list[dict[str, Any]] | None = None  # --baseline: runner/regression.py, None = not compared
+    baseline: dict[str, Any] | None = None  # what the baseline was and how it relates (runner/regression.py)
+    files: dict[str, str] = field(default_factory=dict)  # derived formats written: {writer name: path}
+    outputs_file: str | None = None  # outputs.npz (--save-outputs), with its digest (`judge` checks it)
+    outputs_sha256: str | None = None
+    judged: dict[str, Any] | None = None  # `bundlerun judge`: from which report, with which overrides
+    replay: dict[str, Any] | None = None  # --replay N: findings over the runs (runner/replay.py)
+    unwritten: list[dict[str, Any]] = field(default_factory=list)  # files the host refused: {file, error}
+    extras: dict[str, Any] = field(default_factory=dict)  # sections of merged/farm/shard reports, kept as read
     schema: str = SCHEMA
     perf_info: dict[str, Any] = field(default_factory=dict)  # `perf` beside its derived summary: repeat, warmup, load, ...
+
+    # The top-level sections written only when they hold something (older readers saw them absent).
+    _OPTIONAL = ("regressions", "baseline", "files", "outputs_file", "outputs_sha256", "judged", "replay", "unwritten")
 
     @classmethod
     def from_json(cls, data: Any) -> "Report":
@@ -263,6 +274,7 @@ class Report:
                 bundle=dict(data.get("bundle") or {}), target=dict(data.get("target") or {}),
                 overrides=list(data.get("overrides") or []), warnings=list(data.get("warnings") or []),
                 dataset=data.get("dataset"),
+                **{k: data[k] for k in cls._OPTIONAL if data.get(k) is not None},
                 extras={k: v for k, v in data.items() if k not in known},
                 perf_info={k: v for k, v in data["perf"].items() if k != "summary"}
                 if isinstance(data.get("perf"), dict) else {},
@@ -299,6 +311,10 @@ class Report:
             "cases": [c.to_json() for c in self.cases], "dataset": self.dataset,
             "perf": {**self.perf_info, "summary": [p.to_json() for p in self.perf_summary()]},
         }
+        for key in self._OPTIONAL:
+            value = getattr(self, key)
+            if value is not None and (value or key not in ("files", "unwritten")):  # regressions [] = none found
+                out[key] = value
         out.update(self.extras)
         return out
 
