@@ -160,7 +160,6 @@ def run(bundle: str | Path, target: str = "host://xnnpack", *, report_dir: str |
     only when asked for. Infrastructure problems are verdicts (ERROR), not exceptions; a bundle
     that cannot be read raises BundleError."""
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.report.model import Report
     from bundlerun.runner.session import RunRequest, Session
 
     parsed = read_bundle(bundle)  # bad input is an exception here, before anything starts
@@ -178,8 +177,7 @@ def run(bundle: str | Path, target: str = "host://xnnpack", *, report_dir: str |
                                  cases=sorted(set(cases)) if cases is not None else None, overrides=list(overrides),
                                  label=label, target_config=dict(target_config or session.target_config(target)),
                                  save_outputs=save_outputs)
-            raw = session.run(request, bundle=parsed) if report_dir is not None else session.execute(request, parsed)
-        return Report.from_json(raw)
+            return session.run(request, bundle=parsed) if report_dir is not None else session.execute(request, parsed)
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -190,10 +188,9 @@ def judge(report_dir: str | Path, overrides: Sequence[str] = (), bundle: str | P
     """Judge the outputs a run saved (`run(..., save_outputs=True)` or `bundlerun run --save-outputs`)
     again, with `overrides`; nothing runs. Returns the new Report (written to `out_dir` if given)."""
     from bundlerun.runner.commands.judge import rejudge
-    from bundlerun.runner.report.model import Report
 
-    return Report.from_json(rejudge(Path(report_dir), list(overrides), Path(bundle) if bundle else None,
-                                    Path(out_dir) if out_dir else None))
+    return rejudge(Path(report_dir), list(overrides), Path(bundle) if bundle else None,
+                   Path(out_dir) if out_dir else None)
 
 
 def validate(model: Any, example_inputs: Sequence[Any] | None = None, target: str = "host://xnnpack", **kw: Any) -> "Report":

@@ -230,20 +230,19 @@ class Bisector:
         write_record(report, folder)
         step.run_s = time.monotonic() - t
         step.report = str(folder / "report.json")
-        if (report.get("summary") or {}).get("interrupted"):  # the run kept its report; the bisection stops too
+        if report.summary.interrupted:  # the run kept its report; the bisection stops too
             raise KeyboardInterrupt
-        case = next((c for c in report.get("cases") or [] if c.get("method") == req.method
-                     and int(c.get("case", -1)) == req.case), None)
+        case = next((c for c in report.cases if c.method == req.method and c.case == req.case), None)
         if case is None:
             raise BisectStopped(f"the run of step {step.index} has no {req.method}[{req.case}]")
-        outs = [o for o in case.get("outputs") or [] if req.output is None or o.get("name") == req.output]
-        step.outputs = [{"name": o.get("name"), "verdict": o.get("verdict"), "stats": _brief(o.get("stats")),
-                         "failed": [f.get("detail") or f.get("criterion") for f in o.get("failed") or []]}
+        outs = [o for o in case.outputs if req.output is None or o.name == req.output]
+        step.outputs = [{"name": o.name, "verdict": o.verdict, "stats": _brief(o.stats),
+                         "failed": [f.get("detail") or f.get("criterion") for f in o.failed]}
                         for o in outs]
-        verdicts = [o.get("verdict") for o in outs] or [case.get("verdict")]
+        verdicts = [o.verdict for o in outs] or [case.verdict]
         step.verdict = next((v for v in ("FAIL", "ERROR", "TIMEOUT") if v in verdicts), verdicts[0])
-        step.error = str(case.get("error")) if case.get("error") else None
-        step.error_kind = str(case.get("error_kind")) if case.get("error_kind") else None
+        step.error = str(case.error) if case.error else None
+        step.error_kind = case.error_kind.value if case.error_kind else None
 
     def evaluate(self, role: str, allowed: frozenset[str] | None) -> Step:
         """Build + run one candidate (or return the memoized one)."""

@@ -56,7 +56,7 @@ def culprit_text(result: BisectResult) -> str:
 def print_result(result: BisectResult, console: Any) -> None:
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain
+    from bundlerun.runner.report.console import plain
 
     table = Table(title=f"bisect {plain(result.model)} on {plain(result.target)}: {result.method}[{result.case}]",
                   title_justify="left")

@@ -15,7 +15,7 @@ import click
 from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
 from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY, MAX_TIMEOUT_S  # bundlerun's bounds (docs/security.md)
 from bundlerun.runner import seal  # --require-seal: click only
-from bundlerun.runner.outcome import EXIT_INFRA  # every exit code is defined in runner/outcome.py
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, combine_exit_codes  # every exit code is defined in runner/outcome.py
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
@@ -360,7 +360,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.report.record import print_summary
+    from bundlerun.runner.report.console import print_summary
 
     parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
@@ -387,25 +387,25 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     if as_json:
         import json
 
-        click.echo(json.dumps({"summary": report["summary"], "report": str(report_dir / "report.json"),
-                               "warnings": report.get("warnings", [])}, indent=2))
+        click.echo(json.dumps({"summary": report.summary.to_json(), "report": str(report_dir / "report.json"),
+                               "warnings": report.warnings}, indent=2))
     elif not quiet:
         print_summary(report)
-        if report.get("regressions"):
+        if report.regressions:
             from bundlerun.runner.regression import format_regressions
 
-            click.echo(format_regressions(report["regressions"]))
-    from bundlerun.runner.report.record import echo_must_show, say_report
+            click.echo(format_regressions(report.regressions))
+    from bundlerun.runner.report.console import echo_must_show, say_report
 
     if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
         echo_must_show(report)
     say_report(report, report_dir)
-    if debug_on_fail and report["summary"]["exit_code"] == 1:  # runner/commands/debug.py
+    if debug_on_fail and report.summary.exit_code == EXIT_FAIL:  # runner/commands/debug.py
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
         _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json,
                target_config=session.target_config(target))
-    sys.exit(report["summary"]["exit_code"])
+    sys.exit(report.summary.exit_code)
 
 
 def _validate_slug(model: str, dtype: str) -> str:
@@ -442,12 +442,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report (and with --etrecord its
     ETRecord; with --debug-on-fail a failing one's debug report in debug/).
     """
-    from bundlerun.runner.report.record import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console
     from rich.table import Table
 
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.zoo import names as zoo_names
-    from bundlerun.runner.report.record import print_summary
+    from bundlerun.runner.report.console import print_summary
 
     report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
@@ -485,33 +485,33 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
                              label, quiet=as_json, amend=None if mine is None else (
-                                 lambda r, key=slug: r.__setitem__("shard", {**shard_record(shard, "models", mine,
-                                                                                            universe), "key": key})))
+                                 lambda r, key=slug: r.extras.__setitem__("shard", {
+                                     **shard_record(shard, "models", mine, universe), "key": key})))
             from bundlerun.runner.writers import github
 
             github.annotate(report, out / "report.json", stream=sys.stderr if as_json else None)
             if as_json:  # the JSON mode hides the table, never that the run is missing from the history
-                from bundlerun.runner.report.record import echo_must_show
+                from bundlerun.runner.report.console import echo_must_show
 
                 echo_must_show(report)
             else:
                 print_summary(report)
-                if report.get("regressions"):
+                if report.regressions:
                     from bundlerun.runner.regression import format_regressions
 
-                    click.echo(format_regressions(report["regressions"]))
-            from bundlerun.runner.report.record import warn_unwritten
+                    click.echo(format_regressions(report.regressions))
+            from bundlerun.runner.report.console import warn_unwritten
 
             warn_unwritten(report)
-            s = report["summary"]
-            if debug_on_fail and s["exit_code"] == 1:  # runner/commands/debug.py, as `run --debug-on-fail`
+            s = report.summary
+            if debug_on_fail and s.exit_code == EXIT_FAIL:  # runner/commands/debug.py, as `run --debug-on-fail`
                 from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
                 _drill(bundle_path, target, report, out / "debug", quiet=as_json,
                        target_config=session.target_config(target))
-            results.append((slug, s["verdict"], s["exit_code"], str(out / "report.json")))
+            results.append((slug, s.verdict, s.exit_code, str(out / "report.json")))
     codes = [r[2] for r in results]
-    code = 1 if 1 in codes else (2 if 2 in codes else 0)
+    code = combine_exit_codes(codes)
     if as_json:
         import json
 

@@ -50,11 +50,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 _QDQ = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
         "choose_qparams")
@@ -179,25 +182,25 @@ def default_case(bundle_path: Path, history_db: Path | None, method: str, output
     return worst, f"worst failing case of run #{row[0]}"
 
 
-def worst_failing_case(report: dict, method: str = "forward", output: str | None = None) -> int | None:
+def worst_failing_case(report: "Report", method: str = "forward", output: str | None = None) -> int | None:
     """The failing case of `report` with the lowest SQNR (then the largest max error), or None."""
     worst: tuple[tuple, int] | None = None
-    for case in report.get("cases") or []:
-        if case.get("method", "forward") != method:
+    for case in report.cases:
+        if case.method != method:
             continue
-        for out in case.get("outputs") or []:
-            if output is not None and out.get("name") != output:
+        for out in case.outputs:
+            if output is not None and out.name != output:
                 continue
-            if out.get("verdict") != "FAIL":
+            if out.verdict != "FAIL":
                 continue
-            stats = out.get("stats") or {}
+            stats = out.stats or {}
             sqnr = stats.get("sqnr")
             sqnr = sqnr if isinstance(sqnr, (int, float)) else math.inf
             err = stats.get("error_max")
             err = err if isinstance(err, (int, float)) else 0.0
             key = (sqnr, -err)
             if worst is None or key < worst[0]:
-                worst = (key, int(case.get("case", 0)))
+                worst = (key, case.case)
     return None if worst is None else worst[1]
 
 

@@ -99,7 +99,7 @@ def rich_table(result: DebugResult):
     from rich.table import Table
 
     quantized = any(r.quantized is not None for r in result.rows)
-    from bundlerun.runner.report.record import plain  # names come from the bundle: inert, markup escaped
+    from bundlerun.runner.report.console import plain  # names come from the bundle: inert, markup escaped
 
     table = Table(title=plain(f"{result.model or result.bundle} {result.dtype or ''} on {result.target}: case "
                               f"{result.case}, {result.output}"), title_justify="left")

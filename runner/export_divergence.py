@@ -172,7 +172,7 @@ def print_divergence(found: dict[str, Any], console: Any) -> None:
     """The eager-vs-exported table (console), the finding and the first divergent module's nodes."""
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain
+    from bundlerun.runner.report.console import plain
 
     console.print(found.get("finding", ""), markup=False)
     layers = found.get("layers") or []

@@ -64,7 +64,7 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    from bundlerun.runner.report.record import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console
 
     console = wide_console()
     console.highlighter = None  # bundle text can be long: rich's regex highlighter is quadratic on it

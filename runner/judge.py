@@ -15,8 +15,10 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.manifest import Criteria, Manifest
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, VERDICTS
+from bundlerun.runner.report.model import CaseRecord, OutputRecord, Summary
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
+from bundlerun.targets.failures import FailureKind
 
 NO_MANIFEST_WARNING = (
     "bundle has no bundlerun manifest (made by ExecuTorch's BundledProgram API?): "
@@ -56,75 +58,57 @@ def load_context(bundle: Bundle) -> JudgeContext:
     return JudgeContext(Manifest.from_dict(bundle.manifest), warnings)
 
 
-def _error_case(result: CaseResult, expected_count: int) -> dict[str, Any]:
-    verdict = "TIMEOUT" if result.status == CaseStatus.TIMEOUT else ("SKIP" if result.status == CaseStatus.SKIP else "ERROR")
-    return {
-        "outputs": [
-            {"index": j, "name": f"out{j}", "verdict": verdict, "failed": [], "stats": None}
-            for j in range(expected_count)
-        ],
-        "verdict": verdict,
-    }
+def _error_verdict(result: CaseResult) -> str:
+    return "TIMEOUT" if result.status == CaseStatus.TIMEOUT else ("SKIP" if result.status == CaseStatus.SKIP else "ERROR")
 
 
-def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[str, Any]:
+def _failed(detail: str, criterion: str = "missing") -> list[dict[str, Any]]:
+    return [{"criterion": criterion, "measured": None, "limit": None, "detail": detail}]
+
+
+def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
     """One report case record (see docs/report-schema.md)."""
     from bundlerun.runner.compare import judge_output
 
     test_case = bundle.suite(result.method).test_cases[result.case_index]
     expected_values = [v for v in test_case.expected_outputs]
-    record: dict[str, Any] = {
-        "method": result.method,
-        "case": result.case_index,
-        "status": result.status.value,
-        "elapsed_s": result.elapsed_s,
-        "error": result.error,
-        "error_kind": result.error_kind,
-        "log_excerpt": result.log_excerpt,
-        "log_path": result.log_path,
-        "device_verdict": result.device_verdict,
-    }
-    if result.extra:
-        record["extra"] = result.extra  # how the target got the outputs, attempts, transport detail
-    if result.perf:
-        record["perf"] = [f.to_dict() for f in result.perf]  # what the target measured (docs/report-schema.md)
+    record = CaseRecord(
+        method=result.method, case=result.case_index, status=result.status.value, verdict="PASS",
+        elapsed_s=result.elapsed_s, error=result.error, error_kind=result.error_kind,
+        log_excerpt=list(result.log_excerpt or []), log_path=result.log_path, device_verdict=result.device_verdict,
+        extra=dict(result.extra or {}),  # how the target got the outputs, attempts, transport detail
+        perf=list(result.perf or []),  # what the target measured (docs/report-schema.md)
+    )
     if result.status != CaseStatus.OK:
-        record.update(_error_case(result, len(expected_values)))
-        for j, out in enumerate(record["outputs"]):
+        record.verdict = _error_verdict(result)
+        for j in range(len(expected_values)):
             name, criteria = ctx.criteria(result.method, j)
-            out["name"] = name
-            out["criteria"] = criteria.to_dict()
+            record.outputs.append(OutputRecord(j, name, record.verdict, criteria=criteria.to_dict(), stats=None))
         return record
-    outputs = []
     if len(result.outputs) != len(expected_values):
-        record["error"] = f"target returned {len(result.outputs)} outputs, bundle expects {len(expected_values)}"
-        record["error_kind"] = "output-count"
+        record.error = f"target returned {len(result.outputs)} outputs, bundle expects {len(expected_values)}"
+        record.error_kind = FailureKind.OUTPUT_COUNT
     for j, expected in enumerate(expected_values):
         name, criteria = ctx.criteria(result.method, j)
-        entry: dict[str, Any] = {"index": j, "name": name, "criteria": criteria.to_dict()}
+        entry = OutputRecord(j, name, "PASS", criteria=criteria.to_dict())
+        record.outputs.append(entry)
         if expected.kind != "tensor":
-            entry.update(verdict="SKIP", failed=[], stats=None, note=f"non-tensor output ({expected.kind})")
-            outputs.append(entry)
+            entry.verdict, entry.note = "SKIP", f"non-tensor output ({expected.kind})"
             continue
-        entry["expected"] = {"dtype": st.name(expected.scalar_type), "shape": list(expected.sizes)}
+        entry.expected = {"dtype": st.name(expected.scalar_type), "shape": list(expected.sizes)}
         if j >= len(result.outputs):
-            entry.update(verdict="ERROR", failed=[{"criterion": "missing", "measured": None, "limit": None,
-                                                   "detail": "target returned no data for this output"}], stats=None)
-            outputs.append(entry)
+            entry.verdict, entry.failed = "ERROR", _failed("target returned no data for this output")
             continue
         raw = result.outputs[j]
         try:  # raw outputs are device data: an unknown dtype or bytes that do not fit the shape is an ERROR
-            entry["actual"] = {"dtype": st.name(raw.scalar_type), "shape": [int(s) for s in raw.shape][:64]}
+            actual_info = {"dtype": st.name(raw.scalar_type), "shape": [int(s) for s in raw.shape][:64]}
             raw_array = raw.to_array()
         except (ValueError, TypeError, OverflowError) as exc:
-            entry.pop("actual", None)
-            entry.update(verdict="ERROR", stats=None, failed=[{"criterion": "missing", "measured": None, "limit": None,
-                                                               "detail": f"the target's output is malformed: {exc}"[:300]}])
-            record["error"] = record.get("error") or f"output {j}: the target's output is malformed: {exc}"[:300]
-            record["error_kind"] = record.get("error_kind") or "wrong-output-size"
-            outputs.append(entry)
+            entry.verdict, entry.failed = "ERROR", _failed(f"the target's output is malformed: {exc}"[:300])
+            record.error = record.error or f"output {j}: the target's output is malformed: {exc}"[:300]
+            record.error_kind = record.error_kind or FailureKind.WRONG_OUTPUT_SIZE
             continue
-        entry["lossy"] = raw.lossy
+        entry.actual, entry.lossy = actual_info, raw.lossy
         actual = st.to_float_array(raw.scalar_type, raw_array) if raw.scalar_type == st.BFLOAT16 else raw_array
         reference = expected.to_array()
         if expected.scalar_type == st.BFLOAT16:
@@ -135,55 +119,51 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> dict[st
             actual, reference, criteria,
             actual_dtype=st.name(raw.scalar_type), expected_dtype=st.name(expected.scalar_type), lossy=raw.lossy,
         )
-        entry["verdict"] = verdict.verdict
-        entry["failed"] = [asdict(f) for f in verdict.failed]
-        entry["stats"] = verdict.stats.to_dict() if verdict.stats else None
+        entry.verdict = verdict.verdict
+        entry.failed = [asdict(f) for f in verdict.failed]
+        entry.stats = verdict.stats.to_dict() if verdict.stats else None
         if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/vacuity.py)
             from bundlerun.runner.vacuity import CRITERION, vacuous_reason
 
             why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
             if why:
-                entry["verdict"] = "ERROR"
-                entry["failed"] = [{"criterion": CRITERION, "measured": None, "limit": None, "detail": why}]
-                record["error"] = record.get("error") or f"{name}: vacuous criteria: {why}"
-                record["error_kind"] = record.get("error_kind") or "bad-bundle"
+                entry.verdict, entry.failed = "ERROR", _failed(why, CRITERION)
+                record.error = record.error or f"{name}: vacuous criteria: {why}"
+                record.error_kind = record.error_kind or FailureKind.BAD_BUNDLE
                 note = (f"{result.method}.{name}: vacuous criteria ({why.split(' would ')[0]} would also pass an "
                         "all-zero output): judged ERROR, fix the bundle's criteria")
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
-        outputs.append(entry)
-    record["outputs"] = outputs
-    verdicts = {o["verdict"] for o in outputs}
-    record["verdict"] = "ERROR" if "ERROR" in verdicts or record.get("error_kind") == "output-count" else (
+    verdicts = {o.verdict for o in record.outputs}
+    record.verdict = "ERROR" if "ERROR" in verdicts or record.error_kind == FailureKind.OUTPUT_COUNT else (
         "FAIL" if "FAIL" in verdicts else "PASS")
     return record
 
 
-def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts per case-output, overall verdict and exit code (0 pass, 1 numerics, 2 infrastructure)."""
+def summarize(cases: list[CaseRecord]) -> Summary:
+    """Counts per case-output, overall verdict and exit code (runner/outcome.py)."""
     counts = {v: 0 for v in VERDICTS}
     outputs = 0
     for case in cases:
-        for out in case["outputs"]:
-            counts[out["verdict"]] = counts.get(out["verdict"], 0) + 1
+        for out in case.outputs:
+            counts[out.verdict] += 1
             outputs += 1
-        if not case["outputs"]:
-            counts[case["verdict"]] += 1
-    infra = counts["ERROR"] + counts["TIMEOUT"] + sum(1 for c in cases if c["verdict"] in ("ERROR", "TIMEOUT") and not c["outputs"])
+        if not case.outputs:
+            counts[case.verdict] += 1
     # A numerical failure wins over infrastructure errors: a real regression seen on
     # the cases that did run must not be mistaken for a flaky board.
     if not cases:
-        verdict, code = "ERROR", 2
+        verdict, code = "ERROR", EXIT_INFRA
     elif counts["FAIL"]:
-        verdict, code = "FAIL", 1
-    elif infra:
-        verdict, code = "ERROR", 2
+        verdict, code = "FAIL", EXIT_FAIL
+    elif counts["ERROR"] or counts["TIMEOUT"]:
+        verdict, code = "ERROR", EXIT_INFRA
     else:
-        verdict, code = "PASS", 0
-    return {"verdict": verdict, "exit_code": code, "counts": counts, "cases": len(cases), "outputs": outputs}
+        verdict, code = "PASS", EXIT_PASS
+    return Summary(verdict, code, counts, len(cases), outputs)
 
 
-def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None) -> tuple[list[CaseRecord], list[str]]:
     """Case records for every CaseResult, plus warnings."""
     ctx = ctx or load_context(bundle)
     return [judge_case(bundle, r, ctx) for r in run.cases], list(ctx.warnings)

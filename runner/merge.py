@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from bundlerun.runner.report.model import SCHEMA, Report, ReportError
+from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 
 
@@ -165,7 +165,7 @@ def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict
     from bundlerun.runner.judge import summarize
     from bundlerun.runner.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
 
-    summary = summarize(cases)
+    summary = summarize([CaseRecord.from_json(c) for c in cases]).to_json()
     codes = [(r.get("summary") or {}).get("exit_code") for r in reports]
     if summary["exit_code"] != 1 and 1 in codes:
         summary.update(verdict="FAIL", exit_code=1)  # a regression against a baseline in one input
@@ -287,9 +287,10 @@ def _missing_units(docs: list[dict], axis: str, opts: MergeOptions, notes: list[
 # ---------------------------------------------------------------------------- the merge
 
 
-def merge_reports(reports: Sequence[dict[str, Any]], options: MergeOptions | None = None) -> dict[str, Any]:
-    """Merge report.json documents (dicts, as read from the files) as `options` say; raises
-    MergeError for what the checks refuse (see the module docstring)."""
+def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None) -> Report:
+    """Merge reports as `options` say; raises MergeError for what the checks refuse (see the module
+    docstring). The merge itself works on each report's JSON form: shards are files, and this is
+    the one place that rewrites case records across reports (job-prefixed methods, missing cases)."""
     opts = options or MergeOptions()
     if not reports:
         raise MergeError("nothing to merge: give at least one report.json")
@@ -297,7 +298,7 @@ def merge_reports(reports: Sequence[dict[str, Any]], options: MergeOptions | Non
         raise MergeError(f"{len(opts.names)} names for {len(reports)} reports")
     if opts.paths is not None and len(opts.paths) != len(reports):
         raise MergeError(f"{len(opts.paths)} paths for {len(reports)} reports")
-    docs = [Report.from_json(copy.deepcopy(r)).to_json() for r in reports]  # each checked on the way in
+    docs = [copy.deepcopy(r.to_json()) for r in reports]
     paths = [str(p) for p in (opts.paths or [f"report {i + 1}" for i in range(len(docs))])]
     notes: list[str] = []
 
@@ -437,4 +438,4 @@ def merge_reports(reports: Sequence[dict[str, Any]], options: MergeOptions | Non
         merged["jobs"] = jobs_list
     if regressions:
         merged["regressions"] = regressions
-    return Report.from_json(merged).to_json()
+    return Report.from_json(merged)  # checked as every reader checks a report

@@ -17,7 +17,10 @@ operator's time is the median over the others (`phase: warm`); with one, that ex
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import CaseRecord
 
 SOURCE = "ETDump profile events (executorch.devtools deserialize_from_etdump_flatcc), ns ticks"
 _SKIP = {"OPERATOR_CALL", "Method::init", "Program::load_method", "Method::execute"}
@@ -74,17 +77,17 @@ def case_profile(path: str) -> dict[str, Any] | None:
             "operators": {name: median(v) for name, v in per_op.items()}, "calls": calls}
 
 
-def method_profiles(cases: Iterable[dict[str, Any]], kind_of=None) -> list[dict[str, Any]]:
+def method_profiles(cases: Iterable["CaseRecord"], kind_of=None) -> list[dict[str, Any]]:
     """The report's `perf.profile`: per method, each operator's median time over the cases that
     carry an ETDump, largest first. `cases`: report case records (their `extra.etdump`)."""
-    by_method: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    by_method: dict[str, list[tuple[CaseRecord, dict[str, Any]]]] = {}
     for case in cases:
-        path = (case.get("extra") or {}).get("etdump")
+        path = case.extra.get("etdump")
         if not path:
             continue
         prof = case_profile(path)
         if prof is not None:
-            by_method.setdefault(case.get("method", "forward"), []).append((case, prof))
+            by_method.setdefault(case.method, []).append((case, prof))
     out = []
     for method, items in by_method.items():
         names: dict[str, list[float]] = {}
@@ -92,8 +95,7 @@ def method_profiles(cases: Iterable[dict[str, Any]], kind_of=None) -> list[dict[
             for name, ms in prof["operators"].items():
                 names.setdefault(name, []).append(ms)
         calls = items[0][1]["calls"]
-        kinds = [f.get("kind") for c, _ in items for f in c.get("perf") or []
-                 if f.get("name") in ("execution_time", "execution_time_total")]
+        kinds = [f.kind for c, _ in items for f in c.perf if f.name in ("execution_time", "execution_time_total")]
         ops = sorted(({"name": n, "calls": calls.get(n, 1), "time": median(v)} for n, v in names.items()),
                      key=lambda o: -o["time"])
         out.append({"method": method, "cases": len(items), "executions": items[0][1]["executions"],

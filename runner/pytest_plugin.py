@@ -42,11 +42,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from bundlerun.runner.farm.plan import BuildSpec
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 
 PLUGIN_NAME = "bundlerun-runner"
 OPTIONS = ("bundlerun_target", "bundlerun_plan", "bundlerun_bundles", "bundlerun_models")
@@ -305,54 +309,56 @@ class BundlerunCollector(pytest.Collector):
         return [BundleItem.from_parent(self, name=spec.name, spec=spec) for spec in plugin.specs()]
 
 
-def _worst(report: dict[str, Any]) -> tuple[dict, dict] | None:
+def _worst(report: Report) -> tuple[CaseRecord, OutputRecord] | None:
     """The failing output with the largest max error (the case and the output)."""
-    failing = [(c, o) for c in report.get("cases") or [] for o in c.get("outputs") or [] if o.get("verdict") == "FAIL"]
+    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == "FAIL"]
     if not failing:
         return None
 
-    def size(pair):
-        value = ((pair[1].get("stats") or {}).get("error_max"))
+    def size(pair: tuple[CaseRecord, OutputRecord]) -> float:
+        value = (pair[1].stats or {}).get("error_max")
         return value if isinstance(value, (int, float)) else float("inf")
 
     return max(failing, key=size)
 
 
-def failure_message(report: dict[str, Any], report_dir: Path) -> str:
+def failure_message(report: Report, report_dir: Path) -> str:
     """What a failed item says: the counts, then the worst output's numbers."""
     from bundlerun.runner.writers.junit import failure_text
 
-    s = report["summary"]
-    counts = s.get("counts") or {}
-    fail_cases = sum(1 for c in report.get("cases") or [] if c.get("verdict") == "FAIL")
-    lines = [f"bundlerun FAIL: {fail_cases} of {s.get('cases')} cases failed "
-             f"({counts.get('FAIL', 0)} of {s.get('outputs')} outputs)"]
+    s = report.summary
+    fail_cases = sum(1 for c in report.cases if c.verdict == "FAIL")
+    lines = [f"bundlerun FAIL: {fail_cases} of {s.cases} cases failed "
+             f"({s.counts.get('FAIL', 0)} of {s.outputs} outputs)"]
     worst = _worst(report)
     if worst:
         case, out = worst
         _message, body = failure_text(out)
-        stats = out.get("stats") or {}
-        lines.append(f"worst output: {case.get('method')}[{case.get('case')}].{out.get('name')}")
+        stats = out.stats or {}
+        lines.append(f"worst output: {case.method}[{case.case}].{out.name}")
         lines += ["  " + line for line in body.splitlines()]
         if stats.get("worst_index") is not None:
             lines.append(f"  worst element {stats['worst_index']}: actual {stats.get('worst_actual')} "
                          f"expected {stats.get('worst_expected')} allowed {stats.get('worst_allowed')}")
-    for reg in report.get("regressions") or []:
+    for reg in report.regressions or []:
         lines.append(f"regression {reg.get('rule')}: {reg.get('message')}")
     lines.append(f"report: {report_dir / 'report.json'}")
     return "\n".join(lines)
 
 
-def error_message(report: dict[str, Any], report_dir: Path) -> str:
-    bad = [c for c in report.get("cases") or [] if c.get("verdict") in ("ERROR", "TIMEOUT")]
-    lines = [f"bundlerun ERROR (infrastructure, exit code 2): {len(bad)} of {len(report.get('cases') or [])} cases "
+def _kind(case: CaseRecord) -> str:
+    return case.error_kind.value if case.error_kind else "error"
+
+
+def error_message(report: Report, report_dir: Path) -> str:
+    bad = [c for c in report.cases if c.verdict in ("ERROR", "TIMEOUT")]
+    lines = [f"bundlerun ERROR (infrastructure, exit code {EXIT_INFRA}): {len(bad)} of {len(report.cases)} cases "
              f"could not run"]
     for case in bad[:5]:
-        lines.append(f"  {case.get('method')}[{case.get('case')}] {case.get('verdict')} "
-                     f"({case.get('error_kind') or 'error'}): {case.get('error')}")
+        lines.append(f"  {case.method}[{case.case}] {case.verdict} ({_kind(case)}): {case.error}")
     if len(bad) > 5:
         lines.append(f"  ... and {len(bad) - 5} more")
-    lines += [f"warning: {w}" for w in (report.get("warnings") or [])[:3]]
+    lines += [f"warning: {w}" for w in report.warnings[:3]]
     lines.append(f"report: {report_dir / 'report.json'}")
     return "\n".join(lines)
 
@@ -361,7 +367,7 @@ class BundleItem(pytest.Item):
     def __init__(self, *, spec: Spec, **kw: Any) -> None:
         super().__init__(**kw)
         self.spec = spec
-        self.report: dict[str, Any] | None = None
+        self.report: Report | None = None
         self.fixturenames: list[str] = []  # no fixtures; other plugins (labgrid's) look at this
         self.add_marker("bundlerun")
 
@@ -382,19 +388,20 @@ class BundleItem(pytest.Item):
         except BundlerunError as exc:  # bad bundle, failed build, bad target URL: could not run
             self.user_properties.append(("bundlerun_verdict", "ERROR"))
             pytest.fail(f"bundlerun ERROR: {exc}", pytrace=False)
-        summary = self.report["summary"]
-        self.user_properties.append(("bundlerun_verdict", summary["verdict"]))
-        if summary["exit_code"] == 2:
+        summary = self.report.summary
+        self.user_properties.append(("bundlerun_verdict", summary.verdict))
+        if summary.exit_code == EXIT_INFRA:
             pytest.fail(error_message(self.report, report_dir), pytrace=False)
 
     def runtest(self) -> None:
-        report = self.report or {}
+        report = self.report
+        assert report is not None, "setup() ran the bundle"
         self._subtests()
-        if report["summary"]["exit_code"] == 1:
+        if report.summary.exit_code == EXIT_FAIL:
             report_dir = Path(dict(self.user_properties)["bundlerun_report"])
             pytest.fail(failure_message(report, report_dir), pytrace=False)
-        if report["summary"]["exit_code"] not in (0, 1):
-            pytest.fail(f"bundlerun exit code {report['summary']['exit_code']}", pytrace=False)
+        if report.summary.exit_code not in (EXIT_PASS, EXIT_FAIL):
+            pytest.fail(f"bundlerun exit code {report.summary.exit_code}", pytrace=False)
 
     def _subtests(self) -> None:
         """Each case as a subtest report (pytest >= 9's subtests), once per item."""
@@ -408,22 +415,21 @@ class BundleItem(pytest.Item):
             return
         from bundlerun.runner.writers.junit import failure_text
 
-        for case in (self.report or {}).get("cases") or []:
-            verdict = case.get("verdict")
+        for case in self.report.cases if self.report else []:
+            verdict = case.verdict
             outcome, longrepr = "passed", None
             if verdict == "FAIL":
                 outcome = "failed"
-                longrepr = "\n".join(f"{o.get('name')}: {failure_text(o)[1]}" for o in case.get("outputs") or []
-                                     if o.get("verdict") == "FAIL")
+                longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == "FAIL")
             elif verdict in ("ERROR", "TIMEOUT"):
                 outcome = "failed"
-                longrepr = f"{verdict} ({case.get('error_kind') or 'error'}): {case.get('error')}"
+                longrepr = f"{verdict} ({_kind(case)}): {case.error}"
             elif verdict == "SKIP":
-                outcome, longrepr = "skipped", (str(self.path), 0, f"Skipped: {case.get('error') or 'skipped'}")
-            elapsed = float(case.get("elapsed_s") or 0.0)
+                outcome, longrepr = "skipped", (str(self.path), 0, f"Skipped: {case.error or 'skipped'}")
+            elapsed = float(case.elapsed_s or 0.0)
             base = TestReport(self.nodeid, self.location, {}, outcome, longrepr, "call", duration=elapsed,
-                              user_properties=[("bundlerun_case", f"{case.get('method')}[{case.get('case')}]")])
-            report = SubtestReport._new(base, SubtestContext(msg=f"{case.get('method')}[{case.get('case')}]",
+                              user_properties=[("bundlerun_case", f"{case.method}[{case.case}]")])
+            report = SubtestReport._new(base, SubtestContext(msg=f"{case.method}[{case.case}]",
                                                              kwargs={"verdict": verdict}), None, None)
             self.ihook.pytest_runtest_logreport(report=report)
 

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from copy import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
@@ -97,14 +101,14 @@ def _spread(arrays: list[np.ndarray]) -> float | None:
     return float(spread.max()) if spread.size else 0.0
 
 
-def add_to_report(report: dict[str, Any], bundle: Any, run: Any, ctx: Any, n: int, how: dict[str, Any]) -> None:
+def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how: dict[str, Any]) -> None:
     """Judge every replay, put each output's `replay` record and the report's `replay` section in."""
     if n <= 1:
         return
     from bundlerun.runner.judge import judge_case
     from bundlerun.targets.base import CaseResult, CaseStatus
 
-    records = {(c["method"], int(c["case"])): c for c in report.get("cases") or []}
+    records = {(c.method, c.case): c for c in report.cases}
     findings: list[dict[str, Any]] = []
     checked = 0
     for result in run.cases:
@@ -113,12 +117,11 @@ def add_to_report(report: dict[str, Any], bundle: Any, run: Any, ctx: Any, n: in
             continue
         replay_records = [judge_case(bundle, CaseResult(result.method, result.case_index, CaseStatus.OK, outputs=outs),
                                      ctx) for outs in result.replays]
-        for j, out in enumerate(record.get("outputs") or []):
-            if out.get("verdict") not in ("PASS", "FAIL") or j >= len(result.outputs):
+        for j, out in enumerate(record.outputs):
+            if out.verdict not in ("PASS", "FAIL") or j >= len(result.outputs):
                 continue
             runs = [result.outputs[j]] + [outs[j] for outs in result.replays if j < len(outs)]
-            verdicts = [out["verdict"]] + [(r.get("outputs") or [{}])[j].get("verdict") if j < len(r.get("outputs") or [])
-                                           else "ERROR" for r in replay_records]
+            verdicts = [out.verdict] + [r.outputs[j].verdict if j < len(r.outputs) else "ERROR" for r in replay_records]
             distinct = len({(raw.scalar_type, tuple(raw.shape), bytes(raw.data)) for raw in runs})
             counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
             entry = {"runs": len(runs), "distinct": distinct, "spread": _spread([_values(r) for r in runs]),
@@ -127,23 +130,23 @@ def add_to_report(report: dict[str, Any], bundle: Any, run: Any, ctx: Any, n: in
                 entry["finding"] = FLAKY
             elif distinct > 1:
                 entry["finding"] = NONDETERMINISTIC
-            out["replay"] = entry
+            out.replay = entry
             checked += 1
             if distinct > 1 or entry["flips"]:
                 findings.append({"finding": entry["finding"], "method": result.method, "case": result.case_index,
-                                 "output": out.get("name"), **{k: entry[k] for k in ("runs", "distinct", "spread",
+                                 "output": out.name, **{k: entry[k] for k in ("runs", "distinct", "spread",
                                                                                     "verdicts", "flips")}})
         errors = (result.extra or {}).get("replay_errors")
         if errors:
-            record.setdefault("extra", {})["replay_errors"] = errors
+            record.extra["replay_errors"] = errors
     flaky = sum(1 for f in findings if f["flips"])
-    report["replay"] = {
+    report.replay = {
         "runs": n, **how, "outputs": checked, "nondeterministic": len(findings), "flaky": flaky,
         "verdict": "nondeterministic" if findings else ("deterministic" if checked else "not checked"),
         "findings": findings,
     }
-    if flaky and report["summary"].get("exit_code") == 0:
-        report["summary"]["exit_code"] = 1  # a run failed: a rerun may hide it (as a regression does)
+    if flaky and report.summary.exit_code == EXIT_PASS:
+        report.summary.exit_code = EXIT_FAIL  # a run failed: a rerun may hide it (as a regression does)
 
 
 # ------------------------------------------------------------------ the report formats
@@ -158,8 +161,8 @@ def finding_text(f: dict[str, Any]) -> str:
             f"{f.get('runs')} runs, spread {spread_text}, verdicts {verdicts}")
 
 
-def console_lines(report: dict[str, Any]) -> list[str]:
-    section = report.get("replay")
+def console_lines(report: "Report") -> list[str]:
+    section = report.replay
     if not section:
         return []
     head = (f"replay: {section.get('runs')} runs per case ({section.get('mode')}): {section.get('outputs')} output(s) "

@@ -13,6 +13,7 @@ from typing import Any
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.report.model import Report
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 from bundlerun.targets.failures import FailureKind
 
@@ -20,7 +21,7 @@ from bundlerun.targets.failures import FailureKind
 @dataclass
 class SavedRun:
     directory: Path
-    report: dict[str, Any]
+    report: Report
     bundle: Bundle
     bundle_path: Path
     run: TargetRun
@@ -28,7 +29,7 @@ class SavedRun:
     outputs_file: Path | None = None  # the outputs.npz that was read (checked by sha256 and member by member)
 
 
-def _expectations(report: dict[str, Any], bundle: Bundle, where: str) -> dict[str, Any]:
+def _expectations(report: Report, bundle: Bundle, where: str) -> dict[str, Any]:
     """What each member of outputs.npz must be (runner/saved_outputs.py): one per output of every
     finished case, with the dtype the report recorded and at most the bytes of the bundle's
     expected output (a recorded wrong-size actual output: at most 16x that, plus 1 MiB)."""
@@ -38,10 +39,10 @@ def _expectations(report: dict[str, Any], bundle: Bundle, where: str) -> dict[st
     from bundlerun.runner.saved_outputs import Expect
 
     expect: dict[str, Expect] = {}
-    for i, case in enumerate(report.get("cases", [])):
-        method, index = case["method"], int(case["case"])
+    for i, case in enumerate(report.cases):
+        method, index = case.method, case.case
         at = f"{where}: cases[{i}]"
-        if case.get("status", "ok") != "ok":
+        if case.status != "ok":
             continue
         try:
             suite = bundle.suite(method)
@@ -51,12 +52,12 @@ def _expectations(report: dict[str, Any], bundle: Bundle, where: str) -> dict[st
         if not 0 <= index < len(suite.test_cases):
             raise BundlerunError(f"{at}: case {index} of {method!r} is not in the bundle (cases 0-"
                                  f"{len(suite.test_cases) - 1})")
-        records = {o.get("index"): o for o in case.get("outputs", [])}
+        records = {o.index: o for o in case.outputs}
         for j, value in enumerate(suite.test_cases[index].expected_outputs):
             if value.kind != "tensor":
                 continue
-            rec = records.get(j) or {}
-            actual = rec.get("actual") or {}
+            rec = records.get(j)
+            actual = (rec.actual if rec else None) or {}
             try:
                 code = st.code_from_name(actual["dtype"]) if actual.get("dtype") else value.scalar_type
                 dtype = st.numpy_dtype(code)
@@ -88,15 +89,15 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
         directory = directory.parent
     from bundlerun.runner.report.model import read_report
 
-    report = read_report(report_file).to_json()
+    report = read_report(report_file)
     outputs_file = directory / OUTPUTS_FILE  # the directory's own file first: copies stay self-contained
-    if not outputs_file.is_file() and report.get("outputs_file"):
-        outputs_file = Path(report["outputs_file"])
+    if not outputs_file.is_file() and report.outputs_file:
+        outputs_file = Path(report.outputs_file)
     if not outputs_file.is_file():
         raise BundlerunError(f"{directory} has no {OUTPUTS_FILE}: the run was not made with --save-outputs")
 
     warnings: list[str] = []
-    recorded = report.get("bundle") or {}
+    recorded = report.bundle
     explicit = bundle_path is not None
     path = Path(bundle_path or recorded.get("path") or "")
     if not explicit and not path.is_absolute():
@@ -117,7 +118,7 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
 
     from bundlerun.runner.saved_outputs import OutputsError, file_digest, read_outputs
 
-    recorded_sha = report.get("outputs_sha256")
+    recorded_sha = report.outputs_sha256
     if recorded_sha:
         actual_sha = file_digest(outputs_file)
         if actual_sha != recorded_sha:
@@ -128,31 +129,31 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
                         f"{outputs_file} cannot be checked against replacement")
     arrays = read_outputs(outputs_file, _expectations(report, bundle, str(report_file)))
     cases = []
-    for case in report.get("cases", []):
-        method, index = case["method"], int(case["case"])
-        status = CaseStatus(case.get("status", "ok"))
+    for case in report.cases:
+        method, index = case.method, case.case
+        status = CaseStatus(case.status)
         outs: list[RawTensor] = []
         if status == CaseStatus.OK:
             expected = bundle.suite(method).test_cases[index].expected_outputs
             j = 0
             while f"{method}/{index}/{j}" in arrays:
                 arr = arrays[f"{method}/{index}/{j}"]
-                rec = next((o for o in case.get("outputs", []) if o.get("index") == j), {})
-                dtype_name = (rec.get("actual") or {}).get("dtype")
+                rec = next((o for o in case.outputs if o.index == j), None)
+                dtype_name = ((rec.actual if rec else None) or {}).get("dtype")
                 code = st.code_from_name(dtype_name) if dtype_name else expected[j].scalar_type
-                outs.append(RawTensor(code, list(arr.shape), arr.tobytes(), lossy=bool(rec.get("lossy", False))))
+                outs.append(RawTensor(code, list(arr.shape), arr.tobytes(), lossy=bool(rec and rec.lossy)))
                 j += 1
-        error, kind = case.get("error"), case.get("error_kind")
+        error, kind = case.error, case.error_kind
         if status == CaseStatus.OK and not outs and expected:  # the case ran, but its outputs are not in the file
             status, kind = CaseStatus.ERROR, FailureKind.MISSING_OUTPUT
             error = f"no saved output of this case in {outputs_file}: nothing to judge"
             warnings.append(f"{method} case {index}: {error}; judged as ERROR")
         cases.append(CaseResult(
             method, index, status, outs, error=error, error_kind=kind,
-            log_excerpt=case.get("log_excerpt") or [], log_path=case.get("log_path"),
-            elapsed_s=case.get("elapsed_s"), device_verdict=case.get("device_verdict"),
+            log_excerpt=list(case.log_excerpt), log_path=case.log_path,
+            elapsed_s=case.elapsed_s, device_verdict=case.device_verdict,
         ))
-    target = report.get("target") or {}
+    target = report.target
     run = TargetRun(target.get("url", "?"), cases, info=target.get("info") or {}, logs=target.get("logs") or {},
                     setup_s=target.get("setup_s"))
     return SavedRun(directory, report, bundle, path, run, warnings, outputs_file)

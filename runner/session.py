@@ -24,11 +24,11 @@ from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
 from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
-from bundlerun.runner.report.record import (OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs,
-                                     target_section, tool_version, write_record)
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS
+from bundlerun.runner.report.model import Report, elapsed_figures
+from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs, target_section, tool_version, write_record
 from bundlerun.targets import open_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
-from bundlerun.runner.report.model import SCHEMA as REPORT_SCHEMA
 from bundlerun.targets.failures import FailureKind
 
 
@@ -108,8 +108,8 @@ def perf_conditions(req: RunRequest, run: TargetRun | None, load_before: list[fl
 
 
 def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
-                session: "Session | None" = None) -> dict[str, Any]:
-    """Run and judge; returns the report dict (written to req.report_dir unless `write` is False,
+                session: "Session | None" = None) -> Report:
+    """Run and judge; returns the typed report (written to req.report_dir unless `write` is False,
     for a caller that writes it once after adding history and baseline results). `session`: the
     command's, which keeps targets that ask for it open across bundles; otherwise the target is
     opened for this run and closed after it."""
@@ -199,15 +199,19 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
 
 def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeContext, warnings: list[str],
                    override_records: list[dict[str, Any]], interrupted: bool, started: str, t0: float,
-                   load_before: list[float] | None) -> dict[str, Any]:
-    """Judge the target's run and build the report of record (checked by the typed reader)."""
+                   load_before: list[float] | None) -> Report:
+    """Judge the target's run and build the report of record."""
     warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx)
     warnings += [w for w in judge_warnings if w not in warnings]
-    report: dict[str, Any] = {
-        "schema": REPORT_SCHEMA,
-        "tool": {"name": "bundlerun", "version": tool_version()},
-        "run": {
+    summary = summarize(cases)
+    if interrupted:
+        summary.interrupted, summary.exit_code = True, interrupts.exit_code()
+    report = Report(
+        summary=summary,
+        cases=cases,
+        tool={"name": "bundlerun", "version": tool_version()},
+        run={
             "id": uuid.uuid4().hex,
             "label": req.label,
             "started": started,
@@ -216,53 +220,48 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
             "command": sys.argv,
             "host": host_section(),
         },
-        "bundle": bundle_section(Path(req.bundle_path), bundle.manifest, bundle),
-        "target": target_section(run, req.target),
-        "overrides": override_records,
-        "warnings": warnings,
-        "summary": {**summarize(cases), **({"interrupted": True, "exit_code": interrupts.exit_code()}
-                                           if interrupted else {})},
-        "cases": cases,
-        "dataset": None,
-        "perf": perf_conditions(req, run, load_before, warnings),
-    }
+        bundle=bundle_section(Path(req.bundle_path), bundle.manifest, bundle),
+        target=target_section(run, req.target),
+        overrides=override_records,
+        warnings=warnings,
+        perf_info=perf_conditions(req, run, load_before, warnings),
+    )
+    elapsed_figures(report.cases, req.target)  # each finished case's elapsed_s as a labelled figure
     if req.replay > 1 and not interrupted:  # runner/replay.py: distinct results, spread and flips per output
         from bundlerun.runner.replay import add_to_report
 
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
-    if any((c.get("extra") or {}).get("etdump") for c in cases):  # operator profiles (runner/profile.py)
+    if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/profile.py)
         from bundlerun.runner.profile import method_profiles
 
-        report["perf"]["profile"] = method_profiles(cases)
+        report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.get("dataset"):
         from bundlerun.runner.accuracy import dataset_from_outputs
 
-        report["dataset"] = dataset_from_outputs(bundle, {
+        report.dataset = dataset_from_outputs(bundle, {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
         }, req.confidence)
     if req.save_outputs:
         try:
-            report["outputs_file"] = str(save_outputs(run, req.report_dir))
+            report.outputs_file = str(save_outputs(run, req.report_dir))
         except OSError as exc:
             note_unwritten(report, Path(req.report_dir) / OUTPUTS_FILE, exc)
         else:
             from bundlerun.runner.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
 
-            report["outputs_sha256"] = file_digest(report["outputs_file"])
-    from bundlerun.runner.report.model import Report
-
-    return Report.from_json(report).to_json()  # what we write is what every reader accepts
+            report.outputs_sha256 = file_digest(report.outputs_file)
+    return report
 
 
 def finish_run(
-    report: dict[str, Any],
+    report: Report,
     report_dir: Path,
     bundle: Any,
     project: dict[str, Any],
     baseline: str | None = None,
     history_db: Path | str | None = None,
     no_history: bool = False,
-) -> dict[str, Any]:
+) -> Report:
     """After a run (plain or accuracy): record it in the history, check it against a
     baseline (a regression makes the exit code 1), write JUnit/Markdown/HTML, and
     rewrite report.json with all of that in it."""
@@ -273,16 +272,16 @@ def finish_run(
     db = None if no_history else history.resolve_db_path(history_db, project)
     if db is not None:
         try:
-            report["run"]["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
+            report.run["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
         except Exception as exc:  # noqa: BLE001 - history (a locked or unwritable db) never changes a verdict
-            report.setdefault("warnings", []).append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
+            report.warnings.append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
             db = None
     if baseline:
-        report["regressions"] = check_baseline(baseline, report, db, project)
-        if report["regressions"] and report["summary"]["exit_code"] == 0:
-            report["summary"]["exit_code"] = 1
+        report.regressions = check_baseline(baseline, report, db, project)
+        if report.regressions and report.summary.exit_code == EXIT_PASS:
+            report.summary.exit_code = EXIT_FAIL
     files = write_reports(report, Path(report_dir), bundle=bundle, history_db=db)
-    report["files"] = {k: str(v) for k, v in files.items()}
+    report.files = {k: str(v) for k, v in files.items()}
     write_record(report, report_dir)
     return report
 
@@ -433,7 +432,7 @@ class Session:
         finally:
             self.target_opts = saved
 
-    def execute(self, req: RunRequest, bundle: Bundle | None = None) -> dict[str, Any]:
+    def execute(self, req: RunRequest, bundle: Bundle | None = None) -> Report:
         """Run and judge one bundle with this session's targets and warm workers; nothing is written
         (`run` adds history, baseline and the report files; a farm worker leaves those to its
         coordinator, which records each job once after its retries)."""
@@ -445,7 +444,7 @@ class Session:
             return execute_run(req, bundle=bundle, write=False, session=self)
 
     def run(self, req: RunRequest, bundle: Bundle | None = None,
-            amend: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            amend: Callable[[Report], None] | None = None) -> Report:
         """Run, judge (`amend` adds to the report), record history, check the baseline, write every
         report: report.json once."""
         report = self.execute(req, bundle)
@@ -458,7 +457,7 @@ class Session:
             except BaseException:
                 write_record(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
                 raise
-        if report["summary"].get("interrupted"):
+        if report.summary.interrupted:
             raise RunInterrupted(f"{interrupts.describe()}; the report of the finished cases is in "
                                  f"{Path(req.report_dir) / 'report.json'}")
         return report

@@ -24,9 +24,12 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from bundlerun.bundles.errors import BundlerunError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 
 class ShardError(BundlerunError):
@@ -129,19 +132,20 @@ class RunShardPlan:
     def empty(self) -> bool:
         return not self.keep
 
-    def amend(self, report: dict) -> None:
+    def amend(self, report: "Report") -> None:
         """Session.run's amend hook: keep this shard's cases (a bundle whose methods got different
         index sets ran their union), recompute the summary, record the shard."""
         from bundlerun.runner.judge import summarize
 
         keep = set(self.keep)
-        cases = [c for c in report.get("cases") or [] if case_key(c["method"], c["case"]) in keep]
-        if len(cases) != len(report.get("cases") or []):
-            before = report.get("summary") or {}
-            report["cases"] = cases
-            report["summary"] = {**summarize(cases), **({"interrupted": True, "exit_code": before["exit_code"]}
-                                                        if before.get("interrupted") else {})}
-        report["shard"] = self.record
+        cases = [c for c in report.cases if case_key(c.method, c.case) in keep]
+        if len(cases) != len(report.cases):
+            before = report.summary
+            report.cases = cases
+            report.summary = summarize(cases)
+            if before.interrupted:
+                report.summary.interrupted, report.summary.exit_code = True, before.exit_code
+        report.extras["shard"] = self.record
 
 
 def plan_run_shard(bundle, shard: "str | Shard", methods: list[str] | None = None,
@@ -160,26 +164,25 @@ def plan_run_shard(bundle, shard: "str | Shard", methods: list[str] | None = Non
     return RunShardPlan(shard, list(by_method) or [], union, keep, shard_record(shard, "cases", keep, universe))
 
 
-def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, label: str | None = None) -> dict:
+def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, label: str | None = None) -> "Report":
     """The report of a shard that holds no case (more shards than cases): nothing ran, exit 0."""
     import datetime as _dt
     import sys
     import uuid
     from pathlib import Path
 
+    from bundlerun.runner.outcome import EXIT_PASS, VERDICTS
+    from bundlerun.runner.report.model import Report, Summary
     from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version
-    from bundlerun.runner.report.model import SCHEMA, Report
 
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-    report = {
-        "schema": SCHEMA, "tool": {"name": "bundlerun", "version": tool_version()},
-        "run": {"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
-                "command": sys.argv, "host": host_section()},
-        "bundle": bundle_section(Path(bundle_path), bundle.manifest, bundle),
-        "target": target_section(None, target), "overrides": [],
-        "warnings": [f"shard {plan.shard} holds none of the {len(plan.record['universe'])} selected cases; nothing ran"],
-        "summary": {"verdict": "SKIP", "exit_code": 0, "counts": {v: 0 for v in ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")},
-                    "cases": 0, "outputs": 0},
-        "cases": [], "dataset": None, "shard": plan.record,
-    }
-    return Report.from_json(report).to_json()
+    return Report(
+        summary=Summary("SKIP", EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
+        tool={"name": "bundlerun", "version": tool_version()},
+        run={"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
+             "command": sys.argv, "host": host_section()},
+        bundle=bundle_section(Path(bundle_path), bundle.manifest, bundle),
+        target=target_section(None, target),
+        warnings=[f"shard {plan.shard} holds none of the {len(plan.record['universe'])} selected cases; nothing ran"],
+        extras={"shard": plan.record},
+    )

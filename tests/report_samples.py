@@ -83,8 +83,8 @@ def make_report(bundle: Bundle, run: TargetRun, bundle_path: Path | None = None,
         "target": {"url": run.target, "info": run.info, "logs": {}, "setup_s": 0.1},
         "overrides": [],
         "warnings": warnings,
-        "summary": summarize(cases),
-        "cases": cases,
+        "summary": summarize(cases).to_json(),  # report dicts as read from a report.json of schema /1
+        "cases": [c.to_json() for c in cases],
         "dataset": dataset,
     }
 

@@ -20,6 +20,7 @@ import browser  # noqa: E402
 
 from bundlerun.bundles.bpte import read_bundle, write_bundle  # noqa: E402
 from bundlerun.bundles.builder import BuildRequest, build_bundle  # noqa: E402
+from bundlerun.runner.report.model import Report
 
 BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -258,7 +259,7 @@ def test_run_debug_on_fail_and_debug_from_history_write_reports(fp32_bundles, tm
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     from bundlerun.runner.debug import worst_failing_case
 
-    worst = worst_failing_case(report)
+    worst = worst_failing_case(Report.from_json(report))
     drilled = json.loads((tmp_path / "run" / "debug" / "report.json").read_text())["debug"]
     assert drilled["case"] == worst and drilled["first_bad_layer"]["aot_ops"] == ["conv2d_1"]
 
@@ -303,7 +304,7 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
     from bundlerun.runner.debug import worst_failing_case
 
     debug = json.loads((folder / "debug" / "report.json").read_text())["debug"]
-    assert debug["case"] == worst_failing_case(report) and debug["case_source"].endswith("(--debug-on-fail)")
+    assert debug["case"] == worst_failing_case(Report.from_json(report)) and debug["case_source"].endswith("(--debug-on-fail)")
     assert debug["budget_db"] == 300 and debug["first_bad_layer"]["row"] == 0  # nothing reaches 300 dB
     assert len(debug["rows"]) == 10 and "first bad layer: instruction 0" in proc.stdout
     # --etrecord without --debug-on-fail: the ETRecord, no drill-down

@@ -320,7 +320,12 @@ def echo_reports(bundles, tmp_path_factory):
         else:
             os.environ["BUNDLERUN_TARGETS"] = old
         reset_registry()
-    return good, bad
+    return good.to_json(), bad.to_json()  # the JSON of record: the tests below edit it as a shard file would be
+
+
+def _merge(docs: list[dict], options: MergeOptions | None = None) -> dict:
+    """merge_reports on reports as read from their files; the merged report's JSON."""
+    return merge_reports([Report.from_json(d) for d in docs], options).to_json()
 
 
 def test_merge_of_shards_equals_the_unsharded_run(echo_reports):
@@ -330,7 +335,7 @@ def test_merge_of_shards_equals_the_unsharded_run(echo_reports):
     shard0["cases"], shard1["cases"] = whole["cases"][1:], whole["cases"][:1]  # out of order on purpose
     for shard in (shard0, shard1):
         shard["run"]["id"] = os.urandom(8).hex()
-    merged = merge_reports([shard0, shard1])
+    merged = _merge([shard0, shard1])
     strip = lambda cases: [(c["method"], c["case"], c["verdict"], [o["verdict"] for o in c["outputs"]]) for c in cases]
     assert strip(merged["cases"]) == strip(whole["cases"])
     assert merged["summary"] == whole["summary"] and merged["summary"]["exit_code"] == 1
@@ -341,26 +346,26 @@ def test_merge_of_shards_equals_the_unsharded_run(echo_reports):
 def test_merge_of_jobs_keeps_each_jobs_cases_apart(echo_reports):
     good, bad = echo_reports
     with pytest.raises(MergeError, match="2 different bundles/targets"):
-        merge_reports([good, bad])  # the checks: different targets are refused unless forced or a jobs merge
-    merged = merge_reports([good, bad], MergeOptions(jobs=True))  # the farm's mode
-    forced = merge_reports([good, bad], MergeOptions(force=True))  # `bundlerun merge --force`: the same naming
+        _merge([good, bad])  # the checks: different targets are refused unless forced or a jobs merge
+    merged = _merge([good, bad], MergeOptions(jobs=True))  # the farm's mode
+    forced = _merge([good, bad], MergeOptions(force=True))  # `bundlerun merge --force`: the same naming
     assert [c["method"] for c in forced["cases"]] == [c["method"] for c in merged["cases"]]
     assert merged["merged"]["mode"] == "jobs" and [j["target"] for j in merged["jobs"]] == ["echo://x", "echo://y"]
     assert [c["method"] for c in merged["cases"]] == ["mlp-fp32@echo://x/forward"] * 2 + ["mlp-fp32@echo://y/forward"] * 2
     assert [c["extra"]["method"] for c in merged["cases"]] == ["forward"] * 4
     assert merged["summary"]["counts"]["PASS"] == 2 and merged["summary"]["counts"]["FAIL"] == 2
     assert merged["summary"]["exit_code"] == 1 and merged["target"]["targets"] == ["echo://x", "echo://y"]
-    same = merge_reports([good, good], MergeOptions(jobs=True, names=["j", "j"]))  # names made unique
+    same = _merge([good, good], MergeOptions(jobs=True, names=["j", "j"]))  # names made unique
     assert [j["name"] for j in same["jobs"]] == ["j", "j#2"] and len(same["cases"]) == 4
     assert same["summary"]["exit_code"] == 0
     with pytest.raises(MergeError, match="overlapping shards"):
-        merge_reports([good, good])  # same bundle and target: shards, and every case is in both
-    again = merge_reports([good, good], MergeOptions(force=True))  # forced: the first kept, each case once
+        _merge([good, good])  # same bundle and target: shards, and every case is in both
+    again = _merge([good, good], MergeOptions(force=True))  # forced: the first kept, each case once
     assert again["merged"]["mode"] == "shards" and len(again["cases"]) == 2
     assert any("overlapping shards" in w for w in again["warnings"])
     from bundlerun.runner.writers.junit import junit_bytes
 
-    xml = junit_bytes(merged).decode()
+    xml = junit_bytes(Report.from_json(merged)).decode()
     assert xml.count("<testcase ") == 4 and xml.count("<failure ") == 2
     assert 'classname="mlp/2 targets/mlp-fp32@echo://y/forward"' in xml
 

@@ -23,7 +23,7 @@ MATRIX = [(m, d, "host://xnnpack") for m in ZOO for d in ("fp32", "fp16", "int8"
 @pytest.mark.parametrize("model,dtype,target", MATRIX, ids=[f"{m}-{d}-{t.split('//')[1]}" for m, d, t in MATRIX])
 def test_zoo_passes_on_host(bundle_cache, tmp_path, model, dtype, target):
     path = bundle_cache(model, dtype=dtype, cases=4, target=target)
-    report = execute_run(RunRequest(bundle_path=path, target=target, report_dir=tmp_path))
+    report = execute_run(RunRequest(bundle_path=path, target=target, report_dir=tmp_path)).to_json()
     assert report["summary"]["verdict"] == "PASS", [
         (c["case"], o["name"], o["failed"]) for c in report["cases"] for o in c["outputs"] if o["verdict"] != "PASS"
     ]
@@ -57,7 +57,8 @@ def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("BUNDLERUN_FAULT", "crash@forward:1;hang@forward:3")
     tag = new_tag()
     monkeypatch.setenv(TAG_VAR, tag)
-    report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path, case_timeout_s=8))
+    report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path,
+                                    case_timeout_s=8)).to_json()
     verdicts = [c["verdict"] for c in report["cases"]]
     assert verdicts == ["PASS", "ERROR", "PASS", "TIMEOUT", "PASS"]
     crash = report["cases"][1]

@@ -336,16 +336,16 @@ def test_console_shows_a_perf_line():
 
     from rich.console import Console
 
-    from bundlerun.runner.report.record import perf_line, print_summary
+    from bundlerun.runner.report.console import perf_line, print_summary
 
-    data = Report.from_json(_report("host://xnnpack")).to_json()
+    data = Report.from_json(_report("host://xnnpack"))
     line = perf_line(data)
     assert line.startswith("execution_wall_time(first) 4 ms [host-wall]"), line
     assert "execution_wall_time(warm) 2 ms (1 ms..3 ms) [host-wall]" in line
     buf = io.StringIO()
     print_summary(data, Console(file=buf, width=300))
     assert "perf execution_wall_time(first) 4 ms" in buf.getvalue()
-    assert perf_line(Report.from_json(_report("host://xnnpack", elapsed=(None,) * 4)).to_json()) == ""
+    assert perf_line(Report.from_json(_report("host://xnnpack", elapsed=(None,) * 4))) == ""
 
 
 # ----------------------------------------------------------------- live: the real runner on QEMU

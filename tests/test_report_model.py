@@ -73,7 +73,7 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     from rich.console import Console
 
     from bundlerun.runner.writers.markdown import render_markdown
-    from bundlerun.runner.report.record import print_summary
+    from bundlerun.runner.report.console import print_summary
 
     data = quick_report(errors={0: "error"})
     evil = "[/x] [bold]|x| <b>`\x1b[2J \x9b2J \ud800"  # a one-byte C1 CSI and a lone surrogate too
@@ -82,7 +82,7 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     data["cases"][1]["outputs"][0]["name"] = evil
     data["warnings"] = [evil]
     buf = io.StringIO()
-    print_summary(data, Console(file=buf, width=300, color_system=None))
+    print_summary(Report.from_json(data), Console(file=buf, width=300, color_system=None))
     text = buf.getvalue()
     assert "\x1b" not in text and "[/x] [bold]|x|" in text and "\\x1b[2J" in text
     assert "\x9b" not in text and "\ud800" not in text and "\\x9b2J" in text and "\\ud800" in text

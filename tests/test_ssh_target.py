@@ -182,7 +182,7 @@ def test_auth_refused(sshd, mlp3, tmp_path):
     assert err.kind == FailureKind.AUTH_REFUSED.value
     assert "refused the key" in str(err) and "Permission denied (publickey)" in str(err)
     report = execute_run(RunRequest(bundle_path=mlp3, target=sshd.url(identity_file=str(sshd.wrong_key)),
-                                    report_dir=tmp_path / "r"))
+                                    report_dir=tmp_path / "r")).to_json()
     assert {c["error_kind"] for c in report["cases"]} == {"auth-refused"} and report["summary"]["exit_code"] == 2
 
 
@@ -397,7 +397,7 @@ def test_inner_target_refusal_comes_back_as_one_clear_error(sshd, mlp3, tmp_path
     its own message and kind come back for every case, nothing is left running."""
     ws = tmp_path / "ws"
     report = execute_run(RunRequest(bundle_path=mlp3, target=sshd.url("mlx://gpu", workspace=ws),
-                                    report_dir=tmp_path / "r"))
+                                    report_dir=tmp_path / "r")).to_json()
     assert report["summary"]["exit_code"] == 2
     errors = {c["error"] for c in report["cases"]}
     assert len(errors) == 1 and "mlx://gpu needs a Mac" in errors.pop()

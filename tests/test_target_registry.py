@@ -51,9 +51,9 @@ def test_fixture_target_parses_runs_and_is_strict(echo_registered, bundle_cache,
     assert targets.default_backend("echo://here") == "portable"
     mlp_fp32 = bundle_cache("mlp", backend="portable", cases=2, target="host://portable")
     report = execute_run(RunRequest(bundle_path=mlp_fp32, target="echo://here", report_dir=tmp_path / "a"))
-    assert report["summary"]["verdict"] == "PASS"
+    assert report.summary.verdict == "PASS"
     report = execute_run(RunRequest(bundle_path=mlp_fp32, target="echo://here?scale=2", report_dir=tmp_path / "b"))
-    assert report["summary"]["verdict"] == "FAIL"
+    assert report.summary.verdict == "FAIL"
     with pytest.raises(ConfigError, match="did you mean 'scale'"):
         targets.open_target("echo://here?scael=2")
     with pytest.raises(TargetError, match="did you mean 'echo'"):

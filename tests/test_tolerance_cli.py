@@ -33,7 +33,7 @@ def work(bundle_cache, tmp_path_factory):
         path = bundle_cache(model, dtype="int8", cases=3, target="host://xnnpack", reference=reference)
         run_dir = root / f"run-{key}"
         report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=run_dir, save_outputs=True))
-        assert report["summary"]["verdict"] == "PASS", report["summary"]
+        assert report.summary.verdict == "PASS", report.summary
         out[key] = (path, run_dir)
     return root, out
 
@@ -85,7 +85,7 @@ def _perturbed(run_dir: Path, dest: Path, path: Path, steps: float, scale: float
 def _rejudge(run_dir, overrides=(), out=None):
     from bundlerun.runner.commands.judge import rejudge
 
-    return rejudge(run_dir, list(overrides), None, out)
+    return rejudge(run_dir, list(overrides), None, out).to_json()
 
 
 # ------------------------------------------------------------------ qtol with a real int8 output
@@ -245,7 +245,7 @@ def test_run_override_is_recorded_in_the_report(work, tmp_path):
     _, bundles = work
     path, _ = bundles["cnn"]
     report = execute_run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path / "r",
-                                    overrides=["out0.atol=0.05"], cases=[0]))
+                                    overrides=["out0.atol=0.05"], cases=[0])).to_json()
     assert report["overrides"] == [{"text": "out0.atol=0.05", "method": "*", "output": "out0", "key": "atol", "value": 0.05}]
     crit = report["cases"][0]["outputs"][0]["criteria"]
     assert crit["atol"] == 0.05 and crit["trail"]["atol"][-1]["source"] == "override (CLI)"

@@ -43,7 +43,7 @@ def _host_workers() -> set[int]:
 
 
 def _run(session: Session, path: Path, report_dir: Path, **kw) -> dict:
-    return session.run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=report_dir, **kw))
+    return session.run(RunRequest(bundle_path=path, target="host://xnnpack", report_dir=report_dir, **kw)).to_json()
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_tosa_bundles_share_a_warm_walker(bundle_cache, tmp_path):
         reports = [session.run(RunRequest(bundle_path=path, target="tosa://int", report_dir=tmp_path / f"t{i}"))
                    for i in range(2)]
         assert session.workers.started == 1
-    assert [r["summary"]["verdict"] for r in reports] == ["PASS", "PASS"]
+    assert [r.summary.verdict for r in reports] == ["PASS", "PASS"]
     assert [r["target"]["info"]["worker"] for r in reports] == ["warm, started", "warm, reused"]
     assert "TOSABackend" in reports[1]["target"]["info"]["delegates"]
 

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 
 @dataclass
@@ -36,7 +41,7 @@ class AccuracyRequest:
     cache: bool = False  # reuse a build from the build cache (the CLI's default; --no-cache turns it off)
 
 
-def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
+def run_accuracy(req: AccuracyRequest) -> Report:
     """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
     from bundlerun.bundles.builder import BuildRequest, build_bundle
     from bundlerun.bundles.datasets import fit_to_inputs, load_dataset
@@ -73,10 +78,10 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
         )
     )
     say(f"running {len(dataset.labels)} samples on {req.target}")
-    def amend(report: dict[str, Any]) -> None:
-        report["dataset"]["source"] = dataset.source
+    def amend(report: Report) -> None:
+        report.dataset["source"] = dataset.source
         if req.dtype in ("int8", "int16"):
-            report["dataset"]["calibration"] = calibrated_on
+            report.dataset["calibration"] = calibrated_on
 
     return session.run(
         RunRequest(
@@ -93,15 +98,15 @@ def run_accuracy(req: AccuracyRequest) -> dict[str, Any]:
     )
 
 
-def print_accuracy(report: dict[str, Any]) -> None:
-    ds = report["dataset"]
+def print_accuracy(report: Report) -> None:
+    ds = report.dataset
     conf = int(ds["confidence"] * 100)
     lo, hi = ds["top1_diff_ci"]
-    bundle = report["bundle"]
+    bundle = report.bundle
     from bundlerun.runner.safe_text import visible  # model id and dataset name come from the bundle
 
     click.echo(visible(
-        f"{bundle.get('model')} {bundle.get('dtype')} on {report['target']['url']}: "
+        f"{bundle.get('model')} {bundle.get('dtype')} on {report.target.get('url')}: "
         f"{ds['name']}, {ds['evaluated']} samples" + (f" ({ds['errored']} errored)" if ds["errored"] else "")
     ))
     click.echo(f"  {'':18}{'top-1':>9}{'top-5':>9}")
@@ -111,12 +116,12 @@ def print_accuracy(report: dict[str, Any]) -> None:
         f"  top-1 difference {ds['top1_diff'] * 100:+.2f} points, {conf}% CI [{lo * 100:+.2f}, {hi * 100:+.2f}] "
         f"({ds['ci_method']}); agreement {ds['agreement'] * 100:.2f}%"
     )
-    s = report["summary"]
-    click.echo(f"  element-wise: {s['verdict']} ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)})")
-    if report.get("regressions") is not None:
+    s = report.summary
+    click.echo(f"  element-wise: {s.verdict} ({', '.join(f'{k} {v}' for k, v in s.counts.items() if v)})")
+    if report.regressions is not None:
         from bundlerun.runner.regression import format_regressions
 
-        click.echo(format_regressions(report["regressions"]))
+        click.echo(format_regressions(report.regressions))
 
 
 @click.command(name="accuracy")
@@ -163,16 +168,17 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     )
     report = run_accuracy(req)
     if as_json:
-        ds = {k: v for k, v in report["dataset"].items() if k not in ("labels", "predictions", "reference_predictions")}
+        ds = {k: v for k, v in report.dataset.items() if k not in ("labels", "predictions", "reference_predictions")}
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
-    from bundlerun.runner.report.record import echo_must_show, say_report
+    from bundlerun.runner.report.console import echo_must_show, say_report
 
     echo_must_show(report)  # print_accuracy shows no warnings: a run missing from the history is said anyway
     say_report(report, req.report_dir)
-    s = report["summary"]
+    s = report.summary
     # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)
     # is expected there and is reported, but only infrastructure errors and regressions set the code.
-    code = 2 if s["verdict"] == "ERROR" and report["dataset"]["evaluated"] == 0 else (1 if report.get("regressions") else 0)
+    code = EXIT_INFRA if s.verdict == "ERROR" and report.dataset["evaluated"] == 0 else (
+        EXIT_FAIL if report.regressions else EXIT_PASS)
     sys.exit(code)

@@ -46,7 +46,7 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
     from bundlerun.runner.bisect import BisectRequest, Bisector
     from bundlerun.runner.bisect_report import print_result, write_reports
     from bundlerun.runner.cli import _report_dir, parse_tolerances, resolve_backend_dtype
-    from bundlerun.runner.report.record import wide_console
+    from bundlerun.runner.report.console import wide_console
     from bundlerun.runner.session import Session
 
     backend, dtype = resolve_backend_dtype(target, backend, dtype)

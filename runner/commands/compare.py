@@ -170,7 +170,7 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
 
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console
 
     def who(r):
         i = ident(r)

@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bundlerun.targets import capture_schemes
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 
 def run_debug(bundle: Path, target: str, case: int | None = None, output: str | None = None,
@@ -21,7 +25,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
     """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
     from bundlerun.runner.debug import debug_bundle
     from bundlerun.runner.debug_report import rich_table, verdict_line, write_debug_reports
-    from bundlerun.runner.report.record import wide_console
+    from bundlerun.runner.report.console import wide_console
 
     work = (report_dir / "work") if report_dir else None
     result = debug_bundle(bundle, target, case=case, output=output, method=method, work_dir=work,
@@ -107,13 +111,13 @@ def command(bundle, target, case, output, method, report_dir, timeout, debug_buf
     sys.exit(1 if result.first_bad is not None or (result.export_divergence or {}).get("finding") else 0)
 
 
-def debug_on_fail(bundle: Path, target: str, report: dict, report_dir: Path, quiet: bool = False,
+def debug_on_fail(bundle: Path, target: str, report: "Report", report_dir: Path, quiet: bool = False,
                   target_config: dict | None = None) -> None:
     """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.runner.debug import worst_failing_case
 
-    for method in dict.fromkeys(c.get("method", "forward") for c in report.get("cases") or []):
+    for method in dict.fromkeys(c.method for c in report.cases):
         case = worst_failing_case(report, method)
         if case is None:
             continue

@@ -66,7 +66,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"checks": rows, "targets": {k: {"ready": r, "missing": m}
                                                           for k, (r, m) in readiness(rows).items()}}, indent=2))
         return
-    from bundlerun.runner.report.record import wide_console
+    from bundlerun.runner.report.console import wide_console
     from rich.markup import escape
     from rich.table import Table
 

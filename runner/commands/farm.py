@@ -19,7 +19,7 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console
 
     table = Table(title=f"farm plan {plain(plan.path)}: {len(jobs)} jobs, retries {plan.retries}", title_justify="left")
     for col in ("#", "job", "bundle", "target", "devices", "concurrency"):
@@ -97,14 +97,14 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         import json
 
         click.echo(json.dumps({"exit_code": result.exit_code, "report": str(report_dir / "report.json"),
-                               "summary": result.report["summary"], "jobs": result.jobs, "devices": result.devices,
-                               "flaky_jobs": result.report["farm"]["flaky_jobs"]}, indent=2, default=str))
+                               "summary": result.report.summary.to_json(), "jobs": result.jobs, "devices": result.devices,
+                               "flaky_jobs": result.report.extras["farm"]["flaky_jobs"]}, indent=2, default=str))
     else:
         from rich.table import Table
 
-        from bundlerun.runner.report.record import plain, wide_console
+        from bundlerun.runner.report.console import plain, wide_console
 
-        table = Table(title=f"farm: {len(result.jobs)} jobs, {result.report['farm']['makespan_s']:.1f} s",
+        table = Table(title=f"farm: {len(result.jobs)} jobs, {result.report.extras['farm']['makespan_s']:.1f} s",
                       title_justify="left")
         for col in ("job", "verdict", "attempts", "devices", "flaky"):
             table.add_column(col)
@@ -119,7 +119,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         for d in bad:
             click.echo(f"device {visible(d['url'])}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
-    from bundlerun.runner.report.record import echo_must_show, say_report
+    from bundlerun.runner.report.console import echo_must_show, say_report
 
     echo_must_show(result.report)  # jobs missing from the history: said in every output mode
     say_report(result.report, report_dir)

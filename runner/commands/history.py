@@ -24,7 +24,7 @@ def _print_flaky(stats: dict, db, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain
+    from bundlerun.runner.report.console import plain
 
     console = Console()
     if not console.is_terminal:
@@ -86,7 +86,7 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     from rich.console import Console
     from rich.table import Table
 
-    from bundlerun.runner.report.record import plain
+    from bundlerun.runner.report.console import plain
 
     table = Table(title=f"history: {db}", title_justify="left")
     for col in ("id", "started", "model", "target", "dtype", "label", "verdict", "pass/fail", "min SQNR", "max MAE", "top-1", "agree"):

@@ -9,10 +9,14 @@ embedded manifest, and `--override` changes criteria for this verdict only
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bundlerun.runner import seal
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 
 @click.command(name="judge")
@@ -36,20 +40,20 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
     if as_json:
         import json
 
-        click.echo(json.dumps({"summary": report["summary"], "overrides": report["overrides"],
-                               "previous_summary": report["judged"]["previous_summary"]}, indent=2))
+        click.echo(json.dumps({"summary": report.summary.to_json(), "overrides": report.overrides,
+                               "previous_summary": report.judged["previous_summary"]}, indent=2))
     elif not quiet:
-        from bundlerun.runner.report.record import print_summary
+        from bundlerun.runner.report.console import print_summary
 
         print_summary(report)
-    from bundlerun.runner.report.record import warn_unwritten
+    from bundlerun.runner.report.console import warn_unwritten
 
     warn_unwritten(report)
-    ctx.exit(report["summary"]["exit_code"])
+    ctx.exit(report.summary.exit_code)
 
 
 def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = None,
-            out_dir: Path | None = None, require_seal: bool = False) -> dict:
+            out_dir: Path | None = None, require_seal: bool = False) -> "Report":
     """The report of `report_dir` judged again (with overrides); written to out_dir if given."""
     import copy
     import datetime as _dt
@@ -57,6 +61,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
 
     from bundlerun.runner.judge import judge_run, load_context, summarize
     from bundlerun.runner.overrides import apply_overrides
+    from bundlerun.runner.report.model import elapsed_figures
     from bundlerun.runner.report.record import OUTPUTS_FILE, write_record
     from bundlerun.runner.saved_run import load_saved_run
 
@@ -69,15 +74,16 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     cases, warnings = judge_run(saved.bundle, saved.run, ctx)
     old = saved.report
     report = copy.deepcopy(old)
-    report["cases"] = cases
-    report["summary"] = summarize(cases)
-    report["overrides"] = records
-    report["warnings"] = list(dict.fromkeys(saved.warnings + warnings))
-    report["judged"] = {
+    report.cases = cases
+    report.summary = summarize(cases)
+    elapsed_figures(report.cases, report.target.get("url", ""))  # as a run's report has them
+    report.overrides = records
+    report.warnings = list(dict.fromkeys(saved.warnings + warnings))
+    report.judged = {
         "from": str(saved.directory),
         "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "previous_summary": old.get("summary"),
-        "previous_overrides": old.get("overrides", []),
+        "previous_summary": old.summary.to_json(),
+        "previous_overrides": old.overrides,
         "note": "re-judged from saved outputs with the bundle's embedded criteria",
     }
     if out_dir is not None:
@@ -86,14 +92,14 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         src = saved.outputs_file or saved.directory / OUTPUTS_FILE  # the file that was checked and judged
         if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
             shutil.copyfile(src, out_dir / OUTPUTS_FILE)
-        report["outputs_file"] = str(out_dir / OUTPUTS_FILE)
+        report.outputs_file = str(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.saved_outputs import file_digest
 
-        report["outputs_sha256"] = file_digest(out_dir / OUTPUTS_FILE)
+        report.outputs_sha256 = file_digest(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.writers import write_reports
 
         # every report file of the new verdict, not only report.json
         files = write_reports(report, out_dir, bundle=saved.bundle)
-        report["files"] = {k: str(v) for k, v in files.items()}
+        report.files = {k: str(v) for k, v in files.items()}
         write_record(report, out_dir)
     return report

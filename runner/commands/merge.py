@@ -13,24 +13,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
-
 import click
 
 from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
+from bundlerun.runner.report.model import Report
 
 
-def write_merged(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+def write_merged(report: Report, out_dir: Path) -> dict[str, Path]:
     """report.json + junit.xml + summary.md + report.html into out_dir (report.json last, with the file list)."""
     from bundlerun.runner.report.record import write_record
     from bundlerun.runner.writers import write_reports
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    bundle_path = (report.get("bundle") or {}).get("path")
+    bundle_path = report.bundle.get("path")
     files = write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
     files["json"] = out_dir / "report.json"
-    report["files"] = {k: str(v) for k, v in files.items()}
+    report.files = {k: str(v) for k, v in files.items()}
     write_record(report, out_dir)
     return files
 
@@ -52,25 +51,25 @@ def command(reports, report_dir, force, allow_partial, as_json):
     import json
 
     from bundlerun.runner.writers import github
-    from bundlerun.runner.report.record import read_report
+    from bundlerun.runner.report.model import read_report
     from bundlerun.runner.safe_text import visible
 
     paths = [p / "report.json" if p.is_dir() else p for p in reports]
     loaded = [read_report(p) for p in paths]
     merged = merge_reports(loaded, MergeOptions(force=force, allow_partial=allow_partial, paths=[str(p) for p in paths]))
-    merged["run"]["command"] = ["bundlerun", "merge", *map(str, reports), "--report", str(report_dir)]
+    merged.run["command"] = ["bundlerun", "merge", *map(str, reports), "--report", str(report_dir)]
     write_merged(merged, report_dir)
     github.annotate(merged, report_dir / "report.json", stream=sys.stderr if as_json else None)
-    s = merged["summary"]
+    s = merged.summary
     if as_json:
-        click.echo(json.dumps({"summary": s, "report": str(report_dir / "report.json"), "merged": merged["merged"],
-                               "warnings": merged.get("warnings", [])}, indent=2))
+        click.echo(json.dumps({"summary": s.to_json(), "report": str(report_dir / "report.json"),
+                               "merged": merged.extras["merged"], "warnings": merged.warnings}, indent=2))
     else:
-        counts = ", ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
-        click.echo(f"merged {len(paths)} report(s): {s['verdict']} ({s['cases']} cases; {counts or 'no outputs'})")
-        for w in merged.get("warnings", []):
+        counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
+        click.echo(f"merged {len(paths)} report(s): {s.verdict} ({s.cases} cases; {counts or 'no outputs'})")
+        for w in merged.warnings:
             click.echo(f"warning: {visible(w)}", err=True)  # warnings come from the merged files
-    from bundlerun.runner.report.record import say_report
+    from bundlerun.runner.report.console import say_report
 
     say_report(merged, report_dir)
-    sys.exit(s["exit_code"])
+    sys.exit(s.exit_code)

@@ -152,7 +152,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
                                "executorch_commit": res.commit, "criteria": crit.to_dict()}, indent=2))
         return
 
-    from bundlerun.runner.report.record import wide_console
+    from bundlerun.runner.report.console import wide_console
     from rich.table import Table
 
     console = wide_console()
@@ -258,12 +258,12 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     if as_json:
         click.echo(json.dumps({"margin": margin, "runs": obs.runs, "outputs": [p.to_dict() for p in proposals]}, indent=2))
         return
-    from bundlerun.runner.report.record import wide_console
+    from bundlerun.runner.report.console import wide_console
     from rich.table import Table
 
     console = wide_console()
     for p in proposals:
-        from bundlerun.runner.report.record import plain  # names come from the bundle
+        from bundlerun.runner.report.console import plain  # names come from the bundle
 
         table = Table(title=plain(f"{p.method}.{p.output}: {p.cases} case(s) from {obs.runs} run(s)"),
                       title_justify="left")
@@ -350,10 +350,10 @@ def check(bundle_path, ops, no_project, as_json):
     if as_json:
         click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
     else:
-        from bundlerun.runner.report.record import wide_console
+        from bundlerun.runner.report.console import wide_console
         from rich.table import Table
 
-        from bundlerun.runner.report.record import plain  # output names and sources come from the bundle
+        from bundlerun.runner.report.console import plain  # output names and sources come from the bundle
 
         table = Table(title=plain(f"{bundle_path}: embedded vs installed registry"), title_justify="left")
         for col in ("output", "criterion", "embedded", "installed now", "", "installed source"):
@@ -428,7 +428,7 @@ def audit(executorch_src, backends, uncovered, check, no_project, as_json):
     else:
         from rich.table import Table
 
-        from bundlerun.runner.report.record import wide_console
+        from bundlerun.runner.report.console import wide_console
 
         console = wide_console()
         console.print(f"ExecuTorch tests in {root} (registry citations refer to {registry.commit or 'no pinned commit'}): "

@@ -22,6 +22,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from bundlerun.runner.outcome import EXIT_INFRA, VERDICTS
+from bundlerun.runner.report.model import CaseRecord, Report, Summary
+from bundlerun.targets.failures import FailureKind
+
 _SESSION: Any = None
 _SESSION_KEY: str | None = None
 _FINALIZER: Any = None
@@ -79,28 +83,25 @@ def close_session() -> None:
         session.close()
 
 
-def _bad_report(payload: dict[str, Any], error: str, kind: str) -> dict[str, Any]:
+def _bad_report(payload: dict[str, Any], error: str, kind: FailureKind) -> Report:
     """A report for an attempt that could not even start (bundle unreadable, worker failure):
     one ERROR case, so the job still ends with a verdict."""
-    from bundlerun.runner.report.model import SCHEMA
     from bundlerun.runner.report.record import tool_version
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    return {
-        "schema": SCHEMA, "tool": {"name": "bundlerun", "version": tool_version()},
-        "run": {"id": os.urandom(16).hex(), "label": payload.get("label"), "started": now, "finished": now,
-                "duration_s": 0.0, "command": ["bundlerun", "farm"]},
-        "bundle": {"path": payload.get("bundle_path"), "model": Path(str(payload.get("bundle_path"))).stem},
-        "target": {"url": payload["url"]}, "overrides": [], "warnings": [error],
-        "summary": {"verdict": "ERROR", "exit_code": 2, "counts": {"PASS": 0, "FAIL": 0, "ERROR": 1, "TIMEOUT": 0,
-                                                                      "SKIP": 0}, "cases": 1, "outputs": 0},
-        "cases": [{"method": "-", "case": 0, "status": "error", "verdict": "ERROR", "outputs": [], "error": error,
-                   "error_kind": kind}],
-        "dataset": None,
-    }
+    return Report(
+        summary=Summary("ERROR", EXIT_INFRA, {**{v: 0 for v in VERDICTS}, "ERROR": 1}, 1, 0),
+        cases=[CaseRecord(method="-", case=0, status="error", verdict="ERROR", error=error,
+                          error_kind=FailureKind.parse(kind))],
+        tool={"name": "bundlerun", "version": tool_version()},
+        run={"id": os.urandom(16).hex(), "label": payload.get("label"), "started": now, "finished": now,
+             "duration_s": 0.0, "command": ["bundlerun", "farm"]},
+        bundle={"path": payload.get("bundle_path"), "model": Path(str(payload.get("bundle_path"))).stem},
+        target={"url": payload["url"]}, warnings=[error],
+    )
 
 
-def run_job(payload: dict[str, Any]) -> dict[str, Any]:
+def run_job(payload: dict[str, Any]) -> Report:
     """Run one attempt; never raises for a bundle or target problem (the report says it)."""
     t0, started = time.perf_counter(), time.time()
     _RUNNING["job"] = True
@@ -110,7 +111,7 @@ def run_job(payload: dict[str, Any]) -> dict[str, Any]:
         _RUNNING["job"] = False
 
 
-def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, Any]:
+def _run_job(payload: dict[str, Any], t0: float, started: float) -> Report:
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.runner.report.record import write_record
     from bundlerun.runner.session import RunRequest
@@ -130,7 +131,8 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, An
         try:
             bundle = read_bundle(bundle_path, require_seal=bool(payload.get("require_seal")))
         except BundlerunError as exc:
-            report = _bad_report(payload, f"bundle not readable: {exc}", getattr(exc, "kind", None) or "bad-bundle")
+            report = _bad_report(payload, f"bundle not readable: {exc}",
+                                 getattr(exc, "kind", None) or FailureKind.BAD_BUNDLE)
         else:
             session = _session(payload.get("project") or {})
             req = RunRequest(bundle_path=bundle_path, target=payload["url"], report_dir=report_dir,
@@ -138,10 +140,10 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, An
                              label=payload.get("label"), target_config=dict(payload.get("target_config") or {}))
             report = session.execute(req, bundle)
         if scratch:
-            report["bundle"]["path"] = payload["bundle_path"]  # where the coordinator has it
+            report.bundle["path"] = payload["bundle_path"]  # where the coordinator has it
     except Exception as exc:  # noqa: BLE001 - a worker failure is an infrastructure error of this attempt
-        report = _bad_report(payload, f"farm worker failed: {type(exc).__name__}: {exc}", "tool-failed")
-        report["warnings"].append(traceback.format_exc(limit=5))
+        report = _bad_report(payload, f"farm worker failed: {type(exc).__name__}: {exc}", FailureKind.TOOL_FAILED)
+        report.warnings.append(traceback.format_exc(limit=5))
     finally:
         if scratch:
             import shutil
@@ -152,7 +154,7 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> dict[str, An
     farm = {"job": payload["job"], "attempt": payload["attempt"], "device": payload.get("device"),
             "group": payload.get("group"), "node": node, "started_unix": started,
             "elapsed_s": time.perf_counter() - t0}
-    report["farm"] = farm
+    report.extras["farm"] = farm
     if not payload.get("bundle_bytes"):
         write_record(report, Path(payload["report_dir"]))
     return report

@@ -30,12 +30,14 @@ from typing import Any, Callable
 from bundlerun.runner import interrupts
 from bundlerun.runner.farm.plan import Device, Job, Plan
 from bundlerun.runner.farm.scheduler import Attempt, Scheduler
-from bundlerun.runner.outcome import combine_exit_codes
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, combine_exit_codes
+from bundlerun.runner.report.model import Report
+from bundlerun.targets.failures import FailureKind
 
 
 @dataclass
 class FarmResult:
-    report: dict[str, Any]
+    report: Report
     exit_code: int
     jobs: list[dict[str, Any]] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)
@@ -158,7 +160,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         ex.close()
     makespan = time.perf_counter() - t0
 
-    finals: list[dict[str, Any]] = []
+    finals: list[Report] = []
     job_records: list[dict[str, Any]] = []
     for job in jobs:
         tries = attempts.get(job.id, []) if job.id not in build_failed else []
@@ -167,11 +169,11 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             final = tries[-1].report
         elif interrupted and job.id not in build_failed:
             final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
-                                "not run: the farm was interrupted (Ctrl-C)", "interrupted")
+                                "not run: the farm was interrupted (Ctrl-C)", FailureKind.INTERRUPTED)
         else:
-            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
-                                why or "not run", "bad-bundle" if job.id in build_failed else "tool-missing")
-        flaky = bool(tries) and final["summary"]["exit_code"] == 0 and any(t.exit_code != 0 for t in tries)
+            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label}, why or "not run",
+                                FailureKind.BAD_BUNDLE if job.id in build_failed else FailureKind.TOOL_MISSING)
+        flaky = bool(tries) and final.summary.exit_code == EXIT_PASS and any(t.exit_code != EXIT_PASS for t in tries)
         final_dir = (report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{len(tries)}") if tries else (
             report_dir / "jobs" / job_dir_name(job.id) / "not-run")
         for t in tries:
@@ -180,12 +182,12 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             # scheduler's crash report stands in), so every attempt folder holds its report
             if ex.ship or not (attempt_dir / "report.json").is_file():
                 write_record(t.report, attempt_dir)
-        farm = dict(final.get("farm") or {})
+        farm = dict(final.extras.get("farm") or {})
         farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
                     attempts=[t.record() for t in tries])
-        final["farm"] = farm
+        final.extras["farm"] = farm
         record = {"job": job.id, "group": job.group.name, "bundle": str(job.bundle),
-                  "verdict": final["summary"]["verdict"], "exit_code": final["summary"]["exit_code"],
+                  "verdict": final.summary.verdict, "exit_code": final.summary.exit_code,
                   "flaky": flaky, "attempts": [t.record() for t in tries], "report": str(final_dir / "report.json")}
         if why and not tries:
             record["error"] = why
@@ -194,14 +196,14 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 
             try:
                 run_id = history.record_report(history_db, final, report_path=final_dir / "report.json")
-                final["run"]["history_id"] = run_id
+                final.run["history_id"] = run_id
                 history.record_farm_attempts(history_db, farm_id, job.id, [
                     {**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries
                 ] or [{"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": "ERROR",
                        "error_kinds": [], "final": True, "flaky": False}], run_id=run_id)
                 record["history_id"] = run_id
             except Exception as exc:  # noqa: BLE001 - history never changes a verdict
-                final.setdefault("warnings", []).append(f"history not recorded in {history_db}: {exc}")
+                final.warnings.append(f"history not recorded in {history_db}: {exc}")
         write_record(final, final_dir)
         finals.append(final)
         job_records.append(record)
@@ -222,28 +224,28 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
     merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
     exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
-    merged["summary"]["exit_code"] = exit_code
-    merged["summary"]["verdict"] = {0: "PASS", 1: "FAIL"}.get(exit_code, "ERROR")
+    merged.summary.exit_code = exit_code
+    merged.summary.verdict = {EXIT_PASS: "PASS", EXIT_FAIL: "FAIL"}.get(exit_code, "ERROR")
     if interrupted:
-        merged["summary"]["interrupted"] = True
-    merged["run"].update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
+        merged.summary.interrupted = True
+    merged.run.update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
                          command=["bundlerun", "farm", str(plan.path)])
     if getattr(ex, "replaced", 0):
         described["pools_replaced"] = ex.replaced  # local: a worker died and its pool was replaced
-    merged["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
+    merged.extras["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
                       "makespan_s": makespan, "jobs": job_records, "devices": devices_out,
                       "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
                       "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]]}
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
-        merged["shard"] = shard_rec
-        merged["farm"]["shard"] = shard_rec["spec"]
+        merged.extras["shard"] = shard_rec
+        merged.extras["farm"]["shard"] = shard_rec["spec"]
     from bundlerun.runner.writers import write_reports
 
     write_record(merged, report_dir)
     files = write_reports(merged, report_dir)
     if "markdown" in files:
-        _add_farm_markdown(Path(files["markdown"]), merged["farm"])
-    merged["files"] = {k: str(v) for k, v in files.items()}
+        _add_farm_markdown(Path(files["markdown"]), merged.extras["farm"])
+    merged.files = {k: str(v) for k, v in files.items()}
     write_record(merged, report_dir)
     if interrupted:
         raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
@@ -253,32 +255,30 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:
     """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
     its report still carries the shard record so `bundlerun merge` counts it."""
+    from bundlerun.runner.report.model import Summary
     from bundlerun.runner.report.record import tool_version, write_record
-    from bundlerun.runner.report.model import SCHEMA, Report
     from bundlerun.runner.writers import write_reports
 
-    now = _now()
-    report = {
-        "schema": SCHEMA, "tool": {"name": "bundlerun", "version": tool_version()},
-        "run": {"id": farm_id, "label": plan.label, "started": started, "finished": now, "duration_s": 0.0,
-                "command": ["bundlerun", "farm", str(plan.path)]},
-        "bundle": {"model": "0 jobs", "path": None, "sha256": None, "models": []},
-        "target": {"url": "0 targets", "targets": []}, "overrides": [],
-        "warnings": [f"shard {record['spec']} holds none of the {len(record['universe'])} jobs; nothing ran"],
-        "summary": {"verdict": "SKIP", "exit_code": 0, "counts": {v: 0 for v in ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")},
-                    "cases": 0, "outputs": 0},
-        "cases": [], "dataset": None, "jobs": [],
-        "merged": {"mode": "jobs", "reports": 0, "run_ids": [], "from": [], "groups": [], "complete": True},
-        "farm": {"id": farm_id, "plan": str(plan.path), "executor": {"name": None}, "retries": plan.retries,
-                 "makespan_s": 0.0, "jobs": [], "devices": [], "flaky_jobs": [], "flaky_devices": [],
-                 "shard": record["spec"]},
-        "shard": record,
-    }
-    report = Report.from_json(report).to_json()
-    files = write_reports(report, report_dir)
-    report["files"] = {k: str(v) for k, v in files.items()}
+    report = Report(
+        summary=Summary("SKIP", EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
+        tool={"name": "bundlerun", "version": tool_version()},
+        run={"id": farm_id, "label": plan.label, "started": started, "finished": _now(), "duration_s": 0.0,
+             "command": ["bundlerun", "farm", str(plan.path)]},
+        bundle={"model": "0 jobs", "path": None, "sha256": None, "models": []},
+        target={"url": "0 targets", "targets": []},
+        warnings=[f"shard {record['spec']} holds none of the {len(record['universe'])} jobs; nothing ran"],
+        extras={
+            "jobs": [],
+            "merged": {"mode": "jobs", "reports": 0, "run_ids": [], "from": [], "groups": [], "complete": True},
+            "farm": {"id": farm_id, "plan": str(plan.path), "executor": {"name": None}, "retries": plan.retries,
+                     "makespan_s": 0.0, "jobs": [], "devices": [], "flaky_jobs": [], "flaky_devices": [],
+                     "shard": record["spec"]},
+            "shard": record,
+        },
+    )
+    report.files = {k: str(v) for k, v in write_reports(report, report_dir).items()}
     write_record(report, report_dir)
-    return FarmResult(report, 0, [], [])
+    return FarmResult(report, EXIT_PASS, [], [])
 
 
 def _add_farm_markdown(path: Path, farm: dict[str, Any]) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bundlerun.runner.farm.plan import Device, Job
+from bundlerun.runner.report.model import Report
+from bundlerun.targets.failures import FailureKind
 
 # Failure kinds a second try cannot fix: never retried.
 FINAL_KINDS = frozenset({
@@ -35,31 +37,31 @@ class Attempt:
     attempt: int  # 1-based
     url: str
     device: str | None
-    report: dict[str, Any]
+    report: Report
     elapsed_s: float
     retryable: bool = False
 
     @property
     def exit_code(self) -> int:
-        return int((self.report.get("summary") or {}).get("exit_code", 2))
+        return self.report.summary.exit_code
 
     @property
     def verdict(self) -> str:
-        return str((self.report.get("summary") or {}).get("verdict", "ERROR"))
+        return self.report.summary.verdict
 
     @property
     def kinds(self) -> list[str]:
-        return sorted({str(c.get("error_kind")) for c in self.report.get("cases") or []
-                       if c.get("verdict") in ("ERROR", "TIMEOUT") and c.get("error_kind")})
+        return sorted({c.error_kind.value for c in self.report.cases
+                       if c.verdict in ("ERROR", "TIMEOUT") and c.error_kind})
 
     @property
     def node(self) -> dict[str, Any]:
-        return (self.report.get("farm") or {}).get("node") or {}
+        return (self.report.extras.get("farm") or {}).get("node") or {}
 
     def record(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "url": self.url, "device": self.device, "exit_code": self.exit_code,
                 "verdict": self.verdict, "error_kinds": self.kinds, "retried": self.retryable,
-                "elapsed_s": round(self.elapsed_s, 4), "node": self.node, "run_id": (self.report.get("run") or {}).get("id")}
+                "elapsed_s": round(self.elapsed_s, 4), "node": self.node, "run_id": self.report.run.get("id")}
 
 
 def retryable(exit_code: int, kinds: list[str]) -> bool:
@@ -160,13 +162,13 @@ class Scheduler:
             raise
         return self.attempts
 
-    def _result(self, future: Future, item: _Pending, device: Device) -> dict[str, Any]:
+    def _result(self, future: Future, item: _Pending, device: Device) -> Report:
         try:
             return future.result()
         except Exception as exc:  # noqa: BLE001 - the worker process or the Ray task died: infrastructure
             from bundlerun.runner.farm.job import _bad_report
 
             report = _bad_report({"url": device.url, "bundle_path": str(item.job.bundle)},
-                                 f"the attempt's worker died: {type(exc).__name__}: {exc}", "crash")
-            report["farm"] = {"job": item.job.id, "attempt": item.attempt, "device": device.resource, "node": {}}
+                                 f"the attempt's worker died: {type(exc).__name__}: {exc}", FailureKind.CRASH)
+            report.extras["farm"] = {"job": item.job.id, "attempt": item.attempt, "device": device.resource, "node": {}}
             return report

@@ -1,6 +1,7 @@
-"""The JSON report (schema `bundlerun.report/2`, docs/report-schema.md), saved
-outputs, and the terminal view. The JSON file is the artifact of record and is
-written atomically even when every case errored."""
+"""The report of record on disk: the sections of a run, report.json (schema `bundlerun.report/2`,
+docs/report-schema.md) written atomically even when every case errored, and the saved outputs.
+The typed Report (runner/report/model.py) is what flows; JSON exists only here, at the edge.
+The terminal view is runner/report/console.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
-from bundlerun.runner.report.model import REPORT_FILE, format_amount
+from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun
 
 OUTPUTS_FILE = "outputs.npz"
@@ -81,14 +82,20 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
-def write_report(report: dict[str, Any], out_dir: Path) -> Path:
-    text = json.dumps(_sanitize(report), indent=2, default=_json_default, allow_nan=False)
+def write_report(report: Report, out_dir: Path) -> Path:
+    """report.json from the typed report, checked as every reader checks it (runner/report/check.py):
+    what we write is what every reader accepts."""
+    from bundlerun.runner.report.check import check_report
+
+    data = report.to_json()
+    check_report(data)
+    text = json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False)
     return atomic_write_text(Path(out_dir) / REPORT_FILE, text + "\n")
 
 
-def write_record(report: dict[str, Any], out_dir: Path) -> Path | None:
+def write_record(report: Report, out_dir: Path) -> Path | None:
     """report.json, written atomically; None when the folder refuses it (a full disk, a folder gone).
-    The file and the reason then go to report["unwritten"], so the command still prints its verdict
+    The file and the reason then go to `report.unwritten`, so the command still prints its verdict
     and exits with its code: a disk problem never takes a run's result with it."""
     try:
         return write_report(report, out_dir)
@@ -97,39 +104,11 @@ def write_record(report: dict[str, Any], out_dir: Path) -> Path | None:
         return None
 
 
-def note_unwritten(report: dict[str, Any], path: Path, exc: OSError) -> None:
+def note_unwritten(report: Report, path: Path, exc: OSError) -> None:
     """Record that `path` could not be written, and why (once per file)."""
     entry = {"file": str(path), "error": exc.strerror or str(exc)}
-    unwritten = report.setdefault("unwritten", [])
-    if entry not in unwritten:
-        unwritten.append(entry)
-
-
-def say_report(report: dict[str, Any], report_dir: Path) -> None:
-    """Where the report is, or which of its files could not be written and why (on stderr; a full
-    disk never takes the verdict with it, and neither --quiet nor --json hides it)."""
-    import click
-
-    warn_unwritten(report)
-    if not any(Path(u["file"]).name == REPORT_FILE for u in report.get("unwritten") or []):
-        click.echo(f"report: {Path(report_dir) / REPORT_FILE}", err=True)
-
-
-def warn_unwritten(report: dict[str, Any]) -> None:
-    """One stderr line per report file the run could not write (never hidden by --quiet/--json)."""
-    import click
-
-    for entry in report.get("unwritten") or []:
-        click.echo(f"bundlerun: could not write {plain(entry['file'])}: {plain(entry['error'])} "
-                   f"(the verdict above stands: {report['summary']['verdict']}, exit code "
-                   f"{report['summary']['exit_code']})", err=True)
-
-
-def read_report(path: Path) -> dict[str, Any]:
-    """A report.json (file or folder), checked and brought to the current schema."""
-    from bundlerun.runner.report.model import read_report as read_typed
-
-    return read_typed(path).to_json()
+    if entry not in report.unwritten:
+        report.unwritten.append(entry)
 
 
 def save_outputs(run: TargetRun, out_dir: Path) -> Path:
@@ -141,201 +120,3 @@ def save_outputs(run: TargetRun, out_dir: Path) -> Path:
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return atomic_write_bytes(Path(out_dir) / OUTPUTS_FILE, buf.getvalue())
-
-
-# ---------------------------------------------------------------------------- terminal
-
-# C0 controls but tab and newline, DEL, the C1 controls (0x9b is a one-byte CSI) and lone
-# surrogates (from surrogateescape'd bytes): shown as escapes, never sent to the terminal
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
-_CONTROL.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
-
-
-def plain(text: object) -> str:
-    """Text from a bundle, a device or the user, safe for the console: control, bidi and other
-    invisible characters (newlines and terminal escapes included) made visible
-    (runner/safe_text.py), rich markup escaped. Print it with soft_wrap=True (or in a table
-    cell): rich's own wrapping must not start a line with it either."""
-    from rich.markup import escape
-
-    from bundlerun.runner.safe_text import visible
-
-    return escape(visible(text))
-
-
-def _num(x: Any, fmt: str = ".3g") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    return format(x, fmt)
-
-
-def output_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (method, output): the worst case first (verdict, then error_max)."""
-    rank = {"ERROR": 0, "TIMEOUT": 0, "FAIL": 1, "SKIP": 3, "PASS": 2}
-    groups: dict[tuple[str, int], list[tuple[dict, dict]]] = {}
-    for case in report["cases"]:
-        for out in case["outputs"]:
-            groups.setdefault((case["method"], out["index"]), []).append((case, out))
-    rows = []
-    for (method, index), items in groups.items():
-        def severity(item):
-            case, out = item
-            stats = out.get("stats") or {}
-            err = stats.get("error_max")
-            return (rank.get(out["verdict"], 9), -(err if isinstance(err, (int, float)) else math.inf))
-
-        items.sort(key=severity)
-        worst_case, worst = items[0]
-        counts: dict[str, int] = {}
-        for _, out in items:
-            counts[out["verdict"]] = counts.get(out["verdict"], 0) + 1
-        sqnrs = [o.get("stats", {}).get("sqnr") for _, o in items if o.get("stats")]
-        finite = [s for s in sqnrs if isinstance(s, (int, float))]
-        rows.append({
-            "method": method, "index": index, "name": worst.get("name", f"out{index}"),
-            "verdict": worst["verdict"], "counts": counts, "worst_case": worst_case["case"], "worst": worst,
-            "min_sqnr": min(finite) if finite else (sqnrs[0] if sqnrs else None),
-        })
-    rows.sort(key=lambda r: (rank.get(r["verdict"], 9), r["method"], r["index"]))
-    return rows
-
-
-# The figures worth one console line, in this order (the JSON report has them all).
-_HEADLINE = ("inference_cpu_cycles", "npu_active_cycles", "execution_time", "execution_wall_time", "interpreter_time",
-             "session_wall_time", "method_allocator_used", "pte_program_size")
-
-
-def perf_line(report: dict[str, Any], limit: int = 5) -> str:
-    """One line of headline perf figures (median over cases, with the kind that says what clock it
-    is), e.g. `forward: inference_cpu_cycles 1.2e+06 cycles [simulation-cycles] · ...`; "" if none."""
-    rows = (report.get("perf") or {}).get("summary") or []
-    sizes = {(r["method"], r["name"]): r for r in rows if r.get("name", "").endswith("_size")}
-    several_methods = len({r["method"] for r in rows}) > 1
-    parts = []
-    for name in _HEADLINE:
-        for r in rows:
-            if r.get("name") != name:
-                continue
-            text = f"{r['name']}{'(' + r['phase'] + ')' if r.get('phase') else ''} {format_amount(r['median'], r['unit'])}"
-            total = sizes.get((r["method"], name.replace("_used", "_size"))) if name.endswith("_used") else None
-            if total:
-                text += f" of {format_amount(total['median'], total['unit'])}"
-            if r["cases"] > 1 and r["max"] != r["min"]:
-                text += f" ({format_amount(r['min'], r['unit'])}..{format_amount(r['max'], r['unit'])})"
-            parts.append((f"{r['method']}." if several_methods else "") + f"{text} [{r['kind']}]")
-    if not parts:
-        return ""
-    shown = parts[:limit]
-    more = len(rows) - len(shown)
-    return " · ".join(shown) + (f" · +{more} more in report.json" if more > 0 else "")
-
-
-HISTORY_NOT_RECORDED = "history not recorded"  # how session.finish_run and the farm word that warning
-
-
-def must_show(report: dict[str, Any]) -> list[str]:
-    """Warnings no output mode may hide (`--quiet`, `--json`): that the run is missing from the
-    history, which a later --baseline, compare, trend or HUD would silently lack."""
-    return [w for w in report.get("warnings") or [] if isinstance(w, str) and HISTORY_NOT_RECORDED in w]
-
-
-def echo_must_show(report: dict[str, Any]) -> None:
-    """Print `must_show` warnings on stderr, one inert line each (for the quiet and JSON modes)."""
-    import sys
-
-    from bundlerun.runner.safe_text import visible
-
-    for warning in must_show(report):
-        print(f"warning: {visible(warning)}", file=sys.stderr, flush=True)
-
-
-def wide_console(stderr: bool = False):
-    """A rich Console; when not on a terminal (CI logs) use 160 columns, not 80."""
-    import sys
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # soft_wrap: rich never breaks a printed line itself, so text from a bundle (a long model id
-    # in a title or a warning) cannot be pushed to the start of a line of its own (a forged verdict)
-    return Console(stderr=stderr, width=None if stream.isatty() else 160, soft_wrap=True)
-
-
-def _steps(stats: dict[str, Any], key: str) -> str:
-    from bundlerun.runner.quant_steps import suffix
-
-    return suffix(stats, key, "q")
-
-
-def print_summary(report: dict[str, Any], console=None) -> None:
-    """Rich table: one row per output, worst case first, then the failure detail."""
-    from rich.table import Table
-
-    console = console or wide_console()
-    bundle = report["bundle"]
-    title = plain(f"{bundle.get('model') or Path(bundle['path']).name} on {report['target']['url']}")
-    if bundle.get("dtype"):
-        title += plain(f" ({bundle['backend']}, {bundle['dtype']})")
-    table = Table(title=title, title_justify="left")
-    for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "SQNR dB", "cosine", "mismatches", "criteria"):
-        table.add_column(col, justify="right" if col not in ("output", "verdict", "criteria") else "left")
-    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
-    for row in output_rows(report):
-        out = row["worst"]
-        stats = out.get("stats") or {}
-        crit = out.get("criteria") or {}
-        crit_text = ", ".join(
-            f"{k}={_num(crit[k])}" for k in ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
-            if crit.get(k) is not None
-        ) or ("exact" if crit.get("exact") else "-")
-        counts = " ".join(f"{k}:{v}" for k, v in sorted(row["counts"].items()))
-        mism = stats.get("mismatch_count")
-        table.add_row(
-            plain(f"{row['method']}.{row['name']}"),
-            f"[{style.get(row['verdict'], '')}]{row['verdict']}[/]",
-            counts,
-            str(row["worst_case"]),
-            _num(stats.get("error_max")) + _steps(stats, "error_max"),  # quantized: also in quantization steps
-            _num(stats.get("error_mae")) + _steps(stats, "error_mae"),
-            _num(row["min_sqnr"], ".1f"),
-            _num(stats.get("cosine_similarity"), ".5f"),
-            "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
-            crit_text,
-        )
-    console.print(table)
-    shown = 0
-    for case in report["cases"]:
-        if case["verdict"] == "PASS":
-            continue
-        if shown >= 8:
-            console.print("[dim]... more failing cases in the JSON report[/]")
-            break
-        shown += 1
-        if case["verdict"] in ("ERROR", "TIMEOUT") and case.get("error"):
-            console.print(f"[yellow]{case['verdict']}[/] {plain(case['method'])}[{case['case']}]: {plain(case['error'])}",
-                          highlight=False)
-            for line in (case.get("log_excerpt") or [])[-3:]:
-                console.print(f"    [dim]{plain(line)}[/]", highlight=False)
-        for out in case["outputs"]:
-            for failure in out.get("failed") or []:
-                label = "[red]FAIL[/]" if out.get("verdict") == "FAIL" else f"[yellow]{plain(out.get('verdict'))}[/]"
-                console.print(
-                    f"{label} {plain(case['method'])}[{case['case']}].{plain(out['name'])} "
-                    f"{plain(failure.get('criterion'))}: {plain(failure.get('detail'))}", highlight=False
-                )
-    line = perf_line(report)
-    if line:
-        console.print(f"[dim]perf[/] {plain(line)}", highlight=False)
-    from bundlerun.runner.replay import console_lines  # --replay: distinct results, spread, verdict flips
-
-    for text in console_lines(report):
-        console.print(plain(text), highlight=False, style="yellow" if (report.get("replay") or {}).get("findings") else "")
-    for warning in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {plain(warning)}", highlight=False)
-    s = report["summary"]
-    console.print(
-        f"[bold]{s['verdict']}[/] ({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)}) "
-        f"in {report['run']['duration_s']:.1f} s — exit code {s['exit_code']}"
-    )

@@ -25,9 +25,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA
 from bundlerun.runner.suite.flows import FlowNumbers, numbers_for
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 # delegate backend id in a program -> registry backend (a Tester handed in without a flow)
 DELEGATE_BACKENDS = {"XnnpackBackend": "xnnpack", "TOSABackend": "arm", "EthosUBackend": "arm", "VgfBackend": "arm",
@@ -139,7 +143,7 @@ class TargetRunner:
     def registry(self):
         return self.session().registry
 
-    def run(self, bundle_path: Path, report_dir: Path) -> dict[str, Any]:
+    def run(self, bundle_path: Path, report_dir: Path) -> "Report":
         from bundlerun.runner.session import RunRequest
 
         session = self.session()
@@ -346,18 +350,19 @@ class _DeviceArtifact:
         except BundlerunError as exc:
             return DeviceRecord(**base, verdict="ERROR", exit_code=2, failure_kind="bad-bundle", error=str(exc),
                                 report_dir=report_dir, message=f"bundlerun ERROR: {exc}")
-        summary = report["summary"]
-        case = (report.get("cases") or [{}])[0]
-        record = DeviceRecord(**base, verdict=summary["verdict"], exit_code=summary["exit_code"],
-                              failure_kind=case.get("error_kind"), error=case.get("error"), report_dir=report_dir,
-                              outputs=[{k: o.get(k) for k in ("name", "verdict", "criteria", "stats", "failed", "actual")}
-                                       for o in case.get("outputs") or []],
-                              elapsed_s=case.get("elapsed_s"))
+        summary = report.summary
+        case = report.cases[0] if report.cases else None
+        record = DeviceRecord(**base, verdict=summary.verdict, exit_code=summary.exit_code,
+                              failure_kind=case.error_kind.value if case and case.error_kind else None,
+                              error=case.error if case else None, report_dir=report_dir,
+                              outputs=[{"name": o.name, "verdict": o.verdict, "criteria": o.criteria, "stats": o.stats,
+                                        "failed": o.failed, "actual": o.actual} for o in (case.outputs if case else [])],
+                              elapsed_s=case.elapsed_s if case else None)
         record.report = report  # type: ignore[attr-defined]
-        if summary["exit_code"] == 2:
+        if summary.exit_code == EXIT_INFRA:
             record.message = error_message(report, report_dir).replace(
                 "bundlerun ERROR", f"bundlerun ERROR on {self.runner.url}", 1)
-        elif summary["exit_code"] == 1:
+        elif summary.exit_code == EXIT_FAIL:
             record.message = failure_message(report, report_dir).replace(
                 "bundlerun FAIL", f"bundlerun FAIL on {self.runner.url} (registry: {record.criteria_text()})", 1)
         return record
@@ -367,8 +372,8 @@ class _DeviceArtifact:
         import numpy as np
         import torch
 
-        report = getattr(record, "report", {})
-        path = report.get("outputs_file")
+        report = getattr(record, "report", None)
+        path = report.outputs_file if report is not None else None
         if not path or not Path(path).is_file():
             raise DeviceRunError(f"bundlerun: the run on {self.runner.url} kept no outputs ({record.report_dir})",
                                  "missing-output", record.report_dir)

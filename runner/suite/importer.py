@@ -33,9 +33,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import BundlerunError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 SUITE_TARGET = "host (suite)"
 RESULTS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
@@ -187,11 +190,13 @@ def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | No
 
 
 def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | None, run_id: str,
-                       source_file: str) -> dict[str, Any]:
+                       source_file: str) -> "Report":
     """A bundlerun report for one suite subtest, from the suite's own columns."""
     from bundlerun.runner.judge import summarize
+    from bundlerun.runner.outcome import EXIT_PASS
+    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
     from bundlerun.runner.report.record import tool_version
-    from bundlerun.runner.report.model import SCHEMA, Report
+    from bundlerun.targets.failures import FailureKind
 
     result = RESULTS.get(str(row.columns.get("Result") or "").strip().lower(), "FAIL")
     bundlerun_verdict = str(row.columns.get("bundlerun Verdict") or "")
@@ -199,34 +204,39 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
         result = bundlerun_verdict  # the device run did not happen: infrastructure, not numerics
     detail = str(row.columns.get("Result Detail") or "")
     error = str(row.columns.get("Error") or "") or None
-    outputs = []
-    for j, stats in enumerate(row.outputs()):
-        outputs.append({"index": j, "name": f"out{j}", "verdict": result, "failed": [], "criteria": None,
-                        "stats": {"error_max": stats.get("Error Max"), "error_mae": stats.get("Error MAE"),
-                                  "sqnr": stats.get("SNR")},
-                        "note": "the suite's statistics (3 decimals); the suite judges the test, not each output"})
+    outputs = [OutputRecord(j, f"out{j}", result, criteria=None,
+                            stats={"error_max": stats.get("Error Max"), "error_mae": stats.get("Error MAE"),
+                                   "sqnr": stats.get("SNR")},
+                            note="the suite's statistics (3 decimals); the suite judges the test, not each output")
+               for j, stats in enumerate(row.outputs())]
     kind = row.columns.get("bundlerun Failure Kind") or None
-    case = {"method": "forward", "case": 0, "status": {"PASS": "ok", "FAIL": "ok", "SKIP": "skip",
+    try:  # a column of the suite's file: an unknown kind is the file's problem, said as a warning
+        error_kind = FailureKind.read(kind) if result in ("ERROR", "TIMEOUT") else None
+        kind_warning = None
+    except ValueError as exc:
+        error_kind, kind_warning = FailureKind.RUNNER_ERROR, f"suite column 'bundlerun Failure Kind': {exc}"
+    case = CaseRecord(method="forward", case=0, status={"PASS": "ok", "FAIL": "ok", "SKIP": "skip",
                                                         "TIMEOUT": "timeout"}.get(result, "error"),
-            "verdict": result, "outputs": outputs, "elapsed_s": row.duration_s,
-            "error": error if result != "PASS" else None, "error_kind": kind if result in ("ERROR", "TIMEOUT") else None}
+                      verdict=result, outputs=outputs, elapsed_s=row.duration_s,
+                      error=error if result != "PASS" else None, error_kind=error_kind)
     backend, dtype = _dtype(row, flow)
-    report = {
-        "schema": SCHEMA,
-        "tool": {"name": "bundlerun", "version": tool_version()},
-        "run": {"id": run_id, "label": None, "started": started, "finished": started, "duration_s": row.duration_s,
-                "command": ["bundlerun", "history", "import", source_file], "host": {}},
-        "bundle": {"path": None, "model": row.name, "backend": backend or row.columns.get("Flow"), "dtype": dtype,
-                   "built_for": target, "has_manifest": False},
-        "target": {"url": target, "info": {"source": "ExecuTorch backend test suite", "flow": flow}},
-        "overrides": [], "warnings": [], "summary": summarize([case]), "cases": [case], "dataset": None, "perf": {},
-        "suite": {k: v for k, v in row.columns.items() if v not in (None, "")},
-    }
+    report = Report(
+        summary=summarize([case]), cases=[case],
+        tool={"name": "bundlerun", "version": tool_version()},
+        run={"id": run_id, "label": None, "started": started, "finished": started, "duration_s": row.duration_s,
+             "command": ["bundlerun", "history", "import", source_file], "host": {}},
+        bundle={"path": None, "model": row.name, "backend": backend or row.columns.get("Flow"), "dtype": dtype,
+                "built_for": target, "has_manifest": False},
+        target={"url": target, "info": {"source": "ExecuTorch backend test suite", "flow": flow}},
+        extras={"suite": {k: v for k, v in row.columns.items() if v not in (None, "")}},
+    )
     if result == "SKIP":  # the suite skipped it (not a backend failure): no verdict of bundlerun's to give
-        report["summary"].update(verdict="SKIP", exit_code=0)
+        report.summary.verdict, report.summary.exit_code = "SKIP", EXIT_PASS
     if detail:
-        report["warnings"].append(f"suite result: {row.columns.get('Result')} ({detail})")
-    return Report.from_json(report).to_json()
+        report.warnings.append(f"suite result: {row.columns.get('Result')} ({detail})")
+    if kind_warning:
+        report.warnings.append(kind_warning)
+    return report
 
 
 @dataclass
@@ -263,11 +273,11 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
         device_report = row.columns.get("bundlerun Report")
         if device_report and Path(str(device_report)).is_file():
             try:
-                report = read_report(Path(str(device_report))).to_json()
+                report = read_report(Path(str(device_report)))
                 report_path = str(device_report)
-                run_id = str(report["run"].get("id") or run_id)  # one device run: one history run, from either file
-                report["run"]["started"] = report["run"].get("started") or started
-                report["suite"] = {k: v for k, v in row.columns.items() if v not in (None, "")}
+                run_id = str(report.run.get("id") or run_id)  # one device run: one history run, from either file
+                report.run["started"] = report.run.get("started") or started
+                report.extras["suite"] = {k: v for k, v in row.columns.items() if v not in (None, "")}
                 tags["source"] = "suite+bundlerun"
                 out.from_bundlerun += 1
             except ReportError:
