@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from copy import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
@@ -188,8 +191,9 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def html_section(report: dict[str, Any]) -> str:
-    section = report.get("replay")
+def html_section(report: Report) -> str:
+    """The HTML report's replay section: every finding, or that all outputs were the same."""
+    section = report.replay
     if not section:
         return ""
     from html import escape
