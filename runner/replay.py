@@ -31,6 +31,9 @@ from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
 
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
+
 FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
 
@@ -191,8 +194,9 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def html_section(report: dict[str, Any]) -> str:
-    section = report.get("replay")
+def html_section(report: Report) -> str:
+    """The HTML report's replay section: every finding, or that all outputs were the same."""
+    section = report.replay
     if not section:
         return ""
     from html import escape

@@ -1,4 +1,8 @@
-"""HTML report: self-contained, plots embedded, renders in a real headless Chromium."""
+"""HTML report: self-contained, plots embedded, renders in a real headless Chromium.
+
+The writers take the typed `Report`; the samples are built as report.json dicts by the real judge
+(tests/report_samples.py) and read with `Report.from_json`, as a report.json is. The history is
+fed the dicts (runner/history.py reads report.json as stored)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,16 @@ import report_samples as rs  # noqa: E402
 
 from bundlerun.runner import history  # noqa: E402
 from bundlerun.runner.accuracy import dataset_summary  # noqa: E402
+from bundlerun.runner.report.model import Report  # noqa: E402
 from bundlerun.runner.writers import write_reports  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+def _need_chromium() -> None:
+    """The page is checked in a real browser: without one the test fails with the reason, never skips."""
+    if browser.chromium_path() is None:
+        pytest.fail("chromium is not installed (scripts/setup.sh installs it)")
 
 
 def _report_with_history(tmp_path):
@@ -41,7 +52,7 @@ def _report_with_history(tmp_path):
     act = ref + rng.standard_normal((60, 10)) * 1.5
     report = rs.make_report(bundle, run, bundle_path, label="commit5", dataset=dataset_summary(act, ref, labels, "digits", 10))
     history.record_report(db, report)
-    return report, bundle_path, rs.saved_outputs(run), db
+    return Report.from_json(report), bundle_path, rs.saved_outputs(run), db
 
 
 def test_html_is_self_contained_with_plots(tmp_path):
@@ -61,18 +72,18 @@ def test_html_is_self_contained_with_plots(tmp_path):
 
 
 def test_html_without_outputs_shows_stats_only(tmp_path):
-    report = rs.quick_report(noise=1e-3)
+    report = Report.from_json(rs.quick_report(noise=1e-3))
     files = write_reports(report, tmp_path, formats=("html",))
     page = files["html"].read_text()
     assert "statistics only" in page and "data:image/png" not in page
-    assert report["cases"][0]["outputs"][0]["name"] in page
+    assert report.cases[0].outputs[0].name in page
 
 
 def test_markdown_goes_to_github_step_summary(tmp_path, monkeypatch):
     summary = tmp_path / "step_summary.md"
     summary.write_text("previous step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    report = rs.quick_report(noise=5e-2)
+    report = Report.from_json(rs.quick_report(noise=5e-2))
     files = write_reports(report, tmp_path / "out", formats=("markdown",))
     text = summary.read_text()
     assert text.startswith("previous step\n")  # appended, not replaced
@@ -80,8 +91,8 @@ def test_markdown_goes_to_github_step_summary(tmp_path, monkeypatch):
     assert files["markdown"].read_text() in text
 
 
-@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
 def test_html_renders_in_headless_chromium(tmp_path):
+    _need_chromium()
     report, bundle_path, outputs, db = _report_with_history(tmp_path)
     files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -99,9 +110,9 @@ def test_html_renders_in_headless_chromium(tmp_path):
     assert width >= 1000 and height > 900  # the full page, longer than one screen
 
 
-@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
 def test_browser_check_sees_broken_images_and_errors(tmp_path):
     """The checker itself must be able to fail: a broken image and a console error are seen."""
+    _need_chromium()
     page = tmp_path / "bad.html"
     page.write_text(
         "<!DOCTYPE html><html><head><link rel='icon' href='data:,'><title>bad</title></head><body>"
@@ -133,14 +144,14 @@ def _hostile_report(tmp_path):
     report["cases"][3].update(method=EVIL + "method", error=EVIL + " device said", log_excerpt=[EVIL + " log"])
     report["warnings"].append(EVIL + " warning")
     history.record_report(db, report)
-    return report, bundle_path, rs.saved_outputs(run), db
+    return Report.from_json(report), bundle_path, rs.saved_outputs(run), db
 
 
 def test_hostile_text_is_inert_in_html(tmp_path):
     report, bundle_path, outputs, db = _hostile_report(tmp_path)
     files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
-    assert set(files) == {"junit", "markdown", "html"}, report["warnings"]
-    assert not any("not written" in w for w in report["warnings"])  # the mathtext did not break a plot
+    assert set(files) == {"junit", "markdown", "html"}, report.warnings
+    assert not any("not written" in w for w in report.warnings)  # the mathtext did not break a plot
     page = files["html"].read_text(encoding="utf-8")
     for ch in CONTROLS:
         assert ch not in page, repr(ch)
@@ -153,8 +164,8 @@ def test_hostile_text_is_inert_in_html(tmp_path):
     assert len(images) == 4  # histogram + scatter of the output, SQNR and MAE trends
 
 
-@pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed (.ci/run installs it)")
 def test_hostile_text_renders_as_text_in_chromium(tmp_path):
+    _need_chromium()
     report, bundle_path, outputs, db = _hostile_report(tmp_path)
     files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
     check = browser.check_page(files["html"].resolve().as_uri(), tmp_path / "evil.png")
@@ -174,7 +185,7 @@ def test_sqnr_history_counts_exact_matches_apart(tmp_path):
                                                  label=f"r{k}"))
     report = rs.make_report(bundle, rs.target_run(bundle, noise=1e-3, outputs={1: exact[1]}), label="now")
     history.record_report(db, report)
-    page = write_reports(report, tmp_path / "out", history_db=db, formats=("html",))["html"].read_text()
+    page = write_reports(Report.from_json(report), tmp_path / "out", history_db=db, formats=("html",))["html"].read_text()
     assert "mean SQNR over the case-outputs that did not match exactly" in page
     assert "SQNR history: 6 of 16 case-outputs matched exactly (SQNR infinite); they are counted apart and " \
            "not averaged in. 1 run(s) with every output exact are drawn as ▲." in page

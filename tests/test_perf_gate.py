@@ -241,7 +241,7 @@ def test_a_cycle_regression_is_named_in_every_report_format(tmp_path):
     (failure,) = suite.findall("testcase/failure")
     assert failure.get("type") == "cycles-regression" and "inference_cpu_cycles" in failure.get("message")
     assert root.get("failures") == "1"  # the outputs all passed: the one failure is the regression
-    page = render_html(cur, regressions=cur["regressions"])
+    page = render_html(Report.from_json(cur), regressions=cur["regressions"])
     assert "<b>cycles-regression</b> forward.inference_cpu_cycles" in page
     assert "<tr class='bad'><td class='l'>forward.inference_cpu_cycles</td>" in page
     # and the JSON report keeps it through the typed reader
@@ -301,7 +301,7 @@ def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
     assert res.returncode != 0 and "npu_active_cycles" in res.stderr
     from bundlerun.runner.writers.html import render_html
 
-    page = render_html(rep, history_db=db)  # the newest run's report: its cycles over the history
+    page = render_html(Report.from_json(rep), history_db=db)  # the newest run's report: its cycles over the history
     assert "alt=\"trend inference_cpu_cycles\"" in page and "last 3 recorded run(s)" in page
 
 

@@ -260,10 +260,11 @@ def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
     assert cnn["summary"]["exit_code"] == 2 and cnn["summary"]["verdict"] == "PASS"  # the check asked for was not made
     assert any("baseline 'v1' not compared: unrelated runs" in w for w in cnn["warnings"])
     # the summaries say it was not compared, never "no regressions"
+    from bundlerun.runner.report.model import Report
     from bundlerun.runner.writers.html import render_html
     from bundlerun.runner.writers.markdown import render_markdown
 
-    md, page = render_markdown(cnn, []), render_html(cnn, regressions=[])
+    md, page = render_markdown(cnn, []), render_html(Report.from_json(cnn), regressions=[])
     assert "Baseline v1 not compared" in md and "No regressions" not in md
     assert "not compared: unrelated runs" in page and "No regressions" not in page
     # allowed by config, it is compared (and finds nothing)

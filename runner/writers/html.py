@@ -1,4 +1,4 @@
-"""Self-contained HTML report: one file, inline CSS, plots as base64 PNG.
+"""Self-contained HTML report of a typed `Report`: one file, inline CSS, plots as base64 PNG.
 
 Why self-contained: CI systems archive a single artifact and often serve it
 without its neighbours (or behind a CSP), so the page loads no script, font or
@@ -6,7 +6,9 @@ image from anywhere. Per output it shows an error histogram and an
 actual-vs-expected scatter when the actual outputs (`outputs.npz`) and the
 bundle's expected outputs are at hand, otherwise the statistics only; with a
 history database it adds SQNR/MAE/top-1 trend lines for the same model and
-target.
+target. Everything is read from the typed records (runner/report/model.py); only
+the sections the model keeps as plain JSON (stats, criteria, dataset, baseline,
+the replay findings, the ETDump profile) are read by key.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.report.model import format_amount
+from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -89,25 +91,25 @@ def _as_float(arr: np.ndarray, dtype_name: str | None) -> np.ndarray:
 
 
 def collect_arrays(
-    report: dict[str, Any], bundle: Any, outputs: Mapping[str, np.ndarray] | None
+    report: Report, bundle: Any, outputs: Mapping[str, np.ndarray] | None
 ) -> dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]]:
     """(method, output index) -> (actual arrays, expected arrays) over the cases that have both."""
     pooled: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
     if bundle is None or outputs is None:
         return pooled
-    for case in report.get("cases") or []:
-        method, ci = case.get("method", "forward"), int(case.get("case", 0))
+    for case in report.cases:
+        method, ci = case.method, case.case
         try:
             expected = bundle.suite(method).test_cases[ci].expected_outputs
         except (KeyError, IndexError):
             continue
-        for out in case.get("outputs") or []:
-            oi = int(out.get("index", 0))
+        for out in case.outputs:
+            oi = out.index
             key = f"{method}/{ci}/{oi}"
             if key not in outputs or oi >= len(expected) or expected[oi].kind != "tensor":
                 continue
-            act = _as_float(outputs[key], (out.get("actual") or {}).get("dtype"))
-            exp = _as_float(expected[oi].to_array(), (out.get("expected") or {}).get("dtype"))
+            act = _as_float(outputs[key], (out.actual or {}).get("dtype"))
+            exp = _as_float(expected[oi].to_array(), (out.expected or {}).get("dtype"))
             if act.shape != exp.shape:
                 continue
             a, e = pooled.setdefault((method, oi), ([], []))
@@ -116,15 +118,14 @@ def collect_arrays(
     return pooled
 
 
-def _summary_section(report: dict[str, Any]) -> str:
-    s = report.get("summary") or {}
-    counts = s.get("counts") or {}
+def _summary_section(s: Summary) -> str:
+    counts = s.counts
     keys = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
     head = "".join(f"<th>{k}</th>" for k in keys)
     row = "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys)
     return (
         f"<table><tr>{head}<th>cases</th><th>outputs</th><th>exit code</th></tr>"
-        f"<tr>{row}<td>{_n(s.get('cases'))}</td><td>{_n(s.get('outputs'))}</td><td>{_n(s.get('exit_code'))}</td></tr></table>"
+        f"<tr>{row}<td>{_n(s.cases)}</td><td>{_n(s.outputs)}</td><td>{_n(s.exit_code)}</td></tr></table>"
     )
 
 
@@ -167,33 +168,37 @@ def _confusion(ds: dict[str, Any]) -> str:
     return "<div class='plots'>" + _img(png, "confusion matrix", "confusion matrix of the target's top-1") + "</div>"
 
 
-def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
+def _case_row(case: CaseRecord, out: OutputRecord | None) -> str:
+    """One case-output row; a case without outputs (it did not run) is one row with its verdict."""
+    st = (out.stats if out else None) or {}
+    v = out.verdict if out else case.verdict
+    why = "; ".join(
+        f"{f.get('criterion')}: {_n(f.get('measured'))} (limit {_n(f.get('limit'))})" for f in (out.failed if out else [])
+    ) or (case.error or "")
+    cls = "" if v == "PASS" else " class='bad'"
+    return (
+        f"<tr{cls}><td class='l'>{_e(case.method)}[{_e(case.case)}]</td><td class='l'>{_e(out.name if out else '–')}</td>"
+        f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
+        f"<td>{_n(st.get('error_mae'))}{_e(_steps(st, 'error_mae'))}</td>"
+        f"<td>{_n(st.get('error_max'))}{_e(_steps(st, 'error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
+        f"<td>{_n(st.get('mismatch_count'))}</td><td class='l'>{_e(why)}</td></tr>"
+    )
+
+
+def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
     """Every non-PASS case-output, and the first `max_pass_rows` PASS ones (the JSON has all)."""
     rows = []
     hidden = 0
     shown_pass = 0
-    for case in report.get("cases") or []:
-        outs = case.get("outputs") or [None]
+    for case in cases:
+        outs: list[OutputRecord | None] = list(case.outputs) or [None]
         for out in outs:
-            out = out or {}
-            st = out.get("stats") or {}
-            v = out.get("verdict") or case.get("verdict")
-            if v == "PASS":
+            if (out.verdict if out else case.verdict) == "PASS":
                 shown_pass += 1
                 if shown_pass > max_pass_rows:
                     hidden += 1
                     continue
-            why = "; ".join(
-                f"{f.get('criterion')}: {_n(f.get('measured'))} (limit {_n(f.get('limit'))})" for f in out.get("failed") or []
-            ) or (case.get("error") or "")
-            cls = "" if v in ("PASS", None) else " class='bad'"
-            rows.append(
-                f"<tr{cls}><td class='l'>{_e(case.get('method'))}[{_e(case.get('case'))}]</td><td class='l'>{_e(out.get('name', '–'))}</td>"
-                f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
-                f"<td>{_n(st.get('error_mae'))}{_e(_steps(st, 'error_mae'))}</td>"
-                f"<td>{_n(st.get('error_max'))}{_e(_steps(st, 'error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
-                f"<td>{_n(st.get('mismatch_count'))}</td><td class='l'>{_e(why)}</td></tr>"
-            )
+            rows.append(_case_row(case, out))
     return (
         "<h2>Cases</h2><table><tr><th class='l'>case</th><th class='l'>output</th><th>verdict</th><th>SQNR dB</th>"
         "<th>MAE</th><th>max err</th><th>cosine</th><th>mismatches</th><th class='l'>failed / error</th></tr>"
@@ -203,23 +208,24 @@ def _cases_table(report: dict[str, Any], max_pass_rows: int = 100) -> str:
     )
 
 
-def _output_sections(report: dict[str, Any], arrays: dict) -> str:
-    """Per output: criteria, pooled stats, and histogram + scatter when arrays exist."""
+def _output_sections(cases: list[CaseRecord], arrays: dict) -> str:
+    """Per output (its first record over the cases): criteria, and histogram + scatter when arrays exist."""
     from bundlerun.runner import plots
 
     parts = ["<h2>Outputs</h2>"]
-    seen: dict[tuple[str, int], dict[str, Any]] = {}
-    for case in report.get("cases") or []:
-        for out in case.get("outputs") or []:
-            seen.setdefault((case.get("method", "forward"), int(out.get("index", 0))), out)
+    seen: dict[tuple[str, int], OutputRecord] = {}
+    for case in cases:
+        for out in case.outputs:
+            seen.setdefault((case.method, out.index), out)
     if not seen:
         return "<h2>Outputs</h2><p class='note'>no outputs were collected</p>"
     for (method, oi), out in sorted(seen.items()):
-        name = out.get("name") or f"out{oi}"
-        crit = {k: v for k, v in (out.get("criteria") or {}).items() if k != "trail" and v not in (None, False)}
+        name = out.name or f"out{oi}"
+        crit = {k: v for k, v in (out.criteria or {}).items() if k != "trail" and v not in (None, False)}
+        expected = out.expected or {}
         parts.append(
-            f"<h3>{_e(method)} / {_e(name)} <span class='meta'>{_e((out.get('expected') or {}).get('dtype'))} "
-            f"{_e((out.get('expected') or {}).get('shape'))}; criteria: "
+            f"<h3>{_e(method)} / {_e(name)} <span class='meta'>{_e(expected.get('dtype'))} "
+            f"{_e(expected.get('shape'))}; criteria: "
             + _e(", ".join(f"{k}={v}" for k, v in crit.items()) or "none")
             + "</span></h3>"
         )
@@ -238,19 +244,19 @@ def _output_sections(report: dict[str, Any], arrays: dict) -> str:
     return "".join(parts)
 
 
-def _trend_section(report: dict[str, Any], history_db: str | Path | None) -> str:
+def _trend_section(report: Report, history_db: str | Path | None) -> str:
     if not history_db or not Path(history_db).exists():
         return ""
     from bundlerun.runner import history, plots
 
-    model = (report.get("bundle") or {}).get("model")
-    target = (report.get("target") or {}).get("url")
+    model = report.bundle.get("model")
+    target = report.target.get("url")
     if not model:
         return ""
     figs = []
     notes = []
-    dtype = (report.get("bundle") or {}).get("dtype")
-    metrics = ["sqnr", "mae"] + (["top1"] if report.get("dataset") else [])
+    dtype = report.bundle.get("dtype")
+    metrics = ["sqnr", "mae"] + (["top1"] if report.dataset else [])
     for metric in metrics:
         try:
             points = history.trend(history_db, model, target, metric, dtype=dtype)
@@ -270,7 +276,7 @@ def _trend_section(report: dict[str, Any], history_db: str | Path | None) -> str
                                     "are drawn as ▲." if any(p.value is None for p in points) else ""))
             figs.append(_img(plots.trend_plot(points, metric, f"{model} on {target} ({dtype}): {metric}"),
                              f"trend {metric}", caption))
-    summary = {(r.get("name"), r.get("phase")) for r in (report.get("perf") or {}).get("summary") or []}
+    summary = {(r.name, r.phase) for r in report.perf_summary()}
     for name, phase in (("inference_cpu_cycles", None), ("npu_active_cycles", None), ("execution_time", "warm"),
                         ("method_allocator_used", None)):
         if (name, phase) not in summary:
@@ -292,31 +298,30 @@ def _trend_section(report: dict[str, Any], history_db: str | Path | None) -> str
             + "".join(f"<p class='note sqnr-exact'>{_e(n.strip())}</p>" for n in notes))
 
 
-def _perf_section(report: dict[str, Any], max_rows: int = 40) -> str:
+def _perf_section(report: Report, max_rows: int = 40) -> str:
     """The run's perf figures (median, min..max over the cases, with the kind of clock), the
     conditions they were measured in, the figures against the baseline, and the operator profile
     from ETDump when one was read."""
     from bundlerun.runner.writers.markdown import perf_conditions
 
-    perf = report.get("perf") or {}
-    rows = perf.get("summary") or []
-    base = report.get("baseline") or {}
+    rows = report.perf_summary()
+    base = report.baseline or {}
     deltas = [] if base.get("refused") else [d for d in base.get("perf") or [] if d.get("gate") or d.get("delta")]
-    profile = perf.get("profile") or []
+    profile = report.perf_info.get("profile") or []
     if not rows and not deltas and not profile:
         return ""
     parts = ["<h2 id='perf'>Performance</h2>",
              "<p class='meta'>median over the cases; <i>kind</i> says which clock or counter it is: simulation "
              "figures are never device latency</p>"]
-    cond = perf_conditions(perf)
+    cond = perf_conditions(report.perf_info)
     if cond:
         parts.append(f"<p class='meta perf-conditions'>Conditions: {_e(cond)}.</p>")
     if rows:
         body = "".join(
-            f"<tr><td class='l'>{_e(r.get('method'))}.{_e(r.get('name'))}</td><td class='l'>{_e(r.get('phase') or '')}</td>"
-            f"<td class='l'>{_e(r.get('kind'))}</td><td>{_e(format_amount(r.get('median'), r.get('unit')))}</td>"
-            f"<td>{'' if r.get('min') == r.get('max') else _e(format_amount(r.get('min'), r.get('unit'))) + '..' + _e(format_amount(r.get('max'), r.get('unit')))}</td>"
-            f"<td>{_e(r.get('cases'))}</td><td class='l'>{_e(r.get('source'))}</td></tr>"
+            f"<tr><td class='l'>{_e(r.method)}.{_e(r.name)}</td><td class='l'>{_e(r.phase or '')}</td>"
+            f"<td class='l'>{_e(r.kind)}</td><td>{_e(format_amount(r.median, r.unit))}</td>"
+            f"<td>{'' if r.min == r.max else _e(format_amount(r.min, r.unit)) + '..' + _e(format_amount(r.max, r.unit))}</td>"
+            f"<td>{_e(r.cases)}</td><td class='l'>{_e(r.source)}</td></tr>"
             for r in rows[:max_rows])
         parts.append("<table class='perf'><tr><th class='l'>figure</th><th class='l'>phase</th><th class='l'>kind</th>"
                      "<th>median</th><th>min..max</th><th>cases</th><th class='l'>source</th></tr>" + body + "</table>")
@@ -373,6 +378,8 @@ def _profile_bars(profile: list[dict[str, Any]], top: int = 12) -> str:
 
 
 def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] | None = None) -> str:
+    """The baseline's verdict: refused, none found, or each regression (the report's JSON records,
+    or runner/regression.py's Regression objects as find_regressions returns them)."""
     baseline = baseline or {}
     if baseline.get("refused"):
         return (f"<h2>Baseline</h2><p class='reg'>Baseline {_e(baseline.get('ref'))} not compared: unrelated runs: "
@@ -395,28 +402,27 @@ def _steps(stats: dict[str, Any], key: str) -> str:
     return suffix(stats, key)
 
 
-def _replay_section(report: dict[str, Any]) -> str:
+def _replay_section(report: Report) -> str:
     from bundlerun.runner.replay import html_section  # --replay findings (flaky vs wrong numerics)
 
     return html_section(report)
 
 
 def render_html(
-    report: dict[str, Any],
+    report: Report,
     bundle: Any = None,
     outputs: Mapping[str, np.ndarray] | None = None,
     history_db: str | Path | None = None,
     regressions: list[Any] | None = None,
 ) -> str:
-    bundle_info = report.get("bundle") or {}
-    run = report.get("run") or {}
-    summary = report.get("summary") or {}
-    verdict = summary.get("verdict", "?")
+    """The page: header, summary, warnings, baseline, replay, perf, dataset, outputs, history, cases."""
+    bundle_info, run = report.bundle, report.run
+    verdict = report.summary.verdict
     model = bundle_info.get("model") or Path(str(bundle_info.get("path") or "bundle")).stem
-    target = (report.get("target") or {}).get("url") or "?"
+    target = report.target.get("url") or "?"
     versions = bundle_info.get("versions") or {}
     arrays = collect_arrays(report, bundle, outputs)
-    warnings = "".join(f"<li>{_e(w)}</li>" for w in report.get("warnings") or [])
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in report.warnings)
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -427,25 +433,27 @@ def render_html(
         f"bundle {_e(str(bundle_info.get('sha256') or '')[:12])} · run {_e(str(run.get('id') or '')[:12])}"
         f"{' · label ' + _e(run.get('label')) if run.get('label') else ''} · {_e(run.get('started'))} · "
         f"torch {_e(versions.get('torch'))} · executorch {_e(versions.get('executorch'))}</p>"
-        + _summary_section(report)
+        + _summary_section(report.summary)
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
-        + _regression_section(regressions, report.get("baseline"))
+        + _regression_section(regressions, report.baseline)
         + _replay_section(report)
         + _perf_section(report)
-        + (_dataset_section(report["dataset"]) if report.get("dataset") else "")
-        + _output_sections(report, arrays)
+        + (_dataset_section(report.dataset) if report.dataset else "")
+        + _output_sections(report.cases, arrays)
         + _trend_section(report, history_db)
-        + _cases_table(report)
+        + _cases_table(report.cases)
         + "</body></html>\n"
     )
 
 
 def write_html(
-    report: dict[str, Any],
+    report: Report,
     path: str | Path,
     bundle: Any = None,
     outputs: Mapping[str, np.ndarray] | None = None,
     history_db: str | Path | None = None,
     regressions: list[Any] | None = None,
 ) -> Path:
+    """report.html at `path` (written atomically); `regressions` shown when given (write_reports
+    passes the report's own when it has them)."""
     return atomic_write_text(path, render_html(report, bundle, outputs, history_db, regressions))
