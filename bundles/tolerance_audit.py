@@ -18,6 +18,9 @@ reports each place that sets a number a comparison is judged by:
 
 A value that is only forwarded (`atol=atol` of a parameter) is no setting and is not counted.
 `bundlerun tolerance audit` compares the sites with the citations in the registry data.
+
+Over 500 lines on purpose: one AST scanner and the kinds of site listed above, which share its
+visitor; the comparison with the registry is the command (runner/commands/tolerance.py).
 """
 
 from __future__ import annotations

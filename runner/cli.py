@@ -1,6 +1,10 @@
 """`bundlerun` command line. Only click is imported at start-up: torch, executorch,
 numpy-heavy modules and rich load inside the commands, so `--help` and
-`--version` stay fast."""
+`--version` stay fast.
+
+Over 500 lines on purpose: the group and its main commands (build, inspect, run, validate), with the
+options and helpers they share; every other command is a module in runner/commands/.
+"""
 
 from __future__ import annotations
 

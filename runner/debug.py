@@ -43,6 +43,10 @@
    before its RESCALE is compared too (its accumulator is the conv's output); other
    operators inside a group (layout transposes, the pieces of a decomposition) are
    `unmatched` rows that say where their group is compared.
+
+Over 500 lines on purpose: the steps above are one search (reference capture, handle matching,
+delegate mapping, first divergence) over the same few records; split by step they would pass
+them all around. The report formats of `debug` are runner/debug_report.py.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ labgrid never runs in bundlerun's process: its `pyserial-labgrid` fork installs 
 run by that venv's interpreter (`python=` / $BUNDLERUN_LABGRID_PYTHON, else the interpreter of
 `labgrid-client` on PATH, else <repo>/.venv-labgrid/bin/python): one agent process per run,
 JSON lines over its stdin/stdout, every answer awaited for a bounded time.
+
+Over 500 lines on purpose: the target, its settings and the client of its one agent process share
+that process's lifetime; the agent itself is targets/labgrid_agent.py.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ summed byte by byte in Python, and it pushes 64 KiB per round trip):
   a 32 MiB send window) WRTE packets stream without waiting for each OKAY.
 - every operation has one deadline (`timeout_s`) on top of adb-shell's per-read
   bound, so a device that keeps talking cannot hold a call forever.
+
+Over 500 lines on purpose: one wire protocol end to end (the ADB transport, its checks and the
+sync sub-protocol share one connection's state); the CLI lane is targets/android/adb_cli.py.
 """
 
 from __future__ import annotations

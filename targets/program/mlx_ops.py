@@ -9,6 +9,9 @@ checks. `HANDLERS` maps the node name without "Node" to its handler;
 Tensor ids: constants | inputs | outputs | mutable buffers | temps (one space);
 constants are read-only outside the init chain, mutable buffers persist across
 executions, everything else is per execution.
+
+Over 500 lines on purpose: a table of small handlers, one per MLX node type, in the order of
+MLXInterpreter.h; split, one table would live in two places.
 """
 
 from __future__ import annotations

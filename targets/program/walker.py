@@ -15,6 +15,9 @@ are read back from it).
 
 Nothing here imports torch or executorch at module level; everything heavy is
 imported by `load_program`, which runs in the worker child.
+
+Over 500 lines on purpose: one interpreter (the instruction loop, its value store and the kernel
+dispatch share one state); the delegates it calls are their own modules here.
 """
 
 from __future__ import annotations
