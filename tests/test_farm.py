@@ -360,7 +360,7 @@ def test_merge_of_jobs_keeps_each_jobs_cases_apart(echo_reports):
     assert any("overlapping shards" in w for w in again["warnings"])
     from bundlerun.runner.writers.junit import junit_bytes
 
-    xml = junit_bytes(merged).decode()
+    xml = junit_bytes(Report.from_json(merged)).decode()
     assert xml.count("<testcase ") == 4 and xml.count("<failure ") == 2
     assert 'classname="mlp/2 targets/mlp-fp32@echo://y/forward"' in xml
 
