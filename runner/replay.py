@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
 
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
+
 FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
 
@@ -173,8 +176,9 @@ def console_lines(report: "Report") -> list[str]:
     return [head] + [f"  {finding_text(f)}" for f in section.get("findings") or []]
 
 
-def markdown_lines(report: dict[str, Any]) -> list[str]:
-    section = report.get("replay")
+def markdown_lines(report: "Report") -> list[str]:
+    """summary.md's determinism section (runner/writers/markdown.py)."""
+    section = report.replay
     if not section:
         return []
     from bundlerun.runner.writers.markdown import _md
@@ -215,28 +219,28 @@ def html_section(report: Report) -> str:
             f"{body}</section>")
 
 
-def junit_suite(root: Any, report: dict[str, Any], model: str, target: str) -> tuple[int, int]:
+def junit_suite(root: Any, report: "Report", model: str, target: str) -> tuple[int, int]:
     """A `replay` testsuite: one testcase per replayed output, failing (type flaky-numerics /
     nondeterministic-output) when its results differ. Returns (tests, failures) for the totals."""
     import xml.etree.ElementTree as ET
 
     from bundlerun.runner.writers.junit import _clean
 
-    section = report.get("replay")
+    section = report.replay
     if not section:
         return 0, 0
     suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/replay", time="0.000000", errors="0", skipped="0")
     tests = failures = 0
     found = {(f["method"], f["case"], f["output"]): f for f in section.get("findings") or []}
-    for case in report.get("cases") or []:
-        for out in case.get("outputs") or []:
-            entry = out.get("replay")
+    for case in report.cases:
+        for out in case.outputs:
+            entry = out.replay
             if not entry:
                 continue
             tests += 1
-            tc = ET.SubElement(suite, "testcase", name=_clean(f"case[{case.get('case')}].{out.get('name')} x{entry['runs']}"),
+            tc = ET.SubElement(suite, "testcase", name=_clean(f"case[{case.case}].{out.name} x{entry['runs']}"),
                                classname=f"{model}/{target}/replay", time="0.000000")
-            f = found.get((case.get("method"), case.get("case"), out.get("name")))
+            f = found.get((case.method, case.case, out.name))
             if f is not None:
                 failures += 1
                 ET.SubElement(tc, "failure", message=_clean(finding_text(f)), type=f["finding"]).text = \

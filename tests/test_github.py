@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle, write_bundle
+from bundlerun.runner.report.model import CaseRecord, Report, Summary
 from bundlerun.runner.writers import github
 
 BUNDLERUN = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()"]
@@ -31,22 +32,25 @@ def test_escaping_follows_the_workflow_command_rules():
 
 
 def _report(cases, regressions=None):
-    return {"bundle": {"model": "mlp", "dtype": "fp32", "path": "/elsewhere/mlp.bpte"},
-            "target": {"url": "host://xnnpack"}, "cases": cases, "regressions": regressions or []}
+    """A typed Report of these case records (only what the annotations read is filled in)."""
+    return Report(summary=Summary("FAIL", 1, {}, len(cases), 0), cases=[CaseRecord.from_json(c) for c in cases],
+                  bundle={"model": "mlp", "dtype": "fp32", "path": "/elsewhere/mlp.bpte"},
+                  target={"url": "host://xnnpack"}, regressions=regressions or [])
 
 
 def _fail_case(i):
-    return {"method": "forward", "case": i, "verdict": "FAIL", "outputs": [
-        {"name": "out0", "verdict": "FAIL", "stats": {"worst_index": [0, 3]},
+    return {"method": "forward", "case": i, "status": "ok", "verdict": "FAIL", "outputs": [
+        {"index": 0, "name": "out0", "verdict": "FAIL", "stats": {"worst_index": [0, 3]},
          "failed": [{"criterion": "elementwise", "measured": 0.5, "limit": 0.002}]}]}
 
 
 def test_annotations_for_fail_error_and_regression(monkeypatch, tmp_path):
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
     cases = [_fail_case(0),
-             {"method": "forward", "case": 1, "verdict": "PASS", "outputs": [{"name": "out0", "verdict": "PASS"}]},
-             {"method": "forward", "case": 2, "verdict": "TIMEOUT", "outputs": [], "error_kind": "host-timeout",
-              "error": "case took longer than 5 s"}]
+             {"method": "forward", "case": 1, "status": "ok", "verdict": "PASS",
+              "outputs": [{"index": 0, "name": "out0", "verdict": "PASS"}]},
+             {"method": "forward", "case": 2, "status": "timeout", "verdict": "TIMEOUT", "outputs": [],
+              "error_kind": "host-timeout", "error": "case took longer than 5 s"}]
     lines = github.annotations(_report(cases, [{"rule": "sqnr-drop", "message": "SQNR 40 -> 20 dB"}]),
                                tmp_path / "out" / "report.json")
     assert lines == [

@@ -1,4 +1,4 @@
-"""JUnit XML: validates against the Jenkins JUnit schema and carries the right verdicts."""
+"""JUnit XML (of a typed Report): validates against the Jenkins JUnit schema and carries the right verdicts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from lxml import etree
 sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
+from bundlerun.runner.report.model import Report  # noqa: E402
 from bundlerun.runner.writers.junit import write_junit  # noqa: E402
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
@@ -29,7 +30,7 @@ def _mixed_report():
     run = rs.target_run(b, noise=1e-5, errors={2: "error", 3: "timeout", 4: "skip"}, outputs={1: exp + 0.5})
     report = rs.make_report(b, run, label="abc123")
     report["warnings"].append("a warning \x1b[31mwith ANSI\x1b[0m")
-    return report
+    return Report.from_json(report)
 
 
 def test_junit_validates_and_maps_verdicts(tmp_path, schema):
@@ -79,7 +80,7 @@ def test_schema_rejects_what_it_should(schema):
 
 def test_all_errored_run_still_valid(tmp_path, schema):
     b = rs.make_bundle(cases=2)
-    report = rs.make_report(b, rs.target_run(b, errors={0: "error", 1: "error"}))
+    report = Report.from_json(rs.make_report(b, rs.target_run(b, errors={0: "error", 1: "error"})))
     doc = etree.parse(str(write_junit(report, tmp_path / "j.xml")))
     schema.assertValid(doc)
     assert doc.find("testsuite").get("errors") == "2"
@@ -90,12 +91,13 @@ def test_hostile_text_gives_valid_xml(tmp_path, schema):
     method names, label, device error and log: the file is valid XML with them made visible."""
     evil = "evil<x>&\"'\x1b[31m[/x]\x07\x9b\x00\ud800\x04"
     b = rs.make_bundle(cases=3, model=evil)
-    report = rs.make_report(b, rs.target_run(b, noise=1e-2, errors={2: "error"}), label=evil)
-    for case in report["cases"]:
-        for out in case["outputs"]:
-            out["name"] = evil + "out"
-    report["cases"][2].update(method=evil + "method", error=evil + " device", log_excerpt=[evil + " log"])
-    report["run"]["started"] = evil
+    report = Report.from_json(rs.make_report(b, rs.target_run(b, noise=1e-2, errors={2: "error"}), label=evil))
+    for case in report.cases:
+        for out in case.outputs:
+            out.name = evil + "out"
+    report.cases[2].method, report.cases[2].error = evil + "method", evil + " device"
+    report.cases[2].log_excerpt = [evil + " log"]
+    report.run["started"] = evil
     path = write_junit(report, tmp_path / "junit.xml")
     raw = path.read_bytes()
     for ch in ("\x1b", "\x07", "\x00", "\x04", "\x9b"):

@@ -233,10 +233,10 @@ def test_a_cycle_regression_is_named_in_every_report_format(tmp_path):
     assert "forward.inference_cpu_cycles" in format_regressions(cur["regressions"])
     perf_rows = {r["name"]: r for r in cur["baseline"]["perf"]}
     assert perf_rows["inference_cpu_cycles"]["change"] == pytest.approx(0.08)
-    md = render_markdown(cur, cur["regressions"])
+    md = render_markdown(Report.from_json(cur), cur["regressions"])
     assert "**cycles-regression** forward.inference\\_cpu\\_cycles" in md
     assert "| forward.inference\\_cpu\\_cycles | simulation-cycles | 100000 cycles | 108000 cycles | +8.00% | cycles 5% |" in md
-    root = ET.fromstring(junit_bytes(cur))
+    root = ET.fromstring(junit_bytes(Report.from_json(cur)))
     (suite,) = [s for s in root.findall("testsuite") if s.get("name").endswith("/regressions")]
     (failure,) = suite.findall("testcase/failure")
     assert failure.get("type") == "cycles-regression" and "inference_cpu_cycles" in failure.get("message")

@@ -14,6 +14,7 @@ import report_samples as rs  # noqa: E402
 from bundlerun.bundles.errors import ConfigError  # noqa: E402
 from bundlerun.runner import accuracy  # noqa: E402
 from bundlerun.runner.regression import RegressionRules, comparison_notes, find_regressions  # noqa: E402
+from bundlerun.runner.report.model import Report  # noqa: E402
 
 
 def _pair(base_noise, cur_noise, cases=4, **kw):
@@ -264,7 +265,7 @@ def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
     from bundlerun.runner.writers.html import render_html
     from bundlerun.runner.writers.markdown import render_markdown
 
-    md, page = render_markdown(cnn, []), render_html(Report.from_json(cnn), regressions=[])
+    md, page = render_markdown(Report.from_json(cnn), []), render_html(Report.from_json(cnn), regressions=[])
     assert "Baseline v1 not compared" in md and "No regressions" not in md
     assert "not compared: unrelated runs" in page and "No regressions" not in page
     # allowed by config, it is compared (and finds nothing)
@@ -274,7 +275,7 @@ def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
     # a related run gets the per-output deltas in its report and summary.md
     check_baseline("v1", cur, db)
     assert "refused" not in cur["baseline"] and cur["baseline"]["outputs"][0]["name"] == "out0"
-    assert "| forward.out0 | 4 |" in render_markdown(cur, [])
+    assert "| forward.out0 | 4 |" in render_markdown(Report.from_json(cur), [])
 
 
 def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):

@@ -86,8 +86,9 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     text = buf.getvalue()
     assert "\x1b" not in text and "[/x] [bold]|x|" in text and "\\x1b[2J" in text
     assert "\x9b" not in text and "\ud800" not in text and "\\x9b2J" in text and "\\ud800" in text
-    md = render_markdown(data)
+    report = Report.from_json(data)
+    md = render_markdown(report)
     assert "\x1b" not in md and "<b>" not in md and "\\[/x\\]" in md and "\\|x\\|" in md
     floor = {"criterion": "sqnr_min_db", "measured": 45.35, "limit": 48.0, "detail": ""}
-    data["cases"][2]["outputs"][0].update(verdict="FAIL", failed=[floor])
-    assert "45.35 < 48" in render_markdown(data)
+    report.cases[2].outputs[0].verdict, report.cases[2].outputs[0].failed = "FAIL", [floor]
+    assert "45.35 < 48" in render_markdown(report)

@@ -1,17 +1,103 @@
-"""Derived reports written next to report.json: JUnit XML, Markdown, HTML.
+"""Derived reports written next to report.json, one registered `Writer` per format.
 
-report.json stays the artifact of record; everything here is derived from it
-(plus, for the HTML plots, the saved actual outputs and the bundle's expected
-outputs when they are available). A derived report that cannot be written is a
-warning, never a lost run: the function returns what it wrote.
+report.json stays the artifact of record; every format here is derived from the typed `Report`
+(plus, for the HTML plots, the saved actual outputs and the bundle's expected outputs when they
+are available). Each format is one module of this package that registers itself with the
+`writer` decorator (junit.py -> junit.xml, markdown.py -> summary.md); `write_reports` imports
+every module of the package once, so a new format is one new module and nothing else
+(docs/report-schema.md, "Adding a report format"). github.py registers nothing: its annotations
+go to stdout and its step summary to a file GitHub names, not into the report folder.
+
+A derived report that cannot be written is a warning plus an `unwritten` entry, never a lost
+run: `write_reports` returns what it wrote.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import pkgutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
+
+from bundlerun.bundles.errors import BundlerunError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
+
+
+class WriterError(BundlerunError):
+    """A report format asked for that no module registers, or two modules claiming one name or file."""
+
+
+@dataclass
+class Inputs:
+    """What `write_reports` was given beside the report; each writer takes what it needs, and the
+    bundle and the saved outputs are read only by a writer that asks (reading a .bpte is not free)."""
+
+    out_dir: Path
+    bundle: Any = None  # a Bundle, a .bpte path, or None (then report.bundle["path"])
+    outputs: Any = None  # {"method/case/index": array}, an outputs.npz path, or None (out_dir/outputs.npz)
+    history_db: str | Path | None = None
+    regressions: list[dict[str, Any]] | None = None  # None: not compared against a baseline
+
+    def load_bundle(self, report: "Report"):
+        return _load_bundle(self.bundle, report)
+
+    def load_outputs(self) -> Mapping[str, np.ndarray] | None:
+        return _load_outputs(self.outputs, self.out_dir)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One derived format: its name (the key in report.files), the file it writes in the report
+    folder, and `write(report, path, inputs) -> path`. A failure of a type in `errors` is "not
+    written" (`title` names it in the warning); anything else is a bug and propagates."""
+
+    name: str
+    filename: str
+    write: Callable[["Report", Path, Inputs], Path]
+    title: str = ""
+    errors: tuple[type[Exception], ...] = (OSError,)
+
+
+_REGISTRY: dict[str, Writer] = {}
+_discovered = False
+
+
+def register(w: Writer) -> Writer:
+    """Add a format; a second writer for the same name or file is refused (one would overwrite the other)."""
+    for other in _REGISTRY.values():
+        if other.name == w.name or other.filename == w.filename:
+            raise WriterError(f"report format {w.name!r} ({w.filename}, {w.write.__module__}) clashes with "
+                              f"{other.name!r} ({other.filename}, {other.write.__module__})")
+    _REGISTRY[w.name] = w
+    return w
+
+
+def writer(name: str, filename: str, title: str, errors: tuple[type[Exception], ...] = (OSError,)):
+    """Decorator form of `register` for a module's write function."""
+
+    def wrap(fn: Callable[["Report", Path, Inputs], Path]) -> Callable[["Report", Path, Inputs], Path]:
+        register(Writer(name, filename, fn, title, errors))
+        return fn
+
+    return wrap
+
+
+def registered() -> dict[str, Writer]:
+    """Every format, after importing each module of this package once (imports are lazy: the CLI
+    imports this package at start-up, the writers only when a report is written)."""
+    global _discovered
+    if not _discovered:
+        for mod in pkgutil.iter_modules(__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{mod.name}")  # already imported: registers nothing again
+        _discovered = True
+    return dict(_REGISTRY)
 
 
 def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | None:
@@ -36,13 +122,13 @@ def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | Non
 PLOT_OUTPUTS_MAX = 1 << 30  # bytes of saved outputs the HTML report's plots read (bundlerun's own bound)
 
 
-def _load_bundle(bundle: Any, report: dict[str, Any]):
+def _load_bundle(bundle: Any, report: "Report"):
     from bundlerun.bundles.bpte import Bundle, read_bundle
     from bundlerun.bundles.errors import BundleFormatError
 
     if isinstance(bundle, Bundle):
         return bundle
-    path = bundle if bundle is not None else (report.get("bundle") or {}).get("path")
+    path = bundle if bundle is not None else report.bundle.get("path")
     if not path or not Path(path).is_file():
         return None
     try:
@@ -51,65 +137,66 @@ def _load_bundle(bundle: Any, report: dict[str, Any]):
         return None
 
 
+# TODO(html.py): runner/writers/html.py should register itself like junit.py and markdown.py do
+# (`@writer("html", "report.html", "HTML report", errors=(OSError, ValueError))` on a function
+# `(report, path, inputs)` that calls write_html with inputs.load_bundle(report),
+# inputs.load_outputs(), inputs.history_db, inputs.regressions); then delete this adapter. Until
+# then it is registered here, through html.py's public write_html, which must take a Report.
+@writer("html", "report.html", "HTML report", errors=(OSError, ValueError))
+def _write_html(report: "Report", path: Path, inputs: Inputs) -> Path:
+    from bundlerun.runner.writers.html import write_html
+
+    return write_html(report, path, bundle=inputs.load_bundle(report), outputs=inputs.load_outputs(),
+                      history_db=inputs.history_db, regressions=inputs.regressions)
+
+
+def _chosen(formats: Iterable[str] | None) -> list[Writer]:
+    known = registered()
+    if formats is None:
+        return list(known.values())
+    chosen = []
+    for name in formats:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            raise WriterError(f"unknown report format {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                              + f"; registered: {', '.join(sorted(known))}")
+        chosen.append(known[name])
+    return chosen
+
+
 def write_reports(
-    report: dict[str, Any],
+    report: "Report",
     out_dir: Path,
     bundle: Any = None,
     outputs: Any = None,
     history_db: str | Path | None = None,
-    regressions: list[Any] | None = None,
-    formats: tuple[str, ...] = ("junit", "markdown", "html"),
+    regressions: list[dict[str, Any]] | None = None,
+    formats: Iterable[str] | None = None,
 ) -> dict[str, Path]:
-    """Write junit.xml, summary.md and report.html into `out_dir`.
+    """Write each registered format (or those named in `formats`, in that order) into `out_dir`.
 
-    `bundle`: a Bundle, a .bpte path, or None (then report["bundle"]["path"]).
-    `outputs`: {"method/case/index": array}, an outputs.npz path, or None (then
-    out_dir/outputs.npz if present). `regressions`: from find_regressions, shown
-    when given. Returns {format: path} for what was written; failures land in
-    report["warnings"].
+    `bundle`, `outputs`: see `Inputs`. `regressions`: shown when given; None takes the report's
+    own (`report.regressions`, None when no baseline was checked). Returns {format: path} for what
+    was written; a failure is a warning in `report.warnings` and an entry in `report.unwritten`.
+    An unknown format name raises WriterError before anything is written.
     """
     from bundlerun.runner.report.record import note_unwritten
 
+    chosen = _chosen(formats)
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         note_unwritten(report, out_dir, exc)
         return {}
-    if regressions is None and "regressions" in report:
-        regressions = report.get("regressions") or []
+    inputs = Inputs(out_dir, bundle, outputs, history_db, report.regressions if regressions is None else regressions)
     written: dict[str, Path] = {}
-    warnings = report.setdefault("warnings", [])
-    if "junit" in formats:
-        from bundlerun.runner.writers.junit import write_junit
-
+    for w in chosen:
+        path = out_dir / w.filename
         try:
-            written["junit"] = write_junit(report, out_dir / "junit.xml")
-        except OSError as exc:
-            warnings.append(f"JUnit report not written: {exc}")
-            note_unwritten(report, out_dir / "junit.xml", exc)
-    if "markdown" in formats:
-        from bundlerun.runner.writers.markdown import write_markdown
-
-        try:
-            written["markdown"] = write_markdown(report, out_dir / "summary.md", regressions)
-        except OSError as exc:
-            warnings.append(f"Markdown summary not written: {exc}")
-            note_unwritten(report, out_dir / "summary.md", exc)
-    if "html" in formats:
-        from bundlerun.runner.writers.html import write_html
-
-        try:
-            written["html"] = write_html(
-                report,
-                out_dir / "report.html",
-                bundle=_load_bundle(bundle, report),
-                outputs=_load_outputs(outputs, out_dir),
-                history_db=history_db,
-                regressions=regressions,
-            )
-        except (OSError, ValueError) as exc:
-            warnings.append(f"HTML report not written: {exc}")
+            written[w.name] = w.write(report, path, inputs)
+        except w.errors as exc:
+            report.warnings.append(f"{w.title} not written: {exc}")
             if isinstance(exc, OSError):
-                note_unwritten(report, out_dir / "report.html", exc)
+                note_unwritten(report, path, exc)
     return written

@@ -1,6 +1,8 @@
-"""GitHub Actions: workflow-command annotations and the job's step summary.
+"""GitHub Actions: workflow-command annotations and the job's step summary, for whoever reads a
+GitHub job page. Not a registered writer (runner/writers/__init__.py): nothing of it goes into the
+report folder.
 
-When `GITHUB_ACTIONS=true`, `annotate(report)` prints one `::error` per failing output
+When `GITHUB_ACTIONS=true`, `annotate(report)` (a typed Report) prints one `::error` per failing output
 (numerical FAIL, and baseline regressions) and one `::warning` per case that could not
 run (infrastructure ERROR/TIMEOUT: a flaky board, not a regression), capped per level
 so a bad run does not drown the job page (GitHub shows at most 10 of each level per
@@ -13,7 +15,8 @@ message `%`, `\\r`, `\\n` become `%25`, `%0D`, `%0A`; in a property value `:` an
 also become `%3A` and `%2C`. Text from a bundle, a device or a user therefore cannot
 end the command early or inject a second one.
 
-Nothing here changes a verdict or an exit code. Cheap to import (stdlib only).
+Nothing here changes a verdict or an exit code. Cheap to import (stdlib only; the Report type
+is imported for type checking only).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, TextIO
 
 from bundlerun.runner.safe_text import visible  # stdlib only, as this module
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 MAX_PER_LEVEL = 10
 
@@ -51,47 +57,44 @@ def _fmt(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def _file_for(report: dict[str, Any], report_path: str | Path | None) -> str | None:
+def _file_for(report: "Report", report_path: str | Path | None) -> str | None:
     """The file an annotation points at: the bundle when it lies in the workspace (relative, so
     GitHub can link it), else the report.json."""
     workspace = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
-    for candidate in ((report.get("bundle") or {}).get("path"), report_path):
+    for candidate in (report.bundle.get("path"), report_path):
         if not candidate:
             continue
         try:
             return str(Path(candidate).resolve().relative_to(Path(workspace).resolve()))
         except ValueError:
             continue
-    return str(report_path) if report_path else (report.get("bundle") or {}).get("path")
+    return str(report_path) if report_path else report.bundle.get("path")
 
 
-def annotations(report: dict[str, Any], report_path: str | Path | None = None,
+def annotations(report: "Report", report_path: str | Path | None = None,
                 limit: int = MAX_PER_LEVEL) -> list[str]:
     """The workflow commands for one report (empty when everything passed)."""
-    bundle = report.get("bundle") or {}
+    bundle = report.bundle
     model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
-    what = f"{model}{'-' + bundle['dtype'] if bundle.get('dtype') else ''} on {(report.get('target') or {}).get('url') or '?'}"
+    what = f"{model}{'-' + bundle['dtype'] if bundle.get('dtype') else ''} on {report.target.get('url') or '?'}"
     file = _file_for(report, report_path)
     errors: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = []
-    for case in report.get("cases") or []:
-        where = f"{case.get('method', 'forward')}[{case.get('case')}]"
-        for out in case.get("outputs") or []:
-            if out.get("verdict") == "FAIL":
+    for case in report.cases:
+        where = f"{case.method}[{case.case}]"
+        for out in case.outputs:
+            if out.verdict == "FAIL":
                 failed = "; ".join(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}"
-                                   for f in out.get("failed") or []) or "output did not meet its criteria"
-                stats = out.get("stats") or {}
-                worst = stats.get("worst_index")
-                errors.append((f"bundlerun FAIL: {what} {where}.{out.get('name')}",
+                                   for f in out.failed) or "output did not meet its criteria"
+                worst = (out.stats or {}).get("worst_index")
+                errors.append((f"bundlerun FAIL: {what} {where}.{out.name}",
                                failed + (f" (worst element {worst})" if worst is not None else "")))
-        if case.get("verdict") in ("ERROR", "TIMEOUT"):
-            kind = case.get("error_kind") or ("timeout" if case.get("verdict") == "TIMEOUT" else "error")
-            warnings.append((f"bundlerun {case.get('verdict')} ({kind}): {what} {where}",
-                             case.get("error") or "the case could not run"))
-    for reg in report.get("regressions") or []:
-        rule = reg.get("rule") if isinstance(reg, dict) else getattr(reg, "rule", "regression")
-        msg = reg.get("message") if isinstance(reg, dict) else getattr(reg, "message", str(reg))
-        errors.append((f"bundlerun regression ({rule}): {what}", str(msg)))
+        if case.verdict in ("ERROR", "TIMEOUT"):
+            kind = case.error_kind.value if case.error_kind else ("timeout" if case.verdict == "TIMEOUT" else "error")
+            warnings.append((f"bundlerun {case.verdict} ({kind}): {what} {where}",
+                             case.error or "the case could not run"))
+    for reg in report.regressions or []:
+        errors.append((f"bundlerun regression ({reg.get('rule')}): {what}", str(reg.get("message"))))
     lines: list[str] = []
     for level, items, noun in (("error", errors, "failing outputs"), ("warning", warnings, "cases that could not run")):
         shown = items if len(items) <= limit else items[: max(limit - 1, 0)]
@@ -106,7 +109,7 @@ def annotations(report: dict[str, Any], report_path: str | Path | None = None,
     return lines
 
 
-def annotate(report: dict[str, Any], report_path: str | Path | None = None, stream: TextIO | None = None,
+def annotate(report: "Report", report_path: str | Path | None = None, stream: TextIO | None = None,
              env: dict[str, str] | None = None) -> int:
     """Print the annotations when running under GitHub Actions; returns how many were printed."""
     if not enabled(env):
@@ -132,5 +135,5 @@ def append_step_summary(text: str, env: dict[str, str] | None = None) -> bool:
     return True
 
 
-def annotate_many(items: Iterable[tuple[dict[str, Any], str | Path | None]], stream: TextIO | None = None) -> int:
+def annotate_many(items: Iterable[tuple["Report", str | Path | None]], stream: TextIO | None = None) -> int:
     return sum(annotate(report, path, stream) for report, path in items)

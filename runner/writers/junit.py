@@ -1,4 +1,4 @@
-"""JUnit XML from a JSON report, for Jenkins, GitLab and GitHub test parsers.
+"""junit.xml from the typed Report, for CI test parsers (Jenkins, GitLab, GitHub): the writer "junit".
 
 One <testcase> per case-output (classname = model/target/method, name =
 case[i].output), so a CI page shows exactly which output of which case broke.
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
+from bundlerun.runner.writers import Inputs, writer
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
 # Also made visible: DEL and the C1 controls (0x9b is a terminal CSI), and lone surrogates (valid
@@ -45,9 +47,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def failure_text(out: dict[str, Any]) -> tuple[str, str]:
-    """(message, body) for a failed output: each failing criterion with its numbers."""
-    failed = out.get("failed") or []
+def failure_text(out: OutputRecord | None) -> tuple[str, str]:
+    """(message, body) for a failed output (None: a failed case without outputs): each failing
+    criterion with its numbers."""
+    failed = out.failed if out is not None else []
     parts = []
     for f in failed:
         parts.append(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}")
@@ -56,35 +59,35 @@ def failure_text(out: dict[str, Any]) -> tuple[str, str]:
     for f in failed:
         if f.get("detail"):
             lines.append(f"  {f.get('criterion')}: {f['detail']}")
-    stats = out.get("stats") or {}
+    stats = (out.stats if out is not None else None) or {}
     keys = ("sqnr", "error_mae", "error_max", "cosine_similarity", "relative_frobenius", "mismatch_count")
     shown = [f"{k}={_fmt(stats[k])}" for k in keys if stats.get(k) is not None]
     if shown:
         lines.append("stats: " + " ".join(shown))
-    crit = out.get("criteria") or {}
+    crit = (out.criteria if out is not None else None) or {}
     set_crit = [f"{k}={_fmt(v)}" for k, v in crit.items() if k != "trail" and v not in (None, False)]
     if set_crit:
         lines.append("criteria: " + " ".join(set_crit))
     return message, "\n".join(_clean(line) for line in lines)  # each line inert: newlines only between them
 
 
-def _case_label(report: dict[str, Any]) -> tuple[str, str]:
-    bundle = report.get("bundle") or {}
+def _case_label(report: Report) -> tuple[str, str]:
+    bundle = report.bundle
     model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
-    target = (report.get("target") or {}).get("url") or bundle.get("built_for") or "target"
+    target = report.target.get("url") or bundle.get("built_for") or "target"
     return str(model), str(target)
 
 
-def build_junit(report: dict[str, Any]) -> ET.Element:
+def build_junit(report: Report) -> ET.Element:
     """The <testsuites> element for one report (one <testsuite> per method)."""
     model, target = _case_label(report)
-    run = report.get("run") or {}
-    bundle = report.get("bundle") or {}
+    run = report.run
+    bundle = report.bundle
     model, target = _clean(model), _clean(target)
     root = ET.Element("testsuites", name=f"bundlerun {model} on {target}")
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for case in report.get("cases") or []:
-        by_method.setdefault(case.get("method", "forward"), []).append(case)
+    by_method: dict[str, list[CaseRecord]] = {}
+    for case in report.cases:
+        by_method.setdefault(case.method, []).append(case)
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
     for method, cases in by_method.items():
         method = _clean(method)
@@ -106,34 +109,34 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
         classname = f"{model}/{target}/{method}"
         for case in cases:
-            outputs = case.get("outputs") or [None]
-            elapsed = float(case.get("elapsed_s") or 0.0)
+            outputs: list[OutputRecord | None] = list(case.outputs) or [None]
+            elapsed = float(case.elapsed_s or 0.0)
             for out in outputs:
                 counts["tests"] += 1
-                name = f"case[{case.get('case', 0)}]" + (f".{out.get('name') or 'out' + str(out.get('index', 0))}" if out else "")
+                name = f"case[{case.case}]" + (f".{out.name or 'out' + str(out.index)}" if out is not None else "")
                 tc = ET.SubElement(
                     suite, "testcase", name=_clean(name), classname=classname, time=f"{elapsed / len(outputs):.6f}"
                 )
-                verdict = (out or {}).get("verdict") or case.get("verdict")
-                log = "\n".join(_clean(line) for line in case.get("log_excerpt") or [])
+                verdict = out.verdict if out is not None else case.verdict
+                log = "\n".join(_clean(line) for line in case.log_excerpt)
                 if verdict == "FAIL":
                     counts["failures"] += 1
-                    message, body = failure_text(out or {})
+                    message, body = failure_text(out)
                     el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
                     el.text = body  # made of lines each passed through _clean
                 elif verdict in ("ERROR", "TIMEOUT"):
                     counts["errors"] += 1
-                    kind = "timeout" if verdict == "TIMEOUT" else (case.get("error_kind") or "error")
-                    msg = case.get("error") or ("case timed out" if verdict == "TIMEOUT" else "case could not run")
+                    kind = "timeout" if verdict == "TIMEOUT" else (case.error_kind.value if case.error_kind else "error")
+                    msg = case.error or ("case timed out" if verdict == "TIMEOUT" else "case could not run")
                     el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
-                    el.text = _clean(msg) + (f"\nlog: {_clean(case['log_path'])}" if case.get("log_path") else "")
+                    el.text = _clean(msg) + (f"\nlog: {_clean(case.log_path)}" if case.log_path else "")
                 elif verdict == "SKIP":
                     counts["skipped"] += 1
                     el = ET.SubElement(tc, "skipped")
-                    el.text = _clean(case.get("error") or "skipped")
+                    el.text = _clean(case.error or "skipped")
                 if log and verdict != "PASS":
                     ET.SubElement(tc, "system-out").text = log
-        counts["time"] = sum(float(c.get("elapsed_s") or 0.0) for c in cases)
+        counts["time"] = sum(float(c.elapsed_s or 0.0) for c in cases)
         for key in ("tests", "failures", "errors", "skipped"):
             suite.set(key, str(counts[key]))
             totals[key] += counts[key]
@@ -146,11 +149,11 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
             suite.set("hostname", _clean(host))
         if not len(props):
             suite.remove(props)
-    regressions = report.get("regressions") or []
-    if regressions and not (report.get("baseline") or {}).get("refused"):
+    regressions = report.regressions or []
+    base = report.baseline or {}
+    if regressions and not base.get("refused"):
         # One failing testcase per regression against the baseline (numerics, accuracy, perf), so a
         # CI page names a cycle or memory regression as plainly as a failed output.
-        base = report.get("baseline") or {}
         suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/regressions", tests=str(len(regressions)),
                               failures=str(len(regressions)), errors="0", skipped="0", time="0.000000")
         props = ET.SubElement(suite, "properties")
@@ -160,7 +163,6 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
         if not len(props):
             suite.remove(props)
         for r in regressions:
-            r = r if isinstance(r, dict) else r.to_dict()
             tc = ET.SubElement(suite, "testcase", name=_clean(f"{r.get('rule')}: {r.get('where')}"),
                                classname=f"{model}/{target}/regressions", time="0.000000")
             el = ET.SubElement(tc, "failure", message=_clean(r.get("message")), type=_clean(r.get("rule") or "regression"))
@@ -173,22 +175,27 @@ def build_junit(report: dict[str, Any]) -> ET.Element:
     replayed, flaky = junit_suite(root, report, model, target)
     totals["tests"] += replayed
     totals["failures"] += flaky
-    if report.get("warnings"):
+    if report.warnings:
         # Put warnings on the last suite: they concern the whole run.
         suites = root.findall("testsuite")
         if suites:
-            ET.SubElement(suites[-1], "system-err").text = "\n".join(_clean(w) for w in report["warnings"])
+            ET.SubElement(suites[-1], "system-err").text = "\n".join(_clean(w) for w in report.warnings)
     for key in ("tests", "failures", "errors"):
         root.set(key, str(totals[key]))
     root.set("time", f"{totals['time']:.6f}")
     return root
 
 
-def junit_bytes(report: dict[str, Any]) -> bytes:
+def junit_bytes(report: Report) -> bytes:
     root = build_junit(report)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
-def write_junit(report: dict[str, Any], path: str | Path) -> Path:
+def write_junit(report: Report, path: str | Path) -> Path:
     return atomic_write_bytes(path, junit_bytes(report))
+
+
+@writer("junit", "junit.xml", "JUnit report")
+def _write(report: Report, path: Path, inputs: Inputs) -> Path:
+    return write_junit(report, path)

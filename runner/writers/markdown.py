@@ -1,18 +1,19 @@
-"""Markdown summary of a report: for PR comments and GitHub's job summary.
+"""summary.md from the typed Report, the writer "markdown": for people reading a PR comment or a
+GitHub Actions job page (verdict, counts, dataset accuracy, regressions, perf, replay, failing outputs).
 
 When `$GITHUB_STEP_SUMMARY` is set, `write_markdown` also appends the summary
-there, so a GitHub Actions job page shows the verdict table without any
-extra step.
+there (runner/writers/github.py), so a GitHub Actions job page shows the verdict
+table without any extra step.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.report.model import format_amount
+from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
+from bundlerun.runner.writers import Inputs, writer
 
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
 
@@ -71,7 +72,8 @@ def _delta_table(outputs: list[dict[str, Any]], against: Any) -> list[str]:
 
 
 def perf_conditions(perf: dict[str, Any]) -> str:
-    """One sentence: repeated executions, warm-up excluded, machine load (report `perf` section)."""
+    """One sentence: repeated executions, warm-up excluded, machine load (the report's `perf` section
+    beside its summary: `Report.perf_info`)."""
     parts = []
     if perf.get("repeat"):
         parts.append(f"{perf['repeat']} measured execution(s) per case"
@@ -87,21 +89,21 @@ def perf_conditions(perf: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _perf_section(report: dict[str, Any], max_rows: int = 20) -> list[str]:
+def _perf_section(report: Report, max_rows: int = 20) -> list[str]:
     """The run's perf summary (median, min..max over cases), its conditions, and the perf figures
     against the baseline when one was checked."""
-    perf = report.get("perf") or {}
-    rows = perf.get("summary") or []
+    perf = report.perf_info
+    rows = report.perf_summary()
     lines: list[str] = []
     if rows:
         lines += ["### Performance", "", "median over the cases; the kind says which clock or counter it is "
                   "(simulation figures are not device latency)", "",
                   "| figure | kind | median | min..max | cases |", "|---|---|---:|---:|---:|"]
         for r in rows[:max_rows]:
-            name = f"{_md(r.get('method'))}.{_md(r.get('name'))}" + (f" ({_md(r['phase'])})" if r.get("phase") else "")
-            spread = "" if r.get("min") == r.get("max") else f"{_md(format_amount(r.get('min'), r.get('unit')))}..{_md(format_amount(r.get('max'), r.get('unit')))}"
-            lines.append(f"| {name} | {_md(r.get('kind'))} | {_md(format_amount(r.get('median'), r.get('unit')))} | {spread or '–'} "
-                         f"| {r.get('cases')} |")
+            name = f"{_md(r.method)}.{_md(r.name)}" + (f" ({_md(r.phase)})" if r.phase else "")
+            spread = "" if r.min == r.max else f"{_md(format_amount(r.min, r.unit))}..{_md(format_amount(r.max, r.unit))}"
+            lines.append(f"| {name} | {_md(r.kind)} | {_md(format_amount(r.median, r.unit))} | {spread or '–'} "
+                         f"| {r.cases} |")
         if len(rows) > max_rows:
             lines.append(f"| … {len(rows) - max_rows} more in report.json | | | | |")
         lines.append("")
@@ -118,7 +120,7 @@ def _perf_section(report: dict[str, Any], max_rows: int = 20) -> list[str]:
         lines += [f"| {_md(o.get('name'))} | {o.get('calls', 1)} | {o['time']:.4g} {_md(prof.get('unit'))} "
                   f"| {o['time'] / total * 100:.1f}% |" for o in ops[:5]]
         lines.append("")
-    base = report.get("baseline") or {}
+    base = report.baseline or {}
     deltas = [d for d in base.get("perf") or [] if d.get("delta")]
     unchanged = [d for d in base.get("perf") or [] if d.get("gate") and not d.get("delta")]
     if (deltas or unchanged) and not base.get("refused"):
@@ -137,31 +139,31 @@ def _perf_section(report: dict[str, Any], max_rows: int = 20) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None, max_rows: int = 50) -> str:
+def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = None, max_rows: int = 50) -> str:
     """The summary: headline, counts, dataset accuracy, regressions (perf figures included), perf
-    figures, worst outputs."""
-    summary = report.get("summary") or {}
-    bundle = report.get("bundle") or {}
-    target = (report.get("target") or {}).get("url") or "?"
-    verdict = summary.get("verdict", "?")
+    figures, worst outputs. `regressions` None: no baseline was checked (nothing said about one)."""
+    summary = report.summary
+    bundle = report.bundle
+    target = report.target.get("url") or "?"
+    verdict = summary.verdict
     model = bundle.get("model") or Path(str(bundle.get("path") or "bundle")).stem
+    label = report.run.get("label")
     lines = [
         f"## {_ICON.get(verdict, '')} bundlerun: {_md(model)} on {_md(target)}: **{verdict}**",
         "",
         f"dtype {_md(bundle.get('dtype') or '?')}, backend {_md(bundle.get('backend') or '?')}, "
-        f"bundle {_md(str(bundle.get('sha256') or '')[:12])}"
-        + (f", label {_md((report.get('run') or {}).get('label'))}" if (report.get("run") or {}).get("label") else ""),
+        f"bundle {_md(str(bundle.get('sha256') or '')[:12])}" + (f", label {_md(label)}" if label else ""),
         "",
     ]
-    counts = summary.get("counts") or {}
+    counts = summary.counts
     lines += [
         "| PASS | FAIL | ERROR | TIMEOUT | SKIP | cases | exit |",
         "|---:|---:|---:|---:|---:|---:|---:|",
         "| " + " | ".join(str(counts.get(k, 0)) for k in ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP"))
-        + f" | {summary.get('cases', '–')} | {summary.get('exit_code', '–')} |",
+        + f" | {summary.cases} | {summary.exit_code} |",
         "",
     ]
-    ds = report.get("dataset")
+    ds = report.dataset
     if ds:
         ci = ds.get("top1_diff_ci") or [None, None]
         ci_text = f"[{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]" if ci[0] is not None else "–"
@@ -178,7 +180,7 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
             f"agreement with the reference {_pct(ds.get('agreement'))}.",
             "",
         ]
-    base = report.get("baseline") or {}
+    base = report.baseline or {}
     if base.get("refused"):
         lines += [f"### ⚠️ Baseline {_md(base.get('ref'))} not compared", "",
                   f"Unrelated runs: {_md(base['refused'])}.", ""]
@@ -186,9 +188,7 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
     if regressions:
         lines += [f"### ❌ {len(regressions)} regression(s) against the baseline", ""]
         for r in regressions:
-            rule = r.get("rule") if isinstance(r, dict) else getattr(r, "rule", "")
-            msg = r.get("message") if isinstance(r, dict) else getattr(r, "message", r)
-            lines.append(f"- **{rule}** {_cell(msg)}")
+            lines.append(f"- **{r.get('rule')}** {_cell(r.get('message'))}")
         lines.append("")
     elif regressions is not None:
         lines += ["No regressions against the baseline.", ""]
@@ -199,48 +199,50 @@ def render_markdown(report: dict[str, Any], regressions: list[Any] | None = None
     from bundlerun.runner.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
 
     lines += markdown_lines(report)
-    rows = []
-    for case in report.get("cases") or []:
-        outs = case.get("outputs") or []
-        if not outs:
+    rows: list[tuple[CaseRecord, OutputRecord | None]] = []
+    for case in report.cases:
+        if not case.outputs:
             rows.append((case, None))
-        rows.extend((case, o) for o in outs)
-    bad = [r for r in rows if ((r[1] or {}).get("verdict") or r[0].get("verdict")) != "PASS"]
+        rows.extend((case, o) for o in case.outputs)
+    bad = [(case, out) for case, out in rows if (out.verdict if out is not None else case.verdict) != "PASS"]
     shown = bad or rows
     title = "Failing outputs" if bad else "Outputs"
     if shown:
         lines += [f"### {title}", "", "| case | output | verdict | SQNR dB | MAE | max err | failed |", "|---|---|---|---:|---:|---:|---|"]
         for case, out in shown[:max_rows]:
-            out = out or {}
-            stats = out.get("stats") or {}
-            v = out.get("verdict") or case.get("verdict")
-            why = "; ".join(_failed(f) for f in out.get("failed") or [])
-            if not why and case.get("error"):
-                why = case["error"]
+            stats = (out.stats if out is not None else None) or {}
+            v = out.verdict if out is not None else case.verdict
+            failed = out.failed if out is not None else []
+            why = "; ".join(_failed(f) for f in failed)
+            if not why and case.error:
+                why = case.error
             lines.append(
-                f"| {_md(case.get('method', 'forward'))}[{case.get('case')}] | {_md(out.get('name', '–'))} | {_ICON.get(v, '')} {v} "
+                f"| {_md(case.method)}[{case.case}] | {_md(out.name if out is not None else '–')} | {_ICON.get(v, '')} {v} "
                 f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))}{suffix(stats, 'error_mae')} "
-                f"| {_cell(stats.get('error_max'))}{suffix(stats, 'error_max')} | {why if out.get('failed') else _cell(why)} |"
+                f"| {_cell(stats.get('error_max'))}{suffix(stats, 'error_max')} | {why if failed else _cell(why)} |"
             )
         if len(shown) > max_rows:
             lines.append(f"| … | {len(shown) - max_rows} more | | | | | |")
         lines.append("")
-    for w in report.get("warnings") or []:
+    for w in report.warnings:
         lines.append(f"> ⚠️ {_cell(w)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
 def write_markdown(
-    report: dict[str, Any], path: str | Path, regressions: list[Any] | None = None, step_summary: bool = True
+    report: Report, path: str | Path, regressions: list[dict[str, Any]] | None = None, step_summary: bool = True
 ) -> Path:
-    """Write the summary; also append it to $GITHUB_STEP_SUMMARY when that is set."""
+    """Write the summary; also append it to $GITHUB_STEP_SUMMARY when that is set (a convenience:
+    an unwritable step summary is ignored, the report files are what count)."""
+    from bundlerun.runner.writers.github import append_step_summary
+
     text = render_markdown(report, regressions)
     out = atomic_write_text(path, text)
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary and target:
-        try:
-            with open(target, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        except OSError:
-            pass  # the summary is a convenience; the report files are what count
+    if step_summary:
+        append_step_summary(text)
     return out
+
+
+@writer("markdown", "summary.md", "Markdown summary")
+def _write(report: Report, path: Path, inputs: Inputs) -> Path:
+    return write_markdown(report, path, inputs.regressions)
