@@ -3,7 +3,7 @@
 report.json stays the artifact of record; every format here is derived from the typed `Report`
 (plus, for the HTML plots, the saved actual outputs and the bundle's expected outputs when they
 are available). Each format is one module of this package that registers itself with the
-`writer` decorator (junit.py -> junit.xml, markdown.py -> summary.md); `write_reports` imports
+`writer` decorator (html.py -> report.html, junit.py -> junit.xml, markdown.py -> summary.md); `write_reports` imports
 every module of the package once, so a new format is one new module and nothing else
 (docs/report-schema.md, "Adding a report format"). github.py registers nothing: its annotations
 go to stdout and its step summary to a file GitHub names, not into the report folder.
@@ -135,19 +135,6 @@ def _load_bundle(bundle: Any, report: "Report"):
         return read_bundle(path)
     except (BundleFormatError, OSError):
         return None
-
-
-# TODO(html.py): runner/writers/html.py should register itself like junit.py and markdown.py do
-# (`@writer("html", "report.html", "HTML report", errors=(OSError, ValueError))` on a function
-# `(report, path, inputs)` that calls write_html with inputs.load_bundle(report),
-# inputs.load_outputs(), inputs.history_db, inputs.regressions); then delete this adapter. Until
-# then it is registered here, through html.py's public write_html, which must take a Report.
-@writer("html", "report.html", "HTML report", errors=(OSError, ValueError))
-def _write_html(report: "Report", path: Path, inputs: Inputs) -> Path:
-    from bundlerun.runner.writers.html import write_html
-
-    return write_html(report, path, bundle=inputs.load_bundle(report), outputs=inputs.load_outputs(),
-                      history_db=inputs.history_db, regressions=inputs.regressions)
 
 
 def _chosen(formats: Iterable[str] | None) -> list[Writer]:

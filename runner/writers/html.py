@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 
 _CSS = """
@@ -457,3 +458,9 @@ def write_html(
     """report.html at `path` (written atomically); `regressions` shown when given (write_reports
     passes the report's own when it has them)."""
     return atomic_write_text(path, render_html(report, bundle, outputs, history_db, regressions))
+
+
+@writer("html", "report.html", "HTML report", errors=(OSError, ValueError))
+def _write(report: Report, path: Path, inputs: Inputs) -> Path:
+    return write_html(report, path, bundle=inputs.load_bundle(report), outputs=inputs.load_outputs(),
+                      history_db=inputs.history_db, regressions=inputs.regressions)
