@@ -23,11 +23,11 @@ from pathlib import Path
 
 from bundlerun.runner import history
 from bundlerun.runner.commits import looks_like_sha
+from bundlerun.runner.outcome import VERDICTS as _VERDICTS
 from bundlerun.runner.writers.html import _e
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
-_VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:16px;color:#222;background:#fafafa}

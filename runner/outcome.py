@@ -18,6 +18,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM: a CI system cancelling the job
 
 STOPPED_CODES = (EXIT_INTERRUPTED, EXIT_TERMINATED)
+EXIT_CODES = (EXIT_PASS, EXIT_FAIL, EXIT_INFRA, *STOPPED_CODES)  # every code a report may record
 
 
 def combine_exit_codes(codes: list[int]) -> int:

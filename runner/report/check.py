@@ -17,12 +17,11 @@ import numbers
 import re
 from typing import Any, Callable
 
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.outcome import EXIT_CODES, VERDICTS
 
 MAX_ITEMS = 10_000_000  # cases, outputs, list entries of one report
 MAX_TEXT = 1 << 20  # characters of one string (log lines and error texts included)
 MAX_INDEX = 2**31 - 1
-EXIT_CODES = (0, 1, 2, 130, 143)
 STATUSES = ("ok", "error", "timeout", "skip")
 SPECIAL = ("inf", "-inf", "nan")  # how the writer stores non-finite numbers
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 
@@ -121,7 +122,7 @@ def collect_arrays(
 
 def _summary_section(s: Summary) -> str:
     counts = s.counts
-    keys = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
+    keys = VERDICTS
     head = "".join(f"<th>{k}</th>" for k in keys)
     row = "".join(f"<td>{counts.get(k, 0)}</td>" for k in keys)
     return (

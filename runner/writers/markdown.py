@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.outcome import VERDICTS
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.runner.writers import Inputs, writer
 
@@ -159,7 +160,7 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
     lines += [
         "| PASS | FAIL | ERROR | TIMEOUT | SKIP | cases | exit |",
         "|---:|---:|---:|---:|---:|---:|---:|",
-        "| " + " | ".join(str(counts.get(k, 0)) for k in ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP"))
+        "| " + " | ".join(str(counts.get(k, 0)) for k in VERDICTS)
         + f" | {summary.cases} | {summary.exit_code} |",
         "",
     ]
