@@ -394,7 +394,7 @@ def comparison_notes(baseline_report: Report, current_report: Report,
         notes.append(f"{len(only_b)} case-output(s) only in the baseline were not compared")
     if only_c:
         notes.append(f"{len(only_c)} case-output(s) only in the current run were not compared")
-    for key in set(b_idx) & set(c_idx):
+    for key in sorted(set(b_idx) & set(c_idx)):  # in case order: a set's order changes with the hash seed
         bv, cv = b_idx[key].verdict, c_idx[key].verdict
         if bv == "PASS" and cv in ("ERROR", "TIMEOUT"):
             notes.append(f"{key[0]}[{key[1]}] output {key[2]}: PASS -> {cv} (infrastructure, not judged)")

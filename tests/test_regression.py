@@ -72,6 +72,10 @@ def test_errored_or_missing_cases_are_notes_not_regressions():
     assert any("PASS -> TIMEOUT" in n for n in comparison_notes(base, cur))
     sub = replace(cur, cases=cur.cases[:2])
     assert any("only in the baseline" in n for n in comparison_notes(base, sub))
+    # one note per case, in case order (the same report.json from one run to the next)
+    down = _judged(b, rs.target_run(b, noise=1e-5, errors={3: "timeout", 1: "error", 2: "timeout"}))
+    assert [n.split(":")[0] for n in comparison_notes(base, down) if "infrastructure" in n] == [
+        "forward[1] output 0", "forward[2] output 0", "forward[3] output 0"]
 
 
 def _dataset(pred, labels):
