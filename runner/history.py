@@ -6,7 +6,9 @@ mode lets readers run beside a writer; writers take the lock up front
 still says "locked", so parallel runs never lose a record.
 
 The full report JSON is stored with each run, so `compare` and `--baseline`
-can judge against any recorded run without its report directory.
+can judge against any recorded run without its report directory. Reports come in
+and go out as the typed `Report` (runner/report/model.py): JSON only in the
+`report_json` column, read back through `Report.from_json`, which checks it.
 
 Path resolution (first that is set): `--history PATH`, `$BUNDLERUN_HISTORY`,
 config `[history] path`, then `$XDG_DATA_HOME/bundlerun/history.sqlite`
@@ -32,6 +34,7 @@ from typing import Any, Iterator
 
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.report.model import Report
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
@@ -226,14 +229,6 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d
-
-
 def _num(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
@@ -297,11 +292,9 @@ def _sql_text(value: Any) -> Any:
     return value
 
 
-def _run_row(report: dict[str, Any], report_path: str | None) -> dict[str, Any]:
-    run = report.get("run") or {}
-    bundle = report.get("bundle") or {}
-    summary = report.get("summary") or {}
-    counts = summary.get("counts") or {}
+def _run_row(report: Report, report_path: str | None) -> dict[str, Any]:
+    run, bundle, summary = report.run, report.bundle, report.summary
+    counts = summary.counts or {}
     versions = bundle.get("versions") or {}
     row = {
         "run_uuid": run.get("id") or os.urandom(16).hex(),
@@ -312,40 +305,40 @@ def _run_row(report: dict[str, Any], report_path: str | None) -> dict[str, Any]:
         "bundle_sha256": bundle.get("sha256"),
         "bundle_path": bundle.get("path"),
         "model": bundle.get("model"),
-        "target": _get(report, "target", "url") or bundle.get("built_for"),
+        "target": report.target.get("url") or bundle.get("built_for"),
         "backend": bundle.get("backend"),
         "dtype": bundle.get("dtype"),
-        "tool_version": _get(report, "tool", "version"),
+        "tool_version": report.tool.get("version"),
         "torch_version": versions.get("torch"),
         "executorch_version": versions.get("executorch"),
         "label": run.get("label"),
-        "verdict": summary.get("verdict"),
-        "exit_code": summary.get("exit_code"),
+        "verdict": summary.verdict,
+        "exit_code": summary.exit_code,
         "report_path": report_path or run.get("report_path"),
-        "cases": summary.get("cases"),
-        "outputs": summary.get("outputs"),
+        "cases": summary.cases,
+        "outputs": summary.outputs,
         "n_pass": counts.get("PASS"),
         "n_fail": counts.get("FAIL"),
         "n_error": counts.get("ERROR"),
         "n_timeout": counts.get("TIMEOUT"),
         "n_skip": counts.get("SKIP"),
-        "report_json": json.dumps(report, allow_nan=True, default=str),
+        "report_json": json.dumps(report.to_json(), allow_nan=True, default=str),
     }
     return {k: _sql_text(v) for k, v in row.items()}
 
 
-def _output_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
-    for case in report.get("cases") or []:
-        for out in case.get("outputs") or []:
-            stats = out.get("stats") or {}
+def _output_rows(run_id: int, report: Report) -> Iterator[tuple]:
+    for case in report.cases:
+        for out in case.outputs:
+            stats = out.stats or {}
             yield (
                 run_id,
-                _sql_text(case.get("method", "forward")),
-                int(case.get("case", 0)),
-                int(out.get("index", 0)),
-                _sql_text(out.get("name")),
-                case.get("status"),
-                out.get("verdict") or case.get("verdict"),
+                _sql_text(case.method),
+                case.case,
+                out.index,
+                _sql_text(out.name),
+                case.status,
+                out.verdict,
                 _num(stats.get("sqnr")),
                 _num(stats.get("error_mae")),
                 _num(stats.get("error_max")),
@@ -354,32 +347,31 @@ def _output_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
                 _num(stats.get("relative_frobenius")),
                 _num(stats.get("psnr")),
                 stats.get("mismatch_count"),
-                json.dumps(out.get("failed") or [], default=str),
+                json.dumps(out.failed, default=str),
             )
 
 
-def _perf_rows(run_id: int, report: dict[str, Any]) -> Iterator[tuple]:
+def _perf_rows(run_id: int, report: Report) -> Iterator[tuple]:
     """One row per case x perf figure x phase (docs/report-schema.md "perf"): value, and for a median
     of repeated executions the number of samples and their spread (median absolute deviation)."""
     from statistics import median
 
-    for case in report.get("cases") or []:
-        for fig in case.get("perf") or []:
-            if not isinstance(fig, dict) or _num(fig.get("value")) is None or not fig.get("name"):
+    for case in report.cases:
+        for fig in case.perf:
+            if _num(fig.value) is None or not fig.name:
                 continue
-            samples = [float(v) for v in fig.get("samples") or [] if _num(v) is not None]
+            samples = [float(v) for v in fig.samples or [] if _num(v) is not None]
             spread = None
             if len(samples) > 1:
                 m = median(samples)
                 spread = median([abs(v - m) for v in samples])
-            yield (run_id, _sql_text(case.get("method", "forward")), int(case.get("case", 0)), _sql_text(fig["name"]),
-                   _sql_text(fig.get("phase") or ""), _num(fig.get("value")), fig.get("unit"), fig.get("kind"),
-                   _num(fig.get("per_inference")), len(samples) or None, spread)
+            yield (run_id, _sql_text(case.method), case.case, _sql_text(fig.name), _sql_text(fig.phase or ""),
+                   _num(fig.value), fig.unit, fig.kind, _num(fig.per_inference), len(samples) or None, spread)
 
 
-def record_report(db_path: str | Path | None, report: dict[str, Any], report_path: str | Path | None = None,
+def record_report(db_path: str | Path | None, report: Report, report_path: str | Path | None = None,
                   tags: dict[str, Any] | None = None) -> int | None:
-    """Record one JSON report; returns the run's id in this database.
+    """Record one report; returns the run's id in this database.
 
     Idempotent per report `run.id`: recording the same report twice returns the
     first id and stores nothing twice. `db_path` None (history turned off)
@@ -391,7 +383,7 @@ def record_report(db_path: str | Path | None, report: dict[str, Any], report_pat
     return record_reports(db_path, [(report, report_path, tags)])[0]
 
 
-def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | Path | None, dict[str, Any] | None]]
+def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | None, dict[str, Any] | None]]
                    ) -> list[int]:
     """Record many (report, report_path, tags) in one transaction (an import of hundreds of
     suite results: one connection, one commit); the run ids, in order. Idempotent as record_report."""
@@ -400,7 +392,7 @@ def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | 
     prepared = []
     for report, report_path, tags in items:
         row, tagged = tag_row(_run_row(report, str(report_path) if report_path else None), report, tags)
-        prepared.append((report, row, tagged, report.get("dataset") or None))
+        prepared.append((report, row, tagged, report.dataset or None))
     conn = connect(db_path)
 
     def write() -> list[int]:
@@ -413,7 +405,7 @@ def record_reports(db_path: str | Path, items: list[tuple[dict[str, Any], str | 
             _rollback(conn)
             raise
 
-    def one(report: dict[str, Any], row: dict[str, Any], tagged: dict[str, Any], dataset: Any) -> int:
+    def one(report: Report, row: dict[str, Any], tagged: dict[str, Any], dataset: Any) -> int:
         """One run's rows, inside write()'s transaction."""
         existing = conn.execute("SELECT id FROM runs WHERE run_uuid = ?", (row["run_uuid"],)).fetchone()
         if existing is not None:
@@ -601,8 +593,8 @@ _RUN_TYPES = {"id": "int", "exit_code": "int", "cases": "int", "outputs": "int",
               **{k: "real" for k in ("min_sqnr", "max_mae", "top1", "reference_top1", "agreement")}}
 
 
-def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
-    """The stored JSON report of run `run_id`."""
+def load_report(db_path: str | Path, run_id: int) -> Report:
+    """The stored report of run `run_id`."""
     rows = read_rows(db_path, "SELECT report_json FROM runs WHERE id = ?", (run_id,))
     row = rows[0] if rows else None
     if row is None:
@@ -610,11 +602,11 @@ def load_report(db_path: str | Path, run_id: int) -> dict[str, Any]:
     return stored_report(db_path, run_id, row[0])
 
 
-def stored_report(db_path: str | Path, run_id: int, text: Any) -> dict[str, Any]:
+def stored_report(db_path: str | Path, run_id: int, text: Any) -> Report:
     """The report JSON stored with a run, through the one strict report reader
-    (runner/report/model.py): a corrupted database row is one HistoryError naming the database,
-    the run and the field, never an internal error."""
-    from bundlerun.runner.report.model import Report, ReportError
+    (runner/report/model.py), its `run.history_id` set: a corrupted database row is one
+    HistoryError naming the database, the run and the field, never an internal error."""
+    from bundlerun.runner.report.model import ReportError
 
     where = f"history {db_path}: run #{run_id}: report_json"
     if isinstance(text, bytes):
@@ -629,10 +621,10 @@ def stored_report(db_path: str | Path, run_id: int, text: Any) -> dict[str, Any]
     except (ValueError, RecursionError, MemoryError) as exc:
         raise HistoryError(f"{where}: not a JSON report ({type(exc).__name__}: {str(exc)[:120]})") from None
     try:
-        report = Report.from_json(data).to_json()
+        report = Report.from_json(data)
     except ReportError as exc:
         raise HistoryError(f"{where}: {exc}") from None
-    report.setdefault("run", {})["history_id"] = run_id
+    report.run["history_id"] = run_id
     return report
 
 
@@ -641,8 +633,8 @@ def resolve_run(
     ref: str,
     exclude_uuid: str | None = None,
     prefer: dict[str, str | None] | None = None,
-) -> dict[str, Any]:
-    """A baseline/compare reference -> report dict.
+) -> Report:
+    """A baseline/compare reference -> its report.
 
     REF is a path to a report.json (or a directory holding one), a history run
     id (`12` or `#12`), a run uuid or unique uuid prefix (6+ hex digits), or a
@@ -660,7 +652,7 @@ def resolve_run(
         if not path.exists():
             raise HistoryError(f"baseline report {ref} does not exist")
         try:
-            return read_report(path).to_json()
+            return read_report(path)
         except ReportError as exc:
             raise HistoryError(f"cannot read report {ref}: {exc}") from None
     if db_path is None or not Path(db_path).exists():

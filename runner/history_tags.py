@@ -17,13 +17,16 @@ columns are commits with no --label anywhere.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 TAG_COLUMNS = ("source", "flow", "operator", "test", "subtest", "commit_sha", "commit_time", "commit_source", "dirty",
                "suite_result", "suite_detail", "suite_error")
 
 
-def tag_row(row: dict[str, Any], report: dict[str, Any], tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def tag_row(row: dict[str, Any], report: Report, tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the runs row, with the commit as label when it has none; the run_tags values)."""
     from bundlerun.runner import commits
     from bundlerun.runner.history import _sql_text, utc_iso
@@ -69,13 +72,13 @@ def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
     return {int(r["id"]): dict(r) for r in rows}
 
 
-def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500) -> dict[int, dict[str, Any]]:
+def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500) -> dict[int, Report]:
     """The stored reports of many runs through one connection per chunk (the HUD renders a page per
     shown run: one connection each would cost a write-lock round trip per run), each read by the
     history's one strict reader (history.stored_report)."""
     from bundlerun.runner.history import read_rows, stored_report
 
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, Report] = {}
     ids = sorted(set(int(i) for i in run_ids))
     for start in range(0, len(ids), chunk):
         part = ids[start:start + chunk]

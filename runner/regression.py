@@ -24,6 +24,9 @@ and cases, and the same test inputs (or, for reports without an inputs digest, t
 same model id). A different program is what a comparison is for (a new toolchain, a
 miscompiling backend) and is a note. `allow_unrelated = true` (`compare --force`)
 compares anyway.
+
+Every function here reads the typed report (`Report`, runner/report/model.py); `compare` and
+`--baseline` get theirs from history.resolve_run.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.runner.report.model import format_amount
+from bundlerun.runner.report.model import OutputRecord, Report, format_amount
+from bundlerun.targets.base import PerfFigure
 
 
 @dataclass
@@ -95,12 +99,9 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def _index(report: dict[str, Any]) -> dict[tuple[str, int, int], tuple[dict, dict]]:
-    out = {}
-    for case in report.get("cases") or []:
-        for o in case.get("outputs") or []:
-            out[(case.get("method", "forward"), int(case.get("case", 0)), int(o.get("index", 0)))] = (case, o)
-    return out
+def _index(report: Report) -> dict[tuple[str, int, int], OutputRecord]:
+    """(method, case, output index) -> the output: what two runs are paired by."""
+    return {(case.method, case.case, out.index): out for case in report.cases for out in case.outputs}
 
 
 def _ref_magnitude(stats: dict[str, Any]) -> float:
@@ -110,10 +111,10 @@ def _ref_magnitude(stats: dict[str, Any]) -> float:
 
 
 def find_regressions(
-    baseline_report: dict[str, Any], current_report: dict[str, Any], rules: RegressionRules | None = None,
+    baseline_report: Report, current_report: Report, rules: RegressionRules | None = None,
     perf_rules: "PerfRules | None" = None,
 ) -> list[Regression]:
-    """Every regression of `current_report` against `baseline_report` (JSON report dicts):
+    """Every regression of `current_report` against `baseline_report`:
     numerics per case-output, dataset accuracy, and performance figures (`perf_rules`, the
     `[perf]` section; its defaults when None).
 
@@ -123,22 +124,20 @@ def find_regressions(
     rules = rules or RegressionRules()
     found: list[Regression] = []
     base_idx = _index(baseline_report)
-    for key, (case, out) in _index(current_report).items():
+    for key, out in _index(current_report).items():
         if key not in base_idx:
             continue
-        bcase, bout = base_idx[key]
+        bout = base_idx[key]
         method, ci, oi = key
-        where = f"{method}[{ci}].{out.get('name') or f'out{oi}'}"
+        where = f"{method}[{ci}].{out.name or f'out{oi}'}"
         loc = {"method": method, "case": ci, "output": oi}
-        bv, cv = bout.get("verdict") or bcase.get("verdict"), out.get("verdict") or case.get("verdict")
+        bv, cv = bout.verdict, out.verdict
         if rules.verdict_flip and bv == "PASS" and cv == "FAIL":
-            failed = "; ".join(
-                f"{f.get('criterion')} {f.get('measured')} (limit {f.get('limit')})" for f in out.get("failed") or []
-            )
+            failed = "; ".join(f"{f.get('criterion')} {f.get('measured')} (limit {f.get('limit')})" for f in out.failed)
             found.append(
                 Regression("verdict-flip", where, bv, cv, "PASS", f"{where}: PASS -> FAIL" + (f" ({failed})" if failed else ""), **loc)
             )
-        bs, cs = bout.get("stats") or {}, out.get("stats") or {}
+        bs, cs = bout.stats or {}, out.stats or {}
         b_sqnr, c_sqnr = _num(bs.get("sqnr")), _num(cs.get("sqnr"))
         if b_sqnr is not None and c_sqnr is not None:
             drop = min(b_sqnr, rules.sqnr_ceiling_db) - min(c_sqnr, rules.sqnr_ceiling_db)
@@ -169,8 +168,8 @@ def find_regressions(
     return found
 
 
-def _dataset_regressions(base: dict[str, Any], cur: dict[str, Any], rules: RegressionRules) -> list[Regression]:
-    bd, cd = base.get("dataset") or None, cur.get("dataset") or None
+def _dataset_regressions(base: Report, cur: Report, rules: RegressionRules) -> list[Regression]:
+    bd, cd = base.dataset or None, cur.dataset or None
     if not bd or not cd or bd.get("top1") is None or cd.get("top1") is None:
         return []
     from bundlerun.runner.accuracy import paired_change
@@ -233,13 +232,12 @@ class UnrelatedRuns(Exception):
         super().__init__("; ".join(reasons))
 
 
-def _case_keys(report: dict[str, Any]) -> set[tuple[str, int]]:
-    return {(c.get("method", "forward"), int(c.get("case", 0))) for c in report.get("cases") or []}
+def _case_keys(report: Report) -> set[tuple[str, int]]:
+    return {(c.method, c.case) for c in report.cases}
 
 
-def _output_names(report: dict[str, Any]) -> dict[tuple[str, int], str]:
-    return {(c.get("method", "forward"), int(o.get("index", 0))): str(o.get("name") or "")
-            for c in report.get("cases") or [] for o in c.get("outputs") or []}
+def _output_names(report: Report) -> dict[tuple[str, int], str]:
+    return {(c.method, o.index): o.name for c in report.cases for o in c.outputs}
 
 
 def _short(v: Any) -> str:
@@ -247,7 +245,7 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
-def unrelated_reasons(baseline_report: dict[str, Any], current_report: dict[str, Any]) -> list[str]:
+def unrelated_reasons(baseline_report: Report, current_report: Report) -> list[str]:
     """Why the two runs do not measure the same thing (empty: they do).
 
     Refused: a different target, dtype, dataset, set of methods, outputs, or cases (a run
@@ -256,8 +254,8 @@ def unrelated_reasons(baseline_report: dict[str, Any], current_report: dict[str,
     a fair comparison), and no case-output in common. A different program is not a reason.
     """
     reasons: list[str] = []
-    bb, cb = baseline_report.get("bundle") or {}, current_report.get("bundle") or {}
-    bt, ct = (baseline_report.get("target") or {}).get("url"), (current_report.get("target") or {}).get("url")
+    bb, cb = baseline_report.bundle, current_report.bundle
+    bt, ct = baseline_report.target.get("url"), current_report.target.get("url")
     if bt != ct:
         reasons.append(f"target differs (baseline {_short(bt)}, current {_short(ct)})")
     if bb.get("dtype") != cb.get("dtype"):
@@ -269,7 +267,7 @@ def unrelated_reasons(baseline_report: dict[str, Any], current_report: dict[str,
                        "distribution, case count or dataset)")
     if bb.get("model") != cb.get("model") and not same_inputs:
         reasons.append(f"model differs (baseline {_short(bb.get('model'))}, current {_short(cb.get('model'))})")
-    bd, cd = baseline_report.get("dataset") or {}, current_report.get("dataset") or {}
+    bd, cd = baseline_report.dataset or {}, current_report.dataset or {}
     if bd and cd and bd.get("name") != cd.get("name"):
         reasons.append(f"dataset differs (baseline {_short(bd.get('name'))}, current {_short(cd.get('name'))})")
     b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
@@ -291,7 +289,7 @@ def unrelated_reasons(baseline_report: dict[str, Any], current_report: dict[str,
     return reasons
 
 
-def check_related(baseline_report: dict[str, Any], current_report: dict[str, Any],
+def check_related(baseline_report: Report, current_report: Report,
                   rules: RegressionRules | None = None) -> None:
     """Raise UnrelatedRuns unless the runs are related or `rules.allow_unrelated` is set."""
     if rules is not None and rules.allow_unrelated:
@@ -333,7 +331,7 @@ def _aggregate(values: list[float], key: str) -> float | None:
     return min(vals)  # sqnr, cosine: the worst case
 
 
-def metric_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any]) -> dict[str, Any]:
+def metric_deltas(baseline_report: Report, current_report: Report) -> dict[str, Any]:
     """Per-output metrics side by side over the case-outputs both runs have.
 
     `outputs`: one entry per method x output, aggregated over the common cases (max abs
@@ -348,10 +346,10 @@ def metric_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any
     rows = []
     for key in common:
         method, ci, oi = key
-        (bcase, bout), (ccase, cout) = b_idx[key], c_idx[key]
-        bs, cs = bout.get("stats") or {}, cout.get("stats") or {}
-        bv, cv = bout.get("verdict") or bcase.get("verdict"), cout.get("verdict") or ccase.get("verdict")
-        name = cout.get("name") or f"out{oi}"
+        bout, cout = b_idx[key], c_idx[key]
+        bs, cs = bout.stats or {}, cout.stats or {}
+        bv, cv = bout.verdict, cout.verdict
+        name = cout.name or f"out{oi}"
         rows.append({"method": method, "case": ci, "output": oi, "name": name, "verdict": {"baseline": bv, "current": cv},
                      **{m: _pair(_metric(bs, m), _metric(cs, m)) for m in DELTA_METRICS}})
         agg = per_output.setdefault((method, oi), {"method": method, "output": oi, "name": name, "cases": 0,
@@ -373,12 +371,12 @@ def metric_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any
     return {"outputs": outputs, "case_outputs": rows}
 
 
-def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, Any],
+def comparison_notes(baseline_report: Report, current_report: Report,
                      perf_rules: "PerfRules | None" = None) -> list[str]:
     """Things a reader should know about the pair (not regressions), perf figures on one side only
     and latency that could not be gated included."""
     notes = []
-    b_b, c_b = baseline_report.get("bundle") or {}, current_report.get("bundle") or {}
+    b_b, c_b = baseline_report.bundle, current_report.bundle
     for key in ("model", "dtype", "backend"):
         if b_b.get(key) != c_b.get(key):
             notes.append(f"{key} differs: baseline {b_b.get(key)!r}, current {c_b.get(key)!r}")
@@ -387,8 +385,7 @@ def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, 
         notes.append(f"program differs (sha256 {b_prog[:12]}... -> {c_prog[:12]}...): comparing two builds")
     elif not (b_prog and c_prog) and b_b.get("sha256") != c_b.get("sha256"):
         notes.append("bundle files differ (no program digest recorded to tell whether the program changed)")
-    bt = (baseline_report.get("target") or {}).get("url")
-    ct = (current_report.get("target") or {}).get("url")
+    bt, ct = baseline_report.target.get("url"), current_report.target.get("url")
     if bt != ct:
         notes.append(f"target differs: baseline {bt!r}, current {ct!r}")
     b_idx, c_idx = _index(baseline_report), _index(current_report)
@@ -397,9 +394,8 @@ def comparison_notes(baseline_report: dict[str, Any], current_report: dict[str, 
         notes.append(f"{len(only_b)} case-output(s) only in the baseline were not compared")
     if only_c:
         notes.append(f"{len(only_c)} case-output(s) only in the current run were not compared")
-    for key in set(b_idx) & set(c_idx):
-        bv = b_idx[key][1].get("verdict")
-        cv = c_idx[key][1].get("verdict")
+    for key in sorted(set(b_idx) & set(c_idx)):  # in case order: a set's order changes with the hash seed
+        bv, cv = b_idx[key].verdict, c_idx[key].verdict
         if bv == "PASS" and cv in ("ERROR", "TIMEOUT"):
             notes.append(f"{key[0]}[{key[1]}] output {key[2]}: PASS -> {cv} (infrastructure, not judged)")
     notes += perf_deltas(baseline_report, current_report, perf_rules)[2]
@@ -428,11 +424,13 @@ def format_regressions(regressions: list[Any], max_lines: int = 12) -> str:
 
 def check_baseline(
     ref: str,
-    current_report: dict[str, Any],
+    current_report: Report,
     db_path: Any = None,
     config: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """`run --baseline REF`: regressions of the current report as JSON-ready dicts.
+    """`run --baseline REF`: regressions of the current report as JSON-ready dicts (what goes
+    into `report.regressions`); what the baseline was and how it relates goes into
+    `current_report.baseline`.
 
     REF is a history run id, a run uuid (prefix), a label (newest run with it,
     other than the current one) or a report.json path. Unresolvable REF raises
@@ -440,33 +438,27 @@ def check_baseline(
     """
     from bundlerun.runner.history import resolve_run
 
-    current_uuid = (current_report.get("run") or {}).get("id")
-    bundle = current_report.get("bundle") or {}
-    prefer = {"model": bundle.get("model"), "dtype": bundle.get("dtype"), "target": (current_report.get("target") or {}).get("url")}
-    baseline = resolve_run(db_path, ref, exclude_uuid=current_uuid, prefer=prefer)
+    bundle = current_report.bundle
+    prefer = {"model": bundle.get("model"), "dtype": bundle.get("dtype"), "target": current_report.target.get("url")}
+    baseline = resolve_run(db_path, ref, exclude_uuid=current_report.run.get("id"), prefer=prefer)
     rules = RegressionRules.from_config(config)
     perf_rules = PerfRules.from_config(config)
-    section = current_report.setdefault("baseline", {})
-    section.update(
-        {
-            "ref": ref,
-            "run_id": (baseline.get("run") or {}).get("id"),
-            "history_id": (baseline.get("run") or {}).get("history_id"),
-            "label": (baseline.get("run") or {}).get("label"),
-        }
-    )
+    if current_report.baseline is None:
+        current_report.baseline = {}
+    section = current_report.baseline
+    section.update({"ref": ref, "run_id": baseline.run.get("id"), "history_id": baseline.run.get("history_id"),
+                    "label": baseline.run.get("label")})
     try:
         check_related(baseline, current_report, rules)
     except UnrelatedRuns as exc:
         # Same refusal as `compare`; the run's own verdict stands, but a check that was asked
         # for and not made is not a pass: exit code 2 unless the run already failed.
         section["refused"] = str(exc)
-        current_report.setdefault("warnings", []).append(
+        current_report.warnings.append(
             f"baseline {ref!r} not compared: unrelated runs: {exc} "
             "(set [regression] allow_unrelated = true to compare anyway)")
-        summary = current_report.get("summary") or {}
-        if summary.get("exit_code") == 0:
-            summary["exit_code"] = 2
+        if current_report.summary.exit_code == 0:
+            current_report.summary.exit_code = 2
         return []
     regressions = find_regressions(baseline, current_report, rules, perf_rules)
     section["notes"] = comparison_notes(baseline, current_report, perf_rules)
@@ -523,10 +515,10 @@ def _capacity(name: str) -> bool:
     return name.endswith(("_allocator_size", "_buffer_size"))
 
 
-def perf_gate(fig: dict[str, Any], rules: "PerfRules") -> tuple[str | None, str | None]:
+def perf_gate(fig: PerfFigure, rules: "PerfRules") -> tuple[str | None, str | None]:
     """(gate, why not): which gate a figure goes through (cycles | memory | latency), or None with
     the reason it is shown but not gated."""
-    kind, unit, name = fig.get("kind"), fig.get("unit"), str(fig.get("name"))
+    kind, unit, name = fig.kind, fig.unit, str(fig.name)  # a report may carry a figure without a name
     if unit in ("cycles", "instructions") and kind in ("device-cycles", "simulation-cycles", "device-counter",
                                                        "simulation-counter"):
         return ("cycles", None) if rules.gate_cycles else (None, "[perf] gate_cycles = false")
@@ -539,8 +531,8 @@ def perf_gate(fig: dict[str, Any], rules: "PerfRules") -> tuple[str | None, str 
     if kind in ("device-latency", "host-wall"):
         if kind == "host-wall" and not rules.gate_host_latency:
             return None, "host wall time: not gated unless [perf] gate_host_latency = true"
-        if fig.get("phase") != "warm":
-            return None, ("the first (cold) execution: reported, not gated" if fig.get("phase") == "first"
+        if fig.phase != "warm":
+            return None, ("the first (cold) execution: reported, not gated" if fig.phase == "first"
                           else "not a warm per-execution figure: reported, not gated")
         return "latency", None
     if kind == "simulation-time":
@@ -548,15 +540,13 @@ def perf_gate(fig: dict[str, Any], rules: "PerfRules") -> tuple[str | None, str 
     return None, f"{kind}: reported, not gated"
 
 
-def _perf_index(report: dict[str, Any]) -> dict[tuple[str, str, str | None], dict[int, dict[str, Any]]]:
-    """(method, figure, phase) -> {case: figure dict}."""
-    out: dict[tuple[str, str, str | None], dict[int, dict[str, Any]]] = {}
-    for case in report.get("cases") or []:
-        for fig in case.get("perf") or []:
-            if not isinstance(fig, dict) or _num(fig.get("value")) is None:
-                continue
-            key = (case.get("method", "forward"), str(fig.get("name")), fig.get("phase"))
-            out.setdefault(key, {})[int(case.get("case", 0))] = fig
+def _perf_index(report: Report) -> dict[tuple[str, str, str | None], dict[int, PerfFigure]]:
+    """(method, figure, phase) -> {case: figure}; a NaN value is no figure."""
+    out: dict[tuple[str, str, str | None], dict[int, PerfFigure]] = {}
+    for case in report.cases:
+        for fig in case.perf:
+            if _num(fig.value) is not None:
+                out.setdefault((case.method, str(fig.name), fig.phase), {})[case.case] = fig
     return out
 
 
@@ -574,20 +564,20 @@ def _mad(values: list[float]) -> float:
     return _median([abs(v - m) for v in values])
 
 
-def _values(figs: list[dict[str, Any]], per_inference: bool) -> list[float]:
-    return [float(f["per_inference"] if per_inference else f["value"]) for f in figs]
+def _values(figs: list[PerfFigure], per_inference: bool) -> list[float]:
+    return [float(f.per_inference if per_inference else f.value) for f in figs]
 
 
-def _samples(figs: list[dict[str, Any]]) -> list[float]:
+def _samples(figs: list[PerfFigure]) -> list[float]:
     """Every measurement behind the figures: a case's repeated executions, else its one value."""
     out: list[float] = []
     for f in figs:
-        samples = [s for s in (f.get("samples") or []) if _num(s) is not None]
-        out += [float(s) for s in samples] if samples else [float(f["value"])]
+        samples = [s for s in (f.samples or []) if _num(s) is not None]
+        out += [float(s) for s in samples] if samples else [float(f.value)]
     return out
 
 
-def perf_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any],
+def perf_deltas(baseline_report: Report, current_report: Report,
                 rules: "PerfRules | None" = None) -> tuple[list[dict[str, Any]], list[Regression], list[str]]:
     """(rows, regressions, notes): every figure both runs have side by side over their common
     cases, the regressions among them, and notes (a figure on one side only, latency not gated)."""
@@ -605,7 +595,7 @@ def perf_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any],
                          f"{len(alone)} figure(s) of the {side} not compared")
             continue
         names = [f"{k[0]}.{k[1]}" + (f" ({k[2]})" if k[2] else "")
-                 + f" [{next(iter(here[k].values())).get('kind')}]" for k in alone]
+                 + f" [{next(iter(here[k].values())).kind}]" for k in alone]
         notes.append(f"perf figure(s) only in the {side}, not compared: " + ", ".join(names))
     thin_latency: list[str] = []
     for key in [k for k in c_idx if k in b_idx]:
@@ -615,13 +605,13 @@ def perf_deltas(baseline_report: dict[str, Any], current_report: dict[str, Any],
             notes.append(f"perf figure {method}.{name} is in both runs but in no common case: not compared")
             continue
         bf, cf = [b_idx[key][i] for i in common], [c_idx[key][i] for i in common]
-        unit, kind = cf[0].get("unit"), cf[0].get("kind")
-        if bf[0].get("unit") != unit or bf[0].get("kind") != kind:
-            notes.append(f"perf figure {method}.{name} changed unit or kind ({bf[0].get('unit')} "
-                         f"[{bf[0].get('kind')}] -> {unit} [{kind}]): not compared")
+        unit, kind = cf[0].unit, cf[0].kind
+        if bf[0].unit != unit or bf[0].kind != kind:
+            notes.append(f"perf figure {method}.{name} changed unit or kind ({bf[0].unit} "
+                         f"[{bf[0].kind}] -> {unit} [{kind}]): not compared")
             continue
         gate, why = perf_gate(cf[0], rules)
-        per_inf = all(_num(f.get("per_inference")) is not None for f in bf + cf)
+        per_inf = all(_num(f.per_inference) is not None for f in bf + cf)
         row: dict[str, Any] = {"method": method, "name": name, "phase": phase, "unit": unit, "kind": kind,
                                "cases": len(common), "per_inference": per_inf, "gate": gate}
         if gate == "latency":

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
 
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
+
 FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
 
@@ -252,20 +255,19 @@ def junit_suite(root: Any, report: "Report", model: str, target: str) -> tuple[i
 
 # ------------------------------------------------------------------ history
 
-def history_rows(run_id: int, report: dict[str, Any]) -> list[tuple]:
+def history_rows(run_id: int, report: Report) -> list[tuple]:
     """One row per replayed output for the history's `replay_outputs` table (runner/history.py schema;
     finding NULL when deterministic)."""
     import json
 
     rows = []
-    for case in report.get("cases") or []:
-        for out in case.get("outputs") or []:
-            entry = out.get("replay")
+    for case in report.cases:
+        for out in case.outputs:
+            entry = out.replay
             if not isinstance(entry, dict):
                 continue
             spread = entry.get("spread")
-            rows.append((run_id, str(case.get("method", "forward")), int(case.get("case", 0)), int(out.get("index", 0)),
-                         out.get("name"), entry.get("runs"), entry.get("distinct"),
+            rows.append((run_id, case.method, case.case, out.index, out.name, entry.get("runs"), entry.get("distinct"),
                          float(spread) if isinstance(spread, (int, float)) else None, int(bool(entry.get("flips"))),
                          entry.get("finding"), json.dumps(entry.get("verdicts") or {})))
     return rows

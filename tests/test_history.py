@@ -1,4 +1,7 @@
-"""History database: recording, listing, references, trends, and parallel writers."""
+"""History database: recording, listing, references, trends, and parallel writers.
+
+Reports go in and come out as the typed `Report`: the samples (tests/report_samples.py, judged by
+the real judge) are read with `Report.from_json`, as a report.json is."""
 
 from __future__ import annotations
 
@@ -14,13 +17,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
 from bundlerun.runner import history  # noqa: E402
+from bundlerun.runner.report.model import Report  # noqa: E402
+
+
+def _quick(**kw) -> Report:
+    return Report.from_json(rs.quick_report(**kw))
 
 
 def test_record_and_list_filters(tmp_path):
     db = tmp_path / "h.sqlite"
-    a = rs.quick_report(noise=1e-5, label="sha-a", model="mlp")
-    b = rs.quick_report(noise=5e-2, label="sha-b", model="mlp")
-    c = rs.quick_report(noise=1e-5, label="sha-a", model="tiny-cnn")
+    a = _quick(noise=1e-5, label="sha-a", model="mlp")
+    b = _quick(noise=5e-2, label="sha-b", model="mlp")
+    c = _quick(noise=1e-5, label="sha-a", model="tiny-cnn")
     ids = [history.record_report(db, r, report_path=f"/r/{i}/report.json") for i, r in enumerate((a, b, c))]
     assert ids == sorted(ids) and len(set(ids)) == 3
     runs = history.list_runs(db)
@@ -37,15 +45,15 @@ def test_record_and_list_filters(tmp_path):
         rows = conn.execute("SELECT case_index, sqnr, error_mae, verdict FROM case_outputs WHERE run_id=? ORDER BY case_index",
                             (ids[1],)).fetchall()
     assert [r[0] for r in rows] == [0, 1, 2, 3]
-    for (ci, sqnr, mae, verdict), case in zip(rows, b["cases"]):
-        assert sqnr == pytest.approx(case["outputs"][0]["stats"]["sqnr"])
-        assert mae == pytest.approx(case["outputs"][0]["stats"]["error_mae"])
+    for (ci, sqnr, mae, verdict), case in zip(rows, b.cases):
+        assert sqnr == pytest.approx(case.outputs[0].stats["sqnr"])
+        assert mae == pytest.approx(case.outputs[0].stats["error_mae"])
         assert verdict == "FAIL"
 
 
 def test_record_is_idempotent_and_wal(tmp_path):
     db = tmp_path / "h.sqlite"
-    r = rs.quick_report()
+    r = _quick()
     assert history.record_report(db, r) == history.record_report(db, r)
     assert len(history.list_runs(db)) == 1
     with sqlite3.connect(db) as conn:
@@ -54,23 +62,27 @@ def test_record_is_idempotent_and_wal(tmp_path):
 
 def test_resolve_run_by_id_uuid_label_and_path(tmp_path):
     db = tmp_path / "h.sqlite"
-    r1, r2 = rs.quick_report(label="v1"), rs.quick_report(label="v1", noise=1e-2)
+    r1, r2 = _quick(label="v1"), _quick(label="v1", noise=1e-2)
     id1, id2 = history.record_report(db, r1), history.record_report(db, r2)
-    assert history.resolve_run(db, str(id1))["run"]["id"] == r1["run"]["id"]
-    assert history.resolve_run(db, f"#{id2}")["run"]["id"] == r2["run"]["id"]
-    assert history.resolve_run(db, r1["run"]["id"][:10])["run"]["id"] == r1["run"]["id"]
-    assert history.resolve_run(db, "v1")["run"]["id"] == r2["run"]["id"]  # newest with the label
+    assert history.resolve_run(db, str(id1)).run["id"] == r1.run["id"]
+    assert history.resolve_run(db, f"#{id2}").run["id"] == r2.run["id"]
+    assert history.resolve_run(db, r1.run["id"][:10]).run["id"] == r1.run["id"]
+    assert history.resolve_run(db, "v1").run["id"] == r2.run["id"]  # newest with the label
+    # what comes back is the report as recorded, with the run's id in this history
+    loaded = history.load_report(db, id2)
+    assert isinstance(loaded, Report) and loaded.run.pop("history_id") == id2
+    assert loaded.to_json() == r2.to_json()
     path = tmp_path / "rep" / "report.json"
     path.parent.mkdir()
-    path.write_text(json.dumps(r1))
-    assert history.resolve_run(db, str(path))["run"]["id"] == r1["run"]["id"]
-    assert history.resolve_run(None, str(path.parent))["run"]["id"] == r1["run"]["id"]
-    other = rs.quick_report(label="v1", model="tiny-cnn")
+    path.write_text(json.dumps(r1.to_json()))
+    assert history.resolve_run(db, str(path)).run["id"] == r1.run["id"]
+    assert history.resolve_run(None, str(path.parent)).run["id"] == r1.run["id"]
+    other = _quick(label="v1", model="tiny-cnn")
     history.record_report(db, other)
-    assert history.resolve_run(db, "v1")["run"]["id"] == other["run"]["id"]
+    assert history.resolve_run(db, "v1").run["id"] == other.run["id"]
     # a label prefers the newest run of the same model, and never the run being judged
-    assert history.resolve_run(db, "v1", prefer={"model": "mlp"})["run"]["id"] == r2["run"]["id"]
-    assert history.resolve_run(db, "v1", exclude_uuid=r2["run"]["id"], prefer={"model": "mlp"})["run"]["id"] == r1["run"]["id"]
+    assert history.resolve_run(db, "v1", prefer={"model": "mlp"}).run["id"] == r2.run["id"]
+    assert history.resolve_run(db, "v1", exclude_uuid=r2.run["id"], prefer={"model": "mlp"}).run["id"] == r1.run["id"]
     with pytest.raises(history.HistoryError, match="no run 'nope'"):
         history.resolve_run(db, "nope")
     with pytest.raises(history.HistoryError, match="does not exist"):
@@ -93,13 +105,13 @@ def test_corrupt_database_is_one_line_error(tmp_path):
     db = tmp_path / "h.sqlite"
     db.write_bytes(b"this is not a database" * 100)
     with pytest.raises(history.HistoryError, match="not usable"):
-        history.record_report(db, rs.quick_report())
+        history.record_report(db, _quick())
 
 
 def test_trend_series(tmp_path):
     db = tmp_path / "h.sqlite"
     for noise in (1e-4, 1e-3, 1e-2):
-        history.record_report(db, rs.quick_report(noise=noise, label=f"n{noise}"))
+        history.record_report(db, _quick(noise=noise, label=f"n{noise}"))
     sq = history.trend(db, "mlp", "host://xnnpack", "sqnr")
     assert [p.label for p in sq] == ["n0.0001", "n0.001", "n0.01"]
     # more noise, less SQNR: each tenfold is ~20 dB
@@ -117,7 +129,8 @@ def _writer(args):
 
     ids = []
     for k in range(n):
-        ids.append(history.record_report(db, report_samples.quick_report(label=f"w{worker}-{k}", cases=3, seed=k)))
+        report = Report.from_json(report_samples.quick_report(label=f"w{worker}-{k}", cases=3, seed=k))
+        ids.append(history.record_report(db, report))
     return ids
 
 
@@ -148,8 +161,8 @@ def test_history_and_trend_commands(tmp_path):
 
     db = tmp_path / "h.sqlite"
     for k, noise in enumerate((1e-4, 1e-3, 1e-2)):
-        history.record_report(db, rs.quick_report(noise=noise, label=f"c{k}"))
-    history.record_report(db, rs.quick_report(noise=1e-4, label="other", model="tiny-cnn"))
+        history.record_report(db, _quick(noise=noise, label=f"c{k}"))
+    history.record_report(db, _quick(noise=1e-4, label="other", model="tiny-cnn"))
     env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
     proc = _cli(["history", "--model", "mlp", "--json"], env)
     assert proc.returncode == 0, proc.stderr
@@ -173,10 +186,10 @@ def test_times_are_stored_in_utc_with_offset_and_old_rows_read_as_utc(tmp_path):
     import os
 
     db = tmp_path / "h.sqlite"
-    aware = rs.quick_report(label="aware")
-    aware["run"]["started"] = "2026-03-01T14:30:00+02:00"
-    naive = rs.quick_report(label="naive")
-    naive["run"]["started"] = "2026-03-01T12:00:00"  # what reports without an offset say
+    aware = _quick(label="aware")
+    aware.run["started"] = "2026-03-01T14:30:00+02:00"
+    naive = _quick(label="naive")
+    naive.run["started"] = "2026-03-01T12:00:00"  # what reports without an offset say
     for r in (aware, naive):
         history.record_report(db, r)
     with sqlite3.connect(db) as conn:
@@ -205,8 +218,8 @@ def test_times_are_stored_in_utc_with_offset_and_old_rows_read_as_utc(tmp_path):
 def _recorded(db, noise, label, dtype="fp32", target="host://xnnpack", exact_cases=()):
     b = rs.make_bundle(cases=4, dtype=dtype)
     outputs = {i: b.suite("forward").test_cases[i].expected_outputs[0].to_array() for i in exact_cases}
-    report = rs.make_report(b, rs.target_run(b, noise=noise, outputs=outputs), label=label)
-    report["target"]["url"] = target
+    report = Report.from_json(rs.make_report(b, rs.target_run(b, noise=noise, outputs=outputs), label=label))
+    report.target["url"] = target
     history.record_report(db, report)
     return report
 
@@ -241,7 +254,7 @@ def test_sqnr_trend_leaves_exact_matches_out_of_the_mean(tmp_path):
     db = tmp_path / "h.sqlite"
     mixed = _recorded(db, 1e-3, "mixed", exact_cases=(0, 2))
     _recorded(db, 1e-3, "exact", exact_cases=(0, 1, 2, 3))
-    finite = [c["outputs"][0]["stats"]["sqnr"] for c in mixed["cases"]]
+    finite = [c.outputs[0].stats["sqnr"] for c in mixed.cases]
     finite = [s for s in finite if s not in ("inf", float("inf"))]
     assert len(finite) == 2 and max(finite) < 100
     p_mixed, p_exact = history.trend(db, "mlp", None, "sqnr")

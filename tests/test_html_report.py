@@ -44,14 +44,14 @@ def _report_with_history(tmp_path):
         ref = rng.standard_normal((60, 10))
         ref[np.arange(60), labels] += 3
         act = ref + rng.standard_normal((60, 10)) * (0.2 + k * 0.3)
-        history.record_report(db, rs.make_report(bundle, run, bundle_path, label=f"commit{k}",
-                                                 dataset=dataset_summary(act, ref, labels, "digits", 10)))
+        history.record_report(db, Report.from_json(rs.make_report(bundle, run, bundle_path, label=f"commit{k}",
+                                                 dataset=dataset_summary(act, ref, labels, "digits", 10))))
     run = rs.target_run(bundle, noise=4e-3, seed=9, errors={5: "timeout"})
     ref = rng.standard_normal((60, 10))
     ref[np.arange(60), labels] += 3
     act = ref + rng.standard_normal((60, 10)) * 1.5
     report = rs.make_report(bundle, run, bundle_path, label="commit5", dataset=dataset_summary(act, ref, labels, "digits", 10))
-    history.record_report(db, report)
+    history.record_report(db, Report.from_json(report))
     return Report.from_json(report), bundle_path, rs.saved_outputs(run), db
 
 
@@ -143,7 +143,7 @@ def _hostile_report(tmp_path):
             out["name"] = EVIL + "out"
     report["cases"][3].update(method=EVIL + "method", error=EVIL + " device said", log_excerpt=[EVIL + " log"])
     report["warnings"].append(EVIL + " warning")
-    history.record_report(db, report)
+    history.record_report(db, Report.from_json(report))
     return Report.from_json(report), bundle_path, rs.saved_outputs(run), db
 
 
@@ -181,10 +181,10 @@ def test_sqnr_history_counts_exact_matches_apart(tmp_path):
     bundle = rs.make_bundle(cases=4)
     exact = {i: bundle.suite("forward").test_cases[i].expected_outputs[0].to_array() for i in range(4)}
     for k, outs in enumerate(({0: exact[0]}, exact, {})):
-        history.record_report(db, rs.make_report(bundle, rs.target_run(bundle, noise=1e-3, seed=k, outputs=outs),
-                                                 label=f"r{k}"))
+        history.record_report(db, Report.from_json(rs.make_report(
+            bundle, rs.target_run(bundle, noise=1e-3, seed=k, outputs=outs), label=f"r{k}")))
     report = rs.make_report(bundle, rs.target_run(bundle, noise=1e-3, outputs={1: exact[1]}), label="now")
-    history.record_report(db, report)
+    history.record_report(db, Report.from_json(report))
     page = write_reports(Report.from_json(report), tmp_path / "out", history_db=db, formats=("html",))["html"].read_text()
     assert "mean SQNR over the case-outputs that did not match exactly" in page
     assert "SQNR history: 6 of 16 case-outputs matched exactly (SQNR infinite); they are counted apart and " \

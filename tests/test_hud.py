@@ -17,6 +17,7 @@ import re
 import pytest
 
 from bundlerun.runner import history, hud
+from bundlerun.runner.report.model import Report
 from browser import check_page
 from report_samples import make_bundle, make_report, target_run
 
@@ -73,12 +74,12 @@ def db(tmp_path_factory):
             (report_dir / "report.json").write_text(json.dumps(report))
             if i == 0:
                 (report_dir / "report.html").write_text("<html><body>original</body></html>")
-            history.record_report(path, report, report_dir / "report.json")
+            history.record_report(path, Report.from_json(report), report_dir / "report.json")
             cells += 1
         if i == 2:  # a second run under c02 for one row: the cell shows the latest of 2
             bundle = make_bundle(cases=3, model="mlp", dtype="int8", seed=1)
             run = target_run(bundle, noise=1e-5, seed=99)
-            history.record_report(path, make_report(bundle, run, label=label, started=started))
+            history.record_report(path, Report.from_json(make_report(bundle, run, label=label, started=started)))
     return {"path": path, "cells": cells, "runs": cells + 1, "root": root}
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from browser import check_page
 from bundlerun.runner import commits, history, hud
+from bundlerun.runner.report.model import Report
 from bundlerun.runner.suite.importer import _operator_names, import_suite_report
 from report_samples import make_bundle, make_report, target_run
 
@@ -177,9 +178,9 @@ def test_runs_are_labelled_by_commit_unless_labelled(repo, tmp_path, monkeypatch
     db = tmp_path / "h.sqlite"
     bundle = make_bundle(cases=2)
 
-    def stock(report):  # a stock ExecuTorch bundle: no manifest, no model id
+    def stock(report) -> Report:  # a stock ExecuTorch bundle: no manifest, no model id
         report["bundle"].update(model=None, has_manifest=False)
-        return report
+        return Report.from_json(report)
 
     monkeypatch.delenv(commits.ENV_VAR, raising=False)
     for var in commits.CI_VARS:

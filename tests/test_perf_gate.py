@@ -22,6 +22,7 @@ from bundlerun.runner.regression import (
 )
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.arm.perf import arm_runner_figures
+from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.et_runner.executor_runner import executions_for, perf_figures, runner_args
 from tests.conftest import run_cli
 from tests.report_samples import make_bundle, make_report, target_run
@@ -53,8 +54,9 @@ def _exec_log(iterations: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _report(url: str, figures, label: str = "r") -> dict:
-    """A real judged report (tests.report_samples) whose cases carry `figures(case_index)`."""
+def _report(url: str, figures, label: str = "r") -> Report:
+    """A real judged report (tests.report_samples) whose cases carry `figures(case_index)`, read as a
+    report.json is."""
     bundle = make_bundle(cases=3)
     run = target_run(bundle)
     run.target = url
@@ -62,10 +64,10 @@ def _report(url: str, figures, label: str = "r") -> dict:
         case.add_perf(figures(case.case_index))
     report = make_report(bundle, run, label=label)
     report["run"]["id"] = f"{label}-{url}"
-    return Report.from_json(report).to_json()
+    return Report.from_json(report)
 
 
-def _arm_report(cycles=(100_000, 101_000, 99_000), label="base", **kw) -> dict:
+def _arm_report(cycles=(100_000, 101_000, 99_000), label="base", **kw) -> Report:
     return _report("fvp://corstone-300/ethos-u55-128",
                    lambda i: arm_runner_figures(_arm_log(cycles[i], **kw), simulated=True), label)
 
@@ -115,8 +117,8 @@ def test_a_figure_on_one_side_only_is_a_note_not_a_failure():
     assert any("npu_active_cycles" in n and "only in the current run" in n for n in notes), notes
     # a baseline from before figures were collected: one note, no failure
     old = copy.deepcopy(base)
-    for case in old["cases"]:
-        case["perf"] = []
+    for case in old.cases:
+        case.perf = []
     assert find_regressions(old, cur) == []
     assert [n for n in comparison_notes(old, cur) if "perf" in n] == [
         # inferences, inference_cpu_cycles, method_allocator_used, method_allocator_size, session_wall_time
@@ -131,10 +133,13 @@ def test_memory_in_use_is_gated_and_a_pools_capacity_is_not():
     assert rows["method_allocator_size"]["gate"] is None and "capacity" in rows["method_allocator_size"]["not_gated"]
     from bundlerun.runner.regression import perf_gate
 
+    def memory(name: str) -> PerfFigure:
+        return PerfFigure(name, 4096, "bytes", "memory", "arm_executor_runner log")
+
     for name in ("pte_loaded_size", "input_file_allocator_used"):  # the .bpte file: grows with the manifest
-        gate, why = perf_gate({"name": name, "kind": "memory", "unit": "bytes"}, PerfRules())
+        gate, why = perf_gate(memory(name), PerfRules())
         assert gate is None and "bundle file" in why
-    assert perf_gate({"name": "pte_program_size", "kind": "memory", "unit": "bytes"}, PerfRules()) == ("memory", None)
+    assert perf_gate(memory("pte_program_size"), PerfRules()) == ("memory", None)
     more_used = _arm_report(label="used", method_used=2600)  # +14%
     regs = find_regressions(base, more_used)
     assert _names(regs) == [("memory-regression", "forward.method_allocator_used")]
@@ -183,11 +188,11 @@ def test_simulation_time_is_never_latency_and_host_wall_only_when_asked():
     assert "never gated" in rows[("execution_time", "warm")]["not_gated"]
 
     def host(values, label):
-        report = _report("host://xnnpack", lambda i: [], label)
+        report = _report("host://xnnpack", lambda i: [], label).to_json()
         for case, seconds in zip(report["cases"], values):
             case["elapsed_s"] = seconds
             case["perf"] = []
-        return Report.from_json(report).to_json()  # elapsed_s -> execution_wall_time, first then warm
+        return Report.from_json(report)  # elapsed_s -> execution_wall_time, first then warm
 
     hb, hs = host([0.010, 0.001, 0.001], "hb"), host([0.010, 0.003, 0.003], "hs")
     assert find_regressions(hb, hs) == []
@@ -226,33 +231,33 @@ def test_a_cycle_regression_is_named_in_every_report_format(tmp_path):
     from bundlerun.runner.writers.markdown import render_markdown
 
     base = _arm_report()
-    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "base.json").write_text(json.dumps(base.to_json()))
     cur = _arm_report(cycles=(108_000, 109_080, 106_920), label="cur")
-    cur["regressions"] = check_baseline(str(tmp_path / "base.json"), cur, None, {})
-    assert [r["rule"] for r in cur["regressions"]] == ["cycles-regression"]
-    assert "forward.inference_cpu_cycles" in format_regressions(cur["regressions"])
-    perf_rows = {r["name"]: r for r in cur["baseline"]["perf"]}
+    cur.regressions = check_baseline(str(tmp_path / "base.json"), cur, None, {})
+    assert [r["rule"] for r in cur.regressions] == ["cycles-regression"]
+    assert "forward.inference_cpu_cycles" in format_regressions(cur.regressions)
+    perf_rows = {r["name"]: r for r in cur.baseline["perf"]}
     assert perf_rows["inference_cpu_cycles"]["change"] == pytest.approx(0.08)
-    md = render_markdown(Report.from_json(cur), cur["regressions"])
+    md = render_markdown(cur, cur.regressions)
     assert "**cycles-regression** forward.inference\\_cpu\\_cycles" in md
     assert "| forward.inference\\_cpu\\_cycles | simulation-cycles | 100000 cycles | 108000 cycles | +8.00% | cycles 5% |" in md
-    root = ET.fromstring(junit_bytes(Report.from_json(cur)))
+    root = ET.fromstring(junit_bytes(cur))
     (suite,) = [s for s in root.findall("testsuite") if s.get("name").endswith("/regressions")]
     (failure,) = suite.findall("testcase/failure")
     assert failure.get("type") == "cycles-regression" and "inference_cpu_cycles" in failure.get("message")
     assert root.get("failures") == "1"  # the outputs all passed: the one failure is the regression
-    page = render_html(Report.from_json(cur), regressions=cur["regressions"])
+    page = render_html(cur, regressions=cur.regressions)
     assert "<b>cycles-regression</b> forward.inference_cpu_cycles" in page
     assert "<tr class='bad'><td class='l'>forward.inference_cpu_cycles</td>" in page
     # and the JSON report keeps it through the typed reader
-    assert Report.from_json(cur).to_json()["regressions"][0]["where"] == "forward.inference_cpu_cycles"
+    assert Report.from_json(cur.to_json()).regressions[0]["where"] == "forward.inference_cpu_cycles"
 
 
 def test_compare_command_exit_codes_and_perf_json(tmp_path):
     base, up8 = _arm_report(), _arm_report(cycles=(108_000, 109_080, 106_920), label="up8")
     only_base = _arm_report(npu=50_000, label="npu")
     for name, rep in (("base", base), ("up8", up8), ("npu", only_base)):
-        (tmp_path / f"{name}.json").write_text(json.dumps(rep))
+        (tmp_path / f"{name}.json").write_text(json.dumps(rep.to_json()))
     res = run_cli("compare", str(tmp_path / "base.json"), str(tmp_path / "up8.json"), "--history=off")
     assert res.returncode == 1, res.stdout + res.stderr
     assert "REGRESSION cycles-regression: forward.inference_cpu_cycles" in res.stdout
@@ -277,7 +282,7 @@ def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
     db = tmp_path / "h.sqlite"
     for k, scale in enumerate((1.00, 1.02, 1.10)):
         rep = _arm_report(cycles=tuple(int(c * scale) for c in (100_000, 101_000, 99_000)), label=f"v{k}")
-        rep["run"]["id"] = f"run-{k}"
+        rep.run["id"] = f"run-{k}"
         history.record_report(db, rep)
     conn = history.connect(db)
     try:
@@ -301,7 +306,7 @@ def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
     assert res.returncode != 0 and "npu_active_cycles" in res.stderr
     from bundlerun.runner.writers.html import render_html
 
-    page = render_html(Report.from_json(rep), history_db=db)  # the newest run's report: its cycles over the history
+    page = render_html(rep, history_db=db)  # the newest run's report: its cycles over the history
     assert "alt=\"trend inference_cpu_cycles\"" in page and "last 3 recorded run(s)" in page
 
 

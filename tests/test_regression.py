@@ -1,8 +1,12 @@
-"""Regression rules against a baseline, and the paired accuracy interval they rely on."""
+"""Regression rules against a baseline, and the paired accuracy interval they rely on.
+
+The rules read the typed `Report`: the samples (tests/report_samples.py, judged by the real judge)
+are read with `Report.from_json`, as a report.json is."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +21,14 @@ from bundlerun.runner.regression import RegressionRules, comparison_notes, find_
 from bundlerun.runner.report.model import Report  # noqa: E402
 
 
+def _judged(bundle, run, **kw) -> Report:
+    """A report of `run` by the real judge, read as a report.json is."""
+    return Report.from_json(rs.make_report(bundle, run, **kw))
+
+
 def _pair(base_noise, cur_noise, cases=4, **kw):
     b = rs.make_bundle(cases=cases, **kw)
-    return rs.make_report(b, rs.target_run(b, noise=base_noise, seed=1)), rs.make_report(b, rs.target_run(b, noise=cur_noise, seed=2))
+    return _judged(b, rs.target_run(b, noise=base_noise, seed=1)), _judged(b, rs.target_run(b, noise=cur_noise, seed=2))
 
 
 def test_same_quality_is_not_a_regression():
@@ -57,12 +66,16 @@ def test_tiny_errors_and_high_sqnr_are_noise():
 
 def test_errored_or_missing_cases_are_notes_not_regressions():
     b = rs.make_bundle(cases=4)
-    base = rs.make_report(b, rs.target_run(b, noise=1e-5))
-    cur = rs.make_report(b, rs.target_run(b, noise=1e-5, errors={1: "timeout"}))
+    base = _judged(b, rs.target_run(b, noise=1e-5))
+    cur = _judged(b, rs.target_run(b, noise=1e-5, errors={1: "timeout"}))
     assert find_regressions(base, cur) == []
     assert any("PASS -> TIMEOUT" in n for n in comparison_notes(base, cur))
-    sub = dict(cur, cases=cur["cases"][:2])
+    sub = replace(cur, cases=cur.cases[:2])
     assert any("only in the baseline" in n for n in comparison_notes(base, sub))
+    # one note per case, in case order (the same report.json from one run to the next)
+    down = _judged(b, rs.target_run(b, noise=1e-5, errors={3: "timeout", 1: "error", 2: "timeout"}))
+    assert [n.split(":")[0] for n in comparison_notes(base, down) if "infrastructure" in n] == [
+        "forward[1] output 0", "forward[2] output 0", "forward[3] output 0"]
 
 
 def _dataset(pred, labels):
@@ -83,8 +96,8 @@ def test_top1_drop_needs_to_beat_the_noise():
     slightly[20:23] = (labels[20:23] + 1) % 10  # 94.25%: a 0.75 point drop, within noise
     bad = good.copy()
     bad[20:60] = (labels[20:60] + 1) % 10  # 85%: a 10 point drop
-    base = rs.quick_report()
-    b, s, d = (dict(base, dataset=_dataset(p, labels)) for p in (good, slightly, bad))
+    base = Report.from_json(rs.quick_report())
+    b, s, d = (replace(base, dataset=_dataset(p, labels)) for p in (good, slightly, bad))
     assert find_regressions(b, s) == []
     regs = find_regressions(b, d)
     assert [r.rule for r in regs] == ["top1-drop"]
@@ -141,11 +154,11 @@ def test_compare_command_exit_codes(tmp_path):
 
     db = tmp_path / "h.sqlite"
     b = rs.make_bundle(cases=3)
-    good = rs.make_report(b, rs.target_run(b, noise=1e-5), label="good")
-    bad = rs.make_report(b, rs.target_run(b, noise=5e-2), label="bad")
+    good = _judged(b, rs.target_run(b, noise=1e-5), label="good")
+    bad = _judged(b, rs.target_run(b, noise=5e-2), label="bad")
     history.record_report(db, good)
     history.record_report(db, bad)
-    (tmp_path / "good.json").write_text(_json.dumps(good))
+    (tmp_path / "good.json").write_text(_json.dumps(good.to_json()))
     env = dict(os.environ, BUNDLERUN_HISTORY=str(db))
 
     def cli(*args):
@@ -171,9 +184,9 @@ def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
     from bundlerun.runner.regression import inputs_digest, program_sha256
 
     b = rs.make_bundle(cases=cases)
-    reports = [rs.make_report(b, rs.target_run(b, noise=n, seed=s)) for n, s in ((base_noise, 1), (cur_noise, 2))]
+    reports = [_judged(b, rs.target_run(b, noise=n, seed=s)) for n, s in ((base_noise, 1), (cur_noise, 2))]
     for r in reports:
-        r["bundle"].update(inputs_sha256=inputs_digest(b), program_sha256=program_sha256(b.manifest, b))
+        r.bundle.update(inputs_sha256=inputs_digest(b), program_sha256=program_sha256(b.manifest, b))
     return b, reports[0], reports[1]
 
 
@@ -185,34 +198,34 @@ def test_related_runs_have_no_reasons_and_unrelated_ones_say_why():
     b, base, cur = _related_pair()
     assert unrelated_reasons(base, cur) == []
     # a subset of the cases (run --select) is still the same bundle
-    assert unrelated_reasons(base, dict(cur, cases=cur["cases"][:2])) == []
+    assert unrelated_reasons(base, replace(cur, cases=cur.cases[:2])) == []
 
     def changed(edit):
         c = copy.deepcopy(cur)
         edit(c)
         return unrelated_reasons(base, c)
 
-    assert changed(lambda c: c["target"].update(url="tosa://int")) == [
+    assert changed(lambda c: c.target.update(url="tosa://int")) == [
         "target differs (baseline 'host://xnnpack', current 'tosa://int')"]
-    assert changed(lambda c: c["bundle"].update(dtype="int8")) == ["dtype differs (baseline 'fp32', current 'int8')"]
+    assert changed(lambda c: c.bundle.update(dtype="int8")) == ["dtype differs (baseline 'fp32', current 'int8')"]
     other = rs.make_bundle(cases=4, seed=7)  # another seed: other inputs
-    [reason] = changed(lambda c: c["bundle"].update(inputs_sha256=inputs_digest(other)))
+    [reason] = changed(lambda c: c.bundle.update(inputs_sha256=inputs_digest(other)))
     assert reason.startswith("different test inputs")
     # a retrained model on the same inputs is a fair comparison; without the inputs digest it is not
-    assert changed(lambda c: c["bundle"].update(model="mlp-retrained")) == []
-    assert changed(lambda c: c["bundle"].update(model="mlp-retrained", inputs_sha256=None)) == [
+    assert changed(lambda c: c.bundle.update(model="mlp-retrained")) == []
+    assert changed(lambda c: c.bundle.update(model="mlp-retrained", inputs_sha256=None)) == [
         "model differs (baseline 'mlp', current 'mlp-retrained')"]
-    assert changed(lambda c: [case.update(method="decode") for case in c["cases"]])[0].startswith("methods differ")
-    shifted = changed(lambda c: [case.update(case=case["case"] + 2) for case in c["cases"]])
+    assert changed(lambda c: [setattr(case, "method", "decode") for case in c.cases])[0].startswith("methods differ")
+    shifted = changed(lambda c: [setattr(case, "case", case.case + 2) for case in c.cases])
     assert shifted == ["the runs cover different cases (2 only in the baseline, 2 only in the current run; "
                        "one must be a subset of the other)"]
-    renamed = changed(lambda c: [o.update(name="logits") for case in c["cases"] for o in case["outputs"]])
+    renamed = changed(lambda c: [setattr(o, "name", "logits") for case in c.cases for o in case.outputs])
     assert renamed == ["outputs differ (forward output 0 is 'out0' in the baseline, 'logits' now)"]
-    assert changed(lambda c: c.update(cases=[])) == ["no case-output in common: nothing to compare"]
+    assert changed(lambda c: setattr(c, "cases", [])) == ["no case-output in common: nothing to compare"]
     # a different program is what a comparison is for: a note, not a reason
-    assert changed(lambda c: c["bundle"].update(program_sha256="f" * 64)) == []
+    assert changed(lambda c: c.bundle.update(program_sha256="f" * 64)) == []
     c = copy.deepcopy(cur)
-    c["bundle"]["program_sha256"] = "f" * 64
+    c.bundle["program_sha256"] = "f" * 64
     assert any(n.startswith("program differs") for n in comparison_notes(base, c))
 
 
@@ -221,14 +234,14 @@ def test_metric_deltas_side_by_side():
 
     b, base, cur = _related_pair(1e-5, 5e-2, cases=3)
     exact = b.suite("forward").test_cases[1].expected_outputs[0].to_array()
-    cur2 = rs.make_report(b, rs.target_run(b, noise=5e-2, seed=2, outputs={1: exact}))  # case 1 matches exactly
+    cur2 = _judged(b, rs.target_run(b, noise=5e-2, seed=2, outputs={1: exact}))  # case 1 matches exactly
     deltas = metric_deltas(base, cur2)
     [out] = deltas["outputs"]
     assert (out["method"], out["name"], out["cases"]) == ("forward", "out0", 3)
     assert out["verdicts"] == {"baseline": {"PASS": 3}, "current": {"FAIL": 2, "PASS": 1}}
 
     def stats(report, key):
-        return [c["outputs"][0]["stats"][key] for c in report["cases"]]
+        return [c.outputs[0].stats[key] for c in report.cases]
 
     em = out["error_max"]
     assert em["baseline"] == max(stats(base, "error_max")) and em["current"] == max(stats(cur2, "error_max"))
@@ -252,30 +265,30 @@ def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
 
     db = tmp_path / "h.sqlite"
     b, base, cur = _related_pair(1e-5, 1e-5)
-    base["run"]["label"] = "v1"
+    base.run["label"] = "v1"
     history.record_report(db, base)
-    cnn = rs.quick_report(model="tiny-cnn")
-    assert cnn["summary"]["exit_code"] == 0
+    cnn = Report.from_json(rs.quick_report(model="tiny-cnn"))
+    assert cnn.summary.exit_code == 0 and cnn.baseline is None
     assert check_baseline("v1", cnn, db) == []
-    assert cnn["baseline"]["refused"] == "model differs (baseline 'mlp', current 'tiny-cnn')"
-    assert cnn["summary"]["exit_code"] == 2 and cnn["summary"]["verdict"] == "PASS"  # the check asked for was not made
-    assert any("baseline 'v1' not compared: unrelated runs" in w for w in cnn["warnings"])
+    assert cnn.baseline["refused"] == "model differs (baseline 'mlp', current 'tiny-cnn')"
+    assert cnn.baseline["label"] == "v1" and cnn.baseline["history_id"] == 1  # the run it was held against
+    assert cnn.summary.exit_code == 2 and cnn.summary.verdict == "PASS"  # the check asked for was not made
+    assert any("baseline 'v1' not compared: unrelated runs" in w for w in cnn.warnings)
     # the summaries say it was not compared, never "no regressions"
-    from bundlerun.runner.report.model import Report
     from bundlerun.runner.writers.html import render_html
     from bundlerun.runner.writers.markdown import render_markdown
 
-    md, page = render_markdown(Report.from_json(cnn), []), render_html(Report.from_json(cnn), regressions=[])
+    md, page = render_markdown(cnn, []), render_html(cnn, regressions=[])
     assert "Baseline v1 not compared" in md and "No regressions" not in md
     assert "not compared: unrelated runs" in page and "No regressions" not in page
     # allowed by config, it is compared (and finds nothing)
-    forced = rs.quick_report(model="tiny-cnn")
+    forced = Report.from_json(rs.quick_report(model="tiny-cnn"))
     assert check_baseline("v1", forced, db, {"regression": {"allow_unrelated": True}}) == []
-    assert "refused" not in forced["baseline"] and forced["summary"]["exit_code"] == 0
+    assert "refused" not in forced.baseline and forced.summary.exit_code == 0
     # a related run gets the per-output deltas in its report and summary.md
     check_baseline("v1", cur, db)
-    assert "refused" not in cur["baseline"] and cur["baseline"]["outputs"][0]["name"] == "out0"
-    assert "| forward.out0 | 4 |" in render_markdown(Report.from_json(cur), [])
+    assert "refused" not in cur.baseline and cur.baseline["outputs"][0]["name"] == "out0"
+    assert "| forward.out0 | 4 |" in render_markdown(cur, [])
 
 
 def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
@@ -287,9 +300,9 @@ def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
 
     db = tmp_path / "h.sqlite"
     b, good, bad = _related_pair(1e-5, 5e-2, cases=3)
-    good["run"]["label"], bad["run"]["label"] = "good", "bad"
-    other = rs.quick_report(model="tiny-cnn", label="cnn")
-    other["target"]["url"] = "tosa://int"
+    good.run["label"], bad.run["label"] = "good", "bad"
+    other = Report.from_json(rs.quick_report(model="tiny-cnn", label="cnn"))
+    other.target["url"] = "tosa://int"
     for r in (good, bad, other):
         history.record_report(db, r)
     (tmp_path / "empty.json").write_text("{}")
@@ -315,7 +328,7 @@ def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
     assert proc.returncode == 1
     data = _json.loads(proc.stdout)
     [out] = data["outputs"]
-    worst = max(c["outputs"][0]["stats"]["error_max"] for c in bad["cases"])
+    worst = max(c.outputs[0].stats["error_max"] for c in bad.cases)
     assert out["error_max"]["current"] == pytest.approx(worst)
     assert out["sqnr"]["delta"] == pytest.approx(out["sqnr"]["current"] - out["sqnr"]["baseline"]) and out["sqnr"]["delta"] < -40
     assert len(data["case_outputs"]) == 3 and data["baseline"]["label"] == "good"
