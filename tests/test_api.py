@@ -22,7 +22,7 @@ def test_the_documented_example_runs():
     assert report.summary.verdict == "PASS" and {c.method for c in report.cases} == {"forward", "features"}
     assert (namespace["work"] / "report" / "report.json").is_file()
     strict = namespace["strict"]
-    assert strict.summary.exit_code in (0, 1) and strict.extras["judged"]["previous_summary"]["exit_code"] == 0
+    assert strict.summary.exit_code in (0, 1) and strict.judged["previous_summary"]["exit_code"] == 0
 
 
 def test_run_without_a_report_folder_keeps_nothing_and_returns_typed_records(tmp_path, bundle_cache, monkeypatch):

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import click
 
 from bundlerun.bundles.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 
 def _fmt(value, key: str) -> str:
@@ -67,10 +71,10 @@ def _counts(counts: dict) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
 
 
-def _cross_target(base: dict, cur: dict, reasons: list[str]) -> bool:
+def _cross_target(base: "Report", cur: "Report", reasons: list[str]) -> bool:
     """The same bundle on two targets: the only reason the runs differ is the target, and both ran
     the same program (program digest, else the same bundle file)."""
-    bb, cb = base.get("bundle") or {}, cur.get("bundle") or {}
+    bb, cb = base.bundle, cur.bundle
     same = (bb.get("program_sha256") and bb.get("program_sha256") == cb.get("program_sha256")) or (
         bb.get("sha256") and bb.get("sha256") == cb.get("sha256"))
     return bool(same and reasons and all(r.startswith("target differs") for r in reasons))
@@ -152,12 +156,11 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     deltas = metric_deltas(base, cur)
     perf_rows = perf_deltas(base, cur, perf_rules)[0]
 
-    def ident(r):
-        run = r.get("run") or {}
-        b = r.get("bundle") or {}
+    def ident(r: "Report") -> dict:
+        run, b = r.run, r.bundle
         return {"history_id": run.get("history_id"), "run_id": run.get("id"), "label": run.get("label"),
-                "model": b.get("model"), "dtype": b.get("dtype"), "target": (r.get("target") or {}).get("url"),
-                "program_sha256": b.get("program_sha256"), "verdict": (r.get("summary") or {}).get("verdict")}
+                "model": b.get("model"), "dtype": b.get("dtype"), "target": r.target.get("url"),
+                "program_sha256": b.get("program_sha256"), "verdict": r.summary.verdict}
 
     if as_json:
         click.echo(json.dumps({"baseline": ident(base), "current": ident(cur), "forced": bool(force),
