@@ -243,8 +243,6 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
 
     write_record(merged, report_dir)
     files = write_reports(merged, report_dir)
-    if "markdown" in files:
-        _add_farm_markdown(Path(files["markdown"]), merged.extras["farm"])
     merged.files = {k: str(v) for k, v in files.items()}
     write_record(merged, report_dir)
     if interrupted:
@@ -279,26 +277,3 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
     report.files = {k: str(v) for k, v in write_reports(report, report_dir).items()}
     write_record(report, report_dir)
     return FarmResult(report, EXIT_PASS, [], [])
-
-
-def _add_farm_markdown(path: Path, farm: dict[str, Any]) -> None:
-    """summary.md: the jobs (verdict, attempts, devices, flaky) and the devices that failed, first."""
-    from bundlerun.bundles.fileio import atomic_write_text
-    from bundlerun.runner.writers.markdown import _md
-
-    lines = [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
-             f"({_md(farm['executor'].get('name'))} executor)", "",
-             "| job | verdict | attempts | devices | flaky |", "|---|---|---:|---|---|"]
-    for job in farm["jobs"]:
-        devices = ", ".join(dict.fromkeys(str(a.get("device") or a["url"]) for a in job["attempts"])) or "–"
-        lines.append(f"| {_md(job['job'])} | {job['verdict']} | {len(job['attempts'])} | {_md(devices)} "
-                     f"| {'flaky' if job['flaky'] else ''} |")
-    bad = [d for d in farm["devices"] if d["infra_failures"]]
-    if bad:
-        lines += ["", "Devices with infrastructure failures:", ""]
-        lines += [f"- {_md(d.get('resource') or d['url'])}: {d['infra_failures']} of {d['attempts']} attempts "
-                  f"({d['infra_rate'] * 100:.0f}%)" for d in bad]
-    try:
-        atomic_write_text(path, "\n".join(lines) + "\n\n" + path.read_text())
-    except OSError:
-        pass  # the summary is a convenience; report.json is the record

@@ -227,7 +227,27 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         lines.append("")
     for w in report.warnings:
         lines.append(f"> ⚠️ {_cell(w)}")
-    return "\n".join(lines).rstrip() + "\n"
+    text = "\n".join(lines).rstrip() + "\n"
+    farm = report.extras.get("farm") or {}
+    return _farm_section(farm) + "\n\n" + text if farm.get("jobs") and "makespan_s" in farm else text
+
+
+def _farm_section(farm: dict[str, Any]) -> str:
+    """A farm's merged report, first: the jobs (verdict, attempts, devices, flaky) and the devices that
+    failed (the `farm` section of runner/farm/run.py; an attempt's own `farm` record has no jobs)."""
+    lines = [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
+             f"({_md(farm['executor'].get('name'))} executor)", "",
+             "| job | verdict | attempts | devices | flaky |", "|---|---|---:|---|---|"]
+    for job in farm["jobs"]:
+        devices = ", ".join(dict.fromkeys(str(a.get("device") or a["url"]) for a in job["attempts"])) or "–"
+        lines.append(f"| {_md(job['job'])} | {job['verdict']} | {len(job['attempts'])} | {_md(devices)} "
+                     f"| {'flaky' if job['flaky'] else ''} |")
+    bad = [d for d in farm["devices"] if d["infra_failures"]]
+    if bad:
+        lines += ["", "Devices with infrastructure failures:", ""]
+        lines += [f"- {_md(d.get('resource') or d['url'])}: {d['infra_failures']} of {d['attempts']} attempts "
+                  f"({d['infra_rate'] * 100:.0f}%)" for d in bad]
+    return "\n".join(lines)
 
 
 def write_markdown(
