@@ -2,7 +2,7 @@
 
 Real `arm_executor_runner` output (the formats in tests/test_runner_log.py) is mutated (bit flips,
 truncation, NULs, invalid UTF-8, an early EOT, huge lines, repeated boots, garbage) and carried by a
-real pyserial port to `targets.arm.serial.capture_uart`, then through the same log parsing and
+real pyserial port to `targets.arm.serial_capture.capture_uart`, then through the same log parsing and
 per-case classification the serial target uses (`parse_runner_log`, `case_from_session`):
 
 - over `socket://` (a board or an FVP telnet UART): bytes sent in arbitrary pieces, then the
@@ -28,7 +28,9 @@ import serial
 from bundlerun.bundles import scalar_types as st
 from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
-from bundlerun.targets.arm.serial import _ENDS, SerialSettings, capture_uart
+from bundlerun.targets.arm.serial import _ENDS
+from bundlerun.targets.arm.serial_capture import capture_uart
+from bundlerun.targets.arm.serial_settings import SerialSettings
 from bundlerun.targets.base import CaseStatus
 from tests.test_runner_log import REAL_BUS_FAULT, REAL_EARLY, REAL_HANG, REAL_TUTORIAL
 

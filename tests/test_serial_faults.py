@@ -153,7 +153,8 @@ def test_capture_stop_rules_over_loop_port():
     """capture_uart on pyserial's loop:// (what is written is read back): the stop rules."""
     import serial
 
-    from bundlerun.targets.arm.serial import SerialSettings, capture_uart
+    from bundlerun.targets.arm.serial_capture import capture_uart
+    from bundlerun.targets.arm.serial_settings import SerialSettings
 
     def cap(payload: bytes, timeout: float = 5.0, **kw):
         port = serial.serial_for_url("loop://", timeout=0.05)

@@ -18,7 +18,7 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.targets import open_target, parse_target_url
 from bundlerun.targets.base import CaseStatus
 from bundlerun.targets.et_runner.outputs import LOSSY_ROUNDING_ATOL
-from bundlerun.targets.arm.serial import settings_from
+from bundlerun.targets.arm.serial_settings import settings_from
 from doubles.board import BoardProcess, firmware_outputs
 from serial_helpers import case_bytes, child_pids, open_fds, run_serial
 

@@ -5,5 +5,5 @@
     protocol.py   how a session ended, the failure it shows (targets.failures), the device's own
                   verdict, and output collection: one protocol for every Arm-runner lane
     simulator.py  one supervised simulator process (FVP, QEMU)
-    fvp.py, qemu.py, serial.py   the lanes: they only move bytes
+    fvp.py, qemu.py, serial.py   the lanes: they only move bytes (serial_*.py: the serial lane's parts)
 """
