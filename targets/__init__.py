@@ -33,8 +33,6 @@ BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.vulkan",
     "bundlerun.targets.qnn",
     "bundlerun.targets.mlx",
-    "bundlerun.targets.vulkan",
-    "bundlerun.targets.qnn",
     "bundlerun.targets.ssh",
     "bundlerun.targets.labgrid",
 )

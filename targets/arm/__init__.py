@@ -1,9 +1,11 @@
 """ExecuTorch's Arm runner (arm_executor_runner), whatever carries its bytes.
 
-    log.py        the runner-log parser (ET_LOG lines, BundleIO markers, printed outputs, ETDump block)
-    outputs.py    outputs from ETDump (bit exact) or printed lines (lossy)
-    protocol.py   how a session ended, the failure it shows (targets.failures), the device's own
-                  verdict, and output collection: one protocol for every Arm-runner lane
     simulator.py  one supervised simulator process (FVP, QEMU)
     fvp.py, qemu.py, serial.py   the lanes: they only move bytes (serial_*.py: the serial lane's parts)
+    perf.py       the runner's PMU and memory figures from its log
+    qemu_plugin.py   QEMU's instruction count (a TCG plugin built by firmware_scripts/arm)
+    intermediates.py   `debug` on the Arm lanes (one case with every intermediate, ETDump)
+
+The runner's log parser, session protocol and output decoding are shared with the lanes that run
+ExecuTorch's portable executor_runner, so they live in targets/et_runner/.
 """

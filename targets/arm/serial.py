@@ -33,7 +33,7 @@ from typing import Any
 from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.arm.serial_capture import Capture, capture_uart
 from bundlerun.targets.arm.serial_commands import Board, LaunchFault, render_command, run_command
-from bundlerun.targets.arm.serial_port import PortFault, _host_port, check_tcp_port_free, open_port_waiting, reset_board
+from bundlerun.targets.arm.serial_port import PortFault, host_port, check_tcp_port_free, open_port_waiting, reset_board
 from bundlerun.targets.arm.serial_settings import SerialSettings, settings_from
 from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
@@ -72,8 +72,8 @@ class SerialTarget(TargetBase):
             "elf": argv.local_path(s.elf, "elf", where) if s.elf else "",
             "target": argv.word(str(s.target or ""), "target", where, empty=True),
             "port": argv.word(s.port_url, "port", where),
-            "host": argv.word(_host_port(s.port_url)[0], "host", where, empty=True),  # socket:// and rfc2217://
-            "tcp_port": argv.word(_host_port(s.port_url)[1], "tcp_port", where, empty=True),
+            "host": argv.word(host_port(s.port_url)[0], "host", where, empty=True),  # socket:// and rfc2217://
+            "tcp_port": argv.word(host_port(s.port_url)[1], "tcp_port", where, empty=True),
             "work_dir": argv.local_path(Path(work).resolve(), "work_dir", where),
         }
         return values

@@ -25,7 +25,7 @@ def check_tcp_port_free(settings: SerialSettings) -> None:
     listening there would take bundlerun's connection (a stale emulator, another run)."""
     import socket
 
-    host, port = _host_port(settings.port_url)
+    host, port = host_port(settings.port_url)
     if not port or host not in ("127.0.0.1", "localhost", "::1"):
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -38,7 +38,7 @@ def check_tcp_port_free(settings: SerialSettings) -> None:
                             "could not listen there (a stale emulator or another run?)") from None
 
 
-def _host_port(port_url: str) -> tuple[str, str]:
+def host_port(port_url: str) -> tuple[str, str]:
     """('127.0.0.1', '5555') for socket:// and rfc2217:// URLs, ('', '') otherwise."""
     m = re.match(r"^(?:socket|rfc2217)://\[?([^\]/]*?)\]?:(\d+)", port_url)
     return (m.group(1), m.group(2)) if m else ("", "")
