@@ -191,19 +191,20 @@ class ImportResult:
     criteria: str = ""
 
 
-def import_golden(golden: Golden, out_dir: Path, *, target: str | None = None, backend: str | None = None,
-                  dtype: str | None = None, registry: Any = None) -> ImportResult:
-    """One golden -> `<out>/<flow>/<name>.bpte`, its tolerances from the registry for the flow's backend."""
+def import_golden(golden: Golden, out_dir: Path, numbers: Any, *, target: str | None = None,
+                  backend: str | None = None, dtype: str | None = None, registry: Any = None) -> ImportResult:
+    """One golden -> `<out>/<flow>/<name>.bpte`, its tolerances from the registry for the flow's backend.
+    `numbers`: what the flow asks of the registry (runner/suite/flows.FlowNumbers: backend, dtype,
+    reference, problem), resolved by the caller from the flow's name; `target`: the flow's default
+    target or the user's (else host://<backend>)."""
     from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program
-    from bundlerun.runner.suite.flows import default_target, numbers_from_name
 
     try:
         program, inputs, outputs = read_golden(golden)
-        numbers = numbers_from_name(golden.flow)
         chosen = backend or numbers.backend
         if chosen is None:
             raise GoldenError(f"{golden.pte}: {numbers.problem}; give --backend")
-        url = target or default_target(golden.flow) or f"host://{chosen}"
+        url = target or f"host://{chosen}"
         built = bundle_program(ProgramBundleRequest(
             program=program, cases={"forward": [ProgramCase(inputs, outputs)]}, backend=chosen,
             dtype=dtype or numbers.dtype, target=url, reference=numbers.reference, model=f"{golden.flow}/{golden.name}",

@@ -23,6 +23,7 @@ def command(root, out_dir, target, backend, dtype):
     Exit code 2 when any golden could not be imported."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.goldens import find_goldens, import_golden
+    from bundlerun.runner.suite.flows import default_target, numbers_from_name
     from bundlerun.runner.safe_text import visible
 
     try:
@@ -34,7 +35,9 @@ def command(root, out_dir, target, backend, dtype):
         raise click.ClickException(visible(exc)) from None
     imported = 0
     for golden in goldens:
-        result = import_golden(golden, out_dir, target=target, backend=backend, dtype=dtype, registry=registry)
+        result = import_golden(golden, out_dir, numbers_from_name(golden.flow),
+                               target=target or default_target(golden.flow), backend=backend, dtype=dtype,
+                               registry=registry)
         if result.error:
             problems.append(result)  # type: ignore[arg-type]
             continue
