@@ -17,6 +17,9 @@ config `[history] path`, then `$XDG_DATA_HOME/bundlerun/history.sqlite`
 Times (`started`, `finished`, `recorded`) are stored as UTC ISO-8601 with the
 offset (`+00:00`). Rows recorded before that (a time without an offset) are read
 as UTC; `history` shows local time with its offset (`--utc` for UTC).
+
+Over 500 lines on purpose: the schema, the writes and the queries of one SQLite file, which share
+its connection and lock/retry discipline; tags and the HUD's queries are runner/history_tags.py.
 """
 
 from __future__ import annotations

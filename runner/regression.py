@@ -27,6 +27,9 @@ compares anyway.
 
 Every function here reads the typed report (`Report`, runner/report/model.py); `compare` and
 `--baseline` get theirs from history.resolve_run.
+
+Over 500 lines on purpose: the rules (numerics, dataset, perf) and the notes that explain them read
+one index of case-outputs and one of perf figures; the terminal view is `format_regressions` here.
 """
 
 from __future__ import annotations
