@@ -263,8 +263,8 @@ def finish_run(
     no_history: bool = False,
 ) -> Report:
     """After a run (plain or accuracy): record it in the history, check it against a
-    baseline (a regression makes the exit code 1), write JUnit/Markdown/HTML, and
-    rewrite report.json with all of that in it."""
+    baseline (a regression makes the exit code 1), and write every registered format,
+    report.json last with all of that in it."""
     from bundlerun.runner import history
     from bundlerun.runner.regression import check_baseline
     from bundlerun.runner.writers import write_reports
@@ -280,9 +280,7 @@ def finish_run(
         report.regressions = check_baseline(baseline, report, db, project)
         if report.regressions and report.summary.exit_code == EXIT_PASS:
             report.summary.exit_code = EXIT_FAIL
-    files = write_reports(report, Path(report_dir), bundle=bundle, history_db=db)
-    report.files = {k: str(v) for k, v in files.items()}
-    write_record(report, report_dir)
+    write_reports(report, Path(report_dir), bundle=bundle, history_db=db)  # report.json last, listing the rest
     return report
 
 

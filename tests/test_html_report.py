@@ -58,7 +58,7 @@ def _report_with_history(tmp_path):
 def test_html_is_self_contained_with_plots(tmp_path):
     report, bundle_path, outputs, db = _report_with_history(tmp_path)
     files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
-    assert set(files) == {"junit", "markdown", "html"}
+    assert set(files) == {"junit", "markdown", "html", "json"}
     page = files["html"].read_text()
     # nothing is fetched from anywhere: no external src/href, no scripts
     assert not re.search(r'(src|href)=["\']?(https?:|//|file:)', page)
@@ -84,7 +84,8 @@ def test_markdown_goes_to_github_step_summary(tmp_path, monkeypatch):
     summary.write_text("previous step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     report = Report.from_json(rs.quick_report(noise=5e-2))
-    files = write_reports(report, tmp_path / "out", formats=("markdown",))
+    files = write_reports(report, tmp_path / "out", formats=("markdown", "github-summary"))
+    assert set(files) == {"markdown"}  # the step summary is not a file of the report folder
     text = summary.read_text()
     assert text.startswith("previous step\n")  # appended, not replaced
     assert "**FAIL**" in text and "elementwise" in text
@@ -150,7 +151,7 @@ def _hostile_report(tmp_path):
 def test_hostile_text_is_inert_in_html(tmp_path):
     report, bundle_path, outputs, db = _hostile_report(tmp_path)
     files = write_reports(report, tmp_path / "out", bundle=bundle_path, outputs=outputs, history_db=db)
-    assert set(files) == {"junit", "markdown", "html"}, report.warnings
+    assert set(files) == {"junit", "markdown", "html", "json"}, report.warnings
     assert not any("not written" in w for w in report.warnings)  # the mathtext did not break a plot
     page = files["html"].read_text(encoding="utf-8")
     for ch in CONTROLS:

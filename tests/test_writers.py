@@ -4,6 +4,7 @@ reports come from the real judge (tests/report_samples.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -32,8 +33,9 @@ def _cases_csv(report: Report, path: Path, inputs: writers.Inputs) -> Path:
 def test_the_built_in_formats_and_their_files():
     known = writers.registered()
     assert {name: w.filename for name, w in known.items()} == {
-        "junit": "junit.xml", "markdown": "summary.md", "html": "report.html"}
-    assert "github" not in known  # annotations and the step summary are not files of the report folder
+        "junit": "junit.xml", "markdown": "summary.md", "html": "report.html", "json": "report.json",
+        "github-summary": None}  # GitHub's step summary is a file GitHub names, not one of the folder
+    assert [name for name, w in known.items() if w.record] == ["json"]
 
 
 def test_a_writer_registered_in_a_test_is_written(registry, tmp_path):
@@ -74,14 +76,17 @@ def test_default_writes_every_registered_format(registry, tmp_path):
     registry.writer("cases-csv", "cases.csv", "case list")(_cases_csv)
     report = Report.from_json(rs.quick_report())
     files = write_reports(report, tmp_path)
-    assert set(files) == {"junit", "markdown", "html", "cases-csv"}, report.warnings
+    assert set(files) == {"junit", "markdown", "html", "cases-csv", "json"}, report.warnings
     assert all(p.is_file() and p.parent == tmp_path for p in files.values())
+    # the record is written last and lists every file, itself included
+    record = json.loads((tmp_path / "report.json").read_text())
+    assert record["files"] == {k: str(v) for k, v in files.items()} == report.files
 
 
 def test_an_unknown_format_is_a_clear_error_and_writes_nothing(tmp_path):
     report = Report.from_json(rs.quick_report())
     with pytest.raises(WriterError, match=r"unknown report format 'junt' \(did you mean 'junit'\?\); "
-                                          r"registered: html, junit, markdown"):
+                                          r"registered: github-summary, html, json, junit, markdown"):
         write_reports(report, tmp_path / "out", formats=("markdown", "junt"))
     assert not (tmp_path / "out").exists()
 

@@ -62,7 +62,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     from bundlerun.runner.judge import judge_run, load_context, summarize
     from bundlerun.runner.overrides import apply_overrides
     from bundlerun.runner.report.model import elapsed_figures
-    from bundlerun.runner.report.record import OUTPUTS_FILE, write_record
+    from bundlerun.runner.report.record import OUTPUTS_FILE
     from bundlerun.runner.saved_run import load_saved_run
 
     from bundlerun.runner.overrides import parse_overrides
@@ -98,8 +98,5 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         report.outputs_sha256 = file_digest(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.writers import write_reports
 
-        # every report file of the new verdict, not only report.json
-        files = write_reports(report, out_dir, bundle=saved.bundle)
-        report.files = {k: str(v) for k, v in files.items()}
-        write_record(report, out_dir)
+        write_reports(report, out_dir, bundle=saved.bundle)  # every format of the new verdict, report.json last
     return report

@@ -20,18 +20,13 @@ from bundlerun.runner.report.model import Report
 
 
 def write_merged(report: Report, out_dir: Path) -> dict[str, Path]:
-    """report.json + junit.xml + summary.md + report.html into out_dir (report.json last, with the file list)."""
-    from bundlerun.runner.report.record import write_record
+    """Every registered format into out_dir (report.json last, with the file list)."""
     from bundlerun.runner.writers import write_reports
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle_path = report.bundle.get("path")
-    files = write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
-    files["json"] = out_dir / "report.json"
-    report.files = {k: str(v) for k, v in files.items()}
-    write_record(report, out_dir)
-    return files
+    return write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
 
 
 @click.command(name="merge")

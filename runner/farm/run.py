@@ -241,10 +241,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         merged.extras["farm"]["shard"] = shard_rec["spec"]
     from bundlerun.runner.writers import write_reports
 
-    write_record(merged, report_dir)
-    files = write_reports(merged, report_dir)
-    merged.files = {k: str(v) for k, v in files.items()}
-    write_record(merged, report_dir)
+    write_record(merged, report_dir)  # the verdicts first, whatever a writer does
+    write_reports(merged, report_dir)
     if interrupted:
         raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)
@@ -254,7 +252,7 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
     """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
     its report still carries the shard record so `bundlerun merge` counts it."""
     from bundlerun.runner.report.model import Summary
-    from bundlerun.runner.report.record import tool_version, write_record
+    from bundlerun.runner.report.record import tool_version
     from bundlerun.runner.writers import write_reports
 
     report = Report(
@@ -274,6 +272,5 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
             "shard": record,
         },
     )
-    report.files = {k: str(v) for k, v in write_reports(report, report_dir).items()}
-    write_record(report, report_dir)
+    write_reports(report, report_dir)
     return FarmResult(report, EXIT_PASS, [], [])

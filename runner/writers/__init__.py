@@ -3,10 +3,12 @@
 report.json stays the artifact of record; every format here is derived from the typed `Report`
 (plus, for the HTML plots, the saved actual outputs and the bundle's expected outputs when they
 are available). Each format is one module of this package that registers itself with the
-`writer` decorator (html.py -> report.html, junit.py -> junit.xml, markdown.py -> summary.md); `write_reports` imports
-every module of the package once, so a new format is one new module and nothing else
-(docs/report-schema.md, "Adding a report format"). github.py registers nothing: its annotations
-go to stdout and its step summary to a file GitHub names, not into the report folder.
+`writer` decorator (html.py -> report.html, junit.py -> junit.xml, markdown.py -> summary.md,
+json_record.py -> report.json, github.py -> the GitHub job's step summary); `write_reports`
+imports every module of the package once, so a new format is one new module and nothing else
+(docs/report-schema.md, "Adding a report format"). report.json, the record, is written last,
+with `files` naming everything written before it; a writer with no file in the report folder
+(`filename=None`: GitHub's step summary, a file GitHub names) is not listed in `files`.
 
 A derived report that cannot be written is a warning plus an `unwritten` entry, never a lost
 run: `write_reports` returns what it wrote.
@@ -53,15 +55,18 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Writer:
-    """One derived format: its name (the key in report.files), the file it writes in the report
-    folder, and `write(report, path, inputs) -> path`. A failure of a type in `errors` is "not
-    written" (`title` names it in the warning); anything else is a bug and propagates."""
+    """One format: its name (the key in report.files), the file it writes in the report folder
+    (None: somewhere else, and `path` is None), and `write(report, path, inputs) -> path or None`
+    (None: nothing written, e.g. not in a GitHub job). A failure of a type in `errors` is "not
+    written" (`title` names it in the warning); anything else is a bug and propagates. `record`:
+    report.json, written after every other format."""
 
     name: str
-    filename: str
-    write: Callable[["Report", Path, Inputs], Path]
+    filename: str | None
+    write: Callable[["Report", Path | None, Inputs], Path | None]
     title: str = ""
     errors: tuple[type[Exception], ...] = (OSError,)
+    record: bool = False
 
 
 _REGISTRY: dict[str, Writer] = {}
@@ -71,18 +76,19 @@ _discovered = False
 def register(w: Writer) -> Writer:
     """Add a format; a second writer for the same name or file is refused (one would overwrite the other)."""
     for other in _REGISTRY.values():
-        if other.name == w.name or other.filename == w.filename:
+        if other.name == w.name or (w.filename is not None and other.filename == w.filename):
             raise WriterError(f"report format {w.name!r} ({w.filename}, {w.write.__module__}) clashes with "
                               f"{other.name!r} ({other.filename}, {other.write.__module__})")
     _REGISTRY[w.name] = w
     return w
 
 
-def writer(name: str, filename: str, title: str, errors: tuple[type[Exception], ...] = (OSError,)):
+def writer(name: str, filename: str | None, title: str, errors: tuple[type[Exception], ...] = (OSError,),
+           record: bool = False):
     """Decorator form of `register` for a module's write function."""
 
-    def wrap(fn: Callable[["Report", Path, Inputs], Path]) -> Callable[["Report", Path, Inputs], Path]:
-        register(Writer(name, filename, fn, title, errors))
+    def wrap(fn: Callable[["Report", Path | None, Inputs], Path | None]):
+        register(Writer(name, filename, fn, title, errors, record))
         return fn
 
     return wrap
@@ -160,7 +166,8 @@ def write_reports(
     regressions: list[dict[str, Any]] | None = None,
     formats: Iterable[str] | None = None,
 ) -> dict[str, Path]:
-    """Write each registered format (or those named in `formats`, in that order) into `out_dir`.
+    """Write each registered format (or those named in `formats`, in that order; report.json last)
+    into `out_dir`, and set `report.files` to what was written there.
 
     `bundle`, `outputs`: see `Inputs`. `regressions`: shown when given; None takes the report's
     own (`report.regressions`, None when no baseline was checked). Returns {format: path} for what
@@ -178,12 +185,18 @@ def write_reports(
         return {}
     inputs = Inputs(out_dir, bundle, outputs, history_db, report.regressions if regressions is None else regressions)
     written: dict[str, Path] = {}
-    for w in chosen:
-        path = out_dir / w.filename
+    for w in sorted(chosen, key=lambda w: w.record):  # the record last: it lists the others
+        path = out_dir / w.filename if w.filename else None
+        if w.record:
+            report.files = {**{k: str(v) for k, v in written.items()}, w.name: str(path)}
         try:
-            written[w.name] = w.write(report, path, inputs)
+            result = w.write(report, path, inputs)
         except w.errors as exc:
             report.warnings.append(f"{w.title} not written: {exc}")
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError) and path is not None:
                 note_unwritten(report, path, exc)
+            continue
+        if result is not None and w.filename:
+            written[w.name] = result
+    report.files = {k: str(v) for k, v in written.items()}
     return written

@@ -1,22 +1,22 @@
 """GitHub Actions: workflow-command annotations and the job's step summary, for whoever reads a
-GitHub job page. Not a registered writer (runner/writers/__init__.py): nothing of it goes into the
-report folder.
+GitHub job page. The step summary is a registered format ("github-summary", runner/writers/
+__init__.py) with no file in the report folder: the Markdown summary, appended to the file GitHub
+names; the annotations go to stdout from the commands that run reports (`annotate`).
 
 When `GITHUB_ACTIONS=true`, `annotate(report)` (a typed Report) prints one `::error` per failing output
 (numerical FAIL, and baseline regressions) and one `::warning` per case that could not
 run (infrastructure ERROR/TIMEOUT: a flaky board, not a regression), capped per level
 so a bad run does not drown the job page (GitHub shows at most 10 of each level per
 step); the last one says how many more there were. When `GITHUB_STEP_SUMMARY` is set,
-`append_step_summary(text)` appends Markdown to it (runner/writers/markdown.py's writer does
-this for every report it writes).
+`append_step_summary(text)` appends Markdown to it (the "github-summary" writer does this for
+every report written with every format, i.e. every run).
 
 Escaping follows GitHub's workflow-command rules (actions/toolkit `command.ts`): in the
 message `%`, `\\r`, `\\n` become `%25`, `%0D`, `%0A`; in a property value `:` and `,`
 also become `%3A` and `%2C`. Text from a bundle, a device or a user therefore cannot
 end the command early or inject a second one.
 
-Nothing here changes a verdict or an exit code. Cheap to import (stdlib only; the Report type
-is imported for type checking only).
+Nothing here changes a verdict or an exit code.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, TextIO
 
-from bundlerun.runner.safe_text import visible  # stdlib only, as this module
+from bundlerun.runner.safe_text import visible  # stdlib only
+from bundlerun.runner.writers import Inputs, writer
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -137,3 +138,14 @@ def append_step_summary(text: str, env: dict[str, str] | None = None) -> bool:
 
 def annotate_many(items: Iterable[tuple["Report", str | Path | None]], stream: TextIO | None = None) -> int:
     return sum(annotate(report, path, stream) for report, path in items)
+
+
+@writer("github-summary", None, "GitHub step summary")
+def _write_step_summary(report: "Report", path: None, inputs: Inputs) -> None:
+    """The Markdown summary appended to $GITHUB_STEP_SUMMARY, when set (a convenience: an
+    unwritable step summary is ignored, the report folder is what counts)."""
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        from bundlerun.runner.writers.markdown import render_markdown
+
+        append_step_summary(render_markdown(report, inputs.regressions))
+    return None

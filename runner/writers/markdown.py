@@ -250,18 +250,9 @@ def _farm_section(farm: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(
-    report: Report, path: str | Path, regressions: list[dict[str, Any]] | None = None, step_summary: bool = True
-) -> Path:
-    """Write the summary; also append it to $GITHUB_STEP_SUMMARY when that is set (a convenience:
-    an unwritable step summary is ignored, the report files are what count)."""
-    from bundlerun.runner.writers.github import append_step_summary
-
-    text = render_markdown(report, regressions)
-    out = atomic_write_text(path, text)
-    if step_summary:
-        append_step_summary(text)
-    return out
+def write_markdown(report: Report, path: str | Path, regressions: list[dict[str, Any]] | None = None) -> Path:
+    """Write the summary (GitHub's step summary gets the same text: runner/writers/github.py)."""
+    return atomic_write_text(path, render_markdown(report, regressions))
 
 
 @writer("markdown", "summary.md", "Markdown summary")
