@@ -118,7 +118,7 @@ def _accuracy(tmp_path, name, model="digits-mlp", dtype="fp32", baseline=None, l
     return run_accuracy(AccuracyRequest(
         model=model, dataset="digits", target="host://xnnpack", dtype=dtype, samples=SAMPLES, backend="xnnpack",
         report_dir=tmp_path / name, label=label, session=Session(history_db=str(db), baseline=baseline),
-    ))
+    )).to_json()  # the JSON of record
 
 
 @pytest.fixture(scope="module")
