@@ -146,8 +146,8 @@ def test_tosa_bundles_share_a_warm_walker(bundle_cache, tmp_path):
                    for i in range(2)]
         assert session.workers.started == 1
     assert [r.summary.verdict for r in reports] == ["PASS", "PASS"]
-    assert [r["target"]["info"]["worker"] for r in reports] == ["warm, started", "warm, reused"]
-    assert "TOSABackend" in reports[1]["target"]["info"]["delegates"]
+    assert [r.target["info"]["worker"] for r in reports] == ["warm, started", "warm, reused"]
+    assert "TOSABackend" in reports[1].target["info"]["delegates"]
 
 
 def test_session_keeps_targets_that_ask_for_it_and_closes_them(monkeypatch):
