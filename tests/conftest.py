@@ -31,6 +31,10 @@ def _process_tag(monkeypatch):
 
 @pytest.fixture(scope="session")
 def bundle_cache(tmp_path_factory):
+    """A bundle to run, built once per session and through bundlerun's content-addressed build cache
+    (`cache=True`, as `bundlerun build` does by default): the key covers the bundles/ code, the model,
+    every option and the package versions, so a cached bundle is the bundle this tree would build. Tests
+    of the build itself call build_bundle or the CLI with the cache off; `cache=False` here does too."""
     root = tmp_path_factory.mktemp("bundles")
     built: dict[tuple, Path] = {}
 
@@ -42,6 +46,7 @@ def bundle_cache(tmp_path_factory):
             from bundlerun.targets import default_backend
 
             name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
+            kw.setdefault("cache", True)
             result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype,
                                                backend=backend or default_backend(target),
                                                cases=cases, target=target, **kw))

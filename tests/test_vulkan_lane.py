@@ -84,15 +84,23 @@ def processes_under(folder: Path) -> list[int]:
     return found
 
 
-def test_validate_zoo_every_model_and_dtype(vulkan_runner, tmp_path):
-    """The README's `bundlerun validate zoo --target vulkan://lavapipe`: every zoo model in fp32, fp16 and int8,
-    every case through ExecuTorch's Vulkan delegate on lavapipe, judged with the registry's vulkan numbers."""
+@pytest.fixture(scope="module")
+def zoo_runs(vulkan_runner, tmp_path_factory) -> tuple[Path, list[dict]]:
+    """The README's `bundlerun validate zoo --target vulkan://lavapipe`, once for this module: every zoo model
+    in fp32, fp16 and int8, 2 cases each, outputs kept (the second-driver test runs the same bundles)."""
+    folder = tmp_path_factory.mktemp("vulkan-zoo")
+    res = run_cli("validate", "zoo", "--target", URL, "--dtype", ",".join(DTYPES), "--cases", "2", "--report",
+                  str(folder), "--no-history", "--json", "--save-outputs", timeout=3600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return folder, json.loads(res.stdout)["runs"]
+
+
+def test_validate_zoo_every_model_and_dtype(vulkan_runner, zoo_runs):
+    """Every zoo model in fp32, fp16 and int8, every case through ExecuTorch's Vulkan delegate on lavapipe,
+    judged with the registry's vulkan numbers."""
     from bundlerun.bundles.zoo import names
 
-    res = run_cli("validate", "zoo", "--target", URL, "--dtype", ",".join(DTYPES), "--cases", "2", "--report",
-                  str(tmp_path / "v"), "--no-history", "--json", timeout=3600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = json.loads(res.stdout)["runs"]
+    folder, runs = zoo_runs
     assert sorted(r["run"] for r in runs) == sorted(f"{m}-{d}" for m in names() for d in DTYPES)
     assert all(r["verdict"] == "PASS" for r in runs), [(r["run"], r["verdict"]) for r in runs]
     meta = json.loads((vulkan_runner / "runner.json").read_text())
@@ -113,9 +121,64 @@ def test_validate_zoo_every_model_and_dtype(vulkan_runner, tmp_path):
         if r["run"].endswith("fp32"):  # fp32 on the Vulkan shaders: close to eager, but not bit-identical everywhere
             assert max(c["outputs"][0]["stats"]["error_max"] for c in rep["cases"]) < 1e-3
     # fp16 really ran in half precision (force_fp16): its error is far above fp32's on the same model
-    fp32 = report(tmp_path / "v" / "mlp-fp32")["cases"][0]["outputs"][0]["stats"]["error_max"]
-    fp16 = report(tmp_path / "v" / "mlp-fp16")["cases"][0]["outputs"][0]["stats"]["error_max"]
+    fp32 = report(folder / "mlp-fp32")["cases"][0]["outputs"][0]["stats"]["error_max"]
+    fp16 = report(folder / "mlp-fp16")["cases"][0]["outputs"][0]["stats"]["error_max"]
     assert fp16 > 100 * max(fp32, 1e-9)
+
+
+FETCH_SECOND_DRIVER = REPO / "firmware_scripts" / "vulkan" / "fetch_lavapipe_backports.sh"
+
+
+@pytest.fixture(scope="module")
+def second_icd() -> Path:
+    """The second real driver: bookworm-backports' lavapipe unpacked privately (scripts/setup.sh runs
+    the fetch script); its ICD json is the one setting that switches the lane to it."""
+    res = subprocess.run(["bash", str(FETCH_SECOND_DRIVER)], capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        pytest.fail(f"the second driver could not be unpacked: {res.stderr.strip()[-500:]} (bash {FETCH_SECOND_DRIVER})")
+    icd = Path(res.stdout.strip().splitlines()[-1])
+    data = json.loads(icd.read_text())
+    assert Path(data["ICD"]["library_path"]).is_absolute()  # never the system's libvulkan_lvp.so by name
+    return icd
+
+
+def test_every_zoo_bundle_on_both_drivers_judged_and_compared(zoo_runs, second_icd, tmp_path):
+    """The bundles the zoo validate ran on the first driver, each run again with `?icd=` the second one (the
+    same bundle file: nothing rebuilt): every case judged on both with the bundle's own criteria, and `bundlerun
+    compare` (first driver as the baseline) shows the second's worst error per output and says regressed exactly
+    when it is worse. (tests/test_vulkan_second_driver.py: the setting alone switches the driver.)"""
+    from bundlerun.bundles.zoo import names
+
+    folder, runs = zoo_runs
+    assert len(runs) == len(names()) * len(DTYPES)
+    rows = []
+    for run in sorted(runs, key=lambda r: r["run"]):
+        a = Path(run["report"]).parent
+        b = tmp_path / f"{run['run']}-b"
+        res = run_cli("run", str(a / f"{run['run']}.bpte"), "--target", f"{URL}?icd={second_icd}", "--report", str(b),
+                      "--no-history", "--save-outputs")
+        assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]  # judged, never "could not run"
+        ra, rb = report(a), report(b)
+        assert ra["summary"]["counts"].get("PASS") == 2, (run["run"], ra["summary"])  # the reference driver
+        assert ra["bundle"]["sha256"] == rb["bundle"]["sha256"]
+        assert rb["target"]["info"]["icd"] == str(second_icd)
+        assert all(c["verdict"] in ("PASS", "FAIL") for c in rb["cases"])
+        oa, ob = np.load(a / "outputs.npz"), np.load(b / "outputs.npz")
+        assert sorted(oa.files) == sorted(ob.files)
+        drift = max(float(np.abs(oa[k].astype(np.float64) - ob[k].astype(np.float64)).max()) for k in oa.files)
+        res = run_cli("compare", str(a / "report.json"), str(b / "report.json"), "--json")
+        assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]
+        cmp = json.loads(res.stdout)
+        assert cmp["cross_target"] is True
+        (out,) = cmp["outputs"]
+        worst_b = max(c["outputs"][0]["stats"]["error_max"] for c in rb["cases"])
+        assert out["error_max"]["current"] == pytest.approx(worst_b)
+        if drift == 0.0:  # bit-identical outputs: nothing can have regressed
+            assert res.returncode == 0 and out["error_max"]["delta"] == 0.0
+        rows.append((run["run"], drift, rb["summary"]["counts"], res.returncode))
+    print("\nsecond driver vs first (bundle, max |b - a|, verdicts on b, compare exit):")
+    for row in rows:
+        print("  ", *row)
 
 
 def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_runner, tmp_path):
