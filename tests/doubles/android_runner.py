@@ -132,7 +132,8 @@ def executor_runner(argv: list[str]) -> int:
     if data[4:8] != b"BP08":
         _log("E", "this stand-in only runs BundleIO programs")
         return 1
-    from executorch.extension.pybindings.portable_lib import _load_bundled_program_from_buffer
+    import torch  # noqa: F401  (_C links torch's libraries; portable_lib would import all of exir, ~4 s)
+    from executorch.extension.pybindings._C import _load_bundled_program_from_buffer
 
     bundled = _load_bundled_program_from_buffer(data)
     sys.path.insert(0, str(REPO))
@@ -197,7 +198,7 @@ def qnn_executor_runner(argv: list[str]) -> int:
         _log("E", "not an ExecuTorch program")
         return 1
     import torch
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+    from executorch.extension.pybindings._C import _load_for_executorch_from_buffer
 
     dump = flags["dump_intermediate_outputs"].lower() in ("true", "1", "yes")
     if dump:

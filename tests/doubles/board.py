@@ -101,7 +101,7 @@ def run_firmware(bundle_bytes: bytes, cfg: dict) -> list[str]:
     """The runner's log lines for test case 0 of `bundle_bytes`."""
     import numpy as np
     import torch
-    from executorch.extension.pybindings.portable_lib import (
+    from executorch.extension.pybindings._C import (
         _load_bundled_program_from_buffer,
         _load_for_executorch_from_bundled_program,
     )
@@ -203,7 +203,7 @@ def run_firmware(bundle_bytes: bytes, cfg: dict) -> list[str]:
 def firmware_outputs(bundle_bytes: bytes) -> list:
     """What the board computes for case 0 of `bundle_bytes` (numpy arrays), for test oracles."""
     import torch
-    from executorch.extension.pybindings.portable_lib import (
+    from executorch.extension.pybindings._C import (
         _load_bundled_program_from_buffer,
         _load_for_executorch_from_bundled_program,
     )
@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "reset":
         return probe_reset(args.state)
     # Warm the runtime before announcing the port, so resets answer at board speed.
-    import executorch.extension.pybindings.portable_lib  # noqa: F401
+    import torch  # noqa: F401
+    import executorch.extension.pybindings._C  # noqa: F401  (the runtime portable_lib re-exports, without exir)
 
     board = Board(args.state, args.tcp)
     port = board.open()
