@@ -15,7 +15,9 @@ from pathlib import Path
 
 BARE = r'''
 import sys, torch
-from executorch.extension.pybindings import portable_lib as p
+# the runtime extension portable_lib re-exports, imported directly as bundlerun's host worker does
+# (portable_lib also imports all of executorch.exir: ~4 s that neither side needs)
+from executorch.extension.pybindings import _C as p
 buf = open(sys.argv[1], "rb").read()
 bp = p._load_bundled_program_from_buffer(buf)
 m = p._load_for_executorch_from_bundled_program(bp)

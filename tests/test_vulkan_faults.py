@@ -11,46 +11,13 @@ import threading
 import time
 from pathlib import Path
 
-
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tests.test_vulkan_lane import URL, processes_under, report, vulkan_runner  # noqa: F401 - the fixture
 
-FFT_MODEL = '''
-import torch
-
-
-class LinearFftLinear(torch.nn.Module):
-    """rfft between two Vulkan subgraphs: aten::_fft_r2c.out is an optimized-only kernel
-    (kernels/optimized/cpu/op_fft_r2c.cpp), absent from the portable kernels the runner has."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(16, 16)
-        self.b = torch.nn.Linear(9, 4)
-
-    def forward(self, x):
-        return self.b(torch.view_as_real(torch.fft.rfft(self.a(x))).sum(-1))
-
-
-def make_model():
-    torch.manual_seed(0)
-    return LinearFftLinear().eval(), (torch.randn(1, 16),)
-'''
-
-
-SDPA_MODEL = '''
-import torch
-
-
-class Attention(torch.nn.Module):
-    def forward(self, q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
-
-def make_model():
-    torch.manual_seed(0)
-    return Attention().eval(), tuple(torch.randn(1, 4, 16, 32) for _ in range(3))
-'''
+MODELS = REPO / "tests" / "fixtures" / "vulkan_models.py"  # in the repo, so their builds are cached across runs
+# rfft between two Vulkan subgraphs: aten::_fft_r2c.out is optimized-only, absent from the runner's kernels
+FFT_MODEL = f"{MODELS}:make_fft"
+SDPA_MODEL = f"{MODELS}:make_sdpa"  # SDPA: its decomposition has a logical_not the runtime lacks
 
 
 def _run(bundle: Path, folder: Path, *extra: str, url: str = URL, timeout: float = 600) -> tuple[int, dict, str]:
@@ -67,9 +34,8 @@ def _one_line(case: dict) -> str:
 
 
 def test_missing_operator_is_named(vulkan_runner, tmp_path):
-    (tmp_path / "fft.py").write_text(FFT_MODEL)
     bundle = tmp_path / "fft.bpte"
-    res = run_cli("build", "fft.py:make_model", "--target", URL, "--cases", "2", "-o", str(bundle), cwd=tmp_path)
+    res = run_cli("build", FFT_MODEL, "--target", URL, "--cases", "2", "-o", str(bundle), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     rc, rep, _ = _run(bundle, tmp_path / "r")
     assert rc == 2
@@ -83,9 +49,8 @@ def test_op_the_partitioner_delegates_but_the_runtime_lacks(vulkan_runner, tmp_p
     """A finding, kept as a test: the 1.5.1 VulkanPartitioner delegates aten.logical_not (op_registry.py:1830)
     from SDPA's decomposition, but the Vulkan runtime registers no such op, so the runner aborts in
     build_graph (VulkanBackend.cpp:480): a missing operator inside the delegate, named."""
-    (tmp_path / "sdpa.py").write_text(SDPA_MODEL)
     bundle = tmp_path / "sdpa.bpte"
-    res = run_cli("build", "sdpa.py:make_model", "--target", URL, "--cases", "1", "-o", str(bundle), cwd=tmp_path)
+    res = run_cli("build", SDPA_MODEL, "--target", URL, "--cases", "1", "-o", str(bundle), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     rc, rep, _ = _run(bundle, tmp_path / "r")
     (case,) = rep["cases"]

@@ -21,24 +21,7 @@ BUILD_SCRIPT = REPO / "firmware_scripts" / "vulkan" / "build_vulkan_runner.sh"
 DTYPES = ("fp32", "fp16", "int8")
 
 # a portable op (cumsum: the VulkanPartitioner does not take it) between two Vulkan subgraphs
-PARTIAL_MODEL = '''
-import torch
-
-
-class LinearCumsumLinear(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(16, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.b(torch.cumsum(torch.relu(self.a(x)), dim=-1))
-
-
-def make_model():
-    torch.manual_seed(0)
-    return LinearCumsumLinear().eval(), (torch.randn(1, 16),)
-'''
+PARTIAL_MODEL = f"{REPO / 'tests' / 'fixtures' / 'vulkan_models.py'}:make_partial"
 
 
 def vulkan_runner_folder() -> Path:
@@ -187,10 +170,9 @@ def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_ru
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.targets.program.walker import read_delegates
 
-    (tmp_path / "partial.py").write_text(PARTIAL_MODEL)
     for dtype in ("fp32", "int8"):
         out = tmp_path / f"partial-{dtype}.bpte"
-        res = run_cli("build", "partial.py:make_model", "--target", URL, "--dtype", dtype, "--cases", "3", "-o",
+        res = run_cli("build", PARTIAL_MODEL, "--target", URL, "--dtype", dtype, "--cases", "3", "-o",
                       str(out), cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         delegates = read_delegates(read_bundle(out).program)
@@ -257,9 +239,8 @@ def test_debug_capture_shows_every_kernel_and_delegate_call(vulkan_runner, tmp_p
     delegated model gives delegate -> cumsum kernel -> delegate, and the captured output is the run's."""
     from bundlerun.targets import spec_for
 
-    (tmp_path / "partial.py").write_text(PARTIAL_MODEL)
     bundle = tmp_path / "p.bpte"
-    assert run_cli("build", "partial.py:make_model", "--target", URL, "--cases", "2", "-o", str(bundle),
+    assert run_cli("build", PARTIAL_MODEL, "--target", URL, "--cases", "2", "-o", str(bundle),
                    cwd=tmp_path).returncode == 0
     spec = spec_for(URL)
     assert spec.capture is not None and spec.capture_note == ""
