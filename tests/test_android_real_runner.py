@@ -48,20 +48,8 @@ WORKSPACE = "/data/local/tmp/bundlerun real"
 RUN_DIR = "data/local/tmp/bundlerun real/run"
 BUNDLERUN = Path(sys.executable).with_name("bundlerun")
 
-FFT_MODEL = '''
-import torch
-
-
-class Spectrum(torch.nn.Module):
-    """rfft: aten::_fft_r2c.out is an optimized-only kernel (kernels/optimized/cpu/op_fft_r2c.cpp)."""
-
-    def forward(self, x):
-        return torch.view_as_real(torch.fft.rfft(x)).sum(-1)
-
-
-def make_model():
-    return Spectrum().eval(), (torch.randn(1, 16),)
-'''
+# rfft alone, in the repo so its build is cached across runs (aten::_fft_r2c.out: optimized-only)
+FFT_MODEL = f"{Path(__file__).parent / 'fixtures' / 'op_models.py'}:make_spectrum"
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +153,8 @@ def test_bundlerun_run_over_the_adb_cli_judges_every_case(arm64, home, runner, b
 def fft_bundle(tmp_path_factory):
     """A portable bundle needing aten::_fft_r2c.out: the host pybindings have it, this runner does not."""
     folder = tmp_path_factory.mktemp("fft")
-    (folder / "fft_model.py").write_text(FFT_MODEL)
     out = folder / "fft.bpte"
-    res = subprocess.run([str(BUNDLERUN), "build", f"{folder / 'fft_model.py'}:make_model", "--backend", "portable",
+    res = subprocess.run([str(BUNDLERUN), "build", FFT_MODEL, "--backend", "portable",
                           "--dtype", "fp32", "--cases", "1", "--target", "host://portable", "-o", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr

@@ -27,21 +27,8 @@ from tests.doubles.android_env import real_executor_runner
 
 URL = "qemu-user://aarch64"
 XNN_DTYPES = ("fp32", "fp16", "int8")
-FFT_MODEL = '''
-import torch
-
-
-class Spectrum(torch.nn.Module):
-    """rfft: aten::_fft_r2c.out is an optimized-only kernel (kernels/optimized/cpu/op_fft_r2c.cpp), and
-    XNNPACK's partitioner takes none of it: the op stays on the (portable) kernel registry."""
-
-    def forward(self, x):
-        return torch.view_as_real(torch.fft.rfft(x)).sum(-1)
-
-
-def make_model():
-    return Spectrum().eval(), (torch.randn(1, 16),)
-'''
+# rfft alone, in the repo so its build is cached across runs (aten::_fft_r2c.out: optimized-only)
+FFT_MODEL = f"{Path(__file__).parent / 'fixtures' / 'op_models.py'}:make_spectrum"
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +185,7 @@ def test_cpu_setting_reaches_qemu_and_xnnpack_picks_other_kernels(xnn_runner, bu
 def fault_bundles(tmp_path_factory, bundle_cache):
     """XNNPACK bundles that the real runtime refuses, each for a different reason."""
     d = tmp_path_factory.mktemp("faults")
-    (d / "fft_model.py").write_text(FFT_MODEL)
-    res = run_cli("build", f"{d / 'fft_model.py'}:make_model", "--backend", "xnnpack", "--cases", "1", "--target", URL,
+    res = run_cli("build", FFT_MODEL, "--backend", "xnnpack", "--cases", "1", "--target", URL,
                   "-o", str(d / "missing-op.bpte"))
     assert res.returncode == 0, res.stderr
     fp16 = read_bundle(bundle_cache("mlp", dtype="fp16", backend="xnnpack", cases=1, target=URL))

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.conftest import REPO, run_cli
 from tests.test_vulkan_lane import URL, processes_under, report, vulkan_runner  # noqa: F401 - the fixture
 
-MODELS = REPO / "tests" / "fixtures" / "vulkan_models.py"  # in the repo, so their builds are cached across runs
+MODELS = REPO / "tests" / "fixtures" / "op_models.py"  # in the repo, so their builds are cached across runs
 # rfft between two Vulkan subgraphs: aten::_fft_r2c.out is optimized-only, absent from the runner's kernels
 FFT_MODEL = f"{MODELS}:make_fft"
 SDPA_MODEL = f"{MODELS}:make_sdpa"  # SDPA: its decomposition has a logical_not the runtime lacks

@@ -21,7 +21,7 @@ BUILD_SCRIPT = REPO / "firmware_scripts" / "vulkan" / "build_vulkan_runner.sh"
 DTYPES = ("fp32", "fp16", "int8")
 
 # a portable op (cumsum: the VulkanPartitioner does not take it) between two Vulkan subgraphs
-PARTIAL_MODEL = f"{REPO / 'tests' / 'fixtures' / 'vulkan_models.py'}:make_partial"
+PARTIAL_MODEL = f"{REPO / 'tests' / 'fixtures' / 'op_models.py'}:make_partial"
 
 
 def vulkan_runner_folder() -> Path:
