@@ -3,7 +3,10 @@ and hangs of the runtime are contained, nothing is left running."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,25 @@ def test_bundle_inconsistent_with_program_is_bad_input(bundle_cache, tmp_path):
     with pytest.raises(BundleError, match=r"expected output 0 is a float32\[1, 5\] tensor, but the program returns a float32\[1, 10\]"):
         execute_run(RunRequest(bundle_path=bad, target="host://xnnpack", report_dir=tmp_path / "r"))
     assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_the_worker_loads_the_runtime_without_importing_exir():
+    """The host worker imports ExecuTorch's runtime extension (`pybindings._C`) without `executorch.exir`,
+    which portable_lib drags in for one warning class (~4 s of every worker start on 2 cores), and gets the
+    same runtime: the same registered backends and operators as portable_lib's, in a fresh process each."""
+    probe = ("import json, sys\n"
+             "from bundlerun.targets.workers.host import _quiet_imports\n"
+             "_, rt = _quiet_imports()\n"
+             "print(json.dumps({'exir': sorted(m for m in sys.modules if m.startswith('executorch.exir')),\n"
+             "                  'backends': sorted(rt._get_registered_backend_names()),\n"
+             "                  'ops': len(rt._get_operator_names())}))\n")
+    reference = ("import json\nimport executorch.kernels.quantized\n"
+                 "from executorch.extension.pybindings import portable_lib as rt\n"
+                 "print(json.dumps({'backends': sorted(rt._get_registered_backend_names()),\n"
+                 "                  'ops': len(rt._get_operator_names())}))\n")
+    ours, theirs = (json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              timeout=300, check=True).stdout.strip().splitlines()[-1])
+                    for code in (probe, reference))
+    assert ours.pop("exir") == []
+    assert "XnnpackBackend" in ours["backends"] and ours["ops"] > 100
+    assert ours == theirs
