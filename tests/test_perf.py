@@ -22,6 +22,7 @@ from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.arm.perf import arm_runner_figures
 from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import PERF_KINDS, PerfFigure
+from bundlerun.targets.runner_cache import cache_root as runner_cache_root
 from bundlerun.targets.et_runner.executor_runner import perf_figures
 from tests.conftest import run_cli
 from tests.report_samples import make_bundle, make_report, target_run
@@ -29,7 +30,8 @@ from tests.report_samples import make_bundle, make_report, target_run
 DATA = Path(__file__).parent / "data"
 QEMU_LOG = DATA / "qemu_mps3_an547_mlp_fp32.log"
 ER_LOG = DATA / "executor_runner_aarch64_mlp_fp32_3x.log"
-SRC = sorted(Path.home().glob(".cache/bundlerun/src/*/executorch"))
+# the sources firmware_scripts/lib/et_sources.sh extracts into the bundlerun cache ($BUNDLERUN_CACHE honoured)
+SRC = sorted((runner_cache_root() / "src").glob("*/executorch"))
 
 
 def _by_name(figures: list[PerfFigure]) -> dict[str, PerfFigure]:
@@ -84,7 +86,7 @@ def _render(fmt: str, value: int, inferences: int) -> str:
 def _ethosu_log(variant: str, ratio_ok: bool = True) -> tuple[str, dict[str, int]]:
     """A runner log whose perf block is rendered from arm_perf_monitor.cpp; returns it and the value
     each format line was given. variant: "u55" (4 PMU counters) or "u85" (7)."""
-    assert SRC, "ExecuTorch sources not extracted in ~/.cache/bundlerun/src (scripts/setup.sh)"
+    assert SRC, f"ExecuTorch sources not extracted in {runner_cache_root() / 'src'} (scripts/setup.sh)"
     formats = _c_formats(SRC[0] / "examples/arm/executor_runner/arm_perf_monitor.cpp")
     events = [f for f in formats if f.startswith("Ethos-U PMU Events:")]
     assert len(events) == 2, events  # the U55/U65 line and the U85 line
@@ -281,7 +283,9 @@ def _report(url: str, errors=None, elapsed=(0.004, 0.002, 0.003, 0.001), perf=No
     ("host://xnnpack", "execution_wall_time", "host-wall", True),
     ("ssh://lab-box/host://portable", "execution_wall_time", "host-wall", True),
     ("tosa://int", "interpreter_time", "simulation-time", True),
-    ("mlx://cpu", "runner_process_wall_time", "host-wall", False),  # ExecuTorch's C++ MLX runner, one process per case
+    ("mlx://cpu", "runner_case_wall_time", "host-wall", False),  # ExecuTorch's C++ MLX runner: a server trigger or a process
+    ("qemu-user://aarch64", "runner_case_wall_time", "host-wall", False),
+    ("vulkan://lavapipe", "runner_case_wall_time", "host-wall", False),
     ("qemu://mps3-an547", "session_wall_time", "host-wall", False),
     ("adb://R58M", "session_wall_time", "host-wall", False),
 ])
