@@ -160,6 +160,16 @@ def _model_ops(ops: list[str] | None) -> set[str]:
 # --------------------------------------------------------------------------- registry
 
 
+def _shown(file: Path) -> str:
+    """A data file shipped with bundlerun as `bundlerun/bundles/data/NAME`, the same in every checkout and
+    install (a bundle's criteria trail, and with it the build cache's key, must not depend on where
+    bundlerun lives); any other file as given."""
+    try:
+        return "bundlerun/bundles/data/" + file.resolve().relative_to(BUILTIN_DIR.resolve()).as_posix()
+    except ValueError:
+        return str(file)
+
+
 class Registry:
     """Ordered layers of tolerance data (built-in files first, project overlays after)."""
 
@@ -181,7 +191,7 @@ class Registry:
                 raise ConfigError(f"cannot read tolerance registry {file}: {exc.strerror}") from None
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{file}: invalid TOML: {exc}") from None
-            layers.append(Layer(str(file), data, "built-in"))
+            layers.append(Layer(_shown(Path(file)), data, "built-in"))
         reg = cls(layers)
         backends = set(reg.backends())
         variants = {b: set(reg.variants(b)) for b in backends}
