@@ -1,10 +1,12 @@
-"""What an embedded ExecuTorch program declares about its methods' outputs.
+"""What an embedded ExecuTorch program declares about its methods' inputs and outputs.
 
 Read straight from the program flatbuffer (`program.fbs`, identifier ET12) with
 the bounds-checked reader, so every reader of a bundle, on any target and
 without torch, can check the bundle's expected outputs against the program the
 same way the host runtime's `method_meta` does: a scalar or missing expected
-value where the program returns a tensor is a broken bundle, not a SKIP.
+value where the program returns a tensor is a broken bundle, not a SKIP. The inputs
+tell a lane whether a case's inputs can be fed as raw files (executor_runner's
+`--inputs`, which copies bytes into tensors of the declared meta) instead of through BundleIO.
 """
 
 from __future__ import annotations
@@ -23,17 +25,32 @@ STATIC = 0  # TensorShapeDynamism
 
 @dataclass
 class DeclaredOutput:
-    """One output of a method: its kind, and for tensors dtype code, sizes and whether they are static."""
+    """One input or output of a method: its kind, and for tensors dtype code, sizes, dim order and
+    whether the sizes are static."""
 
     kind: str
     scalar_type: int | None = None
     sizes: list[int] | None = None
     static: bool = True
+    dim_order: list[int] | None = None
+
+
+# ExecutionPlan slots of program.fbs: inputs = 3, outputs = 4 (vectors of indices into values = 2).
+_INPUTS, _OUTPUTS = 3, 4
 
 
 def method_outputs(program: bytes, source: str) -> dict[str, list[DeclaredOutput]] | None:
     """Declared outputs per method name; None when the program is not an ET12 flatbuffer
     (a future program format is left to the runtime rather than rejected here)."""
+    return _method_values(program, source, _OUTPUTS, "output")
+
+
+def method_inputs(program: bytes, source: str) -> dict[str, list[DeclaredOutput]] | None:
+    """Declared inputs per method name, as method_outputs."""
+    return _method_values(program, source, _INPUTS, "input")
+
+
+def _method_values(program: bytes, source: str, slot: int, what: str) -> dict[str, list[DeclaredOutput]] | None:
     if bytes(program[4:8]) != PROGRAM_IDENTIFIER:
         return None
     reader = FlatReader(program, source, "embedded ExecuTorch program")
@@ -42,28 +59,29 @@ def method_outputs(program: bytes, source: str) -> dict[str, list[DeclaredOutput
     for i, plan in enumerate(root.tables(1, "execution plan")):
         name = plan.string(0, f"execution plan {i} name", 4096) or ""
         start, count = plan.vector(2, 4, f"method {name!r} values")
-        outputs = []
-        for k, index in enumerate(plan.scalars(4, "i32", f"method {name!r} outputs")):
+        values = []
+        for k, index in enumerate(plan.scalars(slot, "i32", f"method {name!r} {what}s")):
             if not 0 <= index < count:
-                raise reader.fail(f"method {name!r} output {k} refers to value {index} of {count}")
+                raise reader.fail(f"method {name!r} {what} {k} refers to value {index} of {count}")
             value = FlatTable.at(reader, reader.indirect(start + 4 * index, "value"), f"method {name!r} value {index}")
-            outputs.append(_declared(value))
-        methods[name] = outputs
+            values.append(_declared(value, what))
+        methods[name] = values
     return methods
 
 
-def _declared(value: FlatTable) -> DeclaredOutput:
+def _declared(value: FlatTable, what: str) -> DeclaredOutput:
     kind = int(value.scalar(0, "u8", 0))
     if kind != _TENSOR:
         return DeclaredOutput(_KERNEL_TYPES.get(kind, f"type {kind}"))
-    tensor = value.table(1, "output tensor")
+    tensor = value.table(1, f"{what} tensor")
     if tensor is None:
-        raise value.reader.fail("an output tensor has no content")
+        raise value.reader.fail(f"an {what} tensor has no content")
     return DeclaredOutput(
         kind="tensor",
         scalar_type=int(tensor.scalar(0, "i8", 0)),
-        sizes=[int(s) for s in tensor.scalars(2, "i32", "output tensor sizes")],
+        sizes=[int(s) for s in tensor.scalars(2, "i32", f"{what} tensor sizes")],
         static=int(tensor.scalar(8, "i8", STATIC)) == STATIC,
+        dim_order=[int(d) for d in tensor.scalars(3, "u8", f"{what} tensor dim order")],
     )
 
 

@@ -46,6 +46,9 @@ class MlxSettings:
     runner: Path | None = None  # delegate: default the cached build_mlx_runner.sh executor_runner
     etdump: bool = False  # delegate: keep the runner's ETDump (delegate-call level: MLX logs no inner events)
     print_output: str = "none"  # delegate: executor_runner --print_output
+    # delegate: a method's cases on one executor_runner --server_mode process; false: a process per case
+    # (each also checks its case with the runner's own BundleIO check: the report's device_verdict)
+    server: bool = True
 
     def validate(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -101,9 +104,10 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("runner",),  # a host executor_runner binary
     capture=lazy("bundlerun.targets.mlx_intermediates:capture"),
-    elapsed=ElapsedClock("runner_process_wall_time", "host-wall",
-                         "host wall clock of one executor_runner process (libmlx load, program load, MLX init, "
-                         "execute, output files); runtime=interpreter: interpreter wall time of the case"),
+    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+                         "host wall clock of a case on executor_runner: one --server_mode trigger (input files read, "
+                         "execute, outputs written), or where a case runs alone its whole process (libmlx load, program "
+                         "load, MLX init, execute, output files); runtime=interpreter: interpreter wall time of the case"),
     repeat=True,
 )
 
@@ -131,7 +135,7 @@ class MlxTarget(TargetBase):
 
             runner = mlx_runner.resolve_runner(self.settings.runner)
             return mlx_runner.run_bundle(self.url, bundle, options, runner, etdump=self.settings.etdump,
-                                         print_output=self.settings.print_output)
+                                         print_output=self.settings.print_output, served=self.settings.server)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
         return run_in_worker(self.url, "bundlerun.targets.workers.program", args, bundle, options, "mlx-runtime",
                              {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"}, warm=True)

@@ -3,12 +3,16 @@
 pinned sources by firmware_scripts/mlx/build_mlx_runner.sh into the runner cache (kind
 `mlx_executor_runner`). The same C++ interpreter a Mac runs, on MLX's CPU kernels.
 
-Each case runs as its own one-case bundle (the runner loads and checks case 0 only) in its own
-folder, under the executor_runner contract of targets/et_runner/executor_runner.py: outputs come back bit
-exact from `--output_file`, each process runs in its own process group under the case timeout and
-is always reaped. What only this lane can say is read from the delegate's own log lines first
-(MLXBackend.cpp, MLXLoader.cpp.tmpl): an MLX op the runtime's schema lacks, a payload it cannot
-load, an execute error, a dtype it does not support, a libmlx.so the runner cannot find.
+The cases of a method run on one executor_runner in `--server_mode` (targets/et_runner/server.py):
+the program is loaded and the delegate initialised once, each case's inputs go in as `--inputs`
+files and its outputs come back bit exact from `--output_file`. Where a case needs a process of its
+own (`--repeat`, an ETDump, printed outputs, inputs the files cannot carry, or the case a server
+died on), it runs as its own one-case bundle (the runner loads and checks case 0 only) in its own
+folder, under the executor_runner contract of targets/et_runner/executor_runner.py. Every process
+runs in its own process group under the case timeout and is always reaped. What only this lane
+can say is read from the delegate's own log lines first (MLXBackend.cpp, MLXLoader.cpp.tmpl): an
+MLX op the runtime's schema lacks, a payload it cannot load, an execute error, a dtype it does not
+support, a libmlx.so the runner cannot find.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure
 from bundlerun.targets.base import (
@@ -34,7 +38,6 @@ from bundlerun.targets.base import (
     RunOptions,
     TargetRun,
     safe_name,
-    selected_cases,
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group
@@ -191,7 +194,7 @@ def resolve_runner(configured: Path | None) -> Path:
 
 
 def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, etdump: bool = False,
-               print_output: str = "none") -> TargetRun:
+               print_output: str = "none", served: bool = True) -> TargetRun:
     """Every selected case on the runner. A runner that cannot start at all (a missing library)
     stops the run with that one line (TargetError) instead of failing each case the same way."""
     record = runner_record(runner)
@@ -199,18 +202,26 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
     info = {"runtime": RUNTIME, "runner": str(runner), "delegates": ["MLXBackend"],
             "mlx": mlx.get("version"), "mlx_library": mlx.get("library"), "patches": record.get("patches"),
             "sources": (record.get("sources") or {}).get("fingerprint"),
-            "timing": "executor_runner process wall time (libmlx load, program load, MLX init, execute)"}
+            "timing": "host wall time of a case: one --server_mode trigger (read the input files, execute, write the "
+                      "outputs), or with a process per case that process (libmlx load, program load, MLX init, execute)"}
     run = TargetRun(url, [], info={k: v for k, v in info.items() if v is not None})
     executions = executor_runner.executions_for(getattr(options, "repeat", 1))
     if executions > 1:
         run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
     work = Path(options.work_dir) / "mlx-runner"
-    for method, index in selected_cases(bundle, options):
+
+    def alone(method: str, index: int) -> CaseResult:
         result = run_case(bundle, method, index, runner, work, options.case_timeout_s, executions,
                           etdump=etdump, print_output=print_output)
         if result.error_kind is FailureKind.TOOL_MISSING and not run.cases:
             raise TargetError(result.error or "the MLX runner cannot start")
-        run.record(result, options)
+        return result
+
+    server.run_cases(bundle, options, run, server.own_process_reason(served, executions, etdump, print_output),
+                     lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
+                                                          lambda out, code: classify(out, code, runner),
+                                                          "the MLX runner", lambda r: run.record(r, options)),
+                     alone)
     return run
 
 

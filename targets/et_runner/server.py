@@ -1,0 +1,293 @@
+"""ExecuTorch's portable `executor_runner` in `--server_mode`: one process, one inference per stdin line.
+
+The contract, read from examples/portable/executor_runner/executor_runner.cpp at the pinned commit:
+
+* `--server_mode` requires `--output_file PREFIX`. After Program::load and load_method (and the
+  `Model loaded in X ms.` line) it logs `Running in server mode; waiting for stdin triggers.`;
+  then for every line read on stdin it re-reads the `--inputs` files, executes the method once,
+  writes `PREFIX-<i>.bin` for each tensor output (overwriting the last trigger's) and logs
+  `SERVER MODE DONE`. EOF on stdin ends the loop with exit status 0.
+* The `--inputs` files are raw bytes, one per method input, each exactly the nbytes of the input's
+  declared tensor meta (extension/runner_util/inputs.cpp prepare_input_tensors copies them into
+  tensors of that meta; int/double/bool inputs are 8/8/1 bytes). A BundleIO program would run test
+  set 0 on every trigger (`testset_idx` is a constant 0 there), so a served bundle runs its plain
+  program and each case's inputs come from those files.
+* Every failure inside the loop is an ET_CHECK, i.e. an abort: the process ends without `SERVER MODE
+  DONE`, and the case it was running is told apart by running that case alone (the lane's one-case
+  path, whose classification reads the whole log of one process).
+
+What this buys: the program load, the delegate's init and the runtime's start-up are paid once per
+bundle instead of once per case (on `mlx://cpu` about 12 ms a case; see bench/bench_mlx.py).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Callable
+
+from bundlerun.targets.process import kill_process_group, wait_exit
+
+if TYPE_CHECKING:
+    from bundlerun.bundles.bpte import Bundle, BundledValue
+    from bundlerun.targets.base import CaseResult, RunOptions, TargetRun
+    from bundlerun.targets.et_runner.protocol import Failure
+
+READY = "Running in server mode; waiting for stdin triggers."  # executor_runner.cpp, before the loop
+DONE = "SERVER MODE DONE"  # executor_runner.cpp, after each trigger's outputs are written
+
+
+@dataclass
+class Served:
+    """What one wait on the server gave: `done` (the marker came), `exited` (the process ended
+    first: `exit_status` says how) or `timeout` (its process group was killed)."""
+
+    status: str
+    log: str  # what the runner wrote since the previous marker
+    elapsed_s: float
+    exit_status: int | None = None
+
+
+class RunnerServer:
+    """One executor_runner process in --server_mode, in its own process group, always reaped
+    (use it as a context manager). Its whole log is also kept in `log_path`."""
+
+    def __init__(self, argv: list[str], cwd: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.argv, self.cwd, self.log_path = argv, cwd, log_path
+        self.env = dict(os.environ) if env is None else env
+        self.proc: subprocess.Popen | None = None
+        self._pending = b""
+        self._log: IO[bytes] | None = None
+        self._selector = selectors.DefaultSelector()
+
+    def __enter__(self) -> "RunnerServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, timeout_s: float) -> Served:
+        """Start the runner and wait for it to load the program and enter its loop."""
+        self._log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([*self.argv, "--server_mode"], cwd=self.cwd, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=self.env)
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+        return self._until(READY, t0, timeout_s)
+
+    def trigger(self, timeout_s: float) -> Served:
+        """One inference on the inputs now in the --inputs files."""
+        t0 = time.monotonic()
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it has ended: _until reads what it said and its exit status
+        return self._until(DONE, t0, timeout_s)
+
+    def _until(self, marker: str, t0: float, timeout_s: float) -> Served:
+        assert self.proc is not None and self.proc.stdout is not None
+        want = marker.encode()
+        seen = bytearray()
+        deadline = t0 + timeout_s
+        while True:
+            cut = self._pending.find(want)
+            if cut >= 0:
+                end = self._pending.find(b"\n", cut)
+                end = len(self._pending) if end < 0 else end + 1
+                seen += self._pending[:end]
+                self._pending = self._pending[end:]
+                return Served("done", seen.decode(errors="replace"), time.monotonic() - t0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                kill_process_group(self.proc, term_first=False)
+                seen += self._pending
+                self._pending = b""
+                return Served("timeout", seen.decode(errors="replace"), time.monotonic() - t0)
+            if not self._selector.select(min(left, 1.0)):
+                continue
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:  # EOF: the runner ended without the marker
+                seen += self._pending
+                self._pending = b""
+                status = self._reap()
+                return Served("exited", seen.decode(errors="replace"), time.monotonic() - t0, status)
+            if self._log is not None:
+                self._log.write(chunk)
+            self._pending += chunk
+
+    def _reap(self) -> int | None:
+        assert self.proc is not None
+        status = wait_exit(self.proc, 10)
+        if status is None:  # closed its output but still running
+            kill_process_group(self.proc, term_first=False)
+        return status
+
+    def close(self) -> None:
+        """EOF on stdin (the runner's loop ends with 0), a short bounded wait, then its group is killed
+        and reaped whatever state it is in."""
+        if self.proc is not None:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            except OSError:
+                pass
+            wait_exit(self.proc, 5)
+            kill_process_group(self.proc, term_first=False)
+            if self.proc.stdout is not None:
+                try:
+                    self._selector.unregister(self.proc.stdout)
+                except (KeyError, ValueError):
+                    pass
+                self.proc.stdout.close()
+        self._selector.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# prepare_input_tensors' raw sizes for the scalar inputs (inputs.cpp: sizeof(int64_t), double, bool)
+_SCALAR_FORMATS = {"int": "<q", "double": "<d", "bool": "<?"}
+
+
+def unservable(bundle: Bundle, method: str) -> str | None:
+    """Why the cases of `method` cannot be fed as --inputs files (None: they can). BundleIO's
+    load_bundled_input sets each input from the case (its dtype checked, its shape resized);
+    the files are copied raw into tensors of the declared meta. So each case's input must be what
+    the program declares, byte for byte the same layout: the dtype, the sizes, the dim order."""
+    from bundlerun.bundles.errors import BundleError
+    from bundlerun.bundles.program_meta import method_inputs
+
+    try:
+        declared = method_inputs(bundle.program, "bundle")
+    except BundleError as exc:
+        return f"the program's inputs cannot be read ({exc})"
+    if declared is None or method not in declared:
+        return "the program declares no inputs for this method"
+    wants = declared[method]
+    for index, case in enumerate(bundle.suite(method).test_cases):
+        if len(case.inputs) != len(wants):
+            return f"case {index} has {len(case.inputs)} inputs, the method takes {len(wants)}"
+        for j, (value, want) in enumerate(zip(case.inputs, wants)):
+            if want.kind == "tensor":
+                identity = list(range(len(want.sizes or [])))
+                same = (value.kind == "tensor" and value.scalar_type == want.scalar_type
+                        and list(value.sizes) == list(want.sizes or [])
+                        and list(value.dim_order or identity) == identity and list(want.dim_order or identity) == identity)
+                if not same:
+                    return f"case {index} input {j} is not the {want.sizes} tensor the program declares, in its layout"
+            elif want.kind not in _SCALAR_FORMATS or value.kind != want.kind:
+                return f"input {j} is a {want.kind}, which --inputs files do not carry"
+    return None
+
+
+def input_bytes(value: BundledValue) -> bytes:
+    """The --inputs file of one input: a tensor's bytes, or a scalar as prepare_input_tensors reads it."""
+    if value.kind == "tensor":
+        return value.data
+    return struct.pack(_SCALAR_FORMATS[value.kind], value.scalar)
+
+
+def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], work: Path, timeout_s: float,
+          classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None], *,
+          env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> list[int]:
+    """Run cases `indices` of `method` (unservable() said None) on one executor_runner --server_mode
+    process (`command`: the runner, or an emulator and the runner; `extra_args`: the lane's own flags),
+    `record`ing each result as it finishes. A case that runs past `timeout_s` is a timeout
+    (its process group killed) and a new server takes the rest. Returns the cases left for the
+    lane's one-case path: all of them when the server does not reach its loop (the program does not
+    load: that path says why), else from the case it died on."""
+    from bundlerun.targets.base import safe_name
+    from bundlerun.targets.et_runner.executor_runner import case_result
+
+    folder = work / f"{safe_name(method)}-served"
+    (folder / "out").mkdir(parents=True, exist_ok=True)
+    (folder / "model.pte").write_bytes(bundle.program)
+    cases = bundle.suite(method).test_cases
+    names = [f"input-{j}.bin" for j in range(len(cases[indices[0]].inputs))] if indices else []
+    args = [*command, "--model_path", "model.pte", "--method_name", method, "--output_file", "out/output",
+            "--print_output", "none", *(extra_args or [])] + (["--inputs", ",".join(names)] if names else [])
+
+    def feed(index: int) -> None:
+        for name, value in zip(names, cases[index].inputs):
+            (folder / name).write_bytes(input_bytes(value))
+        for old in (folder / "out").glob("output-*.bin"):  # a case that writes fewer must not read the last one's
+            old.unlink()
+
+    pending = list(indices)
+    servers = 0
+    while pending:
+        servers += 1
+        with RunnerServer(args, folder, folder / f"server-{servers}.log", env) as server:
+            feed(pending[0])
+            if server.start(timeout_s).status != "done":
+                return pending
+            while pending:
+                index = pending[0]
+                feed(index)
+                served = server.trigger(timeout_s)
+                log_path = folder / f"case-{index}.log"
+                log_path.write_text(served.log)
+                if served.status == "exited":
+                    return pending
+                base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
+                rc = 0 if served.status == "done" else None
+                result = case_result(bundle, method, index, folder, rc, served.log, timeout_s, classify_fn, base, who)
+                result.extra["served"] = f"executor_runner --server_mode, process {servers}"
+                record(result)
+                pending.pop(0)
+                if rc is None:
+                    break  # the killed server's successor takes the rest
+    return []
+
+
+def own_process_reason(served: bool, executions: int, etdump: bool, print_output: str) -> str | None:
+    """What makes every case of a run need a process of its own: the lane's `server=false` setting (a
+    process per case is also where the runner checks the case itself: its BundleIO verdict), or what the
+    server loop does not do: it executes once per trigger and keeps no per-case ETDump, timing lines or
+    printed outputs."""
+    if not served:
+        return "server=false"
+    if executions > 1:
+        return "--repeat: the runner's per-execution timing"
+    if etdump:
+        return "etdump: one ETDump per process"
+    if print_output != "none":
+        return "print_output"
+    return None
+
+
+def run_cases(bundle: Bundle, options: RunOptions, run: TargetRun, one_case: str | None,
+              serve_fn: Callable[[str, list[int]], list[int]], alone_fn: Callable[[str, int], CaseResult]) -> None:
+    """Every selected case, recorded into `run` as it finishes: a method's cases on one server
+    (`serve_fn(method, indices)` -> the indices it left), unless `one_case` names why every case needs
+    a process of its own (an ETDump, printed outputs, --repeat's per-execution timing) or unservable()
+    says why this method's cannot be served; what is left runs one process a case (`alone_fn`).
+    `run.info["runner_mode"]` says which, per method."""
+    from bundlerun.targets.base import selected_cases
+
+    by_method: dict[str, list[int]] = {}
+    for method, index in selected_cases(bundle, options):
+        by_method.setdefault(method, []).append(index)
+    modes: dict[str, str] = {}
+    run.info["runner_mode"] = modes
+    for method, indices in by_method.items():
+        why = one_case or unservable(bundle, method)
+        left = serve_fn(method, indices) if why is None else indices
+        if why is not None:
+            modes[method] = f"one executor_runner process per case ({why})"
+        else:
+            modes[method] = f"executor_runner --server_mode: one process for {len(indices)} case(s)"
+            if left:
+                modes[method] += f"; {len(left)} case(s) from case {left[0]} on, one process each (the server stopped)"
+        for index in left:
+            run.record(alone_fn(method, index), options)
