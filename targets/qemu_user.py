@@ -4,10 +4,14 @@ kernels and the XNNPACK delegate with KleidiAI), run here under `qemu-aarch64 -c
 phone's CPU computes - XNNPACK's aarch64 NEON / dot-product / fp16-arithmetic kernels, not the x86
 ones host://xnnpack runs - without a phone or adb: a cross-architecture check of numerics.
 
-Each case runs as its own one-case bundle (the runner checks case 0 only) in its own folder;
-outputs come back bit exact from `--output_file` (`output-<i>.bin`), the ETDump beside them.
-The runner's contract (flags, log, exit codes) is targets/et_runner/executor_runner.py. Each process
-runs in its own process group under the case timeout and is always reaped.
+The cases of a method run on one emulated executor_runner in `--server_mode`
+(targets/et_runner/server.py): qemu and the runner start and load the program once, each case's
+inputs go in as `--inputs` files, its outputs come back bit exact from `--output_file`. Where a case
+needs a process of its own (an ETDump, `--repeat`, printed outputs, inputs the files cannot carry,
+the case a server died on, or `server=false`) it runs as its own one-case bundle (the runner checks
+case 0 only) in its own folder, the ETDump beside the outputs. The runner's contract (flags, log,
+exit codes) is targets/et_runner/executor_runner.py. Each process runs in its own process group
+under the case timeout and is always reaped.
 """
 
 from __future__ import annotations
@@ -21,15 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
-from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
+from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.base import (
     CaseResult,
     RunOptions,
     TargetBase,
     TargetRun,
     safe_name,
-    selected_cases,
 )
 from bundlerun.targets.process import kill_process_group, wait_exit
 from bundlerun.targets.runner_cache import cached_runners
@@ -61,6 +64,9 @@ class QemuUserSettings:
     # --cpu_threads of the runner (XNNPACK's threadpool). 1: numerics do not depend on it and idle
     # pthreadpool workers spin under emulation, slowing a shared host; None: the runner's default
     cpu_threads: int | None = 1
+    # a method's cases on one executor_runner --server_mode process (one emulator start instead of one a case);
+    # false: a process per case (each also checks its case with the runner's own BundleIO check: device_verdict)
+    server: bool = True
     # `bundlerun debug` (targets/android/intermediates.py): bundlerun's debug runner (default: the cached
     # build_executor_runner.sh --toolchain gnu --debug-runner for this arch, built on first use)
     debug_runner: Path | None = None
@@ -114,6 +120,10 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine
     capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+                         "host wall clock of a case on the emulated executor_runner: one --server_mode trigger (input "
+                         "files read, execute, outputs written), or where a case runs alone its whole qemu-aarch64 "
+                         "process (emulator start-up, program load, execute, output files)"),
     repeat=True,
 )
 
@@ -177,9 +187,19 @@ class QemuUserTarget(TargetBase):
         executions = executor_runner.executions_for(getattr(options, "repeat", 1))
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
-        for method, index in selected_cases(bundle, options):
-            result = self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s, executions)
-            run.record(result, options)
+        from bundlerun.targets import argv
+
+        cpu_args = ["-cpu", argv.word(self.settings.cpu, "qemu cpu")] if self.settings.cpu else []
+        threads = ["--cpu_threads", str(int(self.settings.cpu_threads))] if self.settings.cpu_threads is not None else []
+        server.run_cases(
+            bundle, options, run,
+            server.own_process_reason(self.settings.server, executions, self.settings.etdump, self.settings.print_output),
+            lambda method, indices: server.serve(
+                bundle, method, indices, [argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner")],
+                work, options.case_timeout_s, executor_runner.classify, "the runner", lambda r: run.record(r, options),
+                extra_args=threads),
+            lambda method, index: self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s,
+                                             executions))
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,

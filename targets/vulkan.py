@@ -9,11 +9,15 @@ dropped and Mesa's implicit device-select layer is off. Which device and driver 
 Mesa version, Vulkan version) is read from the driver itself before the run (`probe_driver`) and
 goes into the report's target info.
 
-Each case runs as its own one-case bundle (the runner loads and checks case 0 only) in its own folder,
+The cases of a method run on one executor_runner in `--server_mode` (targets/et_runner/server.py):
+the driver, the program and the delegate's compute graph are set up once, each case's inputs go in
+as `--inputs` files, its outputs come back bit exact from `--output_file`. Where a case needs a process
+of its own (an ETDump, `--repeat`, printed outputs, inputs the files cannot carry, or the case a server
+died on) it runs as its own one-case bundle (the runner loads and checks case 0 only) in its own folder,
 exactly the executor_runner contract of targets/et_runner/executor_runner.py (shared with adb:// and
-qemu-user://): outputs come back bit exact from `--output_file`, the ETDump beside them. Each process
-runs in its own process group under the case timeout and is always reaped. Mesa's shader cache lives
-in the bundlerun cache (`shader_cache`), so shaders compile once per driver, not once per case.
+qemu-user://), the ETDump beside the outputs. Each process runs in its own process group under the case
+timeout and is always reaped. Mesa's shader cache lives in the bundlerun cache (`shader_cache`), so
+shaders compile once per driver, not once per process.
 
 `bundlerun debug` runs bundlerun's debug runner, built with the same Vulkan libraries, and reads its
 ETDump + debug buffer (targets/android/intermediates.py): every portable kernel call and every Vulkan
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
-from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure
 from bundlerun.targets.base import (
@@ -44,7 +48,6 @@ from bundlerun.targets.base import (
     TargetBase,
     TargetRun,
     safe_name,
-    selected_cases,
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, wait_exit
@@ -77,6 +80,9 @@ class VulkanSettings:
     etdump: bool = False
     print_output: str = "none"
     num_executions: int = 1  # --num_executions without --repeat
+    # a method's cases on one executor_runner --server_mode process; false: a process per case (each also
+    # checks its case with the runner's own BundleIO check: the report's device_verdict)
+    server: bool = True
     debug_buffer_bytes: int | None = None  # `bundlerun debug`: the debug buffer (default: --debug-buffer-mb)
 
     def validate(self) -> None:
@@ -238,9 +244,10 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("icd", "runner", "debug_runner"),  # the ICD json names a driver library loaded here
     capture=lambda *args: capture(*args),  # `capture` is defined at the end of this module
-    elapsed=ElapsedClock("runner_process_wall_time", "host-wall",
-                         "host wall clock of one executor_runner process (Vulkan instance and device creation, "
-                         "program load, execution, output files)"),
+    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+                         "host wall clock of a case on executor_runner: one --server_mode trigger (input files read, "
+                         "execute, outputs written), or where a case runs alone its whole process (Vulkan instance and "
+                         "device creation, program load, execution, output files)"),
     repeat=True,
 )
 
@@ -360,9 +367,15 @@ class VulkanTarget(TargetBase):
         executions = executor_runner.executions_for(getattr(options, "repeat", 1), self.settings.num_executions)
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
-        for method, index in selected_cases(bundle, options):
-            run.record(self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s, executions),
-                       options)
+        server.run_cases(
+            bundle, options, run,
+            server.own_process_reason(self.settings.server, executions, self.settings.etdump,
+                                      self.settings.print_output),
+            lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
+                                                 lambda out, code: classify(out, code, self.icd, probe),
+                                                 "the Vulkan runner", lambda r: run.record(r, options), env=env),
+            lambda method, index: self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s,
+                                             executions))
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, runner: Path, env: dict[str, str], probe: dict,

@@ -74,12 +74,16 @@ def test_zoo_fp32_and_int8_on_aarch64(runner, tmp_path):
     assert len(runs) == 6 and all(r["verdict"] == "PASS" for r in runs), runs
     report = json.loads((tmp_path / "fp32" / "tiny-transformer-fp32" / "report.json").read_text())
     assert report["bundle"]["backend"] == "portable" and report["target"]["info"]["arch"] == "aarch64"
+    assert report["target"]["info"]["runner_mode"] == {"forward": "executor_runner --server_mode: one process for 3 case(s)"}
     for case in report["cases"]:
-        assert case["extra"]["outputs_from"] == "files" and case["device_verdict"]["verdict"] == "PASS"
+        assert case["extra"]["outputs_from"] == "files" and case["extra"]["served"].startswith("executor_runner --server")
         assert case["outputs"][0]["stats"]["error_max"] < 1e-5  # aarch64 vs eager x86: ulp-level only
-    res = run_cli("validate", "mlp", "--target", URL, "--dtype", "int8", "--cases", "2", "--report",
+    # a process per case: each one-case bundle is also checked by the runner's own BundleIO check
+    res = run_cli("validate", "mlp", "--target", URL + "?server=false", "--dtype", "int8", "--cases", "2", "--report",
                   str(tmp_path / "int8"), "--no-history", "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["runs"][0]["verdict"] == "PASS", res.stderr[-2000:]
+    report = json.loads((tmp_path / "int8" / "mlp-int8" / "report.json").read_text())
+    assert [c["device_verdict"]["verdict"] for c in report["cases"]] == ["PASS", "PASS"]
     assert _no_qemu_left(tmp_path)
 
 

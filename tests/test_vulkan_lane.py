@@ -96,9 +96,10 @@ def test_validate_zoo_every_model_and_dtype(vulkan_runner, zoo_runs):
         (device,) = info["driver"]["devices"]  # read from the driver the runner used
         assert device["name"].startswith("llvmpipe") and device["driver_info"].startswith(f"Mesa {mesa}"), device
         assert len(rep["cases"]) == 2
+        assert info["runner_mode"] == {"forward": "executor_runner --server_mode: one process for 2 case(s)"}
         for case in rep["cases"]:
             assert case["extra"]["outputs_from"] == "files"
-            assert case["device_verdict"]["source"].startswith("executor_runner BundleIO")
+            assert case["extra"]["served"] == "executor_runner --server_mode, process 1"
             out = case["outputs"][0]
             assert out["verdict"] == "PASS" and out["stats"]["sqnr"] > 20  # a real computation, not a copy
         if r["run"].endswith("fp32"):  # fp32 on the Vulkan shaders: close to eager, but not bit-identical everywhere
@@ -181,8 +182,8 @@ def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_ru
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         rep = report(tmp_path / dtype)
         assert [c["verdict"] for c in rep["cases"]] == ["PASS"] * 3
-        log = Path(rep["cases"][0]["log_path"]).read_text()
-        assert "Model executed successfully 1 time(s)" in log
+        log = Path(rep["cases"][0]["log_path"]).read_text()  # what the server said for this case
+        assert "Writing output to file: out/output-0.bin" in log and "SERVER MODE DONE" in log
 
 
 def _stock_vulkan_bundle(path: Path, wrong_case: int | None = None) -> None:
@@ -221,14 +222,15 @@ def test_executorch_bundledprogram_api_bundle_is_judged_right(vulkan_runner, tmp
     assert [c["verdict"] for c in rep["cases"]] == ["PASS"] * 3
     assert any("no bundlerun manifest" in w for w in rep["warnings"])
     assert max(c["outputs"][0]["stats"]["error_max"] for c in rep["cases"]) < 1e-5
-    res = run_cli("run", str(bad), "--target", URL, "--report", str(tmp_path / "bad"), "--no-history")
-    assert res.returncode == 1, res.stdout[-2000:]
-    rep = report(tmp_path / "bad")
-    assert [c["verdict"] for c in rep["cases"]] == ["PASS", "FAIL", "PASS"]
-    worst = rep["cases"][1]["outputs"][0]["stats"]
-    assert worst["worst_index"] == [0, 2] and 0.049 < worst["error_max"] < 0.051
-    # each case runs as its own one-case bundle, so the runner's own BundleIO check saw case 1 too and
-    # agrees with the host (its error_stats: the 0.05 planted)
+    for mode in ("", "?server=false"):
+        res = run_cli("run", str(bad), "--target", URL + mode, "--report", str(tmp_path / f"bad{mode}"), "--no-history")
+        assert res.returncode == 1, res.stdout[-2000:]
+        rep = report(tmp_path / f"bad{mode}")
+        assert [c["verdict"] for c in rep["cases"]] == ["PASS", "FAIL", "PASS"]
+        worst = rep["cases"][1]["outputs"][0]["stats"]
+        assert worst["worst_index"] == [0, 2] and 0.049 < worst["error_max"] < 0.051
+    # server=false: each case runs as its own one-case bundle, so the runner's own BundleIO check saw case 1
+    # too and agrees with the host (its error_stats: the 0.05 planted)
     dv = rep["cases"][1]["device_verdict"]
     assert dv["verdict"] == "FAIL" and abs(dv["error_stats"]["max_absolute_error"] - 0.05) < 1e-3
     assert rep["cases"][0]["device_verdict"]["verdict"] == "PASS"
