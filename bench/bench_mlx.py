@@ -4,9 +4,11 @@ the same work: that runner called in a shell loop, once per case, on the same on
 (the runner checks case 0 only), writing the same output files. The one-case bundles for the bare
 loop are written before it is timed; bundlerun writes its own inside the timed run.
 
+bundlerun's default runs the bundle's cases on one runner in --server_mode (targets/et_runner/server.py).
 Both sides are fresh processes, alternated, best of N, in one run of this script. Also printed:
-the same `bundlerun run` with `runtime=interpreter` (bundlerun's Python MLX interpreter), for the
-cost of the C++ lane against the lane it replaces. Goal: bundlerun/bare at most 1.3.
+the same `bundlerun run` with `server=false` (a process per case, as the bare loop), and with
+`runtime=interpreter` (bundlerun's Python MLX interpreter), for the cost of the C++ lane against the
+lane it replaces. Goal: bundlerun/bare at most 1.3.
 
     .venv/bin/python bench/bench_mlx.py [--model tiny-cnn] [--cases 32] [--repeat 3]
 """
@@ -69,13 +71,15 @@ def main() -> int:
             write_bundle(bundle.single_case("forward", i), cases / f"case-{i:03d}.bpte")
         script = Path(tmp) / "bare.sh"
         script.write_text(BARE)
-        ours, bare, interp, one = [], [], [], []
+        ours, bare, interp, one, alone = [], [], [], [], []
         for i in range(args.repeat):
             for d in cases.glob("case-*/"):
                 shutil.rmtree(d)
             bare.append(timed(["bash", str(script), str(runner), str(cases)]))
             ours.append(timed([exe, "run", str(bpte), "--target", "mlx://cpu", "--quiet", "--no-history",
                                "--report", f"{tmp}/r{i}"]))
+            alone.append(timed([exe, "run", str(bpte), "--target", "mlx://cpu?server=false", "--quiet", "--no-history",
+                                "--report", f"{tmp}/a{i}"]))
             interp.append(timed([exe, "run", str(bpte), "--target", "mlx://cpu?runtime=interpreter", "--quiet",
                                  "--no-history", "--report", f"{tmp}/i{i}"]))
             one.append(timed([exe, "run", str(bpte), "--target", "mlx://cpu", "--select", "0", "--quiet",
@@ -85,6 +89,8 @@ def main() -> int:
     print(f"{args.cases}-case {args.model} {args.dtype} MLX bundle, runner {runner.parent.name}, load {load:.1f}")
     print(f"  bare runner shell loop  best {min(bare):.2f} s  {r(bare)}  ({min(bare) / args.cases * 1000:.0f} ms/case)")
     print(f"  bundlerun run mlx://cpu best {min(ours):.2f} s  {r(ours)}")
+    print(f"  bundlerun run mlx://cpu?server=false (a process per case) best {min(alone):.2f} s  {r(alone)}  "
+          f"RATIO {min(alone) / min(bare):.2f}")
     print(f"  bundlerun run mlx://cpu?runtime=interpreter best {min(interp):.2f} s  {r(interp)}")
     per_case = (min(ours) - min(one)) / (args.cases - 1)
     print(f"  bundlerun run mlx://cpu --select 0 (the fixed cost: CLI start-up, bundle read, judging, report) best "

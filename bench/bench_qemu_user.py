@@ -3,8 +3,10 @@ called in a shell loop under qemu-aarch64 doing the same work: the same 32 one-c
 beforehand, untimed: the bare runner checks case 0 only, so a loop needs them), the same flags bundlerun
 passes (targets/executor_runner.runner_args: outputs to files, --cpu_threads 1, -cpu max; ETDump only
 when the target keeps it).
-bundlerun's side is the whole command in a fresh process: CLI start-up, writing the one-case bundles,
-32 runs, reading the outputs back, judging every output, writing the report.
+bundlerun's side is the whole command in a fresh process: CLI start-up, the bundle's cases on one emulated
+runner in --server_mode (targets/et_runner/server.py: the inputs as --inputs files), reading the outputs
+back, judging every output, writing the report; `?server=false` (a one-case bundle and process per case,
+as the bare loop) is timed too.
 Alternated, best of N, load average printed. Goal: ratio at most 1.3.
 
     .venv/bin/python bench/bench_qemu_user.py [--model tiny-cnn] [--dtype fp32] [--cases 32] [--repeat 3]
@@ -72,16 +74,20 @@ def main() -> int:
                          f"{' '.join(shlex.quote(f) for f in flags)} > runner.log 2>&1")
         script = Path(tmp) / "bare.sh"
         script.write_text("\n".join(lines) + "\n")
-        ours, bare = [], []
+        ours, bare, alone = [], [], []
         print(f"load average before: {loadavg()}")
         for i in range(args.repeat):
             bare.append(timed(["bash", str(script)]))
             ours.append(timed([exe, "run", str(bpte), "--target", "qemu-user://aarch64", "--quiet", "--no-history",
                                "--report", f"{tmp}/r{i}"], env={**os.environ}))
+            alone.append(timed([exe, "run", str(bpte), "--target", "qemu-user://aarch64?server=false", "--quiet",
+                                "--no-history", "--report", f"{tmp}/a{i}"], env={**os.environ}))
         print(f"load average after: {loadavg()}")
     print(f"{args.cases}-case {args.model} {args.dtype} XNNPACK bundle on qemu-user://aarch64 ({runner}):")
     print(f"  bare runner in a shell loop: best {min(bare):.2f} s, runs {[round(x, 2) for x in bare]}")
     print(f"  `bundlerun run`:             best {min(ours):.2f} s, runs {[round(x, 2) for x in ours]}")
+    print(f"  `bundlerun run`, server=false: best {min(alone):.2f} s, runs {[round(x, 2) for x in alone]}, "
+          f"RATIO {min(alone) / min(bare):.2f}")
     ratio = min(ours) / min(bare)
     median = sorted(ours)[len(ours) // 2] / sorted(bare)[len(bare) // 2]
     print(f"RATIO bundlerun/bare = {ratio:.2f} best, {median:.2f} median (goal <= 1.3)")

@@ -1,9 +1,10 @@
 """`bundlerun run` of a 32-case bundle on vulkan://lavapipe vs the bare runner doing the same work: ExecuTorch's
 Vulkan executor_runner called in a shell loop, once per case on that case's one-case bundle, with the same
 flags, the same driver (VK_ICD_FILENAMES) and the same warm Mesa shader cache. The bare loop gets its 32
-one-case bundles and folders made beforehand (untimed); bundlerun makes them itself, runs, reads every output
-and judges it, and writes the report. Fresh processes, alternated, best and median of N rounds.
-Goal: ratio at most 1.3."""
+one-case bundles and folders made beforehand (untimed); bundlerun makes what it runs itself, runs, reads every
+output and judges it, and writes the report. bundlerun's default runs a method's cases on one runner in
+--server_mode (targets/et_runner/server.py); `?server=false` (a process per case, as the bare loop) is timed
+too. Fresh processes, alternated, best and median of N rounds. Goal: ratio at most 1.3."""
 
 from __future__ import annotations
 
@@ -63,17 +64,21 @@ def main() -> int:
         script.write_text("set -e\n" + "\n".join(loop) + "\n")
         # warm-up (untimed): Mesa compiles this model's shaders into its cache once
         timed(["bash", str(script)], env)
-        bare, ours, loads = [], [], []
+        bare, ours, alone, loads = [], [], [], []
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])
             bare.append(timed(["bash", str(script)], env))
             ours.append(timed([exe, "run", str(bpte), "--target", URL, "--quiet", "--no-history", "--report",
                                f"{tmp}/r{r}"]))
+            alone.append(timed([exe, "run", str(bpte), "--target", URL + "?server=false", "--quiet", "--no-history",
+                                "--report", f"{tmp}/a{r}"]))
     print(f"{args.cases}-case {args.model} {args.dtype} bundle on {URL} ({runner}):")
     print(f"  bare runner shell loop: best {min(bare):.2f} s, median {statistics.median(bare):.2f} s "
           f"({[round(x, 2) for x in bare]})")
     print(f"  bundlerun run:          best {min(ours):.2f} s, median {statistics.median(ours):.2f} s "
           f"({[round(x, 2) for x in ours]})")
+    print(f"  bundlerun run, server=false (a process per case): best {min(alone):.2f} s, median "
+          f"{statistics.median(alone):.2f} s ({[round(x, 2) for x in alone]}); RATIO {min(alone) / min(bare):.2f}")
     print(f"  1-minute load average at the start of each round: {[round(x, 1) for x in loads]}")
     ratio = min(ours) / min(bare)
     print(f"RATIO bundlerun/bare = {ratio:.2f} best, {statistics.median(ours) / statistics.median(bare):.2f} median "
