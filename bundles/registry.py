@@ -160,12 +160,16 @@ def _model_ops(ops: list[str] | None) -> set[str]:
 # --------------------------------------------------------------------------- registry
 
 
+# How a trail names a data file shipped with bundlerun: by its place in the package.
+BUILTIN_NAME = "bundlerun/bundles/data/"
+
+
 def _shown(file: Path) -> str:
     """A data file shipped with bundlerun as `bundlerun/bundles/data/NAME`, the same in every checkout and
     install (a bundle's criteria trail, and with it the build cache's key, must not depend on where
     bundlerun lives); any other file as given."""
     try:
-        return "bundlerun/bundles/data/" + file.resolve().relative_to(BUILTIN_DIR.resolve()).as_posix()
+        return BUILTIN_NAME + file.resolve().relative_to(BUILTIN_DIR.resolve()).as_posix()
     except ValueError:
         return str(file)
 

@@ -17,16 +17,7 @@ from pathlib import Path
 import pytest
 
 from bundlerun.targets.et_runner import server
-
-
-@pytest.fixture(scope="module")
-def runner() -> Path:
-    from bundlerun.targets.mlx_runner import BUILD_COMMAND, default_runner
-
-    found = default_runner()
-    if found is None:
-        pytest.fail(f"no MLX executor_runner in the runner cache: scripts/setup.sh builds it ({BUILD_COMMAND})")
-    return found
+from tests.test_mlx_cpp_delegate import runner  # noqa: F401  (the cached MLX executor_runner, or a failure naming its build)
 
 
 @pytest.fixture(scope="module")

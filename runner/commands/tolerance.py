@@ -38,10 +38,10 @@ def _fmt(value) -> str:
 def _short(file: str | None) -> str:
     if not file:
         return "-"
-    from bundlerun.bundles.registry import BUILTIN_DIR
+    from bundlerun.bundles.registry import BUILTIN_NAME
 
     path = Path(file)
-    if path.resolve().parent == BUILTIN_DIR.resolve() and path.name.startswith("tolerances"):
+    if file.startswith(BUILTIN_NAME) and "/" not in file[len(BUILTIN_NAME):] and path.name.startswith("tolerances"):
         return "built-in" if path.name == "tolerances.toml" else f"built-in:{path.name[len('tolerances.'):-len('.toml')]}"
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
