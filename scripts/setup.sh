@@ -22,7 +22,7 @@ fi
 # (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
 .venv/bin/python -m pip install -q -e ".[arm,test,apple,farm]"
 # Byte-compiled once here: an editable install leaves bundlerun's modules as .py only, and where
-# PYTHONDONTWRITEBYTECODE is set (as on this project's CI machine) every bundlerun process would compile
+# PYTHONDONTWRITEBYTECODE is set (as on the machine these figures come from) every bundlerun process would compile
 # them again on import: 83 modules, 0.36 s of each `bundlerun run` (cProfile). A stale .pyc is never used
 # (its source's mtime is checked), so this is only ever a cache.
 .venv/bin/python -m compileall -q bundles targets runner >/dev/null
