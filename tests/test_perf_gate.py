@@ -417,14 +417,16 @@ def test_live_etdump_profile_matches_executorchs_inspector(tmp_path):
     assert prof["kind"] == "simulation-time"  # under qemu-aarch64: never device latency
     ops = {o["name"]: o for o in prof["operators"]}
     assert ops["convolution.out"]["calls"] == 2 and prof["operators"][0]["name"] == "convolution.out"
-    assert sum(o["time"] for o in prof["operators"]) < prof["total"]  # operators run inside Method::execute
 
     from executorch.devtools import Inspector
 
     inspector = Inspector(etdump_path=report["cases"][0]["extra"]["etdump"])
     per_exec: dict[str, list[float]] = {}
+    execute: list[float] = []
     for block in inspector.event_blocks:
         for event in block.events:
+            if event.name == "Method::execute" and event.perf_data is not None:
+                execute = list(event.perf_data.raw)
             if event.name.startswith("native_call_") and event.perf_data is not None:
                 raw = event.perf_data.raw
                 name = event.name.removeprefix("native_call_")
@@ -435,6 +437,11 @@ def test_live_etdump_profile_matches_executorchs_inspector(tmp_path):
     for name, times in per_exec.items():
         assert len(times) == 4
         assert ops[name]["time"] == pytest.approx(median(times[1:]), rel=1e-6), name  # the warm-up excluded
+    # operators run inside Method::execute: in every execution (a sum of per-operator medians can exceed the
+    # median total by noise: it did by 0.3% once, 9.260 vs 9.233 ms)
+    assert len(execute) == 4 and prof["total"] == pytest.approx(median(execute[1:]), rel=1e-6)
+    for i in range(4):
+        assert sum(times[i] for times in per_exec.values()) < execute[i], i
     assert "Top operators of forward" in (out / "summary.md").read_text()
     assert "class='flame'" in (out / "report.html").read_text()
 
