@@ -17,7 +17,6 @@ support, a libmlx.so the runner cannot find.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from bundlerun.targets.base import (
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group
-from bundlerun.targets.runner_cache import find_runner
+from bundlerun.targets.runner_cache import find_runner, read_record
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -84,11 +83,8 @@ def cached_mlx_runners() -> list[dict[str, Any]]:
 
 def runner_record(binary: Path) -> dict[str, Any]:
     """The runner.json beside `binary` (how it was built), or {} for a runner from elsewhere."""
-    try:
-        record = json.loads((Path(binary).parent / "runner.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) and record.get("kind") == RUNNER_KIND else {}
+    record = read_record(Path(binary).parent)
+    return record if record is not None and record.get("kind") == RUNNER_KIND else {}
 
 
 @lru_cache(maxsize=1)

@@ -35,7 +35,7 @@ from bundlerun.targets.base import (
     safe_name,
 )
 from bundlerun.targets.process import kill_process_group, wait_exit
-from bundlerun.targets.runner_cache import cached_runners
+from bundlerun.targets.runner_cache import cached_runners, read_record
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -101,13 +101,8 @@ def cached_runner(arch: str) -> dict | None:
 
 def runner_meta(runner: Path) -> dict:
     """The runner.json beside a cached runner binary ({} for a runner built elsewhere)."""
-    import json
-
-    try:
-        meta = json.loads((Path(runner).parent / "runner.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) and Path(str(meta.get("binary", ""))) == Path(runner) else {}
+    meta = read_record(Path(runner).parent)
+    return meta if meta is not None and Path(str(meta.get("binary", ""))) == Path(runner) else {}
 
 
 SPEC = TargetSpec(

@@ -2,7 +2,9 @@
 
 Each `$BUNDLERUN_CACHE/runners/<key>/runner.json` describes one build (kind, mode,
 binary, ops, flags, sources, toolchain). Targets find their runner here when none is
-configured; `doctor` lists them.
+configured; `doctor` lists them. An entry is relocatable: a cache restored or copied to
+another path (a CI cache, a farm's shared volume) is read through `read_record`, which moves
+the paths the build recorded onto where the entry is now.
 """
 
 from __future__ import annotations
@@ -19,6 +21,52 @@ def cache_root() -> Path:
     return Path(base)
 
 
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The runner.json of the cache entry `folder`, with its folder under "dir", or None if unreadable.
+
+    The build scripts record absolute paths (`binary`, `elf`, the sources they used). Where the cache
+    has moved since, every recorded path under the old `<root>/runners/<key>/` is moved onto `folder`
+    and every other one under the old `<root>/` onto the cache root `folder` is in now, so a copied
+    cache names its own files, never the ones it was built beside."""
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / "runner.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    old_root = _recorded_root(record, folder.name)
+    new_root = folder.parent.parent
+    if old_root is not None and old_root != str(new_root):
+        record = _rebased(record, old_root, str(new_root))
+    record["dir"] = str(folder)
+    return record
+
+
+def _recorded_root(value: Any, key: str) -> str | None:
+    """The cache root the build ran in: the prefix of any recorded `<root>/runners/<key>/...` path."""
+    if isinstance(value, str):
+        marker = f"/runners/{key}/"
+        at = value.find(marker)
+        return value[:at] if value.startswith("/") and at > 0 else None
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        root = _recorded_root(child, key)
+        if root is not None:
+            return root
+    return None
+
+
+def _rebased(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, dict):
+        return {k: _rebased(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rebased(v, old, new) for v in value]
+    return value
+
+
 def cached_runners(kind: str | None = None) -> list[dict[str, Any]]:
     """Every readable runner.json (newest first), each with its folder under "dir"."""
     found = []
@@ -26,13 +74,9 @@ def cached_runners(kind: str | None = None) -> list[dict[str, Any]]:
     if not root.is_dir():
         return []
     for meta in root.glob("*/runner.json"):
-        try:
-            record = json.loads(meta.read_text())
-        except (OSError, ValueError):
+        record = read_record(meta.parent)
+        if record is None or (kind and record.get("kind") != kind):
             continue
-        if not isinstance(record, dict) or (kind and record.get("kind") != kind):
-            continue
-        record["dir"] = str(meta.parent)
         found.append(record)
     return sorted(found, key=lambda r: str(r.get("built_at", "")), reverse=True)
 

@@ -42,6 +42,7 @@ from doubles.android_env import PrivateAdbServer, real_executor_runner
 from bundlerun.targets import open_target
 from bundlerun.targets.base import CaseStatus, RunOptions
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.runner_cache import read_record
 
 ZOO = ["mlp", "tiny-cnn", "mobile-net", "tiny-transformer", "tiny-gru"]
 WORKSPACE = "/data/local/tmp/bundlerun real"
@@ -58,7 +59,7 @@ def runner() -> Path:
         folder = real_executor_runner("aarch64")
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    return Path(json.loads((folder / "runner.json").read_text())["binary"])
+    return Path(read_record(folder)["binary"])
 
 
 @pytest.fixture

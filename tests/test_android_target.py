@@ -10,7 +10,6 @@ Bundles are real (zoo models lowered to XNNPACK by the builder). Which runner ea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from doubles.android_env import (PrivateAdbServer, adb_available, fake_qnn_sdk, 
 from bundlerun.targets import open_target
 from bundlerun.targets.android.profiles import sort_qnn_outputs
 from bundlerun.targets.base import CaseStatus, RunOptions
+from bundlerun.targets.runner_cache import read_record
 
 WORKSPACE = "/data/local/tmp/bundle run's; $(x)"
 
@@ -40,7 +40,7 @@ def real_runner() -> Path:
         folder = real_executor_runner("aarch64")
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    meta = json.loads((folder / "runner.json").read_text())
+    meta = read_record(folder)
     assert "xnnpack" in meta["backends"], f"{folder}: the aarch64 runner has no XNNPACK delegate; rebuild it"
     return Path(meta["binary"])
 

@@ -19,7 +19,6 @@ second convolution's weights were negated inside the lowered program.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -35,6 +34,7 @@ from proc_helpers import mine
 from doubles.adbd import FakeAdbd
 from doubles.android_env import PrivateAdbServer, fake_qnn_sdk, runner_binaries
 from tests.test_debug import assert_conv2d_1_first_bad, fp32_bundles  # noqa: F401 - fp32_bundles: the shared fixture
+from bundlerun.targets.runner_cache import read_record
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "android" / "build_executor_runner.sh"
 BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
@@ -50,7 +50,7 @@ def debug_runner() -> Path:
     if res.returncode != 0:
         pytest.fail(f"the aarch64 debug runner is not built: {res.stderr.strip()} "
                     f"(build it: bash {BUILD_SCRIPT} --toolchain gnu --arch aarch64 --debug-runner)")
-    meta = json.loads((Path(res.stdout.strip().splitlines()[-1]) / "runner.json").read_text())
+    meta = read_record(Path(res.stdout.strip().splitlines()[-1]))
     assert meta["kind"] == "debug_runner" and meta["arch"] == "aarch64" and meta["static"] is True
     binary = Path(meta["binary"])
     assert binary.read_bytes()[:4] == b"\x7fELF" and binary.read_bytes()[18] == 183  # EM_AARCH64

@@ -31,6 +31,7 @@ from bundlerun.targets.intermediates import IntermediatesFailed, IntermediatesUn
 
 from tests.conftest import run_cli
 from tests.test_debug import assert_conv2d_1_first_bad, fp32_bundles  # noqa: F401 - fp32_bundles: the shared fixture
+from bundlerun.targets.runner_cache import read_record
 
 URL = "qemu://mps3-an547"
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def test_qemu_names_the_miscompiled_conv_exactly_as_host(fp32_bundles, host_bad,
     runner = next(n for n in bad.notes if n.startswith("runner: "))
     assert "--etdump, debug buffer 67108864 B = 64 MiB" in runner
     elf = Path(runner.split()[1])
-    meta = json.loads((elf.parent / "runner.json").read_text())
+    meta = read_record(elf.parent)
     assert meta["etdump"] is True and meta["debug_buffer_size"] == 64 << 20 and meta["mode"] == "semihosting"
     assert {"ET_EVENT_TRACER_ENABLED", "ET_DUMP_INTERMEDIATE_OUTPUTS", "ET_DEBUG_BUFFER_SIZE=67108864"} <= set(
         meta["flags"]["defines"])
@@ -184,7 +185,7 @@ def test_a_debug_buffer_too_small_is_one_line_naming_size_and_fix(qemu_runner, f
 
 def test_a_runner_without_etdump_says_to_build_one(qemu_runner, fp32_bundles, tmp_path):  # noqa: F811
     plain = qemu_runner() / "arm_executor_runner.elf"  # the zoo-ops runner `run` uses: no event tracer
-    meta = json.loads((plain.parent / "runner.json").read_text())
+    meta = read_record(plain.parent)
     assert not meta.get("etdump") and "ET_EVENT_TRACER_ENABLED" not in meta["flags"]["defines"]
     with pytest.raises(IntermediatesUnsupported) as info:
         debug_bundle(fp32_bundles / "bad.bpte", URL, case=2, work_dir=tmp_path / "w",
@@ -250,7 +251,7 @@ def test_plain_runs_never_pick_an_etdump_runner(qemu_runner, fp32_bundles):  # n
     from bundlerun.targets.arm.qemu import pick_cached_runner
 
     big = qemu_runner("--etdump", "--debug-buffer-size", str(64 << 20), "--ops-from", str(fp32_bundles / "bad.bpte"))
-    assert json.loads((big / "runner.json").read_text())["flags"]["method_pool_size"] == 128 << 20
+    assert read_record(big)["flags"]["method_pool_size"] == 128 << 20
     needed = program_operators(read_bundle(fp32_bundles / "bad.bpte").program)
     plain, _ = pick_cached_runner(needed, "semihosting")
     assert plain is not None and not plain.get("etdump") and plain["flags"]["method_pool_size"] < 128 << 20

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli
+from bundlerun.targets.runner_cache import read_record
 
 DTYPES = ("fp32", "fp16", "bf16")
 SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "mlx" / "build_mlx_runner.sh"
@@ -56,7 +57,7 @@ def _interpreter_outputs(bundle, method: str, index: int) -> list[np.ndarray]:
 def test_runner_is_exectorchs_delegate_on_the_wheels_libmlx(runner):
     from importlib.metadata import version
 
-    meta = json.loads((runner.parent / "runner.json").read_text())
+    meta = read_record(runner.parent)
     assert meta["kind"] == "mlx_executor_runner" and meta["backends"] == ["mlx"] and meta["bundle_io"] is True
     assert meta["mlx"]["version"] == version("mlx")  # built against the installed wheel
     assert meta["patches"] == ["0001-mlx-backend-default-device.patch", "0002-mlx-0.32-api.patch"]

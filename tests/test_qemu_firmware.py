@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bundlerun.targets.runner_cache import read_record
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "firmware_scripts" / "arm" / "build_qemu_runner.sh"
@@ -143,9 +144,8 @@ def test_build_is_cached_and_described(qemu_runner):
     assert again.returncode == 0, again.stderr
     assert Path(again.stdout.strip().splitlines()[-1]) == folder
     assert time.monotonic() - start < 30, "a cached runner must come back at once"
-    import json
 
-    meta = json.loads((folder / "runner.json").read_text())
+    meta = read_record(folder)
     assert meta["kind"] == "arm-qemu" and meta["mode"] == "semihosting"
     assert meta["elf"] == str(folder / "arm_executor_runner.elf")
     assert "cortex_m::quantized_linear.out" in meta["ops"] and "aten::convolution.out" in meta["ops"]

@@ -26,6 +26,7 @@ from bundlerun.bundles.bpte import read_bundle
 from bundlerun.targets import open_target
 from bundlerun.targets.base import CaseStatus, RunOptions
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.runner_cache import read_record
 
 from tests.conftest import run_cli
 
@@ -86,7 +87,7 @@ def _qemu_pids(marker: str) -> list[int]:
 @pytest.fixture(scope="module")
 def uart_elf(qemu_runner) -> Path:
     folder = qemu_runner("--mode", "uart")
-    record = json.loads((folder / "runner.json").read_text())
+    record = read_record(folder)
     assert record["mode"] == "uart" and record["flags"]["model_addr"] == MODEL_ADDR, record
     return folder / "arm_executor_runner.elf"
 

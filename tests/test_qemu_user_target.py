@@ -24,6 +24,7 @@ import pytest
 from bundlerun.bundles.bpte import BundledValue, read_bundle, serialize_bundle, write_bundle
 from tests.conftest import run_cli
 from tests.doubles.android_env import real_executor_runner
+from bundlerun.targets.runner_cache import read_record
 
 URL = "qemu-user://aarch64"
 XNN_DTYPES = ("fp32", "fp16", "int8")
@@ -39,7 +40,7 @@ def runner():
 @pytest.fixture(scope="module")
 def xnn_runner(runner):
     """The runner folder, checked to carry the XNNPACK delegate (runner.json, written by the build)."""
-    meta = json.loads((runner / "runner.json").read_text())
+    meta = read_record(runner)
     assert "xnnpack" in meta["backends"] and meta["xnnpack"]["kleidiai"], (
         f"{runner} has no XNNPACK delegate: rebuild with firmware_scripts/android/build_executor_runner.sh --toolchain gnu")
     return runner

@@ -4,12 +4,12 @@ tools and the real cached build; no double."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 from tests.test_vulkan_lane import BUILD_SCRIPT, vulkan_runner  # noqa: F401 - the fixture
+from bundlerun.targets.runner_cache import read_record
 
 HERE = BUILD_SCRIPT.parent
 
@@ -69,7 +69,7 @@ def test_private_glslc_is_trixies_and_the_system_apt_is_untouched():
 
 
 def test_cached_runner_is_described_by_runner_json(vulkan_runner):
-    meta = json.loads((vulkan_runner / "runner.json").read_text())
+    meta = read_record(vulkan_runner)
     assert meta["kind"] == "executor_runner" and meta["arch"] == "x86_64" and meta["backends"] == ["vulkan"]
     assert meta["kernels"] == ["portable", "quantized"] and meta["bundle_io"] and meta["etdump"]
     assert "glslang 15" in meta["glslc"]["version"] and meta["static"] is False

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, run_cli
 from tests.test_vulkan_lane import URL, processes_under, report, vulkan_runner  # noqa: F401 - the fixture
+from bundlerun.targets.runner_cache import read_record
 
 MODELS = REPO / "tests" / "fixtures" / "op_models.py"  # in the repo, so their builds are cached across runs
 # rfft between two Vulkan subgraphs: aten::_fft_r2c.out is optimized-only, absent from the runner's kernels
@@ -160,7 +161,7 @@ def _signal_runner_when_running(folder: Path, runner: Path, sig: int, seconds: f
 
 def test_crash_of_the_runner_is_a_crash(vulkan_runner, bundle_cache, tmp_path):
     bundle = bundle_cache("tiny-cnn", cases=2, target=URL)
-    binary = Path(json.loads((vulkan_runner / "runner.json").read_text())["binary"])
+    binary = Path(read_record(vulkan_runner)["binary"])
     killer = _signal_runner_when_running(tmp_path / "r", binary, signal.SIGSEGV)
     rc, rep, _ = _run(bundle, tmp_path / "r", "--select", "0", url=URL + "?num_executions=200000", timeout=900)
     killer.join(5)

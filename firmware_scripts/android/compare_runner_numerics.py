@@ -59,7 +59,8 @@ def load_runner(spec: str) -> Runner:
     path = Path(spec)
     if path.is_dir():
         meta = json.loads((path / "runner.json").read_text())
-        return Runner(Path(meta["binary"]), meta["arch"])
+        binary = path / Path(meta["binary"]).name  # this folder's own binary, wherever the cache was when built
+        return Runner(binary, meta["arch"])
     head = path.read_bytes()[:20]
     arch = "aarch64" if head[18] | (head[19] << 8) == 183 else "x86_64"
     return Runner(path, arch)

@@ -11,7 +11,8 @@
 # firmware_scripts/vulkan/private_apt.sh. Its other dependencies resolve against this system's
 # libraries (libLLVM-15, libdrm 2.4.114: every symbol it needs is there, checked below with RTLD_NOW).
 # The packaged ICD json names `libvulkan_lvp.so` for the loader's search path (which would find the
-# system's), so a private json with the absolute library_path is written beside it.
+# system's), so a private json is written beside it whose library_path is relative to that json
+# (`./root/...`: the loader reads a relative path from the json's folder), so the cache can move.
 #
 # Cached in ${BUNDLERUN_CACHE:-~/.cache/bundlerun}/tools/lavapipe-bookworm-backports/.
 set -euo pipefail
@@ -37,13 +38,11 @@ SRC_JSON="$(ls "$DEST"/root/usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | s
 python3 -c 'import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)' "$LIB" \
   || private_apt_die "$LIB does not load against this system's libraries (a dependency too old?)"
 JSON="$DEST/lvp_icd.x86_64.json"
-if [ ! -f "$JSON" ]; then
-  python3 - "$SRC_JSON" "$LIB" > "$JSON.tmp" <<'PY'
+python3 - "$SRC_JSON" "./${LIB#"$DEST"/}" > "$JSON.tmp" <<'PY'
 import json, sys
 icd = json.load(open(sys.argv[1]))
-icd["ICD"]["library_path"] = sys.argv[2]  # absolute: the loader dlopen()s exactly this file
+icd["ICD"]["library_path"] = sys.argv[2]  # a path, never a bare name the loader would search for
 print(json.dumps(icd, indent=4))
 PY
-  mv "$JSON.tmp" "$JSON"
-fi
+if cmp -s "$JSON.tmp" "$JSON"; then rm -f "$JSON.tmp"; else mv "$JSON.tmp" "$JSON"; fi
 echo "$JSON"

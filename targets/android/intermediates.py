@@ -36,7 +36,6 @@ IntermediatesFailed naming the size and saying to pass a larger --debug-buffer-m
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 import re
@@ -127,7 +126,9 @@ def cached_debug_runner(arch: str, log_dir: Path, build: bool = True, timeout_s:
 
 
 def _runner_binary(folder: Path) -> Path:
-    meta = json.loads((folder / "runner.json").read_text())
+    from bundlerun.targets.runner_cache import read_record
+
+    meta = read_record(folder) or {}
     binary = Path(str(meta.get("binary", "")))
     if meta.get("kind") != RUNNER_KIND or not binary.is_file():
         raise IntermediatesFailed(f"{folder}/runner.json does not describe a built debug runner")

@@ -37,7 +37,7 @@ from bundlerun.targets.arm import qemu_plugin
 from bundlerun.targets.et_runner.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun, expected_layout, safe_name, selected_cases
-from bundlerun.targets.runner_cache import cached_runners, run_build
+from bundlerun.targets.runner_cache import cached_runners, read_record, run_build
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -272,7 +272,6 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
     `build_qemu_runner.sh --etdump --ops-from BUNDLE` (content-addressed; the first build of the
     ETDump library tree takes minutes, later variants seconds). Its stderr goes to a log in
     `log_dir`; a failed build is a TargetError naming the script's own one-line reason."""
-    import json
     import sys
 
     from bundlerun.bundles.bpte import read_bundle
@@ -295,7 +294,9 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
     folder, why = run_build(cmd, log, timeout_s, "build_qemu_runner.sh")
     if folder is None:
         raise TargetError(f"building the ETDump runner failed: {why} (log: {log})", kind="tool-failed")
-    meta = json.loads((folder / "runner.json").read_text())
+    meta = read_record(folder)
+    if meta is None or not Path(str(meta.get("elf"))).is_file():
+        raise TargetError(f"{folder}/runner.json does not describe a built ETDump runner", kind="tool-failed")
     return Path(str(meta["elf"])), meta
 
 

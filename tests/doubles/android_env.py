@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from bundlerun.targets.runner_cache import read_record
 
 
 def free_port() -> int:
@@ -102,7 +103,6 @@ def real_executor_runner(arch: str = "aarch64") -> Path:
 
     Raises RuntimeError with the reason and the command to build it when it is not in the
     cache: tests that need it must fail, not skip (a missing toolchain is a setup bug)."""
-    import json
 
     override = os.environ.get(f"BUNDLERUN_{arch.upper()}_RUNNER_DIR")  # a runner folder built elsewhere
     if override:
@@ -116,7 +116,7 @@ def real_executor_runner(arch: str = "aarch64") -> Path:
         folder = Path(res.stdout.strip().splitlines()[-1])
     if not (folder / "runner.json").is_file():
         raise RuntimeError(f"{folder} holds no runner.json (made by {BUILD_SCRIPT.name} --toolchain gnu)")
-    meta = json.loads((folder / "runner.json").read_text())
+    meta = read_record(folder)
     if meta.get("kind") != "executor_runner" or not Path(meta["binary"]).is_file():
         raise RuntimeError(f"{folder}/runner.json does not describe a built executor_runner")
     return folder
