@@ -207,7 +207,10 @@ if $etdump; then
   lib_flags=("etdump=1" "EXECUTORCH_BUILD_ARM_ETDUMP=ON" "EXECUTORCH_ENABLE_EVENT_TRACER=ON")
   runner_flags=("etdump=1" "ET_EVENT_TRACER_ENABLED" "ET_DUMP_INTERMEDIATE_OUTPUTS" "ET_DEBUG_BUFFER_SIZE=$debug_buffer_size")
 fi
-lib_key="$(et_cache_key "arm-qemu-lib-v1" "$fingerprint" "$toolchain" "$build_type" "$cmsis_dir" "$flatc" "$python_abs" ${lib_flags[@]+"${lib_flags[@]}"})"
+# CMSIS-NN by its fingerprint, not its path (the tarball set's, for the copy extracted beside ExecuTorch's):
+# a cache at another path computes the same keys and reuses its entries
+cmsis_fingerprint="$(et_source_fingerprint "$cmsis_dir")"
+lib_key="$(et_cache_key "arm-qemu-lib-v2" "$fingerprint" "$toolchain" "$build_type" "cmsis-nn=$cmsis_fingerprint" "$flatc" "$python_abs" ${lib_flags[@]+"${lib_flags[@]}"})"
 lib_dir="$BUNDLERUN_CACHE/build/arm-qemu-$lib_key"
 build_dir="$lib_dir/build"
 runner_key="$(et_cache_key "arm-qemu-runner-v1" "$lib_key" "mode=$mode" "fault=$fault" \
