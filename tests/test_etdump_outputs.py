@@ -194,7 +194,6 @@ def test_printed_outputs_are_lossy_within_documented_bound(multi_bundle, device_
 
 def test_printed_count_and_kind_mismatches(multi_bundle, device_run):
     outs, _, _ = device_run
-    layout = _layout(multi_bundle)
     log = parse_runner_log(_printed_log([outs[0]], [st.FLOAT]))
     with pytest.raises(OutputDecodeError, match="printed values"):
         outputs_from_printed(log.printed_outputs, [(st.FLOAT, [1, 7])])

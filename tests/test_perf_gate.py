@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
