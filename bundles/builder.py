@@ -21,7 +21,7 @@ from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module, target_info
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError
-from bundlerun.bundles.inputs import generate_cases
+from bundlerun.bundles.inputs import check_distribution, generate_cases
 from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
 from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
@@ -166,6 +166,8 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"--seed {req.seed!r}: give a whole number from 0 to {MAX_SEED}")
     from bundlerun.bundles.backends.base import default_reference
 
+    if req.distribution is not None:
+        check_distribution(req.distribution)  # before the model is imported: one line, exit 2
     reference = req.reference or default_reference(backend, req.dtype)
     if reference not in REFERENCES:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
@@ -234,6 +236,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     say(f"computing expected outputs for {len(case_arrays)} cases")
     test_cases: list[BundledTestCase] = []
     first_outputs: list[Any] = []
+    reference_dtypes: list[str] = []
     with torch.no_grad():
         for i, arrays in enumerate(case_arrays):
             program_inputs = tuple(
@@ -252,6 +255,8 @@ def build_bundle(req: BuildRequest) -> BuildResult:
                 raise BuildError(f"reference model failed on case {i}: {type(exc).__name__}: {exc}") from None
             if len(out_dtypes) != len(outs):
                 raise BuildError(f"reference produced {len(outs)} outputs, program has {len(out_dtypes)}")
+            if i == 0:
+                reference_dtypes = [st.name(_torch_to_code(o.dtype)) for o in outs]
             outs = [o.to(dt) if dt is not None else o for o, dt in zip(outs, out_dtypes)]
             if i == 0:
                 first_outputs = outs
@@ -284,6 +289,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             scale=qp[0] if qp else None,
             zero_point=qp[1] if qp else None,
             quantization=lowering.quantization,
+            reference_dtype=reference_dtypes[j],
             expected=np.stack([tc.expected_outputs[j].to_array() for tc in test_cases]),
         )
         criteria = resolve_criteria(ctx, req.overrides, req.registry)

@@ -7,6 +7,7 @@ A distribution is written as text so it can live in the manifest and on the CLI:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -28,10 +29,21 @@ class Distribution:
                 f"unknown input distribution {text!r}; use randn, rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)"
             )
         kind, args = match.group(1), match.group(2)
-        params = tuple(float(a) for a in args.split(",")) if args else ()
+        try:
+            params = tuple(float(a) for a in args.split(",")) if args else ()
+        except ValueError:
+            raise ValueError(f"distribution {kind}({args}) has a parameter that is not a number") from None
         expected = {"randn": 0, "rand": 0, "uniform": 2, "normal": 2, "randint": 2}[kind]
         if len(params) != expected:
             raise ValueError(f"distribution {kind} takes {expected} parameters, got {len(params)}")
+        if not all(math.isfinite(p) for p in params):
+            raise ValueError(f"distribution {kind} needs finite parameters, got {args}")
+        if kind == "uniform" and not params[0] < params[1]:
+            raise ValueError(f"uniform(lo,hi) needs lo < hi, got {args}")
+        if kind == "randint" and not (params[0] <= params[1] and params[0] == int(params[0]) and params[1] == int(params[1])):
+            raise ValueError(f"randint(lo,hi) needs whole numbers lo <= hi, got {args}")
+        if kind == "normal" and not params[1] > 0:
+            raise ValueError(f"normal(mean,std) needs std > 0, got {args}")
         return cls(kind, params)
 
     def __str__(self) -> str:
@@ -51,6 +63,28 @@ class Distribution:
         else:
             out = rng.integers(int(self.params[0]), int(self.params[1]), shape, endpoint=True)
         return np.asarray(out).astype(dtype)
+
+
+KINDS = ("randn", "rand", "uniform", "normal", "randint")
+
+
+def check_distribution(text: str) -> str:
+    """`text` if it parses as a distribution, else ConfigError (one line, exit 2): every command
+    and the API check an option before any model is imported or built."""
+    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.registry_schema import suggest
+
+    if not isinstance(text, str):
+        raise ConfigError(f"--distribution must be text such as 'rand' or 'uniform(-1,1)', not {type(text).__name__}")
+    try:
+        Distribution.parse(text)
+    except ValueError as exc:
+        kind = text.split("(")[0].strip()
+        if kind not in KINDS:
+            raise ConfigError(f"unknown input distribution {text!r}{suggest(kind, KINDS)}; use randn, "
+                              "rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)") from None
+        raise ConfigError(f"--distribution {text!r}: {exc}") from None
+    return text
 
 
 def case_rng(seed: int, stream: str, index: int) -> np.random.Generator:

@@ -163,6 +163,14 @@ def _model_ops(ops: list[str] | None) -> set[str]:
 # How a trail names a data file shipped with bundlerun: by its place in the package.
 BUILTIN_NAME = "bundlerun/bundles/data/"
 
+# An integer output without quantization parameters (an argmax, an index, a count) is judged
+# exactly unless a user's config or the CLI declares a tolerance for it (these keys, or exact).
+_INTEGER_TOLERANCE_KEYS = frozenset({"atol", "rtol", "qtol", "exact"})
+INTEGER_EXACT_ORIGIN = (
+    "bundlerun: integer outputs are judged exactly. ExecuTorch's Tester compares a bool output with torch.equal "
+    "and every other output with torch.allclose(atol=1e-3, rtol=1e-3) (backends/test/harness/tester.py:440-459), "
+    "which for class ids below 999 means exact; the float tiers' SQNR and cosine floors would pass a wrong id")
+
 
 def _shown(file: Path) -> str:
     """A data file shipped with bundlerun as `bundlerun/bundles/data/NAME`, the same in every checkout and
@@ -355,6 +363,7 @@ class _Resolver:
         self.trail: dict[str, list[dict[str, Any]]] = {}
         self.steps: list[Step] = []
         self.exact = False
+        self.user_asked: set[str] = set()  # elementwise criteria a user's config or the CLI set for this output
         self.commit = reg.commit
         # criterion -> (origin kind, protected, trail source) of the value that currently wins
         self.winner: dict[str, tuple[str, bool, str]] = {}
@@ -418,6 +427,8 @@ class _Resolver:
                 self.rules[key] if key in RULES else self.exact)
             if combine is not None:
                 combine.add(key)
+            if kind == "user" and key in _INTEGER_TOLERANCE_KEYS:
+                self.user_asked.add(key)
             suffix = " (unset)" if unset else (" (loosen)" if mode == "loosen" else "")
             self._record(key, step.applied[key], source + suffix, file, step.origins.get(key))
             self.winner[key] = (kind, protected, step.origins.get(key) or source)
@@ -578,6 +589,25 @@ class _Resolver:
                     self._record(key, new, f"adjustment: {name} ({key} x{adj[scale_key]:g})", layer.file, origin)
                 self.steps.append(step)
 
+    def _integer_exact(self, criteria: Criteria, dtype: str) -> None:
+        """An integer output that carries no quantization parameters holds class ids, indices or
+        counts: every element must be equal, and the float criteria a dtype tier set for the
+        model's float outputs (SQNR, cosine, Frobenius, MSE, atol/rtol/qtol) are dropped, since
+        they would pass a wrong class id that happens to be close to the right one."""
+        dropped = [k for k in NUMERIC if getattr(criteria, k) is not None]
+        for key in dropped:
+            setattr(criteria, key, None)
+            self._record(key, None, f"integer output ({dtype}) judged exactly: {key} does not apply",
+                         None, INTEGER_EXACT_ORIGIN)
+        criteria.exact = True
+        self._record("exact", True, f"integer output ({dtype}) without quantization parameters: "
+                     "every element must be equal (class ids, indices, counts)", None, INTEGER_EXACT_ORIGIN)
+        self.steps.append(Step("integer output", "exact", None, {"exact": True},
+                               applied={"exact": True, **{k: None for k in dropped}},
+                               origins={"exact": INTEGER_EXACT_ORIGIN},
+                               note="a declared tolerance for it (an override of atol/rtol/qtol or exact = false "
+                                    "for this output) is kept instead"))
+
     def _explicit(self, overrides: dict[str, Any]) -> None:
         ctx = self.ctx
         for layer in self.reg.layers:
@@ -596,7 +626,11 @@ class _Resolver:
             setattr(criteria, key, self.rules[key])
         criteria.exact = self.exact
         is_int = ctx.output_dtype in INTEGER_DTYPES
-        if is_int:
+        if ctx.reference_dtype in INTEGER_DTYPES and not is_int and not self.exact and not self.user_asked:
+            # The model returns integers (class ids) that the lowered program returns as floats
+            # (e.g. an add on an argmax that the quantizer annotated): the values must still be equal.
+            self._integer_exact(criteria, ctx.reference_dtype)
+        elif is_int:
             # Integer outputs are judged in their own units: qtol counts integer steps.
             criteria.scale = 1.0
             self._record("scale", 1.0, f"integer output ({ctx.output_dtype}): qtol counts integer steps"
@@ -608,6 +642,8 @@ class _Resolver:
                     if isinstance(table.get("origin"), str) else None
                 self._record("exact", True, f"backend default: backends.{ctx.backend}.integer_outputs_exact",
                              layer.file, origin)
+            elif ctx.scale is None and not self.exact and not self.user_asked:
+                self._integer_exact(criteria, ctx.output_dtype)
         elif ctx.scale is not None:
             self._record("scale", ctx.scale, "output quantization parameters from the lowered graph", None)
         elif criteria.qtol:

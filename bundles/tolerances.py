@@ -38,6 +38,7 @@ class ToleranceContext:
     expected: Any = None  # numpy array of expected values (data-dependent rules)
     variant: str | None = None  # target variant (tosa-int, ethos-u55, htp, ...); None = derived from target
     quantization: str | None = None  # quantization scheme (e.g. "...groupwise...", "...int4..."): op rules
+    reference_dtype: str | None = None  # dtype of the eager reference's output, when it differs from the program's
 
 
 def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None) -> Criteria:

@@ -144,8 +144,9 @@ def measure(obs: OutputObservations) -> dict[str, float]:
                 ratio = np.where(allowed > 0, diff / np.where(allowed > 0, allowed, 1), np.where(diff > 0, np.inf, 0.0))
             need["ratio"] = max(need["ratio"], float(ratio.max()))
         stats = error_statistics(actual, ref, elementwise=False)
-        if stats.sqnr is not None:
-            worst["sqnr_min_db"] = min(worst["sqnr_min_db"], stats.sqnr)
+        sqnr = stats.sqnr_actual if c.sqnr_reference == "actual" else stats.sqnr  # as the criterion measures it
+        if sqnr is not None:
+            worst["sqnr_min_db"] = min(worst["sqnr_min_db"], sqnr)
         if stats.cosine_similarity is not None:
             worst["cosine_min"] = min(worst["cosine_min"], stats.cosine_similarity)
         if stats.relative_frobenius is not None:

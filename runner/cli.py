@@ -98,6 +98,20 @@ def _positive_seconds(ctx, param, value):
     return value
 
 
+def distribution_option(ctx, param, value):
+    """--distribution checked as it is read: a bad value is one line, exit 2, before any model is
+    imported or built (bundles/inputs.check_distribution, which `tolerance explain` uses too)."""
+    if value is None:
+        return value
+    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.inputs import check_distribution
+
+    try:
+        return check_distribution(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"--distribution {value!r}: ")) from None
+
+
 def _report_dir(path: Path) -> Path:
     """The report folder, checked before anything runs: it must be (or become) a writable folder."""
     import os
@@ -204,7 +218,8 @@ build_options = [
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input generator."),
     click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default=None,
                  help="What expected outputs come from (default eager-fp32; eager-dtype for fp16/bf16 on MLX, as its tests do)."),
-    click.option("--distribution", default=None, help="Input distribution: randn, rand, uniform(lo,hi), normal(m,s)."),
+    click.option("--distribution", default=None, callback=distribution_option,
+                 help="Input distribution: randn, rand, uniform(lo,hi), normal(m,s), randint(lo,hi)."),
     click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE",
                  help="Explicit criterion for every output, e.g. atol=0.05 (repeatable)."),
     click.option("--require-delegation", is_flag=True,
@@ -412,9 +427,21 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     sys.exit(report.summary.exit_code)
 
 
-def _validate_slug(model: str, dtype: str) -> str:
-    """The name of one model x dtype of `validate`: its report folder, and its --shard key."""
-    return f"{Path(model.split(':')[0]).stem if ':' in model else model}-{dtype}"
+def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> str:
+    """The name of one model x dtype of `validate`: its report folder, and its --shard key. A
+    factory is named by its file and function (`a.py:f` -> `a.f`); where two of `models` would
+    still share a name (same file name in two folders), a short hash of the reference keeps the
+    folders apart."""
+    def name(ref: str) -> str:
+        path, sep, fn = ref.rpartition(":")
+        return f"{Path(path).stem}.{fn}" if sep and path else ref
+
+    base = name(model)
+    if models is not None and sum(1 for m in dict.fromkeys(models) if name(m) == base) > 1:
+        import hashlib
+
+        base += "-" + hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{base}-{dtype}"
 
 
 @cli.command()
@@ -426,7 +453,7 @@ def _validate_slug(model: str, dtype: str) -> str:
 @click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--reference", type=click.Choice(["eager-fp32", "eager-dtype", "quantized"]), default=None)
-@click.option("--distribution", default=None)
+@click.option("--distribution", default=None, callback=distribution_option)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary of every run on stdout (no tables).")
 @click.option("--no-cache", is_flag=True, help="Rebuild every bundle even if the build cache has it.")
@@ -455,14 +482,14 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
     report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
-    expanded = [n for m in models for n in (zoo_names() if m == "zoo" else [m])]
+    expanded = list(dict.fromkeys(n for m in models for n in (zoo_names() if m == "zoo" else [m])))  # each once
     results = []
     mine = None
     if shard:  # runner/shard.py: models x dtypes split by their report folder name
         from bundlerun.runner.shard import parse_shard, select, shard_record
 
         shard = parse_shard(shard)
-        universe = [_validate_slug(m, d or resolve_backend_dtype(target, backend, None)[1]) for m in expanded
+        universe = [_validate_slug(m, d or resolve_backend_dtype(target, backend, None)[1], expanded) for m in expanded
                     for d in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]]
         mine = select(universe, shard)
         click.echo(f"shard {shard}: {len(mine)} of {len(universe)} model-dtypes: {', '.join(mine) or 'none'}", err=True)
@@ -470,7 +497,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
         for dtype in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]:
             if dtype is None:
                 dtype = resolve_backend_dtype(target, backend, None)[1]
-            slug = _validate_slug(model, dtype)
+            slug = _validate_slug(model, dtype, expanded)
             if mine is not None and slug not in mine:
                 continue
             out = report_dir / slug
@@ -559,8 +586,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         from bundlerun.bundles.errors import BundlerunError
 
-        if debug:
-            raise
+        if debug:  # the traceback, then the same line and exit code as without --debug
+            import traceback
+
+            traceback.print_exc()
         if isinstance(exc, BundlerunError):
             from bundlerun.runner.safe_text import visible
 

@@ -1,10 +1,16 @@
 """Per-output statistics and verdicts (numpy only; no torch on the judging path).
 
 `error_statistics` keeps ExecuTorch's ErrorStatistics field names and formulas
-(backends/test/harness/error_statistics.py: float64 errors, sqnr =
-20*log10(||actual|| / ||actual - reference||), torch.median = lower middle
-element) and adds cosine similarity, relative Frobenius error, PSNR, the
-element-wise mismatch count under the output's criteria and the worst element.
+(backends/test/harness/error_statistics.py: float64 errors, torch.median = lower
+middle element) but for one: `sqnr` is the one SQNR every bundlerun view shows,
+20*log10(||reference|| / ||actual - reference||), the signal being the reference
+as ExecuTorch's Inspector measures it (devtools/inspector/_inspector_utils.py:459-478,
+devtools/inspector/numerical_comparator/snr_numerical_comparator.py:46) and torchao's
+compute_error; ErrorStatistics' own sqnr, compute_sqnr(actual, reference) with the
+actual output as the signal (error_statistics.py:95-96), is `sqnr_actual`, which only
+the criteria that cite it judge by. It adds cosine similarity, relative Frobenius
+error, PSNR, the element-wise mismatch count under the output's criteria and the
+worst element.
 
 Work is done in float64 over cache-sized chunks, and medians by selection on
 the original dtype, which is what makes it several times faster than the
@@ -46,7 +52,7 @@ class OutputStats:
     error_mae: float | None = None
     error_max: float | None = None
     error_msd: float | None = None
-    sqnr: float | None = None
+    sqnr: float | None = None  # 20*log10(||reference|| / ||actual - reference||): the SQNR every view shows
     cosine_similarity: float | None = None
     relative_frobenius: float | None = None
     psnr: float | None = None
@@ -63,6 +69,7 @@ class OutputStats:
     nonfinite_mismatch: int = 0  # positions where NaN/Inf of actual and expected disagree
     error_max_steps: float | None = None  # quantized outputs: error_max / the output's quantization scale
     error_mae_steps: float | None = None  # quantized outputs: error_mae / the output's quantization scale
+    sqnr_actual: float | None = None  # ErrorStatistics' sqnr: 20*log10(||actual|| / ||actual - reference||)
 
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -327,13 +334,21 @@ def _finish(stats, a_flat, r_flat, shape, sums: dict[str, Any], max_r: float, at
         stats.mismatch_fraction = sums["mismatches"] / n
 
 
+def _db(signal: float, noise: float) -> float:
+    """20*log10(signal / noise): inf for no noise, -inf for no signal."""
+    if noise == 0:
+        return math.inf
+    return 20 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
 def _fill_errors(stats: OutputStats, n: int, sum_e, sum_ae, sum_ee, sum_aa, sum_rr, sum_ar, max_ae, max_r) -> None:
     norm_e, norm_a, norm_r = math.sqrt(sum_ee), math.sqrt(sum_aa), math.sqrt(sum_rr)
     stats.error_l2_norm = norm_e
     stats.error_mae = sum_ae / n
     stats.error_max = max_ae
     stats.error_msd = sum_e / n
-    stats.sqnr = math.inf if norm_e == 0 else (20 * math.log10(norm_a / norm_e) if norm_a > 0 else -math.inf)
+    stats.sqnr = _db(norm_r, norm_e)
+    stats.sqnr_actual = _db(norm_a, norm_e)
     if norm_a > 0 and norm_r > 0:
         stats.cosine_similarity = max(-1.0, min(1.0, sum_ar / (norm_a * norm_r)))
     else:
@@ -444,7 +459,9 @@ def judge_output(
             f"(actual NaN {stats.nan_actual}, Inf {stats.inf_actual}; expected NaN {stats.nan_expected}, Inf {stats.inf_expected})"
             + nan_rule,
         ))
-    if elementwise and stats.mismatch_count:
+    if exact and stats.mismatch_count and _is_integer_valued(expected):
+        failed.append(FailedCriterion("exact", stats.mismatch_count, 0, _integer_mismatch_text(actual, expected)))
+    elif elementwise and stats.mismatch_count:
         name = "exact" if exact else "elementwise"
         worst_diff = abs(stats.worst_actual - stats.worst_expected)
         parts = [f"atol {_fmt(criteria.atol or 0.0)}"]
@@ -496,6 +513,30 @@ def judge_output(
             failed.append(FailedCriterion("top1", a_arg, r_arg,
                                           f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
     return OutputVerdict("FAIL" if failed else "PASS", failed, stats)
+
+
+def _is_integer_valued(expected: np.ndarray) -> bool:
+    """An integer or bool reference (class ids, indices, masks), or a float one holding whole numbers
+    only (integers the lowered program returns as floats)."""
+    arr = np.asarray(expected)
+    if arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer):
+        return True
+    return bool(arr.size) and bool(np.all(np.isfinite(arr))) and bool(np.all(arr == np.round(arr)))
+
+
+MISMATCH_PAIRS_SHOWN = 5  # expected -> actual pairs a failure line names (bundlerun's: one line stays readable)
+
+
+def _integer_mismatch_text(actual: np.ndarray, expected: np.ndarray) -> str:
+    """`2 of 64 elements differ (expected -> actual): 761 -> 687 at [44], 927 -> 871 at [57]`."""
+    a, r = np.asarray(actual), np.asarray(expected)
+    where = np.argwhere(a != r)
+    pairs = []
+    for pos in where[:MISMATCH_PAIRS_SHOWN]:
+        idx = tuple(int(i) for i in pos)
+        pairs.append(f"{_fmt(r[idx].item())} -> {_fmt(a[idx].item())} at {list(idx)}")
+    more = f", +{len(where) - len(pairs)} more" if len(where) > len(pairs) else ""
+    return f"{len(where)} of {r.size} elements differ (expected -> actual): {', '.join(pairs)}{more}"
 
 
 def quantization_steps(stats: OutputStats, scale: float | None) -> None:

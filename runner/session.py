@@ -121,10 +121,13 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         require_sealed(bundle, str(req.bundle_path))
     ctx = load_context(bundle)
     override_records = apply_overrides(ctx, bundle, req.overrides)
+    target, open_error = _open_or_refuse(req, session)
     work_dir = Path(req.report_dir) / "work"
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if target is not None:
+            session.release(target) if session else _close_quietly(target)
         raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
     finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
 
@@ -152,10 +155,9 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     interrupted = False
     warnings = list(ctx.warnings)
     load_before = _loadavg()
-    target = None
     try:
-        target = session.open_target(req.target, req.target_config) if session else open_target(req.target,
-                                                                                              req.target_config)
+        if open_error is not None:
+            raise open_error
         run = target.run(bundle, Path(req.bundle_path), options)
         if req.replay > 1:  # runner/replay.py: the target's own loop, else N-1 more whole runs
             from bundlerun.runner.replay import complete
@@ -195,6 +197,24 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     if write:
         interrupts.raise_pending()
     return report
+
+
+def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, BundlerunError | None]:
+    """Open the run's target before anything is written. A URL that does not parse or names no
+    target (unknown scheme, variant, machine; a bad option) never reaches a target: refused here
+    with its one line, so no report folder, no ERROR per case and no history row is made of a typo.
+    Any other failure to open (a tool missing, a device away) is the run's finding: returned, and
+    reported for every case."""
+    try:
+        target = session.open_target(req.target, req.target_config) if session else open_target(req.target,
+                                                                                              req.target_config)
+    except ConfigError:
+        raise
+    except BundlerunError as exc:
+        if getattr(exc, "kind", None) in (FailureKind.BAD_CONFIG, FailureKind.BAD_CONFIG.value):
+            raise ConfigError(str(exc)) from None
+        return None, exc
+    return target, None
 
 
 def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeContext, warnings: list[str],

@@ -175,7 +175,7 @@ def families() -> list[TargetSpec]:
 def parse_target_url(url: str) -> TargetURL:
     examples = ", ".join(s.examples[0] for s in families() if s.examples)
     if "://" not in url:
-        raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}")
+        raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}", kind="bad-config")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     specs = target_specs()
@@ -183,7 +183,7 @@ def parse_target_url(url: str) -> TargetURL:
         from bundlerun.targets.settings import did_you_mean
 
         raise TargetError(f"unknown target scheme {scheme!r} in {url!r}{did_you_mean(scheme, specs)}; "
-                          f"known: {', '.join(sorted(specs))}")
+                          f"known: {', '.join(sorted(specs))}", kind="bad-config")
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     return TargetURL(raw=url, scheme=scheme, netloc=parts.netloc, path=parts.path, query=query)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from bundlerun.bundles.errors import TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_target_url
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
-from bundlerun.targets.settings import parse_settings
+from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.supervisor import run_in_worker
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -93,6 +93,7 @@ SPEC = TargetSpec(
 def create(url: TargetURL, config: dict) -> HostTarget:
     variant = (url.rest or "xnnpack").lower()
     if variant not in VARIANTS:
-        raise TargetError(f"unknown host variant {variant!r} in {url.raw}; use host://xnnpack or host://portable")
+        raise TargetError(f"unknown host variant {variant!r} in {url.raw}{did_you_mean(variant, VARIANTS)}; "
+                          "use host://xnnpack or host://portable", kind="bad-config")
     settings = parse_settings(HostSettings, {**config, **url.query}, "targets.host")
     return HostTarget(url.raw, variant, settings.threads)

@@ -145,7 +145,7 @@ def create(url: TargetURL, config: dict) -> MlxTarget:
     settings = parse_settings(MlxSettings, {**config, **url.query}, "targets.mlx")
     device = url.rest.lower() or "cpu"
     if device not in DEVICES:
-        raise TargetError(f"unknown MLX device {device!r} in {url.raw}; use mlx://cpu or mlx://gpu")
+        raise TargetError(f"unknown MLX device {device!r} in {url.raw}; use mlx://cpu or mlx://gpu", kind="bad-config")
     if device == "gpu" and platform.system() != "Darwin":
         raise TargetError("mlx://gpu needs a Mac (Metal); on this machine use mlx://cpu")
     runtime = runtime_for(device, settings)

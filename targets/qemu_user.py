@@ -223,6 +223,6 @@ def create(url: TargetURL, config: dict) -> QemuUserTarget:
     arch = url.rest.lower()
     if arch not in ARCHES:
         raise TargetError(f"unknown architecture {arch!r} in {url.raw}; known: "
-                          + ", ".join(f"qemu-user://{a}" for a in ARCHES))
+                          + ", ".join(f"qemu-user://{a}" for a in ARCHES), kind="bad-config")
     settings = parse_settings(QemuUserSettings, {**config, **url.query}, "targets.qemu-user")
     return QemuUserTarget(url.raw, arch, settings)

@@ -314,7 +314,7 @@ def create(url: TargetURL, config: dict) -> QnnTarget:
     variant = (url.rest or "htp-sim").lower()
     if variant not in VARIANTS:
         raise TargetError(f"unknown qnn target {variant!r} in {url.raw}{did_you_mean(variant, VARIANTS)}; "
-                          "use qnn://htp-sim")
+                          "use qnn://htp-sim", kind="bad-config")
     settings = parse_settings(QnnSettings, {**config, **url.query}, "targets.qnn")
     from bundlerun.bundles.backends.qnn import SOCS
     from bundlerun.bundles.errors import ConfigError

@@ -119,5 +119,6 @@ def create(url: TargetURL, config: dict) -> TosaTarget:
     check_keys("targets.tosa", {**config, **url.query}, ())
     profile = url.rest.lower()
     if profile not in PROFILES:
-        raise TargetError(f"unknown TOSA profile {profile!r} in {url.raw}; use tosa://int or tosa://fp")
+        raise TargetError(f"unknown TOSA profile {profile!r} in {url.raw}; use tosa://int or tosa://fp",
+                          kind="bad-config")
     return TosaTarget(url.raw, profile)

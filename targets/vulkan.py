@@ -404,7 +404,8 @@ def create(url: TargetURL, config: dict) -> VulkanTarget:
     driver = url.rest.lower()
     if driver not in DRIVERS:
         raise TargetError(f"unknown Vulkan driver {driver!r} in {url.raw}; known: "
-                          + ", ".join(f"vulkan://{d}" for d in DRIVERS) + " (another driver build: ?icd=PATH)")
+                          + ", ".join(f"vulkan://{d}" for d in DRIVERS) + " (another driver build: ?icd=PATH)",
+                          kind="bad-config")
     settings = parse_settings(VulkanSettings, {**config, **url.query}, "targets.vulkan")
     return VulkanTarget(url.raw, driver, settings)
 

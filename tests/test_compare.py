@@ -18,6 +18,15 @@ def _reference(actual, expected):
     return ErrorStatistics.from_tensors(torch.from_numpy(actual), torch.from_numpy(expected))
 
 
+def _inspector_snr(reference, actual) -> float:
+    """ExecuTorch's Inspector SNR (devtools/inspector/numerical_comparator/snr_numerical_comparator.py):
+    the reference (its first argument, 'original') is the signal."""
+    import torch
+    from executorch.devtools.inspector.numerical_comparator.snr_numerical_comparator import SNRComparator
+
+    return SNRComparator().element_compare(torch.from_numpy(reference), torch.from_numpy(actual))
+
+
 @pytest.mark.parametrize("shape", [(1, 10), (3, 17, 5), (1001,), (2, 2), (2, 600_001)])  # last: threaded large path
 def test_shared_fields_match_executorch(shape):
     rng = np.random.default_rng(sum(shape))
@@ -27,7 +36,9 @@ def test_shared_fields_match_executorch(shape):
     ref = _reference(actual, expected)
     for field in ("error_l2_norm", "error_mae", "error_max", "error_msd"):
         assert getattr(ours, field) == pytest.approx(getattr(ref, field), rel=1e-9, abs=1e-12)
-    assert ours.sqnr == pytest.approx(ref.sqnr, rel=1e-5)
+    assert ours.sqnr_actual == pytest.approx(ref.sqnr, rel=1e-5)  # ErrorStatistics' compute_sqnr(actual, ref)
+    assert ours.sqnr == pytest.approx(_inspector_snr(expected, actual), rel=1e-5)  # the one the views show
+    assert ours.sqnr != pytest.approx(ours.sqnr_actual, rel=1e-9)  # two definitions, told apart
     for side in ("reference_stats", "actual_stats"):
         a, b = getattr(ours, side), getattr(ref, side)
         assert a.shape == list(b.shape) and a.numel == b.numel

@@ -111,8 +111,9 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     """Compare run CURRENT against BASELINE (each a history id, run uuid, label or report.json).
 
     Shows every output's max abs error, SQNR, cosine and mismatches side by side
-    (baseline → current, delta) and the regressions. Runs of different targets, dtypes,
-    models, test inputs or case sets are refused unless --force.
+    (baseline → current, delta) and the regressions. The same bundle on two targets is compared;
+    runs of different targets otherwise, dtypes, models, test inputs or case sets are refused
+    unless --force.
 
     Performance figures are compared too (cycles, memory in use, warm latency past its noise
     band; thresholds from [perf], docs/performance.md); a figure on one side only is a note.

@@ -68,13 +68,56 @@ def _origin_lines(origins: dict[str, str]) -> str:
     return "\n".join(f"{','.join(keys)}: {_origin_text(o)}" for o, keys in by_origin.items()) or "-"
 
 
+def _from_build(ctx, explicit: dict, registry, distribution_given: bool):
+    """Build `ctx.model` as `bundlerun build` would (through the build cache, into a scratch file)
+    and fill `ctx` with what the build knew of the output: the model's ops, the quantization
+    scheme, the input distribution, the output's dtype and quantization parameters, and the
+    reference outputs (data-dependent rules such as XNNPACK's fp16 eps). Returns the criteria the
+    build embedded for that output."""
+    import tempfile
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.targets import parse_target_url
+
+    target = ctx.target or "host://xnnpack"
+    parse_target_url(target)
+    with tempfile.TemporaryDirectory(prefix="bundlerun-explain-") as tmp:
+        built = build_bundle(BuildRequest(
+            model=ctx.model, output=Path(tmp) / "explain.bpte", backend=ctx.backend, target=target, dtype=ctx.dtype,
+            reference=ctx.reference, distribution=ctx.input_distribution if distribution_given else None,
+            overrides=explicit, registry=registry, cache=True))
+        bundle = read_bundle(built.path)
+    for method, index, built_ctx, criteria in contexts_from_bundle(bundle):
+        if (method, index) == (ctx.method, ctx.output_index):
+            for name in ("ops", "quantization", "input_distribution", "output_dtype", "scale", "zero_point",
+                         "expected", "reference_dtype", "target"):
+                setattr(ctx, name, getattr(built_ctx, name))
+            return criteria
+    raise ConfigError(f"{ctx.model} has no output {ctx.method}.{ctx.output_name}")
+
+
+def _buildable(model: str) -> bool:
+    """A model `build` can build (a zoo name or path.py:factory), not only a name that registry
+    model overrides match (ExecuTorch's `mobilenet_v2`, `lstm`)."""
+    from bundlerun.bundles.zoo import names
+
+    return model in names() or (":" in model and model.rsplit(":", 1)[0].endswith(".py"))
+
+
+def _comparable(criteria) -> dict:
+    """Criteria without their trail: what judging uses."""
+    return {k: v for k, v in criteria.to_dict().items() if k != "trail"}
+
+
 def _check_explain_args(registry, backend: str, target: str | None, distribution: str, scale: float | None) -> None:
     """Refuse what `build` would refuse (one line, exit 2): an unknown target URL or variant, an
     input distribution that does not parse, a scale that is not a positive finite number."""
     import math
 
     from bundlerun.bundles.errors import ConfigError
-    from bundlerun.bundles.inputs import Distribution
+    from bundlerun.bundles.inputs import check_distribution
     from bundlerun.bundles.registry import suggest as did_you_mean
 
     if backend not in registry.backends():
@@ -94,15 +137,7 @@ def _check_explain_args(registry, backend: str, target: str | None, distribution
             known = f"{backend} variants: {', '.join(variants)}" if variants else f"{backend} has no variants"
             raise ConfigError(f"unknown target {target!r}: not a target URL (scheme://...) nor a variant name"
                               f"{did_you_mean(target, variants)}; {known}")
-    try:
-        Distribution.parse(distribution)
-    except ValueError as exc:
-        kinds = ("randn", "rand", "uniform", "normal", "randint")
-        kind = distribution.split("(")[0].strip()
-        if kind not in kinds:
-            raise ConfigError(f"unknown input distribution {distribution!r}{did_you_mean(kind, kinds)}; use randn, "
-                              "rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)") from None
-        raise ConfigError(f"--distribution {distribution!r}: {exc}") from None
+    check_distribution(distribution)
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ConfigError(f"--scale must be a positive finite number (one quantization step), got {scale!r}")
 
@@ -125,10 +160,18 @@ def _check_explain_args(registry, backend: str, target: str | None, distribution
 @click.option("--host-arch", default=None, help="Host that judges/simulates (default: this machine).")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Explicit criterion, e.g. atol=0.05.")
 @click.option("--no-project", is_flag=True, help="Ignore bundlerun.toml / [tool.bundlerun].")
+@click.option("--no-build", is_flag=True,
+              help="With --model: explain from these options alone, without building the model (through the build "
+                   "cache) for its ops, output dtypes and reference outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved criteria (with trail) as JSON.")
 def explain(backend, target, dtype, model, ops, reference, distribution, output_dtype, output_name, method, scale,
-            zero_point, quantization, host_arch, overrides, no_project, as_json):
-    """Show how the criteria of one output are resolved, level by level."""
+            zero_point, quantization, host_arch, overrides, no_project, as_json, no_build=False):
+    """Show how the criteria of one output are resolved, level by level.
+
+    With --model naming a model `build` builds (a zoo name or path.py:factory; no --op) it is built as
+    `bundlerun build` builds it, through the build
+    cache, so the op rules, the output's dtype and quantization and the reference outputs the
+    data-dependent rules read are the build's own: what is shown is what `build` embeds."""
     import json
 
     from bundlerun.bundles.registry import LEVELS, Registry, default_registry
@@ -145,8 +188,16 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
         quantization=quantization,
     )
     explicit = as_build_overrides(parse_overrides(list(overrides)))
+    embedded = None
+    if model and not ops and not no_build and _buildable(model) and (not target or "://" in target):
+        embedded = _from_build(ctx, explicit, registry, distribution_given=distribution != "randn")
     res = resolve(ctx, explicit, registry)
     crit = res.criteria
+    if embedded is not None and _comparable(embedded) != _comparable(crit):
+        from bundlerun.bundles.errors import BundlerunError
+
+        raise BundlerunError(f"explain resolved {_comparable(crit)} but the build embeds {_comparable(embedded)} for "
+                             f"{method}.{output_name}: a bundlerun bug, please report it")
     if as_json:
         click.echo(json.dumps({"tier": res.tier, "variant": res.variant, "host_arch": res.host_arch,
                                "executorch_commit": res.commit, "criteria": crit.to_dict()}, indent=2))
@@ -286,6 +337,8 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
     and the bundle's expected outputs the way `build` made them."""
     import numpy as np
 
+    import re
+
     from bundlerun.bundles.errors import BundleFormatError
     from bundlerun.bundles.manifest import Manifest
     from bundlerun.bundles.tolerances import ToleranceContext
@@ -302,14 +355,19 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
             expected = np.stack([tc.expected_outputs[j].to_array() for tc in suite.test_cases]) if suite.test_cases else None
             c = spec.criteria
             integer = spec.dtype not in ("float16", "float32", "float64", "bfloat16", "bool")
+            # what build knew and the manifest keeps only in the trail: an integer output's graph
+            # scale, and integers the model returned where the program returns floats
+            graph = [float(v) for t in c.trail.get("scale", []) for v in re.findall(r"graph scale (\S+)", str(t.get("source")))]
+            ints = [v for t in c.trail.get("exact", []) for v in re.findall(r"^integer output \((\w+)\)", str(t.get("source")))]
             ctx = ToleranceContext(
                 backend=b.get("backend", ""), target=b.get("target", ""), dtype=b.get("dtype", "fp32"),
                 model=m.model.get("id"), method=method.name, output_index=j, output_name=spec.name,
                 output_dtype=spec.dtype, ops=list(b.get("ops") or []) + list(extra_ops),
                 reference=b.get("reference") or "eager-fp32",
                 input_distribution=str(inputs[0].get("distribution") or "randn"),
-                host_arch=m.versions.get("host"), scale=None if integer else c.scale, zero_point=c.zero_point,
-                expected=expected, quantization=b.get("quantization"),
+                host_arch=m.versions.get("host"), scale=(graph[-1] if graph else None) if integer else c.scale,
+                zero_point=c.zero_point, expected=expected, quantization=b.get("quantization"),
+                reference_dtype=ints[-1] if ints and not integer else None,
             )
             out.append((method.name, j, ctx, c))
     return out

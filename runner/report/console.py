@@ -5,6 +5,7 @@ the lines no output mode may hide. Text from a bundle, a device or the user goes
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,8 @@ def output_rows(report: Report) -> list[OutputRow]:
             groups.setdefault((case.method, out.index), []).append((case, out))
     rows = []
     for (method, index), items in groups.items():
-        def severity(item: tuple[CaseRecord, OutputRecord]) -> tuple:
-            err = (item[1].stats or {}).get("error_max")
-            return (_RANK.get(item[1].verdict, 9), -(err if isinstance(err, (int, float)) else math.inf))
-
-        items.sort(key=severity)
+        decisive = deciding_criterion([o for _, o in items])
+        items.sort(key=lambda item: (_RANK.get(item[1].verdict, 9), _badness(item[1], decisive)))
         worst_case, worst = items[0]
         counts: dict[str, int] = {}
         for _, out in items:
@@ -77,6 +75,91 @@ def output_rows(report: Report) -> list[OutputRow]:
                               min(finite) if finite else (sqnrs[0] if sqnrs else None)))
     rows.sort(key=lambda r: (_RANK.get(r.verdict, 9), r.method, r.index))
     return rows
+
+
+def deciding_criterion(outputs: list[OutputRecord]) -> str | None:
+    """The criterion that decided one output's verdict over its cases: the one most failing cases
+    failed (the earliest case breaks a tie); with no failure, the criterion it is judged by first
+    (element-wise bounds, then the SQNR floor, then cosine). The "worst case" is worst on it."""
+    tally: dict[str, int] = {}
+    for out in outputs:
+        for name in dict.fromkeys(f.get("criterion") for f in out.failed if isinstance(f, dict)):
+            if isinstance(name, str):
+                tally[name] = tally.get(name, 0) + 1
+    if tally:
+        return max(tally, key=lambda k: tally[k])  # dicts keep first-seen order: ties go to the earliest case
+    crit = next((o.criteria for o in outputs if o.criteria), None) or {}
+    if crit.get("exact") or any(crit.get(k) is not None for k in ("atol", "rtol", "qtol")):
+        return "elementwise"
+    return next((k for k in ("sqnr_min_db", "cosine_min") if crit.get(k) is not None), None)
+
+
+@dataclass
+class Agreement:
+    """An exact output over every case: how many cases agree and which values were confused."""
+
+    method: str
+    name: str
+    agree: int
+    judged: int
+    confusion: dict[str, int]  # "expected -> actual" -> cases
+
+    def line(self, shown: int = 8) -> str:
+        pct = 100.0 * self.agree / self.judged if self.judged else 0.0
+        text = f"{self.method}.{self.name} (exact): {self.agree}/{self.judged} cases agree ({pct:.1f}%)"
+        if self.confusion:
+            pairs = sorted(self.confusion.items(), key=lambda kv: -kv[1])
+            listed = ", ".join(k + (f" x{v}" if v > 1 else "") for k, v in pairs[:shown])
+            more = f", +{len(pairs) - shown} more" if len(pairs) > shown else ""
+            text += f"; mismatches (expected -> actual): {listed}{more}"
+        return text
+
+
+_PAIR = re.compile(r"(-?[\w.+-]+) -> (-?[\w.+-]+) at ")
+
+
+def agreement(report: Report) -> list[Agreement]:
+    """Top-1 agreement of every exact output (an argmax, a class id): the cases whose values all
+    equal the reference, and the confusion of the mismatches the failure lines name."""
+    found: dict[tuple[str, int], Agreement] = {}
+    for case in report.cases:
+        for out in case.outputs:
+            if not (out.criteria or {}).get("exact") or out.verdict not in ("PASS", "FAIL"):
+                continue
+            entry = found.setdefault((case.method, out.index), Agreement(case.method, out.name, 0, 0, {}))
+            entry.judged += 1
+            exact = [f for f in out.failed if isinstance(f, dict) and f.get("criterion") == "exact"]
+            if not out.failed:
+                entry.agree += 1
+            for failure in exact:
+                for pair in _PAIR.findall(str(failure.get("detail") or "")):
+                    key = f"{pair[0]} -> {pair[1]}"
+                    entry.confusion[key] = entry.confusion.get(key, 0) + 1
+    return list(found.values())
+
+
+def agreement_lines(report: Report) -> list[str]:
+    return [a.line() for a in agreement(report)]
+
+
+# Criteria whose measured value is worse when lower; for every other one a larger value is worse.
+_LOWER_IS_WORSE = frozenset({"sqnr_min_db", "cosine_min"})
+_STAT_OF = {"sqnr_min_db": "sqnr", "cosine_min": "cosine_similarity", "elementwise": "error_max",
+            "exact": "error_max", "rel_frobenius_max": "relative_frobenius"}
+
+
+def _badness(out: OutputRecord, criterion: str | None) -> float:
+    """How bad one case is on `criterion` (smaller sorts first): the value its failure measured, or
+    the matching statistic of a case that passed it."""
+    failed = next((f for f in out.failed if isinstance(f, dict) and f.get("criterion") == criterion), None)
+    value = failed.get("measured") if failed else (out.stats or {}).get(_STAT_OF.get(criterion or "", "error_max"))
+    if value == "inf":
+        value = math.inf
+    elif value == "-inf":
+        value = -math.inf
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return math.inf if failed is None else -math.inf  # a failure without a number still ranks first
+    return value if criterion in _LOWER_IS_WORSE else -value
 
 
 # The figures worth one console line, in this order (the JSON report has them all).
@@ -146,6 +229,11 @@ def _steps(stats: dict[str, Any], key: str) -> str:
     return suffix(stats, key, "q")
 
 
+# Every SQNR bundlerun shows is this one (runner/compare.py); tables say so.
+SQNR_CAPTION = ("worst case: the case worst on the criterion that decided the verdict; "
+                "SQNR = 20*log10(||ref|| / ||actual - ref||), the signal being the reference")
+
+
 def print_summary(report: Report, console=None) -> None:
     """Rich table: one row per output, worst case first, then the failure detail."""
     from rich.table import Table
@@ -156,7 +244,10 @@ def print_summary(report: Report, console=None) -> None:
     if bundle.get("dtype"):
         title += plain(f" ({bundle['backend']}, {bundle['dtype']})")
     table = Table(title=title, title_justify="left")
-    for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "SQNR dB", "cosine", "mismatches", "criteria"):
+    table.caption = SQNR_CAPTION
+    table.caption_justify = "left"
+    for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "min SQNR dB", "cosine", "mismatches",
+                "criteria"):
         table.add_column(col, justify="right" if col not in ("output", "verdict", "criteria") else "left")
     style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
     for row in output_rows(report):
@@ -169,19 +260,24 @@ def print_summary(report: Report, console=None) -> None:
         ) or ("exact" if crit.get("exact") else "-")
         counts = " ".join(f"{k}:{v}" for k, v in sorted(row.counts.items()))
         mism = stats.get("mismatch_count")
+        # An exact output (class ids, indices, masks) is equal or not: distances and SQNR say nothing.
+        figures = ["-"] * 4 if crit.get("exact") else [
+            _num(stats.get("error_max")) + _steps(stats, "error_max"),  # quantized: also in quantization steps
+            _num(stats.get("error_mae")) + _steps(stats, "error_mae"),
+            _num(row.min_sqnr, ".1f"),
+            _num(stats.get("cosine_similarity"), ".5f")]
         table.add_row(
             plain(f"{row.method}.{row.name}"),
             f"[{style.get(row.verdict, '')}]{row.verdict}[/]",
             counts,
             str(row.worst_case),
-            _num(stats.get("error_max")) + _steps(stats, "error_max"),  # quantized: also in quantization steps
-            _num(stats.get("error_mae")) + _steps(stats, "error_mae"),
-            _num(row.min_sqnr, ".1f"),
-            _num(stats.get("cosine_similarity"), ".5f"),
+            *figures,
             "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
             crit_text,
         )
     console.print(table)
+    for line in agreement_lines(report):
+        console.print(plain(line), highlight=False)
     shown = 0
     for case in report.cases:
         if case.verdict == "PASS":

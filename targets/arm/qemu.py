@@ -304,5 +304,5 @@ def create(url: TargetURL, config: dict) -> QemuTarget:
     machine = url.rest.lower()
     if machine not in MACHINES:
         raise TargetError(f"unknown QEMU machine {machine!r} in {url.raw}; known: "
-                          + ", ".join(f"qemu://{m} ({d})" for m, d in MACHINES.items()))
+                          + ", ".join(f"qemu://{m} ({d})" for m, d in MACHINES.items()), kind="bad-config")
     return QemuTarget(url.raw, machine, parse_settings(QemuSettings, {**config, **url.query}, "targets.qemu"))
