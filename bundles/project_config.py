@@ -19,7 +19,7 @@ import os
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - 3.10 needs the tomli backport
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef]  # noqa: F401 - used as tomllib
 from pathlib import Path
 from typing import Any
 

@@ -4,10 +4,8 @@ and hangs of the runtime are contained, nothing is left running."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

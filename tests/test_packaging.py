@@ -22,7 +22,9 @@ def test_pyproject_lists_every_package_of_the_tree():
     listed = set(config["packages"])
     found = {"bundlerun"} | {"bundlerun." + ".".join(p.parent.relative_to(ROOT).parts)
                              for top in ("bundles", "targets", "runner") for p in (ROOT / top).rglob("__init__.py")}
+    found.add("bundlerun.bundles.data")  # the registry's TOML files: a data package (no modules)
     assert listed == found
+    assert config["package-data"] == {"bundlerun.bundles.data": ["*.toml"]}
     dirs = {p.parent.relative_to(ROOT) for top in ("bundles", "targets", "runner") for p in (ROOT / top).rglob("*.py")}
     missing = [str(d) for d in dirs if not (ROOT / d / "__init__.py").is_file()]
     assert not missing, f"folders with modules but no __init__.py (not installed): {missing}"

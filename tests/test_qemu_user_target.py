@@ -12,8 +12,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

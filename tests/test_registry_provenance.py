@@ -9,7 +9,6 @@ with the reason: without the source nothing here can be checked.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import resource
 import shutil
 import subprocess
 import sys

@@ -184,7 +184,7 @@ def test_sqnr_and_cosine_against_the_float_model(work):
         ref_sqnr = [sqnr_db(npz[f"forward/{i}/0"], tc.expected_outputs[0].to_array(), "reference")
                     for i, tc in enumerate(suite.test_cases)]
     assert min(f["measured"] for f in fails) == pytest.approx(min(ref_sqnr))
-    assert all("ref/noise" in f["detail"] for f in fails)
+    assert all("SQNR (signal = reference)" in f["detail"] for f in fails)
 
     cos_floor = 1.0 - (1.0 - worst_cos) / 2
     res = _rejudge(run_dir, [f"out0.cosine_min={cos_floor!r}"])

@@ -162,7 +162,7 @@ def _tensor_stats(value: Any, path: str) -> None:
 
 _STATS = {"reference_stats": _tensor_stats, "actual_stats": _tensor_stats, "worst_index": shape,
           "mismatch_count": _opt_int, **{k: _opt_num for k in (
-              "error_l2_norm", "error_mae", "error_max", "error_msd", "sqnr", "cosine_similarity",
+              "error_l2_norm", "error_mae", "error_max", "error_msd", "sqnr", "sqnr_actual", "cosine_similarity",
               "relative_frobenius", "psnr", "mismatch_fraction", "worst_actual", "worst_expected", "worst_allowed",
               "mse")}, **{k: _opt_int for k in ("nan_actual", "inf_actual", "nan_expected", "inf_expected")}}
 

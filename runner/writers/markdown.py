@@ -60,9 +60,12 @@ def _delta_cell(pair: dict[str, Any], fmt: str) -> str:
     return f"{one(pair.get('baseline'))} → {one(pair.get('current'))}" + ("" if d is None else f" ({d:+.3g})")
 
 
+SQNR_NOTE = "SQNR = 20·log10(‖ref‖ / ‖actual − ref‖), the signal being the reference"
+
+
 def _delta_table(outputs: list[dict[str, Any]], against: Any) -> list[str]:
     """Per output, baseline → current (delta): worst over the common cases, mismatches in total."""
-    lines = [f"Against baseline {_md(against)} (worst over the common cases; mismatches: total):", "",
+    lines = [f"Against baseline {_md(against)} (worst over the common cases; mismatches: total; {SQNR_NOTE}):", "",
              "| output | cases | max abs error | SQNR dB | cosine | mismatches |", "|---|---:|---:|---:|---:|---:|"]
     for o in outputs:
         lines.append(
@@ -209,7 +212,8 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
     shown = bad or rows
     title = "Failing outputs" if bad else "Outputs"
     if shown:
-        lines += [f"### {title}", "", "| case | output | verdict | SQNR dB | MAE | max err | failed |", "|---|---|---|---:|---:|---:|---|"]
+        lines += [f"### {title}", "", SQNR_NOTE, "", "| case | output | verdict | SQNR dB | MAE | max err | failed |",
+                  "|---|---|---|---:|---:|---:|---|"]
         for case, out in shown[:max_rows]:
             stats = (out.stats if out is not None else None) or {}
             v = out.verdict if out is not None else case.verdict
