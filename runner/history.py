@@ -253,10 +253,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
     updates, stopped = [], []
     for run_id, text in conn.execute("SELECT id, report_json FROM runs").fetchall():
         try:
-            report = Report.from_json(json.loads(text))
+            fields = _series_fields(Report.from_json(json.loads(text)))
         except Exception:  # noqa: BLE001 - an unreadable row is reported when read, never here
             continue
-        fields = _series_fields(report)
         updates.append((*(fields[c] for c in SERIES_COLUMNS), run_id))
         if fields["status"] == INTERRUPTED:
             stopped.append((run_id,))

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
 
+# Where each value came from (bundles/tolerances.py: source and file per criterion): provenance, not
+# what an output is judged by, and it names files of the machine that built the bundle.
+PROVENANCE = ("trail",)
 SHORT = 6  # hex digits of a hash in a series' name: enough to tell a handful of bundles apart at a glance
 
 
@@ -56,7 +59,7 @@ class Series:
 def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> str | None:
     """sha256 over the criteria every output of every method was judged by (the report's own
     `cases[].outputs[].criteria`: the manifest's resolved tolerances with any `--override` applied;
-    the judge records them for errored cases too, runner/judge.py). One entry per method x output,
+    the judge records them for errored cases too, runner/judge.py), without their provenance trail. One entry per method x output,
     whichever cases ran, so a run of a subset of the cases has the digest of the whole run. `methods`
     narrows it to those methods (`compare` of a run over fewer methods). None: no output carries
     criteria (a suite result, an empty report)."""
@@ -65,8 +68,9 @@ def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> st
         if methods is not None and case.method not in methods:
             continue
         for out in case.outputs:
-            if out.criteria is not None:
-                seen.add(json.dumps([case.method, out.index, out.criteria], sort_keys=True, default=str))
+            if isinstance(out.criteria, dict):
+                judged = {k: v for k, v in out.criteria.items() if k not in PROVENANCE}
+                seen.add(json.dumps([case.method, out.index, judged], sort_keys=True, default=str))
     if not seen:
         return None
     return hashlib.sha256("\n".join(sorted(seen)).encode()).hexdigest()
