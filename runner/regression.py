@@ -21,9 +21,9 @@ warm latency past its noise band; host wall time only when asked, simulation tim
 
 Only related runs are compared (`unrelated_reasons`): one series (runner/series.py: the same
 target, dtype, test inputs and criteria, or, for reports without an inputs digest, the same model
-id), the same methods and cases, neither run interrupted. A different program is what a comparison is for (a new toolchain, a
-miscompiling backend) and is a note. `allow_unrelated = true` (`compare --force`)
-compares anyway.
+id), the same methods and cases, neither run interrupted. A different program is what a
+comparison is for (a new toolchain, a miscompiling backend) and is a note.
+`allow_unrelated = true` (`compare --force`) compares anyway.
 
 Every function here reads the typed report (`Report`, runner/report/model.py); `compare` and
 `--baseline` get theirs from history.resolve_run.
@@ -40,6 +40,7 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
+from bundlerun.runner.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
 
 
@@ -243,9 +244,6 @@ def _output_names(report: Report) -> dict[tuple[str, int], str]:
     return {(c.method, o.index): o.name for c in report.cases for o in c.outputs}
 
 
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "...'"
 
 
 def unrelated_reasons(baseline_report: Report, current_report: Report) -> list[str]:
@@ -257,7 +255,7 @@ def unrelated_reasons(baseline_report: Report, current_report: Report) -> list[s
     dataset, set of methods, outputs, or cases (a run over a subset of the other's cases is fine),
     and no case-output in common. A different program is not a reason.
     """
-    from bundlerun.runner import series
+    from bundlerun.runner import series  # the identity: one definition for compare, history and the HUD
 
     b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
     b_methods, c_methods = {m for m, _ in b_cases}, {m for m, _ in c_cases}

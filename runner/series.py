@@ -59,10 +59,10 @@ class Series:
 def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> str | None:
     """sha256 over the criteria every output of every method was judged by (the report's own
     `cases[].outputs[].criteria`: the manifest's resolved tolerances with any `--override` applied;
-    the judge records them for errored cases too, runner/judge.py), without their provenance trail. One entry per method x output,
-    whichever cases ran, so a run of a subset of the cases has the digest of the whole run. `methods`
-    narrows it to those methods (`compare` of a run over fewer methods). None: no output carries
-    criteria (a suite result, an empty report)."""
+    the judge records them for errored cases too, runner/judge.py), without their provenance
+    trail. One entry per method x output, whichever cases ran, so a run of a subset of the cases
+    has the digest of the whole run. `methods` narrows it to those methods (`compare` of a run
+    over fewer methods). None: no output carries criteria (a suite result, an empty report)."""
     seen: set[str] = set()
     for case in cases:
         if methods is not None and case.method not in methods:
@@ -101,7 +101,8 @@ def of_row(row: Mapping[str, Any] | Any) -> Series:
     return Series(get("model"), get("target"), get("dtype"), get("inputs_sha256"), get("criteria_sha256"))
 
 
-def _short(v: Any) -> str:
+def short_repr(v: Any) -> str:
+    """A value for a one-line reason: its repr, cut at 60 characters."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "...'"
 
@@ -111,15 +112,15 @@ def differences(base: Series, cur: Series) -> list[str]:
     only one side carries is not a difference; a model id is forgiven on equal inputs."""
     reasons: list[str] = []
     if base.target != cur.target:
-        reasons.append(f"target differs (baseline {_short(base.target)}, current {_short(cur.target)})")
+        reasons.append(f"target differs (baseline {short_repr(base.target)}, current {short_repr(cur.target)})")
     if base.dtype != cur.dtype:
-        reasons.append(f"dtype differs (baseline {_short(base.dtype)}, current {_short(cur.dtype)})")
+        reasons.append(f"dtype differs (baseline {short_repr(base.dtype)}, current {short_repr(cur.dtype)})")
     same_inputs = bool(base.inputs and cur.inputs and base.inputs == cur.inputs)
     if base.inputs and cur.inputs and base.inputs != cur.inputs:
         reasons.append(f"different test inputs (inputs sha256 {base.inputs[:12]}... vs {cur.inputs[:12]}...: "
                        "another seed, distribution, case count or dataset)")
     if base.model != cur.model and not same_inputs:
-        reasons.append(f"model differs (baseline {_short(base.model)}, current {_short(cur.model)})")
+        reasons.append(f"model differs (baseline {short_repr(base.model)}, current {short_repr(cur.model)})")
     if base.criteria and cur.criteria and base.criteria != cur.criteria:
         reasons.append(f"different criteria (criteria sha256 {base.criteria[:12]}... vs {cur.criteria[:12]}...: "
                        "other tolerances or an --override; a verdict would be the tolerance's)")

@@ -193,17 +193,21 @@ def test_corrupted_history_content_in_hud_compare_trend_history(art, tmp_path):
     for i in range(40):
         db = tmp_path / f"h{i}.sqlite"
         shutil.copy(art["db"], db)
-        what = security_fuzz.corrupt_history(db, rng)
-        names = [str(db)]
-        cases += [
-            {"id": f"{i}h", "argv": ["hud", "--out", str(tmp_path / f"site{i}"), "--db", str(db)], "what": what,
-             "names": names},
-            {"id": f"{i}c", "argv": ["compare", "1", "2", "--history", str(db)], "what": what, "names": names},
-            {"id": f"{i}t", "argv": ["trend", "mlp", "-o", str(tmp_path / f"t{i}.png"), "--history", str(db)],
-             "what": what, "names": names + ["no recorded runs"]},
-            {"id": f"{i}l", "argv": ["history", "--history", str(db)], "what": what, "names": names},
-        ]
+        cases += _history_cases(str(i), db, security_fuzz.corrupt_history(db, rng), tmp_path)
     _check(_drive(tmp_path, cases), cases)
+
+
+def _history_cases(i: str, db: Path, what: str, tmp_path: Path) -> list[dict]:
+    """hud, compare, trend and history on one database."""
+    names = [str(db)]
+    return [
+        {"id": f"{i}h", "argv": ["hud", "--out", str(tmp_path / f"site{i}"), "--db", str(db)], "what": what,
+         "names": names},
+        {"id": f"{i}c", "argv": ["compare", "1", "2", "--history", str(db)], "what": what, "names": names},
+        {"id": f"{i}t", "argv": ["trend", "mlp", "-o", str(tmp_path / f"t{i}.png"), "--history", str(db)],
+         "what": what, "names": names + ["no recorded runs"]},
+        {"id": f"{i}l", "argv": ["history", "--history", str(db)], "what": what, "names": names},
+    ]
 
 
 def test_version_1_history_with_corrupted_reports_is_migrated_in_hud_compare_trend_history(art, tmp_path):
@@ -225,18 +229,10 @@ def test_version_1_history_with_corrupted_reports_is_migrated_in_hud_compare_tre
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         conn.commit()
         conn.close()
-        names = [str(db)]
-        cases += [
-            {"id": f"{i}h", "argv": ["hud", "--out", str(tmp_path / f"v1site{i}"), "--db", str(db)], "what": what,
-             "names": names},
-            {"id": f"{i}c", "argv": ["compare", "1", "2", "--history", str(db)], "what": what, "names": names},
-            {"id": f"{i}t", "argv": ["trend", "mlp", "-o", str(tmp_path / f"v1t{i}.png"), "--history", str(db)],
-             "what": what, "names": names + ["no recorded runs"]},
-            {"id": f"{i}l", "argv": ["history", "--history", str(db)], "what": what, "names": names},
-        ]
+        cases += _history_cases(f"v1-{i}", db, what, tmp_path)
     results = _drive(tmp_path, cases)
     _check(results, cases)
-    intact = next(r for r in results if r["id"] == "0l")
+    intact = next(r for r in results if r["id"] == "v1-0l")
     assert intact["code"] == 0, intact
     conn = sqlite3.connect(str(tmp_path / "v1-0.sqlite"))  # the commands migrated it: version 2, columns filled
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"

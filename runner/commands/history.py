@@ -95,7 +95,8 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     color = {"PASS": "green", "FAIL": "red"}
     for r in runs:
         # an interrupted run has no verdict or figures over the cases that happened to finish
-        verdict = "[yellow]interrupted[/]" if r.interrupted else f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]"
+        verdict = ("[yellow]interrupted[/]" if r.interrupted
+                   else f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]")
         table.add_row(
             str(r.id), history.display_time(r.started, utc), plain(r.model or "-"), plain(r.target or "-"),
             plain(r.dtype or "-"), plain(r.series.tag), plain(r.label or "-"), verdict,

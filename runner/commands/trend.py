@@ -62,11 +62,12 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
                f"(one per target x dtype x test inputs x criteria; runs of different series are never joined)")
     for key, pts in groups.items():
         last = pts[-1]
-        line = f"  {plain(plots.series_name(key, groups))}: {len(pts)} run(s), latest {metric} {_shown(last.value, metric)}"
+        name = plain(plots.series_name(key, groups))
+        line = f"  {name}: {len(pts)} run(s), latest {metric} {_shown(last.value, metric)}"
         if metric == "sqnr":
             exact = sum(p.exact for p in pts)
             if last.value is None and last.exact:
-                line = f"  {plain(plots.series_name(key, groups))}: {len(pts)} run(s), latest: every output matched exactly"
+                line = f"  {name}: {len(pts)} run(s), latest: every output matched exactly"
             if exact:
                 line += (f"; {exact} exact match(es) (SQNR infinite) over these runs, "
                          "left out of the mean and drawn apart")

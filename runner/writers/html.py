@@ -6,7 +6,8 @@ image from anywhere. Per output it shows an error histogram and an
 actual-vs-expected scatter when the actual outputs (`outputs.npz`) and the
 bundle's expected outputs are at hand, otherwise the statistics only; with a
 history database it adds SQNR/MAE/top-1 trend lines for the runs of the same
-series (runner/series.py: model, target, dtype, test inputs and criteria). Everything is read from the typed records (runner/report/model.py); only
+series (runner/series.py: model, target, dtype, test inputs and criteria).
+Everything is read from the typed records (runner/report/model.py); only
 the sections the model keeps as plain JSON (stats, criteria, dataset, baseline,
 the replay findings, the ETDump profile) are read by key.
 """
