@@ -82,10 +82,11 @@ def target_of(report: Report) -> str | None:
 
 
 def of_report(report: Report) -> Series:
-    """The series of a report; the criteria digest as recorded, else computed from its cases (a report
-    written before it was recorded gets the digest it would have had)."""
+    """The series of a report. The criteria digest is computed from its cases, which say what was
+    judged (a report written before the digest was recorded gets the one it would have had; one
+    re-judged with `--override` its new one); the recorded digest only where no case carries criteria."""
     bundle = report.bundle
-    criteria = bundle.get("criteria_sha256") or criteria_digest(report.cases)
+    criteria = criteria_digest(report.cases) or bundle.get("criteria_sha256")
     return Series(bundle.get("model"), target_of(report), bundle.get("dtype"), bundle.get("inputs_sha256"), criteria)
 
 
