@@ -17,8 +17,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -254,20 +252,14 @@ def portable_mlp(bundle_cache) -> Path:
 
 def test_sigterm_run_is_recorded_as_interrupted_with_no_figures(portable_mlp, tmp_path):
     from proc_helpers import TAG_VAR, new_tag, settled, tagged
+    from test_sigterm import CLI as cli, _start, _wait_for_hang  # how test_sigterm starts and stops a run
 
     db, tag = tmp_path / "h.sqlite", new_tag()
     env = {**os.environ, "PYTHONPATH": str(ROOT), TAG_VAR: tag, "BUNDLERUN_HISTORY": str(db), "COLUMNS": "250"}
-    cli = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()"]
-    proc = subprocess.Popen([*cli, "run", str(portable_mlp), "--target", "host://portable", "--report",
-                             str(tmp_path / "cut"), "--label", "cut", "--timeout", "300"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, "BUNDLERUN_FAULT": "hang@forward:2"})
-    deadline = time.monotonic() + 600
-    while not any("hanging before forward:2" in p.read_text(errors="replace")
-                  for p in (tmp_path / "cut" / "work").glob("host-runtime-*.log")):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the runtime never reached the hanging case"
-        time.sleep(0.2)
+    proc = _start(["run", str(portable_mlp), "--target", "host://portable", "--report", str(tmp_path / "cut"),
+                   "--label", "cut", "--timeout", "300"], tag, BUNDLERUN_FAULT="hang@forward:2",
+                  BUNDLERUN_HISTORY=str(db))
+    _wait_for_hang(proc, tmp_path / "cut" / "work", "host-runtime-*.log")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-2000:] + err[-2000:]
