@@ -41,7 +41,11 @@ from bundlerun.runner.report.model import Report
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the series columns and the run's status (_migrate)
+# The columns a run's series is read from (runner/series.py) and its status: `complete`, or
+# `interrupted` (Ctrl-C/SIGTERM: no summary figures recorded). Added to a version-1 database by _migrate.
+SERIES_COLUMNS = ("inputs_sha256", "criteria_sha256", "program_sha256", "status")
+INTERRUPTED = "interrupted"
 BUSY_TIMEOUT_MS = 30_000
 MAX_ATTEMPTS = 20
 
@@ -83,7 +87,8 @@ CREATE TABLE IF NOT EXISTS runs (
     label TEXT, verdict TEXT, exit_code INTEGER, report_path TEXT,
     cases INTEGER, outputs INTEGER, n_pass INTEGER, n_fail INTEGER, n_error INTEGER,
     n_timeout INTEGER, n_skip INTEGER,
-    report_json TEXT NOT NULL
+    report_json TEXT NOT NULL,
+    inputs_sha256 TEXT, criteria_sha256 TEXT, program_sha256 TEXT, status TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_model_target ON runs (model, target, id);
 CREATE INDEX IF NOT EXISTS runs_label ON runs (label, id);
@@ -219,6 +224,7 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
+            _migrate(conn)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -230,6 +236,49 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
         conn.close()
         raise HistoryError(f"history database {db_path} is not usable: {exc}{_disk_hint(db_path)}") from None
     return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Version 1 -> 2, inside connect()'s transaction, once (a later open finds the columns): add the
+    series columns and fill them from each run's stored report, as record_reports would have; a run
+    whose report says it was interrupted gets the status and loses its summary figures (counts,
+    verdict, per-output, perf and dataset rows: its report_json keeps every finished case). A row
+    whose report cannot be read keeps NULLs, which read as "not recorded" (runner/series.py)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    missing = [c for c in SERIES_COLUMNS if c not in have]
+    if not missing:
+        return
+    for column in missing:
+        conn.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
+    updates, stopped = [], []
+    for run_id, text in conn.execute("SELECT id, report_json FROM runs").fetchall():
+        try:
+            fields = _series_fields(Report.from_json(json.loads(text)))
+        except Exception:  # noqa: BLE001 - an unreadable row is reported when read, never here
+            continue
+        updates.append((*(fields[c] for c in SERIES_COLUMNS), run_id))
+        if fields["status"] == INTERRUPTED:
+            stopped.append((run_id,))
+    conn.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in SERIES_COLUMNS)} WHERE id = ?", updates)
+    conn.executemany(f"UPDATE runs SET {', '.join(f'{c} = NULL' for c in _SUMMARY_COLUMNS)} WHERE id = ?", stopped)
+    for table in _FIGURE_TABLES:
+        conn.executemany(f"DELETE FROM {table} WHERE run_id = ?", stopped)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+
+# What an interrupted run does not record: figures over the cases that happened to finish.
+_SUMMARY_COLUMNS = ("verdict", "cases", "outputs", "n_pass", "n_fail", "n_error", "n_timeout", "n_skip")
+_FIGURE_TABLES = ("case_outputs", "perf_figures", "datasets", "replay_outputs")
+
+
+def _series_fields(report: Report) -> dict[str, Any]:
+    """The series columns of a run (runner/series.py) and its status."""
+    from bundlerun.runner.series import of_report
+
+    ident = of_report(report)
+    return {"inputs_sha256": ident.inputs, "criteria_sha256": ident.criteria,
+            "program_sha256": report.bundle.get("program_sha256"),
+            "status": INTERRUPTED if report.summary.interrupted else "complete"}
 
 
 def _num(value: Any) -> float | None:
@@ -278,11 +327,20 @@ def display_time(value: Any, utc: bool = False) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S ") + when.strftime("%z")[:3] + ":" + when.strftime("%z")[3:]
 
 
-def _run_filters(where: list[str], args: list[Any], target: str | None, dtype: str | None) -> tuple[list[str], list[Any]]:
-    """WHERE clauses (and their arguments) narrowed to one target and one dtype when given."""
+def _run_filters(where: list[str], args: list[Any], target: str | None, dtype: str | None,
+                 series: Any = None) -> tuple[list[str], list[Any]]:
+    """WHERE clauses (and their arguments) narrowed to one target and one dtype when given, or to
+    one series (runner/series.py: its target, dtype, inputs and criteria; a hash the series lacks
+    matches only runs that lack it too); never an interrupted run."""
+    where.append(f"(r.status IS NULL OR r.status != '{INTERRUPTED}')")
+    if series is not None:
+        target, dtype = series.target, series.dtype
+        for column, value in (("r.inputs_sha256", series.inputs), ("r.criteria_sha256", series.criteria)):
+            where.append(f"{column} IS ?")
+            args.append(_sql_text(value))
     for column, value in (("r.target", target), ("r.dtype", dtype)):
-        if value:
-            where.append(f"{column} = ?")
+        if value or (series is not None and value is None):
+            where.append(f"{column} IS ?")
             args.append(_sql_text(value))
     return where, args
 
@@ -326,7 +384,10 @@ def _run_row(report: Report, report_path: str | None) -> dict[str, Any]:
         "n_timeout": counts.get("TIMEOUT"),
         "n_skip": counts.get("SKIP"),
         "report_json": json.dumps(report.to_json(), allow_nan=True, default=str),
+        **_series_fields(report),
     }
+    if row["status"] == INTERRUPTED:  # no figures over the cases that happened to finish
+        row.update(dict.fromkeys(_SUMMARY_COLUMNS))
     return {k: _sql_text(v) for k, v in row.items()}
 
 
@@ -417,16 +478,19 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
         marks = ", ".join("?" for _ in row)
         cur = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(row.values()))
         run_id = int(cur.lastrowid)
-        conn.executemany(
-            "INSERT OR REPLACE INTO case_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            list(_output_rows(run_id, report)),
-        )
-        conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                         list(_perf_rows(run_id, report)))
-        from bundlerun.runner.replay import history_rows  # --replay: flaky vs wrong numerics per output
+        if row["status"] == INTERRUPTED:  # recorded as interrupted, with no figures (_FIGURE_TABLES)
+            dataset = None
+        else:
+            conn.executemany(
+                "INSERT OR REPLACE INTO case_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                list(_output_rows(run_id, report)),
+            )
+            conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                             list(_perf_rows(run_id, report)))
+            from bundlerun.runner.replay import history_rows  # --replay: flaky vs wrong numerics per output
 
-        conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                         history_rows(run_id, report))
+            conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                             history_rows(run_id, report))
         conn.execute(f"INSERT OR REPLACE INTO run_tags (run_id, {', '.join(tagged)}) "
                      f"VALUES (?{', ?' * len(tagged)})", (run_id, *tagged.values()))
         if dataset:
@@ -546,6 +610,20 @@ class RunRecord:
     agreement: float | None
     torch_version: str | None
     executorch_version: str | None
+    inputs_sha256: str | None = None
+    criteria_sha256: str | None = None
+    status: str | None = None  # complete | interrupted (NULL: a row runner/history.py could not migrate)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == INTERRUPTED
+
+    @property
+    def series(self) -> Any:
+        """Which series the run belongs to (runner/series.py)."""
+        from bundlerun.runner.series import of_row
+
+        return of_row(self)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -558,7 +636,8 @@ SELECT r.id, r.run_uuid, r.started, r.model, r.target, r.backend, r.dtype, r.lab
        r.exit_code, r.bundle_sha256, r.report_path, r.cases, r.outputs, r.n_pass, r.n_fail,
        (SELECT MIN(sqnr) FROM case_outputs c WHERE c.run_id = r.id) AS min_sqnr,
        (SELECT MAX(error_mae) FROM case_outputs c WHERE c.run_id = r.id) AS max_mae,
-       d.top1, d.reference_top1, d.agreement, r.torch_version, r.executorch_version
+       d.top1, d.reference_top1, d.agreement, r.torch_version, r.executorch_version,
+       r.inputs_sha256, r.criteria_sha256, r.status
 FROM runs r LEFT JOIN datasets d ON d.run_id = r.id
 """
 
@@ -592,7 +671,8 @@ def list_runs(
 
 _RUN_TYPES = {"id": "int", "exit_code": "int", "cases": "int", "outputs": "int", "n_pass": "int", "n_fail": "int",
               **{k: "text" for k in ("run_uuid", "started", "model", "target", "backend", "dtype", "label", "verdict",
-                                     "bundle_sha256", "report_path", "torch_version", "executorch_version")},
+                                     "bundle_sha256", "report_path", "torch_version", "executorch_version",
+                                     "inputs_sha256", "criteria_sha256", "status")},
               **{k: "real" for k in ("min_sqnr", "max_mae", "top1", "reference_top1", "agreement")}}
 
 
@@ -641,10 +721,12 @@ def resolve_run(
 
     REF is a path to a report.json (or a directory holding one), a history run
     id (`12` or `#12`), a run uuid or unique uuid prefix (6+ hex digits), or a
-    label (the newest run with that label). `exclude_uuid` skips the run being
-    judged, which may already be recorded under the same label. `prefer`
-    ({"model", "target", "dtype"}) makes a label pick the newest run of the same
-    model/target/dtype first (`validate zoo --baseline v1` compares like with like).
+    label (the newest run with that label that was not interrupted). `exclude_uuid`
+    skips the run being judged, which may already be recorded under the same label.
+    `prefer` ({"model", "target", "dtype", "inputs_sha256", "criteria_sha256"}: a series,
+    runner/series.py) makes a label pick the newest run of that series first
+    (`validate zoo --baseline v1` compares like with like); else the newest run with
+    the label, which `--baseline` then refuses as another series, saying why.
     """
     path = Path(ref)
     if path.is_dir() and (path / "report.json").is_file():
@@ -672,8 +754,11 @@ def resolve_run(
                 raise HistoryError(f"run id prefix {ref!r} is ambiguous ({len(rows)} runs)")
             row = rows[0] if rows else None
         if row is None:
-            base_sql, base_args = "SELECT id FROM runs WHERE label = ? AND run_uuid != ?", [_sql_text(ref), exclude_uuid or ""]
-            wanted = [(k, v) for k, v in (prefer or {}).items() if k in ("model", "target", "dtype") and v]
+            base_sql = (f"SELECT id FROM runs WHERE label = ? AND run_uuid != ? "
+                        f"AND (status IS NULL OR status != '{INTERRUPTED}')")
+            base_args = [_sql_text(ref), exclude_uuid or ""]
+            wanted = [(k, v) for k, v in (prefer or {}).items()
+                      if k in ("model", "target", "dtype", "inputs_sha256", "criteria_sha256") and v]
             if wanted:
                 sql = base_sql + "".join(f" AND {k} = ?" for k, _ in wanted) + " ORDER BY id DESC LIMIT 1"
                 row = conn.execute(sql, base_args + [_sql_text(v) for _, v in wanted]).fetchone()
@@ -701,13 +786,19 @@ class TrendPoint:
     dtype: str | None = None
     exact: int = 0  # sqnr: case-outputs that matched exactly (SQNR infinite), left out of value/low
     counted: int = 0  # case-outputs (or datasets) behind value
+    model: str | None = None
+    inputs: str | None = None  # the run's inputs_sha256 and criteria_sha256: its series
+    criteria: str | None = None
 
     @property
-    def series(self) -> tuple[str | None, str | None]:
-        """Which line the point belongs to: one per target x dtype, never mixed."""
-        return (self.target, self.dtype)
+    def series(self) -> Any:
+        """Which line the point belongs to: one per series (runner/series.py), never mixed."""
+        from bundlerun.runner.series import Series
+
+        return Series(self.model, self.target, self.dtype, self.inputs, self.criteria)
 
 
+_TREND_COLUMNS = "r.id, r.started, r.label, r.target, r.dtype, r.inputs_sha256, r.criteria_sha256"
 SQNR_CAP_DB = 200.0  # where plots draw an exact match; never averaged in
 METRICS = ("sqnr", "mae", "max", "top1", "top5", "agreement")
 
@@ -719,6 +810,7 @@ def trend(
     metric: str = "sqnr",
     dtype: str | None = None,
     limit: int = 200,
+    series: Any = None,
 ) -> list[TrendPoint]:
     """One point per run (oldest first) of `metric` for this model, each carrying its
     target and dtype (`TrendPoint.series`): callers draw one line per target x dtype, or
@@ -734,7 +826,7 @@ def trend(
         raise HistoryError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
     if not Path(db_path).exists():
         return []
-    where, args = _run_filters(["r.model = ?"], [_sql_text(model)], target, dtype)
+    where, args = _run_filters(["r.model = ?"], [_sql_text(model)], target, dtype, series)
     w = " AND ".join(where)
     if metric in ("sqnr", "mae", "max"):
         col = {"sqnr": "sqnr", "mae": "error_mae", "max": "error_max"}[metric]
@@ -742,7 +834,7 @@ def trend(
         if metric == "sqnr":
             finite = "CASE WHEN c.sqnr < ? THEN c.sqnr END"  # ? = +inf: exact matches are not averaged
             sql = (
-                f"SELECT r.id, r.started, r.label, r.target, r.dtype, AVG({finite}) AS value, MIN({finite}) AS worst, "
+                f"SELECT {_TREND_COLUMNS}, AVG({finite}) AS value, MIN({finite}) AS worst, "
                 f"SUM(CASE WHEN c.sqnr >= ? THEN 1 ELSE 0 END) AS exact, COUNT({finite}) AS counted "
                 f"FROM runs r JOIN case_outputs c ON c.run_id = r.id WHERE {w} "
                 f"GROUP BY r.id ORDER BY r.id DESC LIMIT {int(limit)}"
@@ -750,7 +842,7 @@ def trend(
             args = [math.inf] * 4 + args
         else:
             sql = (
-                f"SELECT r.id, r.started, r.label, r.target, r.dtype, AVG(c.{col}) AS value, {worst}(c.{col}) AS worst, "
+                f"SELECT {_TREND_COLUMNS}, AVG(c.{col}) AS value, {worst}(c.{col}) AS worst, "
                 f"0 AS exact, COUNT(c.{col}) AS counted "
                 f"FROM runs r JOIN case_outputs c ON c.run_id = r.id WHERE {w} "
                 f"GROUP BY r.id ORDER BY r.id DESC LIMIT {int(limit)}"
@@ -759,17 +851,18 @@ def trend(
         col = {"top1": "top1", "top5": "top5", "agreement": "agreement"}[metric]
         ref = {"top1": "reference_top1", "top5": "reference_top5", "agreement": "NULL"}[metric]
         sql = (
-            f"SELECT r.id, r.started, r.label, r.target, r.dtype, d.{col} AS value, d.top1_diff_low, "
+            f"SELECT {_TREND_COLUMNS}, d.{col} AS value, d.top1_diff_low, "
             f"d.top1_diff_high, {ref} AS reference FROM runs r JOIN datasets d ON d.run_id = r.id WHERE {w} "
             f"ORDER BY r.id DESC LIMIT {int(limit)}"
         )
     rows = read_rows(db_path, sql, args, {"id": "int", "started": "text", "label": "text", "target": "text",
                                           "dtype": "text", "value": "real", "worst": "real", "exact": "int",
                                           "counted": "int", "top1_diff_low": "real", "top1_diff_high": "real",
-                                          "reference": "real"})
+                                          "reference": "real", "inputs_sha256": "text", "criteria_sha256": "text"})
     points = []
     for r in reversed(rows):
-        common = {"target": r["target"], "dtype": r["dtype"]}
+        common = {"target": r["target"], "dtype": r["dtype"], "model": model, "inputs": r["inputs_sha256"],
+                  "criteria": r["criteria_sha256"]}
         if metric in ("sqnr", "mae", "max"):
             p = TrendPoint(r["id"], utc_iso(r["started"]), r["label"], r["value"], exact=int(r["exact"] or 0),
                            counted=int(r["counted"] or 0), **common)
@@ -809,6 +902,7 @@ def perf_trend(
     dtype: str | None = None,
     phase: str | None = None,
     limit: int = 200,
+    series: Any = None,
 ) -> tuple[list[TrendPoint], dict[str, Any]]:
     """One point per run (oldest first) of a perf figure (`figure`: a name, or an alias of
     PERF_ALIASES): the median over the run's cases, with the min and max over them as low/high.
@@ -817,12 +911,13 @@ def perf_trend(
     name = PERF_ALIASES.get(figure, figure)
     if not Path(db_path).exists():
         return [], {"name": name}
-    where, args = _run_filters(["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)], target, dtype)
-    sql = (f"SELECT r.id, r.started, r.label, r.target, r.dtype, p.phase, p.value, p.unit, p.kind "
+    where, args = _run_filters(["r.model = ?", "p.name = ?"], [_sql_text(model), _sql_text(name)], target, dtype,
+                               series)
+    sql = (f"SELECT {_TREND_COLUMNS}, p.phase, p.value, p.unit, p.kind "
            f"FROM runs r JOIN perf_figures p ON p.run_id = r.id WHERE {' AND '.join(where)} ORDER BY r.id")
     rows = read_rows(db_path, sql, args, {"id": "int", "started": "text", "label": "text", "target": "text",
                                           "dtype": "text", "phase": "text", "value": "real", "unit": "text",
-                                          "kind": "text"})
+                                          "kind": "text", "inputs_sha256": "text", "criteria_sha256": "text"})
     phases = {r["phase"] for r in rows}
     chosen = phase if phase is not None else next((p for p in ("warm", "", "first") if p in phases), "")
     if phase is not None and phase not in phases and rows:
@@ -843,5 +938,6 @@ def perf_trend(
     for run_id in sorted(runs)[-int(limit):]:
         r, values = runs[run_id]["row"], runs[run_id]["values"]
         points.append(TrendPoint(run_id, utc_iso(r["started"]), r["label"], float(median(values)), low=min(values),
-                                 high=max(values), target=r["target"], dtype=r["dtype"], counted=len(values)))
+                                 high=max(values), target=r["target"], dtype=r["dtype"], counted=len(values),
+                                 model=model, inputs=r["inputs_sha256"], criteria=r["criteria_sha256"]))
     return points, info

@@ -5,7 +5,10 @@ Read from the history through runner/history.py (list_runs) and runner/history_t
 
 - Row: group (the suite's flow, else the run's backend) > operator (the suite's operator test,
   `models` for bundlerun's own model runs) > what ran (the model id; the bundle's file name
-  when its manifest names no model; `run #id` when neither is known), target, dtype.
+  when its manifest names no model; `run #id` when neither is known) > its series
+  (runner/series.py: target, dtype, test inputs and criteria): another bundle of the same model
+  is another row, tagged `in <inputs> · cr <criteria>`, so no culprit is named across bundles.
+  An interrupted run is no data point: it is left out of the grid (counted in `Grid.interrupted`).
 - Column: the run's label (a run recorded without one is labelled with its commit by the
   history: runner/commits.py); a run with neither falls into its UTC day's bucket (`~2026-11-30`).
   Columns are in commit order: the commit's committer date when the history knows it, else the
@@ -24,6 +27,7 @@ from typing import Any
 
 from bundlerun.runner import history
 from bundlerun.runner.regression import RegressionRules
+from bundlerun.runner.series import Series, tags
 
 SEVERITY = {"PASS": 0, "SKIP": 1, "TIMEOUT": 2, "ERROR": 3, "FAIL": 4}
 MODELS = "models"  # the operator group of bundlerun's own (model) runs
@@ -75,10 +79,17 @@ class Row:
     group: str = "-"  # flow / backend
     operator: str = MODELS
     source: str = "bundlerun"
+    inputs: str | None = None  # the series' inputs_sha256 and criteria_sha256 (runner/series.py)
+    criteria: str | None = None
+    tag: str = ""  # `in 3fa2c1 · cr 9b01de` where another row has the same model, target and dtype
 
     @property
     def key(self) -> tuple:
-        return (self.model or "", self.target or "", self.dtype or "")
+        return (self.model or "", self.target or "", self.dtype or "", self.inputs or "", self.criteria or "")
+
+    @property
+    def series(self) -> Series:
+        return Series(self.model, self.target, self.dtype, self.inputs, self.criteria)
 
     def latest(self, columns: list[Column]) -> Cell | None:
         for col in reversed(columns):
@@ -98,6 +109,7 @@ class Grid:
     baseline_label: str | None
     runs: int
     rules: RegressionRules
+    interrupted: int = 0  # interrupted runs left out: no data point, never a baseline or a culprit
 
 
 def _metric(r: history.RunRecord) -> tuple[str, float | None]:
@@ -154,6 +166,8 @@ def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules
     extras = run_extras(db_path)
     cols: dict[str, Column] = {}
     rows: dict[tuple, Row] = {}
+    stopped = [r for r in records if r.interrupted]
+    records = [r for r in records if not r.interrupted]
     for r in records:
         x = extras.get(r.id, {})
         key, bucket = column_of(r)
@@ -169,8 +183,10 @@ def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules
         group = x.get("flow") or r.backend or "-"
         operator = x.get("operator") or (MODELS if source == "bundlerun" else "-")
         name = what_ran(r, x)
-        row = rows.setdefault((group, operator, name, r.target or "", r.dtype or ""),
-                              Row(name, r.target, r.dtype, group=group, operator=operator, source=source))
+        row = rows.setdefault((group, operator, name, r.target or "", r.dtype or "", r.inputs_sha256 or "",
+                               r.criteria_sha256 or ""),
+                              Row(name, r.target, r.dtype, group=group, operator=operator, source=source,
+                                  inputs=r.inputs_sha256, criteria=r.criteria_sha256))
         metric, value = _metric(r)
         before = row.cells.get(key)
         cell = Cell(r, (before.runs if before else 0) + 1, metric, value, extra=x)  # the latest wins
@@ -181,10 +197,12 @@ def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules
         row.cells[key] = cell
     columns = sorted(cols.values(), key=lambda c: c.order)
     order = {c.key: i for i, c in enumerate(columns)}
+    named = tags(row.series for row in rows.values())
     for row in rows.values():
+        row.tag = named[row.series]
         _judge_row(row, columns, order, baseline, rules)
     ordered = _ordered(list(rows.values()), columns)
-    return Grid(columns, ordered, baseline, len(records), rules)
+    return Grid(columns, ordered, baseline, len(records), rules, interrupted=len(stopped))
 
 
 def _judge_row(row: Row, columns: list[Column], order: dict[str, int], baseline: str | None,

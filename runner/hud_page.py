@@ -299,7 +299,9 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         f"<title>bundlerun HUD</title><style>{_CSS}</style></head><body>"
         "<h1>bundlerun accuracy HUD</h1>"
         f"<p class='meta'>{len(grid.rows)} rows in {len(by_group)} flow/backend group(s) and {len(by_op)} operator "
-        f"group(s), {len(cols)} labels (commits), {grid.runs} runs from {_e(db_path)}; generated {_e(generated)}; "
+        f"group(s), {len(cols)} labels (commits), {grid.runs} runs from {_e(db_path)}"
+        + (f" ({grid.interrupted} interrupted run(s) left out: no data point)" if grid.interrupted else "")
+        + f"; generated {_e(generated)}; "
         f"{baseline_text}; <span class='{'bad' if regressed_rows else 'ok'}'>{regressed_rows} row(s) regressed</span></p>"
         f"<p class='meta'>columns: commits in commit order (runs without a label or commit: by day, in italics). "
         f"cell: the latest run there (the tooltip names the worst when there were several): top-1 for dataset runs, "
@@ -336,12 +338,13 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
         status = f"<span class='meta'>latest: {_e(latest.run.verdict)}</span>"
     else:
         status = "<span class='ok'>ok</span>"
-    key = " ".join(str(x) for x in (row.model, row.operator, row.group, row.target, row.dtype, row.source))
+    key = " ".join(str(x) for x in (row.model, row.operator, row.group, row.target, row.dtype, row.source, row.tag))
     bad = "1" if row.culprit or row.failing(cols) else "0"
     source = "" if row.source == "bundlerun" else f" &middot; {_e(row.source)}"
     what = f"{row.model} | {row.target} | {row.dtype} | {row.group} / {row.operator} | {row.source}"
+    series = f" &middot; <span class='series'>{_e(row.tag)}</span>" if row.tag else ""  # runner/series.py
     tds = [f"<td class='nm' title='{_e(what)}'>{_e(row.model)}<span class='sub'>{_e(row.target)} &middot; "
-           f"{_e(row.dtype)}{source}</span></td><td class='st'>{status}</td>"
+           f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status}</td>"
            f"<td class='tr'>{sparkline(row, cols, cap, width=84)}</td>"]
     tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals) for ci, c in enumerate(cols)]
     return f"<tr class='row' data-g='{gid}' data-o='{oid}' data-bad='{bad}' data-key='{_e(key)}'>{''.join(tds)}</tr>"

@@ -94,9 +94,16 @@ METRIC_LABELS = {
 _COLORS = ("#3b6ea5", "#c0504d", "#2e7d32", "#8e44ad", "#ef6c00", "#00838f", "#6d4c41", "#455a64")
 
 
-def series_name(key: tuple[Any, Any]) -> str:
-    target, dtype = key
-    return f"{target or '?'} {dtype or '?'}"
+def series_name(key: Any, among: Any = ()) -> str:
+    """A line's name: target and dtype, and the series' hashes (runner/series.py) when another
+    series `among` the plotted ones has the same target and dtype."""
+    if not hasattr(key, "tag"):
+        target, dtype = key
+        return f"{target or '?'} {dtype or '?'}"
+    from bundlerun.runner.series import tags
+
+    tag = tags([key, *among]).get(key, "")
+    return f"{key.target or '?'} {key.dtype or '?'}" + (f" {tag}" if tag else "")
 
 
 def trend_plot(points: Sequence[Any], metric: str, title: str, unit: str | None = None) -> bytes:
@@ -124,7 +131,7 @@ def trend_plot(points: Sequence[Any], metric: str, title: str, unit: str | None 
         top = blended_transform_factory(ax.transData, ax.transAxes)
         for k, (key, pts) in enumerate(groups.items()):
             color = _COLORS[k % len(_COLORS)]
-            name = _text(series_name(key)) if several and key is not None else metric.removeprefix("perf:")
+            name = _text(series_name(key, groups)) if several and key is not None else metric.removeprefix("perf:")
             if metric == "sqnr":  # runs whose outputs all matched exactly have no mean: drawn as ▲ below
                 shown = [p for p in pts if not (p.value is None and getattr(p, "exact", 0))]
                 exact_x = [xs_all[id(p)] for p in pts if p.value is None and getattr(p, "exact", 0)]

@@ -19,11 +19,11 @@ verdict). Rules, all configurable in the `[regression]` config section:
 Performance figures are gated by the `[perf]` section (`PerfRules`, below): cycles, memory in use,
 warm latency past its noise band; host wall time only when asked, simulation time never.
 
-Only related runs are compared (`unrelated_reasons`): the same target, dtype, methods
-and cases, and the same test inputs (or, for reports without an inputs digest, the
-same model id). A different program is what a comparison is for (a new toolchain, a
-miscompiling backend) and is a note. `allow_unrelated = true` (`compare --force`)
-compares anyway.
+Only related runs are compared (`unrelated_reasons`): one series (runner/series.py: the same
+target, dtype, test inputs and criteria, or, for reports without an inputs digest, the same model
+id), the same methods and cases, neither run interrupted. A different program is what a
+comparison is for (a new toolchain, a miscompiling backend) and is a note.
+`allow_unrelated = true` (`compare --force`) compares anyway.
 
 Every function here reads the typed report (`Report`, runner/report/model.py); `compare` and
 `--baseline` get theirs from history.resolve_run.
@@ -35,11 +35,12 @@ one index of case-outputs and one of perf figures; the terminal view is `format_
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
+from bundlerun.runner.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
 
 
@@ -243,38 +244,34 @@ def _output_names(report: Report) -> dict[tuple[str, int], str]:
     return {(c.method, o.index): o.name for c in report.cases for o in c.outputs}
 
 
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "...'"
 
 
 def unrelated_reasons(baseline_report: Report, current_report: Report) -> list[str]:
     """Why the two runs do not measure the same thing (empty: they do).
 
-    Refused: a different target, dtype, dataset, set of methods, outputs, or cases (a run
-    over a subset of the other's cases is fine), different test inputs, a different model id
-    unless both bundles carry the same test inputs (a retrained model on the same inputs is
-    a fair comparison), and no case-output in common. A different program is not a reason.
+    Refused: runs of two series (runner/series.py: a different target, dtype, test inputs or
+    criteria, a different model id unless both bundles carry the same test inputs: a retrained
+    model on the same inputs is a fair comparison), an interrupted run on either side, a different
+    dataset, set of methods, outputs, or cases (a run over a subset of the other's cases is fine),
+    and no case-output in common. A different program is not a reason.
     """
-    reasons: list[str] = []
-    bb, cb = baseline_report.bundle, current_report.bundle
-    bt, ct = baseline_report.target.get("url"), current_report.target.get("url")
-    if bt != ct:
-        reasons.append(f"target differs (baseline {_short(bt)}, current {_short(ct)})")
-    if bb.get("dtype") != cb.get("dtype"):
-        reasons.append(f"dtype differs (baseline {_short(bb.get('dtype'))}, current {_short(cb.get('dtype'))})")
-    b_in, c_in = bb.get("inputs_sha256"), cb.get("inputs_sha256")
-    same_inputs = bool(b_in and c_in and b_in == c_in)
-    if b_in and c_in and b_in != c_in:
-        reasons.append(f"different test inputs (inputs sha256 {b_in[:12]}... vs {c_in[:12]}...: another seed, "
-                       "distribution, case count or dataset)")
-    if bb.get("model") != cb.get("model") and not same_inputs:
-        reasons.append(f"model differs (baseline {_short(bb.get('model'))}, current {_short(cb.get('model'))})")
+    from bundlerun.runner import series  # the identity: one definition for compare, history and the HUD
+
+    b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
+    b_methods, c_methods = {m for m, _ in b_cases}, {m for m, _ in c_cases}
+    b_series, c_series = series.of_report(baseline_report), series.of_report(current_report)
+    if b_methods != c_methods and b_series.criteria != c_series.criteria:
+        # a run over fewer methods: the criteria of the methods both ran are what must agree
+        common = b_methods & c_methods
+        b_series = replace(b_series, criteria=series.criteria_digest(baseline_report.cases, common))
+        c_series = replace(c_series, criteria=series.criteria_digest(current_report.cases, common))
+    reasons = series.differences(b_series, c_series)
+    for side, report in (("baseline", baseline_report), ("current", current_report)):
+        if report.summary.interrupted:
+            reasons.append(f"the {side} run was interrupted (a partial run is no data point)")
     bd, cd = baseline_report.dataset or {}, current_report.dataset or {}
     if bd and cd and bd.get("name") != cd.get("name"):
         reasons.append(f"dataset differs (baseline {_short(bd.get('name'))}, current {_short(cd.get('name'))})")
-    b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
-    b_methods, c_methods = {m for m, _ in b_cases}, {m for m, _ in c_cases}
     if b_cases and c_cases and not (b_methods <= c_methods or c_methods <= b_methods):
         reasons.append(f"methods differ (baseline {', '.join(sorted(b_methods))}; current {', '.join(sorted(c_methods))})")
     elif b_cases and c_cases and not (b_cases <= c_cases or c_cases <= b_cases):
@@ -441,8 +438,11 @@ def check_baseline(
     """
     from bundlerun.runner.history import resolve_run
 
-    bundle = current_report.bundle
-    prefer = {"model": bundle.get("model"), "dtype": bundle.get("dtype"), "target": current_report.target.get("url")}
+    from bundlerun.runner.series import of_report
+
+    ident = of_report(current_report)
+    prefer = {"model": ident.model, "dtype": ident.dtype, "target": ident.target, "inputs_sha256": ident.inputs,
+              "criteria_sha256": ident.criteria}
     baseline = resolve_run(db_path, ref, exclude_uuid=current_report.run.get("id"), prefer=prefer)
     rules = RegressionRules.from_config(config)
     perf_rules = PerfRules.from_config(config)

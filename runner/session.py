@@ -247,6 +247,9 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         perf_info=perf_conditions(req, run, load_before, warnings),
     )
     elapsed_figures(report.cases, req.target)  # each finished case's elapsed_s as a labelled figure
+    from bundlerun.runner.series import criteria_digest  # which criteria judged it: part of the run's series
+
+    report.bundle["criteria_sha256"] = criteria_digest(report.cases)
     if req.replay > 1 and not interrupted:  # runner/replay.py: distinct results, spread and flips per output
         from bundlerun.runner.replay import add_to_report
 

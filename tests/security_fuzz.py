@@ -119,7 +119,8 @@ def corrupt_history(db: Path, rng: random.Random) -> str:
     table, column = rng.choice([("runs", "report_json"), ("runs", "report_json"), ("runs", "started"),
                                 ("runs", "verdict"), ("runs", "exit_code"), ("runs", "n_pass"), ("runs", "model"),
                                 ("runs", "label"), ("case_outputs", "sqnr"), ("case_outputs", "error_mae"),
-                                ("perf_figures", "value"), ("perf_figures", "phase"), ("datasets", "top1")])
+                                ("perf_figures", "value"), ("perf_figures", "phase"), ("datasets", "top1"),
+                                ("runs", "status"), ("runs", "inputs_sha256"), ("runs", "criteria_sha256")])
     value = rng.choice(["[1,2]", "{not json", "null", "5", "abc", "", "1e999", "-inf", "\u202e", b"\xff\xfe",
                         3.5, 7, None, '{"schema": "bundlerun.report/2", "summary": []}',
                         '{"schema": "bundlerun.report/2", "summary": {"verdict": "PASS", "exit_code": 0, '

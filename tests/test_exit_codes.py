@@ -68,9 +68,24 @@ def test_merge(runs, tmp_path, name, verdict):
 
 @pytest.mark.parametrize("current,code", [("pass", 0), ("fail", 1)])
 def test_compare(runs, current, code):
-    proc = run_cli("compare", "pass", current, "--history", str(runs[2]))
+    # "fail" was judged by other (strict) criteria: another series (runner/series.py), compared only when forced
+    force = ("--force",) if current == "fail" else ()
+    proc = run_cli("compare", "pass", current, "--history", str(runs[2]), *force)
     assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert ("no regressions" in proc.stdout) == (code == 0)
+
+
+def test_other_criteria_are_another_series_at_run_and_at_judge(runs, tmp_path):
+    bundle, root, db, procs = runs
+    proc = run_cli("compare", "pass", "fail", "--history", str(db))
+    assert proc.returncode == 2 and "refusing to compare unrelated runs: different criteria" in proc.stderr, proc.stderr
+    digest = {name: json.loads((root / name / "report.json").read_text())["bundle"]["criteria_sha256"]
+              for name in ("pass", "fail")}
+    assert digest["pass"] != digest["fail"]
+    # the same strict override at `judge` re-judges into the strict series, never keeps the copied digest
+    proc = run_cli("judge", str(root / "pass"), *STRICT, "--report", str(tmp_path / "strict"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "strict" / "report.json").read_text())["bundle"]["criteria_sha256"] == digest["fail"]
 
 
 @pytest.mark.parametrize("extra,verdict", [((), "PASS"), (("--tolerance", "atol=0", "--tolerance", "rtol=0"), "FAIL")])

@@ -234,7 +234,7 @@ def test_trend_never_mixes_dtypes_or_targets(tmp_path):
     _recorded(db, 1e-4, "x-fp32-2")
     points = history.trend(db, "mlp", None, "sqnr")
     groups = history.series_of(points)
-    assert {k: [p.label for p in v] for k, v in groups.items()} == {
+    assert {(k.target, k.dtype): [p.label for p in v] for k, v in groups.items()} == {
         ("host://xnnpack", "fp32"): ["x-fp32-1", "x-fp32-2"], ("host://xnnpack", "int8"): ["x-int8-1"],
         ("tosa://fp", "fp32"): ["t-fp32-1"]}
     assert [p.label for p in history.trend(db, "mlp", "host://xnnpack", "sqnr", dtype="int8")] == ["x-int8-1"]
@@ -242,7 +242,7 @@ def test_trend_never_mixes_dtypes_or_targets(tmp_path):
     png = tmp_path / "t.png"
     proc = _cli(["trend", "mlp", "-o", str(png)], env)
     assert proc.returncode == 0, proc.stderr
-    assert "4 run(s) of mlp in 3 series (one per target x dtype" in proc.stdout
+    assert "4 run(s) of mlp in 3 series (one per target x dtype x test inputs x criteria" in proc.stdout
     assert "host://xnnpack fp32: 2 run(s)" in proc.stdout and "host://xnnpack int8: 1 run(s)" in proc.stdout
     assert "tosa://fp fp32: 1 run(s)" in proc.stdout
     proc = _cli(["trend", "mlp", "--dtype", "fp32", "--target", "host://xnnpack", "-o", str(png)], env)

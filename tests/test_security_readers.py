@@ -192,17 +192,52 @@ def test_corrupted_history_content_in_hud_compare_trend_history(art, tmp_path):
     for i in range(40):
         db = tmp_path / f"h{i}.sqlite"
         shutil.copy(art["db"], db)
-        what = security_fuzz.corrupt_history(db, rng)
-        names = [str(db)]
-        cases += [
-            {"id": f"{i}h", "argv": ["hud", "--out", str(tmp_path / f"site{i}"), "--db", str(db)], "what": what,
-             "names": names},
-            {"id": f"{i}c", "argv": ["compare", "1", "2", "--history", str(db)], "what": what, "names": names},
-            {"id": f"{i}t", "argv": ["trend", "mlp", "-o", str(tmp_path / f"t{i}.png"), "--history", str(db)],
-             "what": what, "names": names + ["no recorded runs"]},
-            {"id": f"{i}l", "argv": ["history", "--history", str(db)], "what": what, "names": names},
-        ]
+        cases += _history_cases(str(i), db, security_fuzz.corrupt_history(db, rng), tmp_path)
     _check(_drive(tmp_path, cases), cases)
+
+
+def _history_cases(i: str, db: Path, what: str, tmp_path: Path) -> list[dict]:
+    """hud, compare, trend and history on one database."""
+    names = [str(db)]
+    return [
+        {"id": f"{i}h", "argv": ["hud", "--out", str(tmp_path / f"site{i}"), "--db", str(db)], "what": what,
+         "names": names},
+        {"id": f"{i}c", "argv": ["compare", "1", "2", "--history", str(db)], "what": what, "names": names},
+        {"id": f"{i}t", "argv": ["trend", "mlp", "-o", str(tmp_path / f"t{i}.png"), "--history", str(db)],
+         "what": what, "names": names + ["no recorded runs"]},
+        {"id": f"{i}l", "argv": ["history", "--history", str(db)], "what": what, "names": names},
+    ]
+
+
+def test_version_1_history_with_corrupted_reports_is_migrated_in_hud_compare_trend_history(art, tmp_path):
+    """A version-1 database (no series columns: runner/history.py _migrate fills them from each stored
+    report on open) whose report_json holds hostile content: every command opens it, no internal error."""
+    import sqlite3
+
+    from bundlerun.runner.history import SERIES_COLUMNS
+
+    rng = random.Random(SEED + 1)
+    cases = []
+    for i in range(12):
+        db = tmp_path / f"v1-{i}.sqlite"
+        shutil.copy(art["db"], db)
+        what = "version 1, " + security_fuzz.corrupt_history(db, rng) if i % 4 else "version 1, intact"
+        conn = sqlite3.connect(str(db))
+        for column in SERIES_COLUMNS:
+            conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+        conn.commit()
+        conn.close()
+        cases += _history_cases(f"v1-{i}", db, what, tmp_path)
+    results = _drive(tmp_path, cases)
+    _check(results, cases)
+    intact = next(r for r in results if r["id"] == "v1-0l")
+    assert intact["code"] == 0, intact
+    conn = sqlite3.connect(str(tmp_path / "v1-0.sqlite"))  # the commands migrated it: version 2, columns filled
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    filled = conn.execute("SELECT COUNT(*) FROM runs WHERE inputs_sha256 IS NOT NULL AND status IS NOT NULL")
+    assert filled.fetchone()[0] == conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] > 0
+    conn.close()
 
 
 def _deep(n: int) -> str:

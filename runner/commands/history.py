@@ -89,13 +89,18 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     from bundlerun.runner.report.console import plain
 
     table = Table(title=f"history: {db}", title_justify="left")
-    for col in ("id", "started", "model", "target", "dtype", "label", "verdict", "pass/fail", "min SQNR", "max MAE", "top-1", "agree"):
+    for col in ("id", "started", "model", "target", "dtype", "series", "label", "verdict", "pass/fail", "min SQNR",
+                "max MAE", "top-1", "agree"):
         table.add_column(col, justify="right" if col in ("id", "min SQNR", "max MAE", "top-1", "agree") else "left")
     color = {"PASS": "green", "FAIL": "red"}
     for r in runs:
+        # an interrupted run has no verdict or figures over the cases that happened to finish
+        verdict = ("[yellow]interrupted[/]" if r.interrupted
+                   else f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]")
         table.add_row(
             str(r.id), history.display_time(r.started, utc), plain(r.model or "-"), plain(r.target or "-"),
-            plain(r.dtype or "-"), plain(r.label or "-"), f"[{color.get(r.verdict or '', 'yellow')}]{r.verdict}[/]", f"{r.n_pass or 0}/{r.n_fail or 0}",
+            plain(r.dtype or "-"), plain(r.series.tag), plain(r.label or "-"), verdict,
+            "-" if r.interrupted else f"{r.n_pass or 0}/{r.n_fail or 0}",
             _fmt(r.min_sqnr), _fmt(r.max_mae, ".3g"),
             "-" if r.top1 is None else f"{r.top1 * 100:.2f}%", "-" if r.agreement is None else f"{r.agreement * 100:.2f}%",
         )

@@ -39,4 +39,6 @@ def command(out_dir, history_db, baseline, limit):
     click.echo(f"wrote {visible(index)}: {len(grid.rows)} rows x {len(grid.columns)} labels from {grid.runs} runs; "
                f"{len(regressed)} row(s) regressed")
     for row in regressed[:20]:
-        click.echo("  " + visible(" / ".join(str(x) for x in row.key)) + f": regressed since {visible(row.culprit)}")
+        name = " / ".join(str(x or "") for x in (row.model, row.target, row.dtype))
+        name += f" ({row.tag})" if row.tag else ""
+        click.echo("  " + visible(name) + f": regressed since {visible(row.culprit)}")

@@ -78,6 +78,9 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     report.summary = summarize(cases)
     elapsed_figures(report.cases, report.target.get("url", ""))  # as a run's report has them
     report.overrides = records
+    from bundlerun.runner.series import criteria_digest  # an --override is other criteria: another series
+
+    report.bundle["criteria_sha256"] = criteria_digest(cases)
     report.warnings = list(dict.fromkeys(saved.warnings + warnings))
     report.judged = {
         "from": str(saved.directory),

@@ -3,8 +3,9 @@ over recorded runs. A performance figure (any name of a report's `perf` section,
 cycles, npu-cycles, latency, memory, program-size) is drawn as the median over each run's cases
 with the min..max band.
 
-Runs of different targets or dtypes are different series: the plot draws one line per
-target x dtype (never one line through both), and `--target`/`--dtype` pick one.
+Runs of different series (runner/series.py: target, dtype, test inputs, criteria) are drawn as
+different lines, never one line through both; `--target`/`--dtype` narrow the plot. An interrupted
+run is no point (the history records no figures for it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _shown(value, metric: str) -> str:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("trend.png"), show_default=True)
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
 def command(model, target, metric, phase, dtype, limit, output, history_db):
-    """Plot METRIC of MODEL across the recorded history to a PNG: one line per target x dtype.
+    """Plot METRIC of MODEL across the recorded history to a PNG: one line per series (target x dtype x
+    test inputs x criteria: another bundle of the model is another line; interrupted runs are left out).
 
     SQNR is the mean over the case-outputs that did not match exactly; exact matches
     (SQNR infinite) are counted apart, never averaged in as a capped number.
@@ -52,19 +54,20 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
         raise click.ClickException(f"no recorded runs of {model}" + (f" on {target}" if target else "")
                                    + (f" in {dtype}" if dtype else "") + f" with {metric} in {db}")
     groups = history.series_of(points)
-    what = " x ".join(w for w, given in (("target", target), ("dtype", dtype)) if not given)
+    what = "series"
     title = (f"{model}" + (f" on {target}" if target else "") + (f" ({dtype})" if dtype else "") + f": {metric}"
              + (f", one line per {what}" if len(groups) > 1 else ""))
     atomic_write_bytes(output, plots.trend_plot(points, metric, title))
     click.echo(f"wrote {output}: {len(points)} run(s) of {plain(model)} in {len(groups)} series "
-               f"(one per target x dtype; runs of different targets or dtypes are never joined)")
+               f"(one per target x dtype x test inputs x criteria; runs of different series are never joined)")
     for key, pts in groups.items():
         last = pts[-1]
-        line = f"  {plain(plots.series_name(key))}: {len(pts)} run(s), latest {metric} {_shown(last.value, metric)}"
+        name = plain(plots.series_name(key, groups))
+        line = f"  {name}: {len(pts)} run(s), latest {metric} {_shown(last.value, metric)}"
         if metric == "sqnr":
             exact = sum(p.exact for p in pts)
             if last.value is None and last.exact:
-                line = f"  {plain(plots.series_name(key))}: {len(pts)} run(s), latest: every output matched exactly"
+                line = f"  {name}: {len(pts)} run(s), latest: every output matched exactly"
             if exact:
                 line += (f"; {exact} exact match(es) (SQNR infinite) over these runs, "
                          "left out of the mean and drawn apart")
@@ -96,5 +99,5 @@ def _perf_command(db, model, target, metric, phase, dtype, limit, output, plain)
                f"in {info.get('unit')} [{info.get('kind')}]: median over each run's cases, min..max band")
     for key, pts in groups.items():
         last = pts[-1]
-        click.echo(f"  {plain(plots.series_name(key))}: {len(pts)} run(s), latest median {last.value:.6g} "
+        click.echo(f"  {plain(plots.series_name(key, groups))}: {len(pts)} run(s), latest median {last.value:.6g} "
                    f"{info.get('unit')} (min {last.low:.6g}, max {last.high:.6g}, {last.counted} case(s))")

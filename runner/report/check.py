@@ -354,7 +354,8 @@ _TOP = {
                                               "host": _opt_obj, "history_id": _opt_int}),
     "bundle": lambda v, p: fields(obj(v, p), p, {
         **{k: _opt_text for k in ("path", "model", "backend", "dtype", "built_for", "reference", "quantization")},
-        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "size": _opt_int, "has_manifest": _opt_bool,
+        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "criteria_sha256": _sha,
+        "size": _opt_int, "has_manifest": _opt_bool,
         "seed": lambda v2, p2: integer(v2, p2, -(2**63)), "versions": _opt_obj, "models": strings}),
     "target": lambda v, p: fields(obj(v, p), p, {"url": _opt_text, "info": _opt_obj, "logs": _opt_obj,
                                                  "setup_s": _opt_num, "targets": strings}),

@@ -5,8 +5,9 @@ without its neighbours (or behind a CSP), so the page loads no script, font or
 image from anywhere. Per output it shows an error histogram and an
 actual-vs-expected scatter when the actual outputs (`outputs.npz`) and the
 bundle's expected outputs are at hand, otherwise the statistics only; with a
-history database it adds SQNR/MAE/top-1 trend lines for the same model and
-target. Everything is read from the typed records (runner/report/model.py); only
+history database it adds SQNR/MAE/top-1 trend lines for the runs of the same
+series (runner/series.py: model, target, dtype, test inputs and criteria).
+Everything is read from the typed records (runner/report/model.py); only
 the sections the model keeps as plain JSON (stats, criteria, dataset, baseline,
 the replay findings, the ETDump profile) are read by key.
 """
@@ -250,7 +251,9 @@ def _trend_section(report: Report, history_db: str | Path | None) -> str:
     if not history_db or not Path(history_db).exists():
         return ""
     from bundlerun.runner import history, plots
+    from bundlerun.runner.series import of_report
 
+    series = of_report(report)  # only runs of this run's series: this bundle's inputs and criteria (runner/series.py)
     model = report.bundle.get("model")
     target = report.target.get("url")
     if not model:
@@ -261,7 +264,7 @@ def _trend_section(report: Report, history_db: str | Path | None) -> str:
     metrics = ["sqnr", "mae"] + (["top1"] if report.dataset else [])
     for metric in metrics:
         try:
-            points = history.trend(history_db, model, target, metric, dtype=dtype)
+            points = history.trend(history_db, model, target, metric, dtype=dtype, series=series)
         except history.HistoryError:
             continue
         if points:
@@ -284,7 +287,8 @@ def _trend_section(report: Report, history_db: str | Path | None) -> str:
         if (name, phase) not in summary:
             continue
         try:
-            points, info = history.perf_trend(history_db, model, name, target, dtype=dtype, phase=phase or "")
+            points, info = history.perf_trend(history_db, model, name, target, dtype=dtype, phase=phase or "",
+                                              series=series)
         except history.HistoryError:
             continue
         if len(points) > 1:
@@ -295,7 +299,8 @@ def _trend_section(report: Report, history_db: str | Path | None) -> str:
                                               f"min..max band, last {len(points)} recorded run(s)"))
     if not figs:
         return ""
-    return ("<h2>History</h2><p class='meta'>runs of this model on this target in this dtype only</p>"
+    return (f"<h2>History</h2><p class='meta'>runs of this series only: this model on this target in this dtype, "
+            f"with these test inputs and criteria ({_e(series.tag)})</p>"
             "<div class='plots'>" + "".join(figs) + "</div>"
             + "".join(f"<p class='note sqnr-exact'>{_e(n.strip())}</p>" for n in notes))
 
