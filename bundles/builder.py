@@ -164,6 +164,10 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"--cases {req.cases!r}: give 1 to {MAX_CASES} test cases (bundlerun's limit, docs/security.md)")
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
         raise BuildError(f"--seed {req.seed!r}: give a whole number from 0 to {MAX_SEED}")
+    if req.distribution is not None:
+        from bundlerun.bundles.inputs import checked_distribution
+
+        checked_distribution(req.distribution, "--distribution")
     from bundlerun.bundles.backends.base import default_reference
 
     reference = req.reference or default_reference(backend, req.dtype)

@@ -7,8 +7,10 @@ A distribution is written as text so it can live in the manifest and on the CLI:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,10 +30,18 @@ class Distribution:
                 f"unknown input distribution {text!r}; use randn, rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)"
             )
         kind, args = match.group(1), match.group(2)
-        params = tuple(float(a) for a in args.split(",")) if args else ()
+        try:
+            params = tuple(float(a) for a in args.split(",")) if args else ()
+        except ValueError:
+            raise ValueError(f"distribution {text!r}: its parameters are not numbers") from None
         expected = {"randn": 0, "rand": 0, "uniform": 2, "normal": 2, "randint": 2}[kind]
         if len(params) != expected:
             raise ValueError(f"distribution {kind} takes {expected} parameters, got {len(params)}")
+        if not all(math.isfinite(p) and abs(p) <= 2**62 for p in params):  # numpy's bounds take int64
+            raise ValueError(f"distribution {text!r}: its parameters must be finite numbers within +-2**62")
+        if kind in ("uniform", "randint") and params[0] > params[1] or kind == "normal" and params[1] < 0:
+            raise ValueError(f"distribution {text!r}: " + ("the standard deviation is negative" if kind == "normal"
+                                                          else "the low bound is above the high one"))
         return cls(kind, params)
 
     def __str__(self) -> str:
@@ -51,6 +61,21 @@ class Distribution:
         else:
             out = rng.integers(int(self.params[0]), int(self.params[1]), shape, endpoint=True)
         return np.asarray(out).astype(dtype)
+
+
+def checked_distribution(text: Any, what: str = "distribution") -> str:
+    """A distribution given by a user (`--distribution`, `api.build(distribution=)`), parsed before
+    any work starts: its text, or ConfigError (a one-line BundlerunError) naming `what`."""
+    from bundlerun.bundles.errors import ConfigError
+
+    if not isinstance(text, str) or len(text) > 200:
+        raise ConfigError(f"{what}: expected text such as randn or uniform(-1,1), got {type(text).__name__} "
+                          f"{str(text)[:40]!r}")
+    try:
+        Distribution.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    return text
 
 
 def case_rng(seed: int, stream: str, index: int) -> np.random.Generator:

@@ -52,12 +52,21 @@ def load_callable(ref: str, error: type[Exception] = ModelSourceError, what: str
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file raised while importing
-        raise error(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM stay an interrupt
+        raise
+    except BaseException as exc:  # the user's file raised (or called sys.exit) while importing
+        raise error(f"importing {path} failed: {_raised(exc)}") from None
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         raise error(f"{path} has no callable {fn_name!r}")
     return fn
+
+
+def _raised(exc: BaseException) -> str:
+    """What user code raised, in words: `sys.exit(0)` is said as such, not as an empty message."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (it called sys.exit({exc.code!r}))"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
@@ -83,10 +92,12 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
         fn = load_callable(ref)
         try:
             produced = fn()
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM stay an interrupt
+            raise
+        except BaseException as exc:  # SystemExit and other BaseExceptions too: never a silent exit
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             raise ModelSourceError(
-                f"model factory {ref} raised {type(exc).__name__}: {exc} ({Path(frame.filename).name}:{frame.lineno})"
+                f"model factory {ref} raised {_raised(exc)} ({Path(frame.filename).name}:{frame.lineno})"
             ) from None
         if not isinstance(produced, tuple) or len(produced) not in (2, 3):
             raise ModelSourceError(f"model factory {ref} must return (module, example_inputs[, options])")
@@ -112,6 +123,8 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
         specs = [InputSpec(s.shape, s.dtype, distribution) for s in specs]
     try:
         module = entry.build()
-    except Exception as exc:
-        raise ModelSourceError(f"building zoo model {ref} failed: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ModelSourceError(f"building zoo model {ref} failed: {_raised(exc)}") from None
     return ResolvedModel(entry.name, "zoo", entry.description, module, specs)

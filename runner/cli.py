@@ -483,9 +483,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                                cache=not no_cache and not record, etrecord=record)
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
-            except BundlerunError as exc:
+            except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)
+                from bundlerun.runner.report.record import build_failure_report, write_record
+
                 click.echo(f"{slug}: build failed: {exc}", err=True)
-                results.append((slug, "ERROR", 2, str(exc)))
+                written = write_record(build_failure_report(model, target, str(exc), label), out)
+                results.append((slug, "ERROR", 2, str(written) if written else str(exc)))
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
                              label, quiet=as_json, amend=None if mine is None else (
