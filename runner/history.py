@@ -49,6 +49,8 @@ MAX_ATTEMPTS = 20
 class HistoryError(BundlerunError):
     """The history database cannot be opened, written or queried."""
 
+    kind = "history"
+
 
 def default_history_path() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")

@@ -60,6 +60,8 @@ _NAME_COLUMNS = ("Test ID", "Test Case", "Flow", "Result", "bundlerun Target", "
 class SuiteReportError(BundlerunError):
     """The file is not a report of the backend test suite; one line."""
 
+    kind = "bad-suite-report"
+
 
 @dataclass
 class SuiteRow:
