@@ -580,22 +580,35 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(interrupts.exit_code())
     except SystemExit:
         raise
-    except Exception as exc:
-        from bundlerun.bundles.errors import BundlerunError
+    except OSError as exc:
+        import errno
 
-        if debug:
-            raise
-        if isinstance(exc, BundlerunError):
-            from bundlerun.runner.safe_text import visible
-
-            click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{visible(exc)}", err=True)
-            sys.exit(exc.exit_code)
+        if debug or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+            _internal(exc, debug)
         from bundlerun.runner.safe_text import visible
 
-        click.echo(f"bundlerun: internal error: {type(exc).__name__}: {visible(exc)} (rerun with --debug for a "
-                   "traceback)", err=True)
+        where = exc.filename2 or exc.filename  # a copy's destination, else the file
+        click.echo(f"bundlerun: error: cannot write {visible(where) if where else 'a file'}: {exc.strerror or exc}",
+                   err=True)  # a full disk, a quota, a read-only mount: the file and the reason, one line
         sys.exit(EXIT_INFRA)
+    except Exception as exc:
+        _internal(exc, debug)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
+
+
+def _internal(exc: BaseException, debug: bool) -> None:
+    """A BundlerunError: its one line and exit code; anything else: "internal error" (a bug), exit 2."""
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.runner.safe_text import visible
+
+    if debug:
+        raise exc
+    if isinstance(exc, BundlerunError):
+        click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{visible(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    click.echo(f"bundlerun: internal error: {type(exc).__name__}: {visible(exc)} (rerun with --debug for a "
+               "traceback)", err=True)
+    sys.exit(EXIT_INFRA)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,12 @@ def _write_page(path: Path, text: str) -> None:
     minutes at suite scale; the index page is written with atomic_write_text, synced)."""
     import os
 
+    from bundlerun.bundles.fileio import named
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise named(exc, path) from None
