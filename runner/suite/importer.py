@@ -154,7 +154,7 @@ def check_columns(columns: Any, where: str) -> dict[str, Any]:
         if value is None or isinstance(value, bool):
             continue
         if isinstance(value, (int, float)):
-            if isinstance(value, int) and abs(value) > 2**63:
+            if isinstance(value, int) and not -2**63 <= value < 2**63:  # SQLite's INTEGER
                 raise SuiteReportError(f"{what}: {str(value)[:40]}... is out of range")
             continue
         if not isinstance(value, str):

@@ -1,0 +1,96 @@
+"""`bisect`, `validate`, `build` with options that make the baseline unrunnable and with model
+factories that exit, raise a BaseException or are interrupted: exit 2 before any lowering, or
+a written ERROR report; never a wrong answer ("fails with nothing delegated", "nothing fails"),
+never exit 0, never a traceback. In-process through the real entry point; nothing is lowered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+FACTORIES = '''
+import sys
+
+class Mine(BaseException):
+    pass
+
+def exits():
+    sys.exit(0)
+
+def exits_text():
+    sys.exit("bye")
+
+def base():
+    raise BaseException("boom")
+
+def mine():
+    raise Mine("mine")
+
+def interrupted():
+    raise KeyboardInterrupt
+'''
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    from bundlerun.runner.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    text = err.getvalue()
+    assert "Traceback" not in text and "internal error" not in text, text[-2000:]
+    return code, text
+
+
+@pytest.mark.parametrize("option, value, needle", [
+    ("--timeout", "nan", "positive number of seconds"), ("--timeout", "-1", "positive number of seconds"),
+    ("--timeout", "0", "positive number of seconds"), ("--timeout", "inf", "positive number of seconds"),
+    ("--distribution", "weird(", "unknown input distribution"),
+    ("--distribution", "uniform(1,0)", "low bound is above"), ("--distribution", "normal(0,nan)", "finite"),
+    ("--case", "8", "--case 8"),  # with the default --cases 8: cases 0-7
+    ("--output", "", "--output"), ("--method", "x" * 300, "--method"),
+])
+def test_a_bad_option_stops_bisect_before_any_lowering(tmp_path, monkeypatch, option, value, needle):
+    monkeypatch.chdir(tmp_path)
+    code, err = _cli("bisect", "mlp", "--target", "host://portable", "--report", str(tmp_path / "b"), option, value)
+    assert code == 2 and needle in err, err[-1000:]
+    assert not (tmp_path / "b" / "steps").exists()  # nothing was lowered
+
+
+@pytest.mark.parametrize("factory, said", [("exits", "SystemExit (it called sys.exit(0))"),
+                                           ("exits_text", "sys.exit('bye')"), ("base", "BaseException: boom"),
+                                           ("mine", "Mine: mine")])
+def test_a_factory_that_exits_or_raises_a_base_exception_is_an_error_with_a_report(tmp_path, monkeypatch, factory,
+                                                                                   said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fac.py").write_text(FACTORIES)
+    code, err = _cli("bisect", f"fac.py:{factory}", "--target", "host://portable", "--report", str(tmp_path / "b"))
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert code == 2 and report["outcome"] == "stopped" and report["exit_code"] == 2
+    assert any(said in note for note in report["notes"]), report["notes"]
+    code, err = _cli("validate", f"fac.py:{factory}", "--target", "host://portable", "--report", str(tmp_path / "v"),
+                     "--no-history")
+    written = json.loads((tmp_path / "v" / "fac-fp32" / "report.json").read_text())
+    assert code == 2 and written["summary"]["verdict"] == "ERROR" and said in " ".join(written["warnings"])
+    code, err = _cli("build", f"fac.py:{factory}", "-o", str(tmp_path / "x.bpte"))
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_factory_interrupted_stays_an_interrupt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fac.py").write_text(FACTORIES)
+    code, _err = _cli("bisect", "fac.py:interrupted", "--target", "host://portable", "--report", str(tmp_path / "b"))
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert code == 130 and report["interrupted"]
+    code, _err = _cli("build", "fac.py:interrupted", "-o", str(tmp_path / "x.bpte"))
+    assert code == 130
+    assert not Path(tmp_path / "x.bpte").exists()
