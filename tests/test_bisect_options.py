@@ -1,5 +1,5 @@
 """`bisect`, `validate`, `build` with options that make the baseline unrunnable and with model
-factories that exit, raise a BaseException or are interrupted: exit 2 before any lowering, or
+factories that exit, raise a BaseException, hang or are interrupted: exit 2 before any lowering, or
 a written ERROR report; never a wrong answer ("fails with nothing delegated", "nothing fails"),
 never exit 0, never a traceback. In-process through the real entry point; nothing is lowered.
 """
@@ -33,6 +33,14 @@ def mine():
 
 def interrupted():
     raise KeyboardInterrupt
+
+def hangs():
+    import time
+    while True:
+        try:
+            time.sleep(0.05)
+        except Exception:  # a factory that swallows errors still ends
+            pass
 '''
 
 
@@ -68,10 +76,11 @@ def test_a_bad_option_stops_bisect_before_any_lowering(tmp_path, monkeypatch, op
 
 @pytest.mark.parametrize("factory, said", [("exits", "SystemExit (it called sys.exit(0))"),
                                            ("exits_text", "sys.exit('bye')"), ("base", "BaseException: boom"),
-                                           ("mine", "Mine: mine")])
+                                           ("mine", "Mine: mine"), ("hangs", "did not finish within 0.5 s")])
 def test_a_factory_that_exits_or_raises_a_base_exception_is_an_error_with_a_report(tmp_path, monkeypatch, factory,
                                                                                    said):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BUNDLERUN_FACTORY_TIMEOUT", "0.5")  # bundles/model_source.py's bound on user code
     (tmp_path / "fac.py").write_text(FACTORIES)
     code, err = _cli("bisect", f"fac.py:{factory}", "--target", "host://portable", "--report", str(tmp_path / "b"))
     report = json.loads((tmp_path / "b" / "report.json").read_text())
