@@ -6,12 +6,15 @@ never exit 0, never a traceback. In-process through the real entry point; nothin
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from security_fuzz import run_main  # noqa: E402
 
 FACTORIES = '''
 import sys
@@ -45,18 +48,9 @@ def hangs():
 
 
 def _cli(*argv: str) -> tuple[int, str]:
-    from bundlerun.runner.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    text = err.getvalue()
-    assert "Traceback" not in text and "internal error" not in text, text[-2000:]
-    return code, text
+    code, _out, err = run_main(*argv)
+    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+    return code, err
 
 
 @pytest.mark.parametrize("option, value, needle", [

@@ -12,9 +12,7 @@ through the real entry point (runner.cli.main): a few seconds.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import random
 import sqlite3
@@ -25,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from security_fuzz import VALUES, mutate_json  # noqa: E402
+from security_fuzz import VALUES, mutate_json, run_main  # noqa: E402
 
 COLUMNS = ["Test ID", "Test Case", "Subtest", "Flow", "Result", "Result Detail", "Error", "Params",
            "Output 0 Error Max", "Output 0 Error MAE", "Output 0 SNR", "bundlerun Target", "bundlerun Verdict",
@@ -43,21 +41,8 @@ def _base() -> dict:
                                                        "Result Detail": "Output Mismatch"}]}}]}
 
 
-def _cli(*argv: str) -> tuple[int, str, str]:
-    from bundlerun.runner.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
-
-
 def _import(path: Path, db: Path) -> tuple[int, str]:
-    code, _out, err = _cli("history", "import", str(path), "--history", str(db), "--commit", "abc1234")
+    code, _out, err = run_main("history", "import", str(path), "--history", str(db), "--commit", "abc1234")
     assert "Traceback" not in err and "internal error" not in err, (path.name, err[-1500:])
     assert code in (0, 2), (path.name, code, err[-500:])
     if code == 2:
@@ -115,11 +100,11 @@ FOUND = [
 
 
 def _hud_and_history_work(db: Path, tmp: Path) -> None:
-    code, out, err = _cli("hud", "--history", str(db), "--out", str(tmp / "site"))
+    code, out, err = run_main("hud", "--history", str(db), "--out", str(tmp / "site"))
     assert code == 0 and "wrote" in out, err[-1500:]
-    code, _out, err = _cli("history", "--history", str(db), "--limit", "0")
+    code, _out, err = run_main("history", "--history", str(db), "--limit", "0")
     assert code == 0, err[-1500:]
-    code, out, err = _cli("history", "--history", str(db), "--json", "--limit", "0")
+    code, out, err = run_main("history", "--history", str(db), "--json", "--limit", "0")
     assert code == 0 and isinstance(json.loads(out), list), err[-1500:]
 
 

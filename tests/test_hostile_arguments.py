@@ -12,13 +12,16 @@ agree. In-process and without a build: a few seconds.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import math
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from security_fuzz import run_main  # noqa: E402
 
 HOSTILE = [None, True, 0, -1, 1.5, math.nan, math.inf, -math.inf, 10**400, "", "x" * 5000, "a\0b", "\ud800",
            "../../x", "\x1b[2J", [], [None], [-1], {}, {"atol": math.nan}, {"x": object()}, object(), b"\xff",
@@ -122,17 +125,9 @@ def test_unsealed_bundle_is_refused_by_the_api_under_ci_as_by_the_cli(tmp_path, 
 
 
 def _cli(*argv: str) -> tuple[int, str]:
-    from bundlerun.runner.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    assert "Traceback" not in err.getvalue() and "internal error" not in err.getvalue(), err.getvalue()[-2000:]
-    return code, err.getvalue()
+    code, _out, err = run_main(*argv)
+    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+    return code, err
 
 
 # (API keyword, CLI option, value as text, the value for the API)
