@@ -60,8 +60,8 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
     from bundlerun.bundles.backends.base import default_dtype
     from bundlerun.targets import default_backend
 
-    _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances, etrecord,
-                 config, cache)
+    tolerances = _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances,
+                              etrecord, config, cache)
     backend = backend or default_backend(target)
     out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
     resolved = None
@@ -78,8 +78,10 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
 
 
 def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any, cases: Any, seed: Any,
-                 reference: Any, distribution: Any, tolerances: Any, etrecord: Any, config: Any, cache: Any) -> None:
-    """build's arguments, by the CLI's own checks (`bundlerun build`'s options), before any work."""
+                 reference: Any, distribution: Any, tolerances: Any, etrecord: Any, config: Any,
+                 cache: Any) -> dict[str, float]:
+    """build's arguments, by the CLI's own checks (`bundlerun build`'s options), before any work;
+    returns the tolerances as numbers."""
     from bundlerun.bundles import limits
     from bundlerun.bundles.backends.base import BACKENDS, DTYPES
     from bundlerun.bundles.errors import ModelSourceError
@@ -105,11 +107,12 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
     arguments.choice(reference, "reference", REFERENCES)
     if distribution is not None:
         checked_distribution(distribution, "distribution")
-    arguments.tolerances(tolerances)
+    checked = arguments.tolerances(tolerances)
     arguments.flag(etrecord, "etrecord")
     arguments.flag(cache, "cache")
     if config is not None:
         arguments.path(config, "config")
+    return checked
 
 
 def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: str | None):
