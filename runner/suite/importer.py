@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES
+from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -51,7 +51,7 @@ MAX_NAME_CHARS = 4096  # a test id, node id, flow, target, column name, report p
 MAX_TEXT_CHARS = 64 << 10  # a free-text column (Error, Result Detail, ...): the suite writes an exception's text
 MAX_JSON_DEPTH = 32  # nesting of the report (the suite's own is 5 deep; `environment` holds plugin tables)
 MAX_OUTPUTS = 10_000  # `Output N ...` columns: N below this
-MAX_SECONDS = 7 * 24 * 3600.0  # a test's setup/call/teardown duration (limits.MAX_TIMEOUT_S's bound: one week)
+MAX_SECONDS = MAX_TIMEOUT_S  # a test's setup/call/teardown duration: one week, as any timeout
 MAX_CREATED = 253402300799.0  # the report's `created`: 9999-12-31T23:59:59Z, the last time datetime can show
 _NAME_COLUMNS = ("Test ID", "Test Case", "Flow", "Result", "bundlerun Target", "bundlerun Verdict",
                  "bundlerun Failure Kind", "bundlerun Report", "Test Node", "Params")
@@ -145,7 +145,7 @@ def _finite(value: Any, what: str, lo: float, hi: float) -> float:
 def check_columns(columns: Any, where: str) -> dict[str, Any]:
     """One subtest's columns, checked so that nothing in them can break a later `hud`, `history`,
     `trend` or `compare`: scalar values only, bounded text, statistics that are numbers, a
-    verdict bundlerun knows. Returns the columns with empty values dropped where harmless."""
+    verdict bundlerun knows. Returns the columns as they are."""
     if not isinstance(columns, dict):
         raise SuiteReportError(f"{where}expected an object of the suite's columns, got {type(columns).__name__}")
     for key, value in columns.items():
@@ -160,17 +160,19 @@ def check_columns(columns: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, str):
             raise SuiteReportError(f"{what}: expected text or a number, got {type(value).__name__}")
         _text(value, what, MAX_NAME_CHARS if name in _NAME_COLUMNS else MAX_TEXT_CHARS)
-        m = _OUTPUT.match(name)
-        if m and int(m.group(1)) >= MAX_OUTPUTS:
-            raise SuiteReportError(f"{what}: output index {m.group(1)} (at most {MAX_OUTPUTS - 1})")
-        if m and value.strip() and _parse_number(value) is None and value.strip().lower() != "nan":
-            raise SuiteReportError(f"{what}: {value[:40]!r} is not a number")
-    for key, value in columns.items():
+    for key, value in columns.items():  # the statistics: numbers ("inf", "nan" as the suite writes them)
         m = _OUTPUT.match(key)
-        if m and m.group(2) != "SNR" and value not in (None, ""):
-            number = _number(value)
-            if number is not None and number < 0:
-                raise SuiteReportError(f"{where}column {key!r}: {value!r} is negative (an error magnitude)")
+        if not m or value in (None, ""):
+            continue
+        what = f"{where}column {key[:80]!r}"
+        if int(m.group(1)) >= MAX_OUTPUTS:
+            raise SuiteReportError(f"{what}: output index {m.group(1)} (at most {MAX_OUTPUTS - 1})")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SuiteReportError(f"{what}: {str(value)[:40]!r} is not a number") from None
+        if m.group(2) != "SNR" and number < 0:
+            raise SuiteReportError(f"{what}: {str(value)[:40]!r} is negative (an error magnitude)")
     subtest = columns.get("Subtest")
     if subtest not in (None, ""):
         try:
@@ -186,13 +188,6 @@ def check_columns(columns: Any, where: str) -> dict[str, Any]:
         raise SuiteReportError(f"{where}column 'bundlerun Verdict': {str(verdict)[:40]!r} is not one of "
                                f"{', '.join(VERDICTS)}")
     return columns
-
-
-def _parse_number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
