@@ -95,10 +95,7 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
         raise ModelSourceError(f"api.build takes an nn.Module, an ExportedProgram or a model name, not "
                                f"{type(model).__name__}")
     if output is not None:
-        out = arguments.path(output, "output")
-        if out.is_dir():
-            raise arguments.ConfigError(f"output: {out} is a folder; give the .bpte file to write")
-        arguments.report_folder(out.parent, "output")
+        arguments.output_file(output, "output")
     arguments.target_url(target, "target")
     arguments.choice(backend, "backend", sorted(BACKENDS))
     arguments.choice(dtype, "dtype", DTYPES)
@@ -158,10 +155,8 @@ def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] |
     arguments.choice(dtype, "dtype", DTYPES, optional=False)
     if target is not None:
         arguments.target_url(target, "target")
-    folder = arguments.report_folder(arguments.path(output, "output").parent, "output") if output is not None else None
+    folder = arguments.output_file(output, "output").parent if output is not None else None
     arguments.inside(folder or Path("."), model_id, "model_id")
-    if output is not None and Path(output).is_dir():
-        raise arguments.ConfigError(f"output: {output} is a folder; give the .bpte file to write")
     output_qparams = arguments.mapping(output_qparams, "output_qparams")
     tolerances = arguments.tolerances(tolerances)
     for method, fn in (reference.items() if isinstance(reference, Mapping) else [("forward", reference)]):

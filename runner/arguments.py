@@ -54,6 +54,15 @@ def report_folder(value: Any, what: str = "--report") -> Path:
     return folder
 
 
+def output_file(value: Any, what: str = "-o") -> Path:
+    """A file a command writes (a .bpte): not a folder, in a folder that is (or can become) writable."""
+    out = path(value, what)
+    if out.is_dir():
+        raise ConfigError(f"{what}: {out} is a folder; give the .bpte file to write")
+    report_folder(out.parent, what)
+    return out
+
+
 def text(value: Any, what: str, limit: int = MAX_NAME_CHARS) -> str:
     """A name or label: printable text (no control or surrogate characters), 1 to `limit` characters."""
     if not isinstance(value, str):

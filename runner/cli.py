@@ -254,9 +254,9 @@ def _apply(options):
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
           require_delegation, no_cache, etrecord):
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
-    if output.is_dir():
-        raise click.BadParameter(f"{output} is a folder; give the .bpte file to write", param_hint="-o")
-    _report_dir(output.parent)
+    from bundlerun.runner import arguments
+
+    _checked(arguments.output_file, output, hint="-o")
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
