@@ -335,7 +335,10 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         manifest=manifest.to_dict(),
     )
     say(f"writing {req.output}")
-    path = write_bundle(bundle, req.output)
+    try:
+        path = write_bundle(bundle, req.output)
+    except OSError as exc:  # a full disk: one line naming the file, as a cached build's copy says it
+        raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info = lowering.info
     if use_cache:
         from bundlerun.bundles import build_cache

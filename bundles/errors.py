@@ -9,9 +9,11 @@ from __future__ import annotations
 
 
 class BundlerunError(Exception):
-    """Expected failure with a one-line, user-facing message."""
+    """Expected failure with a one-line, user-facing message. `kind` names the class of refusal,
+    the same from the CLI and from `bundlerun.api` (docs/api.md lists them)."""
 
     exit_code = 2
+    kind = "error"
 
 
 class BundleError(BundlerunError):
@@ -20,6 +22,8 @@ class BundleError(BundlerunError):
     Every reader (`inspect`, `run`, `judge`, targets) gets this one class from
     `bundles.bpte.read_bundle`; the message is one line naming the file and the cause.
     """
+
+    kind = "bad-bundle"
 
 
 # The historical name: every `except BundleFormatError` also catches the subclasses below.
@@ -37,9 +41,13 @@ class IntegrityError(BundleError):
 class ModelSourceError(BundlerunError):
     """A model could not be found, imported or instantiated."""
 
+    kind = "bad-model"
+
 
 class BuildError(BundlerunError):
     """Export, quantization or lowering failed."""
+
+    kind = "build-failed"
 
 
 class TargetError(BundlerunError):
@@ -53,4 +61,6 @@ class TargetError(BundlerunError):
 
 
 class ConfigError(BundlerunError):
-    """A configuration value is invalid."""
+    """A configuration value (an option, an argument of bundlerun.api, a config file) is invalid."""
+
+    kind = "bad-config"

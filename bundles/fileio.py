@@ -28,13 +28,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise named(exc, path) from None
         raise
     return path
+
+
+def named(exc: OSError, path: str | Path) -> OSError:
+    """`exc` naming `path` when it names no file (a full disk fails a write() on an open file:
+    that OSError carries no path, and "No space left on device" alone does not say where)."""
+    if exc.filename is None and exc.errno is not None:
+        return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
+    return exc
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,14 +37,14 @@ class Distribution:
         expected = {"randn": 0, "rand": 0, "uniform": 2, "normal": 2, "randint": 2}[kind]
         if len(params) != expected:
             raise ValueError(f"distribution {kind} takes {expected} parameters, got {len(params)}")
-        if not all(math.isfinite(p) for p in params):
-            raise ValueError(f"distribution {kind} needs finite parameters, got {args}")
+        if not all(math.isfinite(p) and abs(p) <= 2**62 for p in params):  # numpy's randint bounds are int64
+            raise ValueError(f"distribution {kind} needs finite parameters within +-2**62, got {args}")
         if kind == "uniform" and not params[0] < params[1]:
             raise ValueError(f"uniform(lo,hi) needs lo < hi, got {args}")
         if kind == "randint" and not (params[0] <= params[1] and params[0] == int(params[0]) and params[1] == int(params[1])):
             raise ValueError(f"randint(lo,hi) needs whole numbers lo <= hi, got {args}")
-        if kind == "normal" and not params[1] > 0:
-            raise ValueError(f"normal(mean,std) needs std > 0, got {args}")
+        if kind == "normal" and not params[1] >= 0:
+            raise ValueError(f"normal(mean,std) needs std >= 0, got {args}")
         return cls(kind, params)
 
     def __str__(self) -> str:
@@ -68,22 +69,23 @@ class Distribution:
 KINDS = ("randn", "rand", "uniform", "normal", "randint")
 
 
-def check_distribution(text: str) -> str:
-    """`text` if it parses as a distribution, else ConfigError (one line, exit 2): every command
-    and the API check an option before any model is imported or built."""
+def check_distribution(text: Any, what: str = "--distribution") -> str:
+    """A distribution given by a user (`--distribution`, `api.build(distribution=)`), parsed before
+    any model is imported or built: its text, or ConfigError (one line, exit 2) naming `what`."""
     from bundlerun.bundles.errors import ConfigError
     from bundlerun.bundles.registry_schema import suggest
 
-    if not isinstance(text, str):
-        raise ConfigError(f"--distribution must be text such as 'rand' or 'uniform(-1,1)', not {type(text).__name__}")
+    if not isinstance(text, str) or len(text) > 200:
+        raise ConfigError(f"{what}: expected text such as randn or uniform(-1,1), got {type(text).__name__} "
+                          f"{str(text)[:40]!r}")
     try:
         Distribution.parse(text)
     except ValueError as exc:
         kind = text.split("(")[0].strip()
         if kind not in KINDS:
-            raise ConfigError(f"unknown input distribution {text!r}{suggest(kind, KINDS)}; use randn, "
+            raise ConfigError(f"{what}: unknown input distribution {text!r}{suggest(kind, KINDS)}; use randn, "
                               "rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)") from None
-        raise ConfigError(f"--distribution {text!r}: {exc}") from None
+        raise ConfigError(f"{what} {text!r}: {exc}") from None
     return text
 
 

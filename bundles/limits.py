@@ -40,9 +40,9 @@ def seconds(value: Any, what: str, allow_zero: bool = False, hi: float = MAX_TIM
     """A finite number of seconds in (0, hi] ([0, hi] with allow_zero), or ConfigError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what}: expected a number of seconds, got {type(value).__name__} {value!r}"[:300])
-    number = float(value)
+    number = float(value) if not isinstance(value, int) or abs(value) <= 2**1023 else math.inf
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero) or number > hi:
-        bound = "[0" if allow_zero else "(0"
-        raise ConfigError(f"{what}: {value!r} is not a number of seconds in {bound}, {hi:g}] "
+        bound, kind = ("[0", "finite") if allow_zero else ("(0", "positive")
+        raise ConfigError(f"{what}: {value!r} is not a {kind} number of seconds in {bound}, {hi:g}] "
                           "(bundlerun's limit, docs/security.md)")
     return number

@@ -7,9 +7,13 @@ The factory returns `(module, example_inputs)`; an optional third element
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import os
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,50 @@ from typing import Any
 
 from bundlerun.bundles.errors import ModelSourceError
 from bundlerun.bundles.zoo import ZOO, InputSpec, load_extra_entries
+
+# bundlerun's own bound on importing a user's model file and calling its factory: far above a
+# factory that downloads weights, so a hung one (a deadlock, an input() prompt, a network wait with
+# no timeout) ends as a one-line error instead of a job that never finishes. $BUNDLERUN_FACTORY_TIMEOUT
+# (seconds) changes it.
+FACTORY_TIMEOUT_S = 1800.0
+
+
+class _FactoryTimeout(BaseException):
+    """Raised in the main thread when the factory overruns (a BaseException: `except Exception` in
+    user code does not swallow it)."""
+
+
+def factory_timeout() -> float:
+    from bundlerun.bundles import limits
+
+    text = os.environ.get("BUNDLERUN_FACTORY_TIMEOUT")
+    if not text:
+        return FACTORY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = text  # type: ignore[assignment]  - limits.seconds says it is not a number
+    return limits.seconds(value, "$BUNDLERUN_FACTORY_TIMEOUT")
+
+
+@contextlib.contextmanager
+def _bounded(limit: float):
+    """User code inside runs at most `limit` seconds (main thread only: SIGALRM)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def on_alarm(_signum, _frame):
+        raise _FactoryTimeout(f"did not finish within {limit:g} s (bundlerun's bound, $BUNDLERUN_FACTORY_TIMEOUT)")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
 
 _TORCH_TO_NAME = {
     "torch.float32": "float32",
@@ -50,14 +98,27 @@ def load_callable(ref: str, error: type[Exception] = ModelSourceError, what: str
         raise error(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    limit = factory_timeout()
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file raised while importing
-        raise error(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+        with _bounded(limit):
+            spec.loader.exec_module(module)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM stay an interrupt
+        raise
+    except BaseException as exc:  # the user's file raised (or called sys.exit) while importing
+        raise error(f"importing {path} failed: {_raised(exc)}") from None
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         raise error(f"{path} has no callable {fn_name!r}")
     return fn
+
+
+def _raised(exc: BaseException) -> str:
+    """What user code raised, in words: `sys.exit(0)` is said as such, not as an empty message."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (it called sys.exit({exc.code!r}))"
+    if isinstance(exc, _FactoryTimeout):
+        return f"it {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
@@ -81,12 +142,18 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
     """Instantiate the model named by `ref`; `distribution` overrides the declared one."""
     if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
         fn = load_callable(ref)
+        limit = factory_timeout()
         try:
-            produced = fn()
-        except Exception as exc:
+            with _bounded(limit):
+                produced = fn()
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM stay an interrupt
+            raise
+        except BaseException as exc:  # SystemExit and other BaseExceptions too: never a silent exit
+            if isinstance(exc, _FactoryTimeout):
+                raise ModelSourceError(f"model factory {ref} {exc}") from None
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             raise ModelSourceError(
-                f"model factory {ref} raised {type(exc).__name__}: {exc} ({Path(frame.filename).name}:{frame.lineno})"
+                f"model factory {ref} raised {_raised(exc)} ({Path(frame.filename).name}:{frame.lineno})"
             ) from None
         if not isinstance(produced, tuple) or len(produced) not in (2, 3):
             raise ModelSourceError(f"model factory {ref} must return (module, example_inputs[, options])")
@@ -112,6 +179,8 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
         specs = [InputSpec(s.shape, s.dtype, distribution) for s in specs]
     try:
         module = entry.build()
-    except Exception as exc:
-        raise ModelSourceError(f"building zoo model {ref} failed: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ModelSourceError(f"building zoo model {ref} failed: {_raised(exc)}") from None
     return ResolvedModel(entry.name, "zoo", entry.description, module, specs)

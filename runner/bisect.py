@@ -140,6 +140,32 @@ class BisectResult:
         return {"schema": SCHEMA, **_clean(body)}
 
 
+def check_request(req: BisectRequest) -> None:
+    """Every option that could make the baseline unrunnable, checked before any lowering: a bad
+    one is a one-line BisectError (exit 2), never a wrong answer ("fails with nothing delegated"
+    for a timeout of nan) found after minutes of builds."""
+    from bundlerun.bundles import limits
+    from bundlerun.bundles.inputs import check_distribution
+
+    try:
+        limits.seconds(req.timeout_s, "--timeout")
+        limits.count(req.case, "--case", 0, limits.MAX_CASES - 1)
+        limits.count(req.cases, "--cases", 1, limits.MAX_CASES)
+        if req.case >= req.cases:
+            raise BisectError(f"--case {req.case}: the candidates bundle cases 0-{req.cases - 1} (--cases {req.cases})")
+        if req.max_lowerings is not None:
+            limits.count(req.max_lowerings, "--max-lowerings", 2, 10_000)
+        if req.distribution is not None:
+            check_distribution(req.distribution, "--distribution")
+        for what, value in (("--method", req.method), ("--output", req.output)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise BisectError(f"{what}: expected a name, got {str(value)[:40]!r}")
+    except BisectError:
+        raise
+    except BundlerunError as exc:
+        raise BisectError(str(exc)) from None
+
+
 def search_bound(n: int, culprit_nodes: int = 1) -> int:
     """Lowerings for `culprit_nodes` culprits among `n` delegated units: the full build and the
     undelegated one, then per culprit node a binary search (ceil(log2 n)) and the check that the
@@ -236,6 +262,9 @@ class Bisector:
         if case is None:
             raise BisectStopped(f"the run of step {step.index} has no {req.method}[{req.case}]")
         outs = [o for o in case.outputs if req.output is None or o.name == req.output]
+        if req.output is not None and not outs and case.outputs:  # a typo must not read as "nothing fails"
+            raise BisectStopped(f"--output {req.output!r}: {req.method}[{req.case}] has no such output (its outputs: "
+                                f"{', '.join(o.name for o in case.outputs)})")
         step.outputs = [{"name": o.name, "verdict": o.verdict, "stats": _brief(o.stats),
                          "failed": [f.get("detail") or f.get("criterion") for f in o.failed]}
                         for o in outs]
@@ -306,6 +335,7 @@ class Bisector:
         from bundlerun.bundles.partition_control import MECHANISM
 
         req = self.req
+        check_request(req)
         self.result = result = BisectResult(model=req.model, target=req.target, backend=req.backend, dtype=req.dtype,
                                             method=req.method, case=req.case, output=req.output, mechanism=MECHANISM,
                                             outcome="stopped")
@@ -345,7 +375,7 @@ class Bisector:
                 remaining = [k for k in remaining if k not in core]
                 result.notes.append(f"delegating everything but culprit set {len(result.culprits)} still fails: "
                                     "searching the rest for an independent culprit")
-        except BisectStopped as exc:
+        except (BisectStopped, BundlerunError) as exc:  # the model factory failed, a step could not run
             result.notes.append(f"stopped: {exc}")
             if result.outcome != "culprit":
                 result.outcome = "stopped"

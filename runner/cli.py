@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
-from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY, MAX_TIMEOUT_S  # bundlerun's bounds (docs/security.md)
+from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY  # bundlerun's bounds (docs/security.md)
 from bundlerun.runner import seal  # --require-seal: click only
 from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, combine_exit_codes  # every exit code is defined in runner/outcome.py
 
@@ -89,18 +89,41 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-def _positive_seconds(ctx, param, value):
-    """--timeout/--setup-timeout: a positive, finite number of seconds."""
-    import math
+def _checked(check, *args, hint: str | None = None):
+    """One of runner/arguments.py's checks (the same ones bundlerun.api runs) as click's usage error."""
+    from bundlerun.bundles.errors import ConfigError
 
-    if value is None or not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_S:
-        raise click.BadParameter(f"{value!r}: give a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
+    try:
+        return check(*args)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1], param_hint=hint) from None
+
+
+def _positive_seconds(ctx, param, value):
+    """--timeout/--setup-timeout: a positive, finite number of seconds (at most MAX_TIMEOUT_S)."""
+    from bundlerun.runner import arguments
+
+    return _checked(arguments.seconds, value, param.opts[0] if param is not None else "--timeout")
+
+
+def _label(ctx, param, value):
+    """--label: printable text of bundlerun's bounded length, checked before the run (not at recording)."""
+    from bundlerun.runner import arguments
+
+    return _checked(arguments.label, value)
+
+
+def _overrides(ctx, param, value):
+    """--override: every item parsed before the run (as bundlerun.api parses `overrides`)."""
+    from bundlerun.runner import arguments
+
+    _checked(arguments.overrides, list(value or ()), hint="--override")
     return value
 
 
 def distribution_option(ctx, param, value):
     """--distribution checked as it is read: a bad value is one line, exit 2, before any model is
-    imported or built (bundles/inputs.check_distribution, which `tolerance explain` uses too)."""
+    imported or built (bundles/inputs.check_distribution, which the API and `tolerance explain` use too)."""
     if value is None:
         return value
     from bundlerun.bundles.errors import ConfigError
@@ -109,21 +132,21 @@ def distribution_option(ctx, param, value):
     try:
         return check_distribution(value)
     except ConfigError as exc:
-        raise click.BadParameter(str(exc).removeprefix(f"--distribution {value!r}: ")) from None
+        raise click.BadParameter(str(exc).removeprefix(f"--distribution {value!r}: ").removeprefix("--distribution: ")) from None
+
+
+def _target(ctx, param, value):
+    """--target: a URL whose scheme bundlerun knows, before anything runs (as bundlerun.api checks it)."""
+    from bundlerun.runner import arguments
+
+    return _checked(arguments.target_url, value, hint="--target")
 
 
 def _report_dir(path: Path) -> Path:
     """The report folder, checked before anything runs: it must be (or become) a writable folder."""
-    import os
+    from bundlerun.runner import arguments
 
-    for parent in [path, *path.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise click.BadParameter(f"{parent} is a file, so {path} cannot be a report folder", param_hint="--report")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise click.BadParameter(f"{parent} is not writable", param_hint="--report")
-            break
-    return path
+    return _checked(arguments.report_folder, path, hint="--report")
 
 
 def _select_cases(bundle, text: str | None, methods: list[str] | None) -> list[int] | None:
@@ -167,19 +190,16 @@ def _parse_cases(text: str | None, limit: int = MAX_CASES) -> list[int] | None:
 
 
 def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
+    """--tolerance KEY=VALUE items, each by the check api.build(tolerances=) runs (runner/arguments.py)."""
     from bundlerun.bundles.manifest import CRITERIA_FIELDS
+    from bundlerun.runner import arguments
 
     out: dict[str, float] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in CRITERIA_FIELDS:
+        if not sep:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(CRITERIA_FIELDS)}")
-        try:
-            out[key] = float(value)
-        except ValueError:
-            raise click.BadParameter(f"{item!r}: {value!r} is not a number") from None
-        if out[key] < 0:
-            raise click.BadParameter(f"{item!r}: tolerances cannot be negative")
+        out[key] = _checked(arguments.tolerance, key, value, hint="--tolerance")
     return out
 
 
@@ -241,16 +261,17 @@ def _apply(options):
 @cli.command()
 @click.argument("model")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the .bpte.")
-@click.option("--target", default="host://xnnpack", show_default=True, help="Target the bundle is built for.")
+@click.option("--target", default="host://xnnpack", show_default=True, callback=_target,
+              help="Target the bundle is built for.")
 @click.option("--etrecord", is_flag=True,
               help="Also write the ETRecord beside the bundle (OUTPUT stem + .etrecord), for `bundlerun debug`.")
 @_apply(build_options)
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
           require_delegation, no_cache, etrecord):
     """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
-    if output.is_dir():
-        raise click.BadParameter(f"{output} is a folder; give the .bpte file to write", param_hint="-o")
-    _report_dir(output.parent)
+    from bundlerun.runner import arguments
+
+    _checked(arguments.output_file, output, hint="-o")
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
@@ -279,15 +300,15 @@ def inspect(bundle, as_json):
 
 
 run_options = [
-    click.option("--target", default="host://xnnpack", show_default=True, help="Target URL."),
+    click.option("--target", default="host://xnnpack", show_default=True, callback=_target, help="Target URL."),
     click.option("--timeout", "case_timeout", type=float, default=120.0, show_default=True, callback=_positive_seconds,
                  help="Wall-clock seconds per test case."),
     click.option("--setup-timeout", type=float, default=300.0, show_default=True, callback=_positive_seconds,
                  help="Seconds for deploy/load before the first case."),
     click.option("--save-outputs", is_flag=True, help="Keep actual outputs in REPORT/outputs.npz."),
-    click.option("--override", "overrides", multiple=True, metavar="[METHOD.]OUTPUT.KEY=VALUE",
+    click.option("--override", "overrides", multiple=True, metavar="[METHOD.]OUTPUT.KEY=VALUE", callback=_overrides,
                  help="Re-judge with a criterion changed, e.g. out0.atol=0.05 (recorded in the report)."),
-    click.option("--label", default=None, help="Label recorded with the run (e.g. a git sha)."),
+    click.option("--label", default=None, callback=_label, help="Label recorded with the run (e.g. a git sha)."),
     click.option("--baseline", default=None, help="Run id, label or report.json to check for regressions."),
     click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
                  help="History database (default ~/.local/share/bundlerun/history.sqlite)."),
@@ -510,9 +531,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                                cache=not no_cache and not record, etrecord=record)
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
-            except BundlerunError as exc:
+            except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)
+                from bundlerun.runner.report.record import build_failure_report, write_record
+
                 click.echo(f"{slug}: build failed: {exc}", err=True)
-                results.append((slug, "ERROR", 2, str(exc)))
+                written = write_record(build_failure_report(model, target, str(exc), label), out)
+                results.append((slug, "ERROR", 2, str(written) if written else str(exc)))
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
                              label, quiet=as_json, amend=None if mine is None else (
@@ -583,24 +607,41 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(interrupts.exit_code())
     except SystemExit:
         raise
-    except Exception as exc:
-        from bundlerun.bundles.errors import BundlerunError
+    except OSError as exc:
+        import errno
 
-        if debug:  # the traceback, then the same line and exit code as without --debug
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+            _internal(exc, debug)
+        if debug:
             import traceback
 
-            traceback.print_exc()
-        if isinstance(exc, BundlerunError):
-            from bundlerun.runner.safe_text import visible
-
-            click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{visible(exc)}", err=True)
-            sys.exit(exc.exit_code)
+            traceback.print_exception(exc)
         from bundlerun.runner.safe_text import visible
 
-        click.echo(f"bundlerun: internal error: {type(exc).__name__}: {visible(exc)} (rerun with --debug for a "
-                   "traceback)", err=True)
+        where = exc.filename2 or exc.filename  # a copy's destination, else the file
+        click.echo(f"bundlerun: error: cannot write {visible(where) if where else 'a file'}: {exc.strerror or exc}",
+                   err=True)  # a full disk, a quota, a read-only mount: the file and the reason, one line
         sys.exit(EXIT_INFRA)
+    except Exception as exc:
+        _internal(exc, debug)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
+
+
+def _internal(exc: BaseException, debug: bool) -> None:
+    """A BundlerunError: its one line and exit code; anything else: "internal error" (a bug), exit 2."""
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.runner.safe_text import visible
+
+    if debug:  # the traceback, then the same line and exit code as without --debug
+        import traceback
+
+        traceback.print_exception(exc)
+    if isinstance(exc, BundlerunError):
+        click.echo(f"bundlerun: {'error: ' if exc.exit_code == EXIT_INFRA else ''}{visible(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    click.echo(f"bundlerun: internal error: {type(exc).__name__}: {visible(exc)} (rerun with --debug for a "
+               "traceback)", err=True)
+    sys.exit(EXIT_INFRA)
 
 
 if __name__ == "__main__":

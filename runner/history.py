@@ -53,6 +53,8 @@ MAX_ATTEMPTS = 20
 class HistoryError(BundlerunError):
     """The history database cannot be opened, written or queried."""
 
+    kind = "history"
+
 
 def default_history_path() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -176,7 +178,8 @@ def read_rows(db_path: str | Path, sql: str, args: Any = (), types: dict[str, st
                 run = f"run #{row['id']}: " if "id" in keys else ""
                 shown = repr(value)[:60]
                 raise HistoryError(f"history database {db_path}: {run}column {column}: expected "
-                                   f"{'a number' if kind != 'text' else 'text'}, got {shown} (corrupted database)")
+                                   f"{ {'int': 'a whole number', 'real': 'a number'}.get(kind, 'text')}, got {shown} (corrupted "
+                                   "database)")
     return rows
 def _disk_hint(db_path: str | Path) -> str:
     """SQLite words a full disk as "disk I/O error" at times (WAL's shared memory): say so plainly."""

@@ -72,11 +72,13 @@ def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
     return {int(r["id"]): dict(r) for r in rows}
 
 
-def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500) -> dict[int, Report]:
+def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500,
+                 errors: dict[int, str] | None = None) -> dict[int, Report]:
     """The stored reports of many runs through one connection per chunk (the HUD renders a page per
     shown run: one connection each would cost a write-lock round trip per run), each read by the
-    history's one strict reader (history.stored_report)."""
-    from bundlerun.runner.history import read_rows, stored_report
+    history's one strict reader (history.stored_report). With `errors`, a run whose stored report
+    cannot be read goes there (id -> the one-line reason) instead of stopping every other run."""
+    from bundlerun.runner.history import HistoryError, read_rows, stored_report
 
     out: dict[int, Report] = {}
     ids = sorted(set(int(i) for i in run_ids))
@@ -85,6 +87,10 @@ def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500) -> d
         rows = read_rows(db_path, f"SELECT id, report_json FROM runs WHERE id IN ({', '.join('?' * len(part))})",
                          part, types={"id": "int"})
         for row in rows:
-            report = stored_report(db_path, int(row["id"]), row["report_json"])
-            out[int(row["id"])] = report
+            try:
+                out[int(row["id"])] = stored_report(db_path, int(row["id"]), row["report_json"])
+            except HistoryError as exc:
+                if errors is None:
+                    raise
+                errors[int(row["id"])] = str(exc)
     return out

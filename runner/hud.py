@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.runner import history
+from bundlerun.runner.safe_text import one_line
 from bundlerun.runner.writers.html import _e
 from bundlerun.runner.regression import RegressionRules
 
@@ -66,12 +67,19 @@ def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None
                 todo[rid] = (cell, page_path, marker)
     from bundlerun.runner.history_tags import load_reports
 
-    reports = load_reports(db_path, list(todo))
+    unreadable: dict[int, str] = {}  # one damaged run is said on its own page, never stops the site
+    reports = load_reports(db_path, list(todo), errors=unreadable)
     for rid, (cell, page_path, marker) in todo.items():
         nav = "<p class='meta'><a href='../index.html'>&larr; accuracy HUD</a>"
         if rid in originals:
             nav += f" &middot; <a href='{_e(_href(Path(originals[rid]), out / 'runs'))}'>original report</a>"
-        page = render_html(reports[rid]).replace("<body>", "<body>" + nav + "</p>", 1)
+        if rid in reports:
+            page = render_html(reports[rid]).replace("<body>", "<body>" + nav + "</p>", 1)
+        else:
+            page = (f"<!doctype html><html><head><meta charset='utf-8'><title>run {rid}</title></head><body>{nav}</p>"
+                    f"<p>The stored report of this run cannot be read: {_e(one_line(unreadable.get(rid), 2000))}</p>"
+                    "</body></html>")
+            marker = ""  # not kept: rewritten once the row is repaired
         _write_page(page_path, marker + page)
         run_pages[rid] = f"runs/{rid}.html"
     index = out / "index.html"
@@ -94,6 +102,12 @@ def _write_page(path: Path, text: str) -> None:
     minutes at suite scale; the index page is written with atomic_write_text, synced)."""
     import os
 
+    from bundlerun.bundles.fileio import named
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise named(exc, path) from None

@@ -24,7 +24,17 @@ from pathlib import Path
 from bundlerun.runner import history
 from bundlerun.runner.commits import looks_like_sha
 from bundlerun.runner.outcome import VERDICTS as _VERDICTS
-from bundlerun.runner.writers.html import _e
+from bundlerun.runner.safe_text import one_line
+from bundlerun.runner.writers.html import _e as _escape
+
+MAX_SHOWN = 1000  # characters of one name, label or tooltip on the index (bundlerun's own: a stored
+# string may be megabytes long; the page stays readable and small whatever the history holds)
+
+
+def _e(value: object) -> str:
+    """HTML-escaped text, cut to MAX_SHOWN characters."""
+    text = "" if value is None else str(value)
+    return _escape(text if len(text) <= MAX_SHOWN else one_line(text, MAX_SHOWN))
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed

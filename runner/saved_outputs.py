@@ -30,6 +30,8 @@ MAX_MEMBERS = 1_000_000  # members of one outputs.npz
 class OutputsError(BundlerunError):
     """An outputs.npz that cannot be judged; one line naming the file and the member."""
 
+    kind = "bad-outputs"
+
 
 @dataclass(frozen=True)
 class Expect:

@@ -138,6 +138,23 @@ def corrupt_history(db: Path, rng: random.Random) -> str:
     return f"{table}.{column} = {repr(value)[:40]}"
 
 
+def run_main(*argv: str) -> tuple[Any, str, str]:
+    """bundlerun's entry point (runner.cli.main) in this process: (exit code, stdout, stderr).
+    For hostile inputs by the hundred, where a process each would cost minutes."""
+    import contextlib
+
+    from bundlerun.runner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
 def drive(cases: list[dict[str, Any]]) -> None:
     """Run each case's argv through bundlerun's entry point; one JSON result line per case."""
     import contextlib

@@ -191,3 +191,11 @@ def test_bisect_interrupted_keeps_what_it_found(tmp_path):
     assert result["interrupted"] == "interrupted (Ctrl-C)" and result["exit_code"] == 130
     assert [s["verdict"] for s in result["steps"][:2]] == ["FAIL", "PASS"]
     assert len(result["units"]) >= 4
+
+
+def test_bisect_output_the_case_does_not_have_is_exit_2_not_nothing_fails(tmp_path):
+    """`--output nosuch` once judged no output and said "nothing fails" (exit 0)."""
+    proc, result = _bisect(tmp_path, FAULT, "host://xnnpack", "--output", "nosuch")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert result["outcome"] == "stopped" and result["lowerings"] == 1
+    assert "--output 'nosuch'" in result["notes"][-1] and "its outputs: out0" in result["notes"][-1]

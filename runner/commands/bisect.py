@@ -13,6 +13,12 @@ from pathlib import Path
 import click
 
 
+def _seconds(ctx, param, value):
+    from bundlerun.runner.cli import _positive_seconds  # the one --timeout rule of every command
+
+    return _positive_seconds(ctx, param, value)
+
+
 @click.command(name="bisect")
 @click.argument("model")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target URL the candidates run on.")
@@ -31,7 +37,8 @@ import click
 @click.option("--distribution", default=None)
 @click.option("--tolerance", "tolerances", multiple=True, metavar="KEY=VALUE", help="As for `build`.")
 @click.option("--no-cache", is_flag=True, help="Build every candidate even when the build cache has it.")
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds for the case on the target.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, callback=lambda c, p, v: _seconds(c, p, v),
+              help="Seconds for the case on the target.")
 @click.option("--max-lowerings", type=click.IntRange(min=2), default=None,
               help="Stop after this many candidates (default: the bound for up to four culprit nodes).")
 @click.option("--undelegated-target", default="host://portable", show_default=True,
@@ -53,11 +60,14 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
     slug = Path(model.split(":")[0]).stem if ":" in model else model
     report_dir = _report_dir(report_dir or Path("out") / f"bisect-{slug}")
     session = Session.load(config_path, target_opts=tuple(target_opts), no_history=True)
+    from bundlerun.runner.bisect import check_request
+
     req = BisectRequest(model=model, target=target, report_dir=report_dir, case=case, method=method, output=output,
                         backend=backend, dtype=dtype, cases=num_cases, seed=seed, reference=reference,
                         distribution=distribution, overrides=parse_tolerances(tolerances), cache=not no_cache,
                         timeout_s=timeout, max_lowerings=max_lowerings, target_config=session.target_config(target),
                         undelegated_target=undelegated_target)
+    check_request(req)  # every option, before the first lowering (exit 2)
     console = wide_console(stderr=True)
     with session:
         bisector = Bisector(req, session, progress=lambda m: console.print(m, markup=False, highlight=False))

@@ -90,11 +90,18 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         "note": "re-judged from saved outputs with the bundle's embedded criteria",
     }
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        from bundlerun.bundles.fileio import named
+        from bundlerun.runner import arguments
+
+        out_dir = arguments.report_folder(out_dir)
         src = saved.outputs_file or saved.directory / OUTPUTS_FILE  # the file that was checked and judged
-        if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
-            shutil.copyfile(src, out_dir / OUTPUTS_FILE)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if src.resolve() != (out_dir / OUTPUTS_FILE).resolve():
+                shutil.copyfile(src, out_dir / OUTPUTS_FILE)
+        except OSError as exc:  # a full disk: one line naming the file (runner/cli.py main), exit 2
+            (out_dir / OUTPUTS_FILE).unlink(missing_ok=True)
+            raise named(exc, out_dir / OUTPUTS_FILE) from None
         report.outputs_file = str(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.saved_outputs import file_digest
 

@@ -24,7 +24,6 @@ def write_merged(report: Report, out_dir: Path) -> dict[str, Path]:
     from bundlerun.runner.writers import write_reports
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     bundle_path = report.bundle.get("path")
     return write_reports(report, out_dir, bundle=bundle_path if bundle_path and Path(bundle_path).is_file() else None)
 
@@ -54,6 +53,11 @@ def command(reports, report_dir, force, allow_partial, as_json):
     merged = merge_reports(loaded, MergeOptions(force=force, allow_partial=allow_partial, paths=[str(p) for p in paths]))
     merged.run["command"] = ["bundlerun", "merge", *map(str, reports), "--report", str(report_dir)]
     write_merged(merged, report_dir)
+    record = next((u for u in merged.unwritten if Path(u["file"]).name == "report.json"), None)
+    if record is not None:  # the merge's record is its report.json: without it the merge did not happen
+        click.echo(f"bundlerun: error: could not write {visible(record['file'])}: {visible(record['error'])} (the "
+                   "merged report is not recorded)", err=True)
+        sys.exit(2)
     github.annotate(merged, report_dir / "report.json", stream=sys.stderr if as_json else None)
     s = merged.summary
     if as_json:

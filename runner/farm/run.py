@@ -169,7 +169,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             final = tries[-1].report
         elif interrupted and job.id not in build_failed:
             final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
-                                "not run: the farm was interrupted (Ctrl-C)", FailureKind.INTERRUPTED)
+                                f"not run: the farm was {interrupts.describe()}", FailureKind.INTERRUPTED)
         else:
             final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label}, why or "not run",
                                 FailureKind.BAD_BUNDLE if job.id in build_failed else FailureKind.TOOL_MISSING)

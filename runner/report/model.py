@@ -26,6 +26,8 @@ REPORT_FILE = "report.json"
 class ReportError(BundlerunError):
     """A report file that cannot be read as a bundlerun report; one line."""
 
+    kind = "bad-report"
+
 
 def _take(cls, data: dict[str, Any], what: str) -> dict[str, Any]:
     """The known fields of `cls` from `data`; unknown keys are kept by the caller as extras."""

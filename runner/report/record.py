@@ -120,3 +120,19 @@ def save_outputs(run: TargetRun, out_dir: Path) -> Path:
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return atomic_write_bytes(Path(out_dir) / OUTPUTS_FILE, buf.getvalue())
+
+
+def build_failure_report(model: str, target: str, message: str, label: str | None = None) -> Report:
+    """The report of a model whose bundle could not be built (`validate`): verdict ERROR, exit
+    code 2, the reason in its warnings, so the folder says what happened to that model."""
+    import uuid
+    from datetime import datetime, timezone
+
+    from bundlerun.runner.report.model import Summary
+
+    now = datetime.now(timezone.utc).isoformat()
+    return Report(summary=Summary("ERROR", 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
+                  run={"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
+                       "host": host_section()},
+                  bundle={"path": None, "model": model, "built_for": target, "has_manifest": False},
+                  target={"url": target, "info": {}}, warnings=[f"build failed: {message}"])

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -43,10 +44,23 @@ if TYPE_CHECKING:
 SUITE_TARGET = "host (suite)"
 RESULTS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
 _OUTPUT = re.compile(r"^Output (\d+) (Error Max|Error MAE|SNR)$")
+VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
+# bundlerun's own bounds on what one suite report may hold (no ExecuTorch source sets them; each is
+# far above what the suite writes and low enough that every later `hud`/`history` reads it back):
+MAX_NAME_CHARS = 4096  # a test id, node id, flow, target, column name, report path (PATH_MAX is 4096)
+MAX_TEXT_CHARS = 64 << 10  # a free-text column (Error, Result Detail, ...): the suite writes an exception's text
+MAX_JSON_DEPTH = 32  # nesting of the report (the suite's own is 5 deep; `environment` holds plugin tables)
+MAX_OUTPUTS = 10_000  # `Output N ...` columns: N below this
+MAX_SECONDS = MAX_TIMEOUT_S  # a test's setup/call/teardown duration: one week, as any timeout
+MAX_CREATED = 253402300799.0  # the report's `created`: 9999-12-31T23:59:59Z, the last time datetime can show
+_NAME_COLUMNS = ("Test ID", "Test Case", "Flow", "Result", "bundlerun Target", "bundlerun Verdict",
+                 "bundlerun Failure Kind", "bundlerun Report", "Test Node", "Params")
 
 
 class SuiteReportError(BundlerunError):
     """The file is not a report of the backend test suite; one line."""
+
+    kind = "bad-suite-report"
 
 
 @dataclass
@@ -98,47 +112,204 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _where(test: int | None, sub: int | None) -> str:
+    if test is None:
+        return ""
+    return f"tests[{test}]" + (f".metadata.subtests[{sub}]" if sub is not None else "") + ": "
+
+
+def _text(value: Any, what: str, limit: int = MAX_NAME_CHARS) -> str:
+    """A string the history keeps: valid Unicode (no lone surrogate, which SQLite and every writer
+    refuse), at most `limit` characters; else SuiteReportError naming `what`."""
+    if not isinstance(value, str):
+        raise SuiteReportError(f"{what}: expected text, got {type(value).__name__}")
+    if len(value) > limit:
+        raise SuiteReportError(f"{what}: {len(value)} characters (at most {limit}, bundlerun's limit)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SuiteReportError(f"{what}: not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def _finite(value: Any, what: str, lo: float, hi: float) -> float:
+    """A finite number in [lo, hi] (not a bool), else SuiteReportError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SuiteReportError(f"{what}: expected a number, got {type(value).__name__}")
+    number = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise SuiteReportError(f"{what}: {str(value)[:40]} is not a finite number in [{lo:g}, {hi:g}]")
+    return number
+
+
+def check_columns(columns: Any, where: str) -> dict[str, Any]:
+    """One subtest's columns, checked so that nothing in them can break a later `hud`, `history`,
+    `trend` or `compare`: scalar values only, bounded text, statistics that are numbers, a
+    verdict bundlerun knows. Returns the columns as they are."""
+    if not isinstance(columns, dict):
+        raise SuiteReportError(f"{where}expected an object of the suite's columns, got {type(columns).__name__}")
+    for key, value in columns.items():
+        name = _text(key, f"{where}a column name")
+        what = f"{where}column {name[:80]!r}"
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            if isinstance(value, int) and not -2**63 <= value < 2**63:  # SQLite's INTEGER
+                raise SuiteReportError(f"{what}: {str(value)[:40]}... is out of range")
+            continue
+        if not isinstance(value, str):
+            raise SuiteReportError(f"{what}: expected text or a number, got {type(value).__name__}")
+        _text(value, what, MAX_NAME_CHARS if name in _NAME_COLUMNS else MAX_TEXT_CHARS)
+    for key, value in columns.items():  # the statistics: numbers ("inf", "nan" as the suite writes them)
+        m = _OUTPUT.match(key)
+        if not m or value in (None, ""):
+            continue
+        what = f"{where}column {key[:80]!r}"
+        if int(m.group(1)) >= MAX_OUTPUTS:
+            raise SuiteReportError(f"{what}: output index {m.group(1)} (at most {MAX_OUTPUTS - 1})")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SuiteReportError(f"{what}: {str(value)[:40]!r} is not a number") from None
+        if m.group(2) != "SNR" and number < 0:
+            raise SuiteReportError(f"{what}: {str(value)[:40]!r} is negative (an error magnitude)")
+    subtest = columns.get("Subtest")
+    if subtest not in (None, ""):
+        try:
+            index = int(subtest) if isinstance(subtest, (int, str)) else (
+                int(subtest) if isinstance(subtest, float) and subtest.is_integer() else None)
+        except ValueError:
+            index = None
+        if index is None or not 0 <= index <= MAX_CASES:
+            raise SuiteReportError(f"{where}column 'Subtest': {str(subtest)[:40]!r} is not a whole number in "
+                                   f"[0, {MAX_CASES}]")
+    verdict = columns.get("bundlerun Verdict")
+    if verdict not in (None, "") and str(verdict) not in VERDICTS:
+        raise SuiteReportError(f"{where}column 'bundlerun Verdict': {str(verdict)[:40]!r} is not one of "
+                               f"{', '.join(VERDICTS)}")
+    return columns
+
+
+def _depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when `value` nests at most `limit` containers deep (checked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def _duration(test: dict[str, Any], where: str) -> float:
+    total = 0.0
+    for phase in ("setup", "call", "teardown"):
+        record = test.get(phase)
+        if record is None:
+            continue
+        if not isinstance(record, dict):
+            raise SuiteReportError(f"{where}{phase}: expected an object, got {type(record).__name__}")
+        value = record.get("duration")
+        if value is not None:
+            total += _finite(value, f"{where}{phase}.duration", 0.0, MAX_SECONDS)
+    return total
+
+
 def read_suite_file(path: str | Path) -> SuiteFile:
+    """The suite's report, every field checked (docs/security.md, "history import"): a file that
+    is not one, or holds a value a later command could not read back, is one SuiteReportError."""
     path = Path(path)
     try:
+        info = path.stat()
+        if not path.is_file():
+            raise SuiteReportError(f"{path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise SuiteReportError(f"{path}: {info.st_size} bytes (at most {MAX_FILE_BYTES}, bundlerun's limit)")
         data = path.read_bytes()
     except FileNotFoundError:
         raise SuiteReportError(f"{path}: no such file") from None
     except OSError as exc:
         raise SuiteReportError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:  # it grew after the stat
+        raise SuiteReportError(f"{path}: more than {MAX_FILE_BYTES} bytes (bundlerun's limit)")
     digest = hashlib.sha256(data).hexdigest()
-    mtime = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
+    mtime = _dt.datetime.fromtimestamp(info.st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
     text = data.decode("utf-8", "replace")
     if text.lstrip().startswith("{"):
-        try:
-            report = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SuiteReportError(f"{path}: not valid JSON ({exc.msg} at character {exc.pos})") from None
-        if not isinstance(report, dict) or not isinstance(report.get("tests"), list):
-            raise SuiteReportError(f"{path}: not a pytest-json-report file (no 'tests' list); run the suite with "
+        return _read_json(path, text, digest, mtime)
+    return _read_csv(path, text, digest, mtime)
+
+
+def _read_json(path: Path, text: str, digest: str, mtime: str) -> SuiteFile:
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SuiteReportError(f"{path}: not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except RecursionError:
+        raise SuiteReportError(f"{path}: JSON nested too deep (at most {MAX_JSON_DEPTH} levels)") from None
+    if not isinstance(report, dict) or not isinstance(report.get("tests"), list):
+        raise SuiteReportError(f"{path}: not a pytest-json-report file (no 'tests' list); run the suite with "
                                "--json-report")
-        rows = []
-        for test in report["tests"]:
+    if not _depth_ok(report):
+        raise SuiteReportError(f"{path}: JSON nested too deep (at most {MAX_JSON_DEPTH} levels)")
+    rows = []
+    try:
+        for i, test in enumerate(report["tests"]):
             if not isinstance(test, dict):
+                raise SuiteReportError(f"{_where(i, None)}expected an object, got {type(test).__name__}")
+            where = _where(i, None)
+            metadata = test.get("metadata")
+            if metadata is None:
                 continue
-            subtests = ((test.get("metadata") or {}).get("subtests")) or []
-            duration = sum(float((test.get(p) or {}).get("duration") or 0) for p in ("setup", "call", "teardown"))
-            for sub in subtests:
-                if isinstance(sub, dict) and sub.get("Result"):
-                    rows.append(SuiteRow(sub, str(test.get("nodeid") or ""), duration))
+            if not isinstance(metadata, dict):
+                raise SuiteReportError(f"{where}metadata: expected an object, got {type(metadata).__name__}")
+            subtests = metadata.get("subtests")
+            if subtests is None:
+                continue
+            if not isinstance(subtests, list):
+                raise SuiteReportError(f"{where}metadata.subtests: expected a list, got {type(subtests).__name__}")
+            node = _text(test.get("nodeid") or "", f"{where}nodeid")
+            duration = _duration(test, where)
+            for k, sub in enumerate(subtests):
+                columns = check_columns(sub, _where(i, k))
+                if columns.get("Result"):
+                    rows.append(SuiteRow(columns, node, duration))
+        environment = report.get("environment")
+        if environment is None:
+            environment = {}
+        if not isinstance(environment, dict):
+            raise SuiteReportError(f"environment: expected an object, got {type(environment).__name__}")
         created = report.get("created")
-        when = (_dt.datetime.fromtimestamp(float(created), _dt.timezone.utc).isoformat(timespec="seconds")
-                if isinstance(created, (int, float)) else mtime)
-        if not rows and report["tests"]:
-            raise SuiteReportError(f"{path}: the tests carry no suite metadata (metadata.subtests); is this a run of "
+        when = mtime
+        if created is not None:
+            seconds = _finite(created, "created", 0.0, MAX_CREATED)
+            when = _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).isoformat(timespec="seconds")
+    except SuiteReportError as exc:
+        raise SuiteReportError(f"{path}: {exc}") from None
+    if not rows and report["tests"]:
+        raise SuiteReportError(f"{path}: the tests carry no suite metadata (metadata.subtests); is this a run of "
                                "executorch.backends.test.suite with --json-report?")
-        return SuiteFile(rows, when, dict(report.get("environment") or {}), digest, "json")
+    return SuiteFile(rows, when, environment, digest, "json")
+
+
+def _read_csv(path: Path, text: str, digest: str, mtime: str) -> SuiteFile:
     reader = csv.DictReader(io.StringIO(text))
-    fields = reader.fieldnames or []
-    if not {"Test ID", "Flow", "Result"} <= set(fields):
-        raise SuiteReportError(f"{path}: neither a pytest-json-report file nor the suite's CSV (needs the columns "
-                           "Test ID, Flow, Result)")
-    rows = [SuiteRow(dict(r), r.get("Test Node") or None) for r in reader if r.get("Result")]
+    rows = []
+    try:
+        fields = reader.fieldnames or []
+        if not {"Test ID", "Flow", "Result"} <= set(fields):
+            raise SuiteReportError(f"{path}: neither a pytest-json-report file nor the suite's CSV (needs the "
+                                   "columns Test ID, Flow, Result)")
+        for record in reader:
+            extra = record.pop(None, None)  # more fields than the header names
+            if extra:
+                raise SuiteReportError(f"{path}: line {reader.line_num}: {len(extra)} field(s) more than the header")
+            columns = check_columns({k: v for k, v in record.items() if v is not None}, f"{path}: line {reader.line_num}: ")
+            if columns.get("Result"):
+                rows.append(SuiteRow(columns, columns.get("Test Node") or None))
+    except csv.Error as exc:  # a field over csv's limit (128 KiB), a NUL byte, ...
+        raise SuiteReportError(f"{path}: not a readable CSV (line {reader.line_num}: {exc})") from None
     return SuiteFile(rows, mtime, {}, digest, "csv")
 
 
@@ -183,8 +354,12 @@ def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | No
     if given:
         return given, "--commit"
     for var in commits.CI_VARS:
-        if environment.get(var):
-            return str(environment[var]), f"report environment {var}"
+        value = environment.get(var)
+        if value:
+            if not isinstance(value, str) or len(value) > 256 or not value.isprintable():
+                raise SuiteReportError(f"environment.{var}: expected a commit (text of at most 256 printable "
+                                       f"characters), got {type(value).__name__} {str(value)[:40]!r}")
+            return value, f"report environment {var}"
     found = commits.detect()
     return (found.sha, found.source) if found else (None, None)
 
@@ -202,6 +377,8 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
     bundlerun_verdict = str(row.columns.get("bundlerun Verdict") or "")
     if result == "FAIL" and bundlerun_verdict in ("ERROR", "TIMEOUT"):
         result = bundlerun_verdict  # the device run did not happen: infrastructure, not numerics
+    elif result == "PASS" and bundlerun_verdict in ("FAIL", "ERROR", "TIMEOUT"):
+        result = bundlerun_verdict  # PASS only when every verdict the row carries says PASS
     detail = str(row.columns.get("Result Detail") or "")
     error = str(row.columns.get("Error") or "") or None
     outputs = [OutputRecord(j, f"out{j}", result, criteria=None,
@@ -249,13 +426,30 @@ class ImportSummary:
     ids: list[int] = field(default_factory=list)
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
 def import_suite_report(db_path: str | Path, path: str | Path, commit: str | None = None,
                         time: str | None = None) -> ImportSummary:
     from bundlerun.runner import history
     from bundlerun.runner.report.model import ReportError, read_report
 
     suite = read_suite_file(path)
-    sha, commit_source = _commit_of(commit, suite.environment)
+    if commit is not None:
+        _text(commit, "--commit", 256)
+    if time is not None:
+        try:
+            _dt.datetime.fromisoformat(_text(time, "--time", 64).replace("Z", "+00:00"))
+        except ValueError:
+            raise SuiteReportError(f"--time: {time[:64]!r} is not an ISO-8601 time") from None
+    try:
+        sha, commit_source = _commit_of(commit, suite.environment)
+    except SuiteReportError as exc:
+        raise SuiteReportError(f"{path}: {exc}") from None
     started = history.utc_iso(time) if time else suite.created
     known = _operator_names()
     out = ImportSummary(commit=sha)
@@ -271,7 +465,7 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
                 "suite_error": (str(row.columns.get("Error") or "")[:400]) or None}
         report, report_path = None, None
         device_report = row.columns.get("bundlerun Report")
-        if device_report and Path(str(device_report)).is_file():
+        if device_report and _is_file(str(device_report)):
             try:
                 report = read_report(Path(str(device_report)))
                 report_path = str(device_report)
@@ -286,6 +480,9 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
             report = synthesized_report(row, flow, target, started, run_id, str(path))
             if row.columns.get("bundlerun Verdict"):
                 tags["source"] = "suite+bundlerun"
+            if device_report:
+                report.warnings.append(f"bundlerun's report {str(device_report)[:300]} is missing or unreadable: "
+                                       "the verdict comes from the suite's columns")
         if run_id in before:
             out.already += 1
         else:

@@ -191,7 +191,12 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
                 break
             data = (out.view(torch.int16) if out.dtype == torch.bfloat16 else out).numpy().tobytes()
             path = out_dir / f"{method}-{case}-{j}.bin"
-            path.write_bytes(data)
+            try:
+                path.write_bytes(data)
+            except OSError as exc:  # a full disk: the supervisor says which file (host-io)
+                from bundlerun.bundles.fileio import named
+
+                raise named(exc, path) from None
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
         else:
             try:  # --replay N: the same case N-1 more times in this process (runner/replay.py)

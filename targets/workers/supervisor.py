@@ -401,11 +401,15 @@ def serve(handle: Callable[[dict], None]) -> int:
             try:
                 handle(cmd)
             except Exception as exc:  # noqa: BLE001 - one bundle's failure ends that bundle, not the worker
+                import errno
                 import traceback
 
-                traceback.print_exc()
-                sys.stdout.write(json.dumps({"event": "fatal", "kind": "runner-error",
-                                             "error": f"runtime worker failed: {type(exc).__name__}: {exc}"}) + "\n")
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                    kind, error = "host-io", f"the host could not write {exc.filename or 'a file'}: {exc.strerror}"
+                else:  # a bug or the runtime's own failure: its traceback goes to the bundle's log
+                    traceback.print_exc()
+                    kind, error = "runner-error", f"runtime worker failed: {type(exc).__name__}: {exc}"
+                sys.stdout.write(json.dumps({"event": "fatal", "kind": kind, "error": error}) + "\n")
                 sys.stdout.flush()
 
 
