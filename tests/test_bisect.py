@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from bundlerun.runner.bisect import minimal_failing, search_bound
 
