@@ -40,10 +40,11 @@ def factory_timeout() -> float:
     text = os.environ.get("BUNDLERUN_FACTORY_TIMEOUT")
     if not text:
         return FACTORY_TIMEOUT_S
+    value: float | str = text
     try:
         value = float(text)
     except ValueError:
-        value = text  # type: ignore[assignment]  - limits.seconds says it is not a number
+        pass  # limits.seconds says it is not a number
     return limits.seconds(value, "$BUNDLERUN_FACTORY_TIMEOUT")
 
 

@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: BundlerunError -> one line on stderr, exit code 2."""
     from bundlerun.runner import interrupts
 
-    debug = "--debug" in (argv or sys.argv) or os.environ.get("BUNDLERUN_DEBUG")
+    debug = "--debug" in (argv or sys.argv) or bool(os.environ.get("BUNDLERUN_DEBUG"))
     interrupts.install()  # SIGTERM (a CI cancelling the job) ends a command exactly like Ctrl-C
     try:
         # Outside standalone mode click *returns* a command's `ctx.exit(code)` instead of exiting:
