@@ -82,7 +82,7 @@ def test_a_factory_that_exits_or_raises_a_base_exception_is_an_error_with_a_repo
     assert any(said in note for note in report["notes"]), report["notes"]
     code, err = _cli("validate", f"fac.py:{factory}", "--target", "host://portable", "--report", str(tmp_path / "v"),
                      "--no-history")
-    written = json.loads((tmp_path / "v" / "fac-fp32" / "report.json").read_text())
+    written = json.loads((tmp_path / "v" / f"fac.{factory}-fp32" / "report.json").read_text())
     assert code == 2 and written["summary"]["verdict"] == "ERROR" and said in " ".join(written["warnings"])
     code, err = _cli("build", f"fac.py:{factory}", "-o", str(tmp_path / "x.bpte"))
     assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
