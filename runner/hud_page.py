@@ -28,7 +28,7 @@ from bundlerun.runner.report.criteria_text import short_name
 from bundlerun.runner.writers.html import _e
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
-_LEGEND = {"FAIL": "FAIL out criterion", "STOPPED": "STOPPED (Ctrl-C / SIGTERM)"}
+_LEGEND = {"FAIL": "FAIL output criterion", "STOPPED": "STOPPED (Ctrl-C / SIGTERM)"}
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
 
 _CSS = """

@@ -52,9 +52,12 @@ STOPPED = "STOPPED"  # not a verdict: how a run that was stopped before it finis
 def run_status(verdict: str | None, exit_code: int | None, timeouts: int | None = 0, errors: int | None = 0) -> str:
     """What a run is shown as: STOPPED when it was stopped (its numbers cover only the cases that
     ran), TIMEOUT when every case that did not finish timed out, else its verdict."""
+    def count(n: object) -> int:  # counts read from a report file or the history: anything not a count is 0
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
     if exit_code in STOPPED_CODES:
         return STOPPED
-    if verdict == "ERROR" and (timeouts or 0) > 0 and not errors:
+    if verdict == "ERROR" and count(timeouts) > 0 and not count(errors):
         return "TIMEOUT"
     return verdict if verdict in VERDICTS else "ERROR"
 

@@ -282,3 +282,20 @@ def test_hud_failure_text_takes_any_stored_value(criteria):
                        "exit_code": 1})
     cell = Cell(run, 1, "sqnr", 12.0, extra={"fail_output": "out0", "fail_criteria": criteria, "failing_outputs": "x"})
     assert isinstance(failure(cell), str) and cell_text(cell).startswith("FAIL out0")
+
+
+def test_a_run_that_timed_out_is_shown_as_timeout_not_error(tmp_path):
+    """The run's verdict is ERROR (exit 2: could not run); the page's badge says what happened,
+    TIMEOUT in TIMEOUT's colour, and names the verdict beside it."""
+    from bundlerun.runner.outcome import run_status
+
+    report = Report.from_json(rs.quick_report(noise=1e-5, errors={1: "timeout", 2: "timeout"}))
+    assert report.summary.verdict == "ERROR"
+    page = write_reports(report, tmp_path, formats=("html",))["html"].read_text()
+    h1 = re.search(r"<h1>.*?</h1>", page).group()
+    assert "<span class='badge TIMEOUT'>TIMEOUT</span>" in h1 and "(verdict ERROR, exit code 2)" in h1
+    assert f".TIMEOUT{{background:{VERDICT_COLOURS['TIMEOUT'][0]}}}" in page
+    mixed = Report.from_json(rs.quick_report(noise=1e-5, errors={1: "timeout", 2: "error"}))
+    assert "<span class='badge ERROR'>ERROR</span>" in write_reports(mixed, tmp_path / "m", formats=("html",))["html"].read_text()
+    assert run_status("ERROR", 2, "3", None) == "ERROR" and run_status("ERROR", 2, True, 0) == "ERROR"
+    assert run_status("PASS", 130) == run_status("FAIL", 143) == "STOPPED" and run_status("bogus", 0) == "ERROR"

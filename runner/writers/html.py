@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.outcome import VERDICT_COLOURS, VERDICTS
+from bundlerun.runner.outcome import VERDICT_COLOURS, VERDICTS, run_status
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
@@ -293,7 +293,7 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
     return values, verdicts
 
 
-def _output_sections(cases: list[CaseRecord], arrays: dict) -> str:
+def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
     criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
     from bundlerun.runner import plots
@@ -315,14 +315,14 @@ def _output_sections(cases: list[CaseRecord], arrays: dict) -> str:
         )
         figs = []
         sqnrs, verdicts = _per_case(cases, method, oi, "sqnr")
-        if any(v is not None for v in sqnrs):
+        if case_plots and any(v is not None for v in sqnrs):
             floor = crit.get("sqnr_min_db") if isinstance(crit.get("sqnr_min_db"), (int, float)) else None
             figs.append(_img(plots.case_strip(sqnrs, verdicts, f"{method}/{name}: SQNR per case", plots.SQNR_LABEL,
                                               floor, "floor sqnr_min_db {} dB"),
                              f"sqnr per case {method}/{name}",
                              "SQNR per case (dB, signal = reference), each case in its own verdict's colour"
                              + ("; dashed: the floor" if floor is not None else "")))
-        if isinstance(crit.get("cosine_min"), (int, float)):
+        if case_plots and isinstance(crit.get("cosine_min"), (int, float)):
             cosines, verdicts = _per_case(cases, method, oi, "cosine_similarity")
             figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
                                               "cosine similarity", crit["cosine_min"], "floor cosine_min {}"),
@@ -520,12 +520,17 @@ def render_html(
     outputs: Mapping[str, np.ndarray] | None = None,
     history_db: str | Path | None = None,
     regressions: list[Any] | None = None,
+    case_plots: bool = True,
 ) -> str:
     """The page: header, summary, what failed (criterion and threshold), warnings, baseline, replay,
     outputs (what was judged, with the thresholds drawn), dataset, perf, history, cases: what failed
-    is above the fold, performance after the outputs."""
+    is above the fold, performance after the outputs. `case_plots=False` leaves out the per-case
+    strips (the HUD's pages of passing runs: a matplotlib figure each would cost minutes over
+    thousands of runs)."""
     bundle_info, run = report.bundle, report.run
     verdict = report.summary.verdict
+    counts = report.summary.counts
+    shown = run_status(verdict, report.summary.exit_code, counts.get("TIMEOUT"), counts.get("ERROR"))  # as the HUD
     model = bundle_info.get("model") or Path(str(bundle_info.get("path") or "bundle")).stem
     target = report.target.get("url") or "?"
     versions = bundle_info.get("versions") or {}
@@ -536,7 +541,9 @@ def render_html(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         "<link rel='icon' href='data:,'>"
         f"<title>bundlerun: {_e(model)} on {_e(target)}: {_e(verdict)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{_e(model)} on <code>{_e(target)}</code> <span class='badge {_e(verdict)}'>{_e(verdict)}</span></h1>"
+        f"<h1>{_e(model)} on <code>{_e(target)}</code> <span class='badge {_e(shown)}'>{_e(shown)}</span>"
+        + (f" <span class='meta'>(verdict {_e(verdict)}, exit code {_e(report.summary.exit_code)})</span>"
+           if shown != verdict else "") + "</h1>"
         f"<p class='meta'>dtype {_e(bundle_info.get('dtype'))} · backend {_e(bundle_info.get('backend'))} · "
         f"bundle {_e(str(bundle_info.get('sha256') or '')[:12])} · run {_e(str(run.get('id') or '')[:12])}"
         f"{' · label ' + _e(run.get('label')) if run.get('label') else ''} · {_e(run.get('started'))} · "
@@ -546,7 +553,7 @@ def render_html(
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
         + _regression_section(regressions, report.baseline)
         + _replay_section(report)
-        + _output_sections(report.cases, arrays)
+        + _output_sections(report.cases, arrays, case_plots)
         + (_dataset_section(report.dataset) if report.dataset else "")
         + _perf_section(report)
         + _trend_section(report, history_db)
