@@ -266,6 +266,12 @@ def test_hud_cells_name_the_failure_and_show_no_partial_numbers(hud_db):
     assert legend["TIMEOUT"] == light["TIMEOUT"] and len({legend[k] for k in ("PASS", "ERROR", "TIMEOUT", "SKIP")}) == 4
     assert [f["text"] for f in check.evaluated["fits"] if not f["inside"]] == []
     assert any(f["text"].startswith("flaky numerics") for f in check.evaluated["fits"])
+    # a failing run's page (a click on its cell) has the SQNR per case with the floor; a passing one none
+    rows = {r.model: r for r in grid.rows}
+    failing_page = (root / "site" / "runs" / f"{rows['sqnr-net'].cells['c3'].run.id}.html").read_text()
+    passing_page = (root / "site" / "runs" / f"{rows['sqnr-net'].cells['c0'].run.id}.html").read_text()
+    assert 'alt="sqnr per case forward/out0"' in failing_page and "<td class='l crit'>sqnr_min_db</td>" in failing_page
+    assert 'alt="sqnr per case' not in passing_page
 
 
 @pytest.mark.parametrize("criteria", ["", "not json", "[1, 2]", '{"a": 1}', '[{"criterion": null}]',
@@ -299,3 +305,45 @@ def test_a_run_that_timed_out_is_shown_as_timeout_not_error(tmp_path):
     assert "<span class='badge ERROR'>ERROR</span>" in write_reports(mixed, tmp_path / "m", formats=("html",))["html"].read_text()
     assert run_status("ERROR", 2, "3", None) == "ERROR" and run_status("ERROR", 2, True, 0) == "ERROR"
     assert run_status("PASS", 130) == run_status("FAIL", 143) == "STOPPED" and run_status("bogus", 0) == "ERROR"
+
+
+def test_hostile_reports_render_in_every_view(tmp_path):
+    """Seeded mutations of a failing run's report.json (tests/security_fuzz.py: values of the wrong
+    type, deleted keys, cut lists) that the report reader accepts render in the HTML report (with
+    its arrays: bound, strips, histogram, scatter), summary.md, junit.xml and the console: never an
+    exception. A mutation the reader refuses is its own one-line error (tests/test_security_readers.py)."""
+    import random
+
+    from rich.console import Console
+
+    from security_fuzz import mutate_json
+
+    from bundlerun.runner.report.console import print_summary
+    from bundlerun.runner.report.model import ReportError
+    from bundlerun.runner.writers.html import render_html
+    from bundlerun.runner.writers.junit import write_junit
+    from bundlerun.runner.writers.markdown import render_markdown
+
+    report, bundle_path, outputs = _failing_report(tmp_path)
+    from bundlerun.bundles.bpte import read_bundle
+
+    bundle = read_bundle(bundle_path)
+    doc = report.to_json()
+    rng = random.Random(32)
+    rendered = 0
+    for i in range(40):
+        cases, done = mutate_json(doc["cases"], rng, edits=1)  # the cases: what the pictures are drawn from
+        mutated = {**doc, "cases": cases}
+        try:
+            hostile = Report.from_json(mutated)
+        except ReportError:
+            continue
+        try:
+            render_html(hostile, bundle, outputs)
+            render_markdown(hostile)
+            write_junit(hostile, tmp_path / f"j{i}.xml")
+            print_summary(hostile, Console(file=io.StringIO(), width=200))
+        except Exception as exc:  # noqa: BLE001 - the test reports which mutation broke which view
+            raise AssertionError(f"mutation {done}: {type(exc).__name__}: {exc}") from exc
+        rendered += 1
+    assert rendered >= 15  # enough of them got past the reader to exercise the views

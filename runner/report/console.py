@@ -179,7 +179,7 @@ def print_summary(report: Report, console=None) -> None:
             _num(row.min_sqnr, ".1f"),
             _num(stats.get("cosine_similarity"), ".5f"),
             "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
-            crit_text,
+            plain(crit_text),  # criteria come from the report file: their text is inert here
         )
     console.print(table)
     shown = 0
