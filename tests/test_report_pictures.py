@@ -188,6 +188,9 @@ def test_failing_report_shows_its_criterion_and_threshold_above_the_fold(tmp_pat
     assert all(i["complete"] and i["naturalWidth"] > 100 for i in check.images)
     assert {"sqnr per case forward/out0", "error histogram forward/out0", "scatter forward/out0"} <= \
         {i["alt"] for i in check.images}
+    # every element is within its bound, but the cases failed their SQNR floor: the scatter shows cases
+    page = files["html"].read_text()
+    assert "actual vs expected, each point in its case&#x27;s verdict&#x27;s colour" in page
 
 
 # ----------------------------------------------------------------------------- the HUD in Chromium
@@ -347,3 +350,22 @@ def test_hostile_reports_render_in_every_view(tmp_path):
             raise AssertionError(f"mutation {done}: {type(exc).__name__}: {exc}") from exc
         rendered += 1
     assert rendered >= 15  # enough of them got past the reader to exercise the views
+
+
+def test_four_digits_never_mislead_and_cosine_floor_is_drawn(tmp_path):
+    """4 significant digits, more only where 4 would mislead (a cosine floor of 0.99999 is not `1`;
+    a measured value is never printed equal to the limit it missed); a cosine criterion gets its
+    own per-case strip with its floor."""
+    from bundlerun.runner.report.criteria_text import criteria_items, failed_text, number
+
+    assert number(SCALE) == "0.001906" and number(0.99999) == "0.99999" and number(60.0) == "60"
+    assert failed_text({"criterion": "sqnr_min_db", "measured": 59.99995, "limit": 60.0}) == "sqnr_min_db 59.9999 < 60"
+    assert failed_text({"criterion": "cosine_min", "measured": 0.999981, "limit": 0.99999}) == \
+        "cosine_min 0.99998 < 0.99999"
+    assert criteria_items({"atol": 1e-3, "scale": SCALE, "exact": False, "trail": {"a": []}}) == \
+        ["atol=0.001", "scale=0.001906"]
+    bundle = rs.make_bundle(cases=3, criteria=Criteria(cosine_min=0.9999999))
+    report = Report.from_json(rs.make_report(bundle, rs.target_run(bundle, noise=1e-2)))
+    page = write_reports(report, tmp_path, formats=("html",))["html"].read_text()
+    assert 'alt="cosine per case forward/out0"' in page
+    assert "<td class='l crit'>cosine_min</td>" in page and "≥ 0.9999999</td>" in page

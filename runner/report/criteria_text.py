@@ -7,6 +7,7 @@ display only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 # bundlerun's own choice: 4 significant digits tell any two limits a bundle sets apart
@@ -17,11 +18,22 @@ SIGNIFICANT_DIGITS = 4
 FLOORS = ("sqnr_min_db", "cosine_min")
 
 
-def number(value: Any) -> str:
-    """A criterion's number for people: floats to 4 significant digits, everything else as is."""
-    if isinstance(value, float):
-        return f"{value:.{SIGNIFICANT_DIGITS}g}"
-    return "–" if value is None else str(value)
+def number(value: Any, against: Any = None) -> str:
+    """A criterion's number for people: floats to 4 significant digits, everything else as is.
+    More digits only where 4 would mislead: a fraction rounded onto a whole number (a cosine floor
+    0.99999 is not `1`), or a measured value printed the same as the limit it is compared with
+    (`against`: 59.99995 < 60 must not read `60 < 60`)."""
+    if not isinstance(value, float):
+        return "–" if value is None else str(value)
+    other = against if isinstance(against, float) and against != value else None
+    for digits in range(SIGNIFICANT_DIGITS, 16):
+        text = f"{value:.{digits}g}"
+        if not math.isfinite(value) or value.is_integer():
+            return text
+        shown = float(text)
+        if not shown.is_integer() and (other is None or text != f"{other:.{digits}g}"):
+            return text
+    return repr(value)
 
 
 def criteria_items(criteria: Mapping[str, Any] | None, keys: Iterable[str] | None = None) -> list[str]:
@@ -41,8 +53,9 @@ def failed_text(failed: Mapping[str, Any], escape: Callable[[Any], str] = str) -
     """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings; `escape` makes
     the name and numbers safe for the view (they come from a report file)."""
     op = "<" if is_floor(failed.get("criterion")) else ">"
-    return (f"{escape(failed.get('criterion'))} {escape(number(failed.get('measured')))} {op} "
-            f"{escape(number(failed.get('limit')))}")
+    measured, limit = failed.get("measured"), failed.get("limit")
+    return (f"{escape(failed.get('criterion'))} {escape(number(measured, limit))} {op} "
+            f"{escape(number(limit, measured))}")
 
 
 def short_name(criterion: Any) -> str:

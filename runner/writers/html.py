@@ -179,7 +179,7 @@ def _case_row(case: CaseRecord, out: OutputRecord | None) -> str:
     st = (out.stats if out else None) or {}
     v = out.verdict if out else case.verdict
     why = "; ".join(
-        f"{f.get('criterion')}: {number(f.get('measured'))} (limit {number(f.get('limit'))})"
+        f"{f.get('criterion')}: {number(f.get('measured'), f.get('limit'))} (limit {number(f.get('limit'), f.get('measured'))})"
         for f in (out.failed if out else [])
     ) or (case.error or "")
     cls = "" if v == "PASS" else " class='bad'"
@@ -253,7 +253,7 @@ def _failed_section(report: Report, max_rows: int = 12) -> str:
         ci, worst = pick(numeric, key=lambda cf: cf[1]["measured"]) if numeric else fails[0]
         unit = " dB" if criterion.endswith("_db") else ""
         rows.append(f"<tr><td class='l'>{_e(method)} / {_e(name)}</td><td class='l crit'>{_e(criterion)}</td>"
-                    f"<td>{len(fails)}</td><td>{_e(number(worst.get('measured')))}{unit}</td>"
+                    f"<td>{len(fails)}</td><td>{_e(number(worst.get('measured'), worst.get('limit')))}{unit}</td>"
                     f"<td class='l threshold'>{_e(_limit(worst))}</td>"
                     f"<td class='l'>{_e(f'{method}[{ci}]')}: {_e(failed_text(worst))}</td></tr>")
     parts = []
@@ -332,10 +332,12 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
             a, e = np.concatenate([x.ravel() for x in act]), np.concatenate([x.ravel() for x in exp])
             title = f"{method}/{name} over {len(act)} case(s)"
             bound = _bound(out)
-            if bound is not None:
+            failed_by = {str(f.get("criterion")) for c in cases if c.method == method
+                         for o in c.outputs if o.index == oi for f in o.failed}
+            if bound is not None and (not failed_by or failed_by & {"elementwise", "exact"}):
                 passed, labels = plots.within_bound(a, e, *bound), ("within bound", "over bound")
                 how = f"each element in its own verdict's colour ({plots.bound_text(*bound)})"
-            else:
+            else:  # it failed by another criterion (SQNR, cosine, ...): each point is its case's verdict
                 passed = np.concatenate([np.full(x.size, v == "PASS") for x, v in zip(act, case_verdicts)])
                 labels, how = ("cases that passed", "cases that failed"), "each point in its case's verdict's colour"
             figs.append(_img(plots.error_histogram(a, e, title, bound), f"error histogram {method}/{name}",
