@@ -60,8 +60,8 @@ def bound_text(atol: float, rtol: float) -> str:
     """The element-wise bound as a plot's legend says it."""
     from bundlerun.runner.report.criteria_text import number
 
-    if rtol:
-        return f"bound ±({number(atol)} + {number(rtol)}·|expected|)"
+    if rtol:  # the lines are at ±atol; each element's own bound is wider by rtol·|expected|
+        return f"bound ±{number(atol)} + {number(rtol)}·|expected| per element (lines: ±{number(atol)})"
     return f"bound ±{number(atol)} (atol + qtol × scale)"
 
 
