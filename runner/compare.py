@@ -418,6 +418,16 @@ def _fmt(x: Any) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
+def elementwise_bound(criteria: Criteria, expected_dtype: str | None, lossy: bool = False) -> tuple[float, float, bool]:
+    """(atol, rtol, whether it is checked): an element passes when |actual - expected| <= atol +
+    rtol*|expected|, atol = atol + qtol*scale (+ the text-rounding slack of a lossy output), both 0
+    for an exact output. One definition for judge_output and the report's plots of the bound."""
+    exact = criteria.exact or expected_dtype == "bool"
+    atol = 0.0 if exact else criteria.effective_atol + (LOSSY_TEXT_ATOL if lossy else 0.0)
+    rtol = 0.0 if exact else (criteria.rtol or 0.0)
+    return atol, rtol, bool(exact or criteria.elementwise)
+
+
 def judge_output(
     actual: np.ndarray,
     expected: np.ndarray,
@@ -432,9 +442,7 @@ def judge_output(
     sqnr_strict, arm_analysis, reference_nonzero) are applied here, each failing as its own
     named criterion with the measured value and the limit; at their defaults nothing changes."""
     exact = criteria.exact or expected_dtype == "bool"
-    atol = 0.0 if exact else criteria.effective_atol + (LOSSY_TEXT_ATOL if lossy else 0.0)
-    rtol = 0.0 if exact else (criteria.rtol or 0.0)
-    elementwise = exact or criteria.elementwise
+    atol, rtol, elementwise = elementwise_bound(criteria, expected_dtype, lossy)
     cast = criteria.cast_float and actual_dtype != expected_dtype
     if cast:  # MLX's compare_outputs: different dtypes are both compared as float32
         actual = np.asarray(actual).astype(np.float32)

@@ -52,14 +52,23 @@ SELECT r.id, r.bundle_path, t.source, t.flow, t.operator, t.test, t.subtest, t.c
        t.commit_source, t.dirty, t.suite_result, t.suite_detail, t.suite_error,
        (SELECT MAX(error_max) FROM case_outputs c WHERE c.run_id = r.id) AS max_error,
        (SELECT COUNT(*) FROM replay_outputs p WHERE p.run_id = r.id AND p.finding IS NOT NULL) AS replay_findings,
-       (SELECT COUNT(*) FROM replay_outputs p WHERE p.run_id = r.id AND p.flips = 1) AS replay_flips
+       (SELECT COUNT(*) FROM replay_outputs p WHERE p.run_id = r.id AND p.flips = 1) AS replay_flips,
+       r.n_error, r.n_timeout,
+       (SELECT COALESCE(c.name, 'out' || c.output_index) FROM case_outputs c WHERE c.run_id = r.id AND c.verdict = 'FAIL'
+        ORDER BY c.method, c.output_index, c.case_index LIMIT 1) AS fail_output,
+       (SELECT c.failed FROM case_outputs c WHERE c.run_id = r.id AND c.verdict = 'FAIL'
+        ORDER BY c.method, c.output_index, c.case_index LIMIT 1) AS fail_criteria,
+       (SELECT COUNT(DISTINCT c.method || char(31) || c.output_index) FROM case_outputs c
+        WHERE c.run_id = r.id AND c.verdict = 'FAIL') AS failing_outputs
 FROM runs r LEFT JOIN run_tags t ON t.run_id = r.id
 """
 
 
 def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
-    """run id -> its tags, bundle path, largest max error and `--replay` findings (outputs whose
-    results differed between runs, and those whose verdict flipped): what the HUD adds to RunRecord."""
+    """run id -> its tags, bundle path, largest max error, `--replay` findings (outputs whose
+    results differed between runs, and those whose verdict flipped), its ERROR / TIMEOUT counts and
+    its first failing output with that output's failed criteria (JSON) and how many outputs failed:
+    what the HUD adds to RunRecord."""
     from bundlerun.runner.history import _retrying, connect
 
     if not Path(db_path).exists():

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from bundlerun.runner import history
 from bundlerun.runner.commits import looks_like_sha
-from bundlerun.runner.outcome import VERDICTS as _VERDICTS
+from bundlerun.runner.outcome import VERDICT_COLOURS, run_status
+from bundlerun.runner.report.criteria_text import short_name
 from bundlerun.runner.safe_text import one_line
 from bundlerun.runner.writers.html import _e as _escape
 
@@ -37,12 +38,13 @@ def _e(value: object) -> str:
     return _escape(text if len(text) <= MAX_SHOWN else one_line(text, MAX_SHOWN))
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
+_LEGEND = {"FAIL": "FAIL output criterion", "STOPPED": "STOPPED (Ctrl-C / SIGTERM)"}
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:16px;color:#222;background:#fafafa}
 h1{font-size:1.3em;margin:0 0 4px} .meta{color:#555;font-size:.86em;margin:2px 0}
-.legend span{display:inline-block;padding:1px 8px;margin-right:6px;border-radius:8px;font-size:.8em}
+.legend span{display:inline-block;padding:2px 8px;margin:2px 6px 2px 0;border-radius:8px;font-size:.8em;line-height:1.3}
 .bar{margin:8px 0;display:flex;gap:12px;align-items:center;font-size:.86em}
 input#filter{padding:3px 6px;width:340px} button{font-size:.85em;padding:2px 8px}
 .wrap{overflow:auto;max-height:calc(100vh - 150px);border:1px solid #ddd;background:#fff}
@@ -60,9 +62,9 @@ th.lab{writing-mode:vertical-rl;transform:rotate(180deg);max-height:130px;overfl
 th.lab.base{background:#e3f2fd} th.lab.bucket{color:#777;font-style:italic}
 .sub{color:#78909c;font-size:.9em;margin-left:4px}
 td.c{text-align:right;min-width:34px} td.c a{color:inherit;text-decoration:none;display:block}
-td.PASS{background:#e8f5e9;color:#1b5e20} td.FAIL{background:#ffebee;color:#b71c1c}
-td.flaky{outline:2px dashed #8e24aa;outline-offset:-3px}
-td.ERROR{background:#fff3e0;color:#e65100} td.TIMEOUT{background:#f3e5f5;color:#4a148c} td.SKIP{background:#f5f5f5;color:#555}
+""" + "".join(f"td.{v},.legend .{v}{{background:{c[1]};color:{c[2]}}} " for v, c in VERDICT_COLOURS.items()) + """
+td.flaky,.legend .flaky{outline:2px dashed #8e24aa;outline-offset:-3px}
+.legend .flaky{padding:4px 10px}
 td.reg{background:#e53935;color:#fff;font-weight:600} td.base{box-shadow:inset 0 0 0 2px #1e88e5}
 td.culprit{box-shadow:inset 0 0 0 3px #212121}
 td.none{background:#fcfcfc}
@@ -70,8 +72,8 @@ tr.grp td,tr.grp th{background:#eceff1;font-weight:600;cursor:pointer;border-bot
 tr.grp .nm,tr.grp .st,tr.grp .tr{z-index:2;background:#eceff1}
 tr.g2 th.nm{padding-left:18px;font-weight:500} tr.g2 .nm,tr.g2 .st,tr.g2 .tr,tr.g2 td{background:#f5f7f8}
 tr.grp td.g{text-align:center;font-weight:500;min-width:34px}
-tr.grp td.gPASS{background:#c8e6c9;color:#1b5e20} tr.grp td.gFAIL{background:#ffcdd2;color:#b71c1c}
-tr.grp td.gERROR,tr.grp td.gTIMEOUT{background:#ffe0b2;color:#e65100} tr.grp td.greg{background:#c62828;color:#fff}
+""" + "".join(f"tr.grp td.g{v}{{background:{c[1]};color:{c[2]}}} " for v, c in VERDICT_COLOURS.items()) + """
+tr.grp td.greg{background:#c62828;color:#fff}
 tr.grp .tw{display:inline-block;width:1em} tr.grp.shut .tw::before{content:'\\25B8'} tr.grp .tw::before{content:'\\25BE'}
 .src{font-size:.78em;color:#607d8b;margin-left:4px}
 tr.hid{display:none}
@@ -141,8 +143,61 @@ def fmt(cell: Cell, value: float | None = None, metric: str | None = None) -> st
     return f"{value:.1f}"
 
 
+SQNR_LABEL = "SQNR (dB, signal = reference)"  # the report's SQNR: 20*log10(||reference|| / ||actual - reference||)
+
+
+def status(cell: Cell) -> str:
+    """What the cell is shown as (runner/outcome.py run_status): its verdict, TIMEOUT when every case
+    that did not finish timed out, STOPPED when the run was stopped (Ctrl-C / SIGTERM)."""
+    x = cell.extra
+    return run_status(cell.run.verdict, cell.run.exit_code, _count(x.get("n_timeout")), _count(x.get("n_error")))
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def complete(cell: Cell) -> bool:
+    """Whether the run judged every case (its numbers describe the run, not the cases that happened to run)."""
+    x = cell.extra
+    return status(cell) in ("PASS", "FAIL") and not _count(x.get("n_timeout")) and not _count(x.get("n_error"))
+
+
+def failure(cell: Cell) -> str:
+    """`out0 sqnr` (+N more failing outputs): the run's first failing output and its failed criteria."""
+    import json
+
+    x = cell.extra
+    name = x.get("fail_output")
+    if not name:
+        return ""
+    try:
+        failed = json.loads(x.get("fail_criteria") or "[]")
+    except (TypeError, ValueError):
+        failed = []
+    crits = list(dict.fromkeys(short_name(f.get("criterion")) for f in failed if isinstance(f, dict))) \
+        if isinstance(failed, list) else []
+    more = _count(x.get("failing_outputs")) - 1
+    text = str(name)[:16] + (" " + "+".join(crits[:2]) if crits else "")
+    return text + (f" +{more}" if more > 0 else "")
+
+
+def cell_text(cell: Cell) -> str:
+    """The cell's visible text: the metric for a PASS; for a FAIL which output and criterion failed
+    (`FAIL out0 sqnr`); for a run that did not complete its status alone, never a number over the
+    cases that happened to run."""
+    shown = status(cell)
+    if shown == "PASS":
+        return fmt(cell)
+    if shown == "FAIL":
+        why = failure(cell)
+        return f"FAIL {why}" if why else "FAIL"
+    return shown
+
+
 def sparkline(row: Row, columns: list[Column], cap: float, width: int = 110, height: int = 20) -> str:
-    pts = [(i, row.cells[c.key]) for i, c in enumerate(columns) if c.key in row.cells and row.cells[c.key].value is not None]
+    pts = [(i, row.cells[c.key]) for i, c in enumerate(columns)
+           if c.key in row.cells and row.cells[c.key].value is not None and complete(row.cells[c.key])]
     if not pts:
         return "<svg class='spark' width='%d' height='%d' role='img' aria-label='no metric'></svg>" % (width, height)
     metric = pts[0][1].metric
@@ -154,7 +209,7 @@ def sparkline(row: Row, columns: list[Column], cap: float, width: int = 110, hei
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
     dots = "".join(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2.2' fill='#e53935'/>"
                    for (x, y), (_, c) in zip(xy, pts) if c.regressed)
-    unit = "top-1" if metric == "top1" else "worst SQNR (dB)"
+    unit = "top-1" if metric == "top1" else "worst " + SQNR_LABEL
     shown = (lambda v: f"{v * 100:.1f}%") if metric == "top1" else (lambda v: f"{v:.1f}")
     title = f"{unit}: {shown(lo)} .. {shown(hi)} over {len(pts)} column(s)"
     return (f"<svg class='spark' width='{width}' height='{height}' viewBox='0 0 {width} {height}' role='img' "
@@ -191,7 +246,8 @@ def _column_head(c: Column, baseline: str | None) -> str:
 def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], originals: dict[int, str]) -> str:
     if cell is None:
         return "<td class='c none'></td>"
-    classes = ["c", cell.run.verdict if cell.run.verdict in _VERDICTS else "unknown"]
+    shown = status(cell)
+    classes = ["c", shown]
     if cell.regressed:
         classes.append("reg")
     if cell.baseline:
@@ -201,8 +257,15 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
     if cell.extra.get("replay_findings"):  # --replay: flaky numerics, told apart from wrong numerics
         classes.append("flaky")
     r = cell.run
-    tip = [f"run #{r.id}", f"verdict {r.verdict}", f"{'top-1' if cell.metric == 'top1' else 'worst SQNR'} {fmt(cell)}"]
     x = cell.extra
+    tip = [f"run #{r.id}", f"verdict {r.verdict}" + (f" (shown as {shown})" if shown != r.verdict else "")]
+    if complete(cell):
+        tip.append(f"{'top-1' if cell.metric == 'top1' else 'worst ' + SQNR_LABEL} {fmt(cell)}")
+    else:
+        tip.append(f"did not complete ({_count(x.get('n_timeout'))} timed out, {_count(x.get('n_error'))} errors): "
+                   "no metric shown for the cases that happened to run")
+    if shown == "FAIL" and failure(cell):
+        tip.append(f"failed: {failure(cell)}")
     if x.get("max_error") is not None:
         tip.append(f"max error {x['max_error']:.4g}")
     if r.max_mae is not None:
@@ -228,7 +291,7 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
     if r.started:
         tip.append(history.display_time(r.started, utc=True))
     link = run_pages.get(r.id)
-    text = _e(fmt(cell)) + ("&#9670;" if cell.culprit else "")
+    text = _e(cell_text(cell)) + ("&#9670;" if cell.culprit else "")
     inner = f"<a href='{_e(link)}'>{text}</a>" if link else text
     if originals.get(r.id):
         tip.append("original report: " + originals[r.id])
@@ -246,8 +309,8 @@ def _group_cells(rows: list[Row], cols: list[Column]) -> str:
             continue
         reg = sum(1 for x in cells if x.regressed)
         failing = sum(1 for x in cells if x.run.verdict == "FAIL")
-        worst = max(cells, key=lambda x: SEVERITY.get(x.run.verdict or "", 3)).run.verdict or "ERROR"
-        kind = "greg" if reg else f"g{worst if worst in _VERDICTS else 'ERROR'}"
+        worst = status(max(cells, key=lambda x: SEVERITY.get(x.run.verdict or "", 3)))
+        kind = "greg" if reg else f"g{worst if worst in VERDICT_COLOURS else 'ERROR'}"
         text = f"{reg}&#9660;" if reg else (str(failing) if failing else "ok" if worst == "PASS" else _e(worst[:3]))
         tip = f"{len(cells)} row(s): {reg} regressed, {failing} failing, worst {worst}"
         out.append(f"<td class='g {kind}' title='{_e(tip)}'>{text}</td>")
@@ -315,15 +378,15 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         f"{baseline_text}; <span class='{'bad' if regressed_rows else 'ok'}'>{regressed_rows} row(s) regressed</span></p>"
         f"<p class='meta'>columns: commits in commit order (runs without a label or commit: by day, in italics). "
         f"cell: the latest run there (the tooltip names the worst when there were several): top-1 for dataset runs, "
-        f"else the worst SQNR (dB) over the outputs (exact: no error at all). Regressed: PASS &rarr; FAIL, worst SQNR "
+        f"else the worst {SQNR_LABEL} over the outputs (exact: no error at all); a FAIL names its first failing output "
+        f"and criterion; a run that did not complete shows its status (ERROR, TIMEOUT, STOPPED), no number. Regressed: PASS &rarr; FAIL, worst SQNR "
         f"down by more than {r.sqnr_drop_db:g} dB (both capped at {r.sqnr_ceiling_db:g} dB), or top-1 down by more "
         f"than {r.top1_drop_points:g} points, against the baseline; &#9670; marks the culprit. Group rows: per "
         "column the worst of their rows (&#9660;: regressed rows, a number: failing rows); click to fold.</p>"
-        "<p class='meta legend'><span style='background:#e8f5e9'>PASS</span>"
-        "<span style='background:#ffebee'>FAIL</span><span style='background:#e53935;color:#fff'>regressed</span>"
-        "<span style='background:#fff3e0'>ERROR</span><span style='background:#f3e5f5'>TIMEOUT</span>"
+        "<p class='meta legend'>" + "".join(f"<span class='{v}'>{_LEGEND.get(v, v)}</span>" for v in VERDICT_COLOURS)
+        + "<span style='background:#e53935;color:#fff'>regressed</span>"
         "<span style='box-shadow:inset 0 0 0 2px #1e88e5'>baseline</span>"
-        "<span style='outline:2px dashed #8e24aa;outline-offset:-3px'>flaky numerics (--replay)</span></p>"
+        "<span class='flaky'>flaky numerics (--replay)</span></p>"
         "<div class='bar'><input id='filter' type='search' placeholder='filter rows (test, operator, flow, target, "
         "dtype)' aria-label='filter rows'><span><input id='bad' type='checkbox' aria-label='only regressed or failing'>"
         " only regressed or failing</span><button id='expand' type='button'>expand all</button>"
@@ -338,23 +401,23 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
               run_pages: dict[int, str], originals: dict[int, str]) -> str:
     latest = row.latest(cols)
     if row.baseline is None:
-        status = "<span class='meta'>no baseline run</span>"
+        status_html = "<span class='meta'>no baseline run</span>"
     elif row.culprit:
         ci = next(i for i, c in enumerate(cols) if c.key == row.culprit)
         shown = row.culprit[:8] if looks_like_sha(row.culprit) else row.culprit
-        status = (f"<span class='bad' title='regressed since {_e(row.culprit)}'>regressed since "
-                  f"<a href='#r{ri}c{ci}'>{_e(shown)}</a></span>")
-    elif latest is not None and latest.run.verdict in ("ERROR", "TIMEOUT", "FAIL"):
-        status = f"<span class='meta'>latest: {_e(latest.run.verdict)}</span>"
+        status_html = (f"<span class='bad' title='regressed since {_e(row.culprit)}'>regressed since "
+                       f"<a href='#r{ri}c{ci}'>{_e(shown)}</a></span>")
+    elif latest is not None and status(latest) != "PASS":
+        status_html = f"<span class='meta'>latest: {_e(status(latest))}</span>"
     else:
-        status = "<span class='ok'>ok</span>"
+        status_html = "<span class='ok'>ok</span>"
     key = " ".join(str(x) for x in (row.model, row.operator, row.group, row.target, row.dtype, row.source, row.tag))
     bad = "1" if row.culprit or row.failing(cols) else "0"
     source = "" if row.source == "bundlerun" else f" &middot; {_e(row.source)}"
     what = f"{row.model} | {row.target} | {row.dtype} | {row.group} / {row.operator} | {row.source}"
     series = f" &middot; <span class='series'>{_e(row.tag)}</span>" if row.tag else ""  # runner/series.py
     tds = [f"<td class='nm' title='{_e(what)}'>{_e(row.model)}<span class='sub'>{_e(row.target)} &middot; "
-           f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status}</td>"
+           f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status_html}</td>"
            f"<td class='tr'>{sparkline(row, cols, cap, width=84)}</td>"]
     tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals) for ci, c in enumerate(cols)]
     return f"<tr class='row' data-g='{gid}' data-o='{oid}' data-bad='{bad}' data-key='{_e(key)}'>{''.join(tds)}</tr>"

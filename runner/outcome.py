@@ -33,3 +33,31 @@ def combine_exit_codes(codes: list[int]) -> int:
     if EXIT_FAIL in codes:
         return EXIT_FAIL
     return EXIT_INFRA if any(c != EXIT_PASS for c in codes) else EXIT_PASS
+
+
+# How each verdict is drawn: HTML badges, HUD cells and legend, plot points. (strong: badges and
+# plot points; light: a cell's background; text: a cell's text on its light background.)
+# bundlerun's own palette (Material Design shades), one colour per verdict, nothing from ExecuTorch.
+VERDICT_COLOURS: dict[str, tuple[str, str, str]] = {
+    "PASS": ("#2e7d32", "#e8f5e9", "#1b5e20"),
+    "FAIL": ("#c62828", "#ffebee", "#b71c1c"),
+    "ERROR": ("#ef6c00", "#fff3e0", "#e65100"),
+    "TIMEOUT": ("#6a1b9a", "#f3e5f5", "#4a148c"),
+    "SKIP": ("#757575", "#f5f5f5", "#555555"),
+    "STOPPED": ("#37474f", "#eceff1", "#263238"),  # a run stopped by Ctrl-C / SIGTERM (exit 130 / 143)
+}
+STOPPED = "STOPPED"  # not a verdict: how a run that was stopped before it finished is shown
+
+
+def run_status(verdict: str | None, exit_code: int | None, timeouts: int | None = 0, errors: int | None = 0) -> str:
+    """What a run is shown as: STOPPED when it was stopped (its numbers cover only the cases that
+    ran), TIMEOUT when every case that did not finish timed out, else its verdict."""
+    def count(n: object) -> int:  # counts read from a report file or the history: anything not a count is 0
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+    if exit_code in STOPPED_CODES:
+        return STOPPED
+    if verdict == "ERROR" and count(timeouts) > 0 and not count(errors):
+        return "TIMEOUT"
+    return verdict if verdict in VERDICTS else "ERROR"
+

@@ -40,15 +40,61 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str) -> bytes:
-    """Histogram of signed errors (actual - expected) over every element given."""
-    err = (np.asarray(actual, np.float64) - np.asarray(expected, np.float64)).ravel()
-    err = err[np.isfinite(err)]
-    fig = _figure()
+def _verdict_colour(verdict: str) -> str:
+    from bundlerun.runner.outcome import VERDICT_COLOURS  # the one palette of verdicts
+
+    return VERDICT_COLOURS.get(verdict, VERDICT_COLOURS["ERROR"])[0]
+
+
+def within_bound(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """Per element: |actual - expected| <= atol + rtol*|expected| (runner/compare.py elementwise_bound);
+    NaN matches NaN and equal infinities match, as judge_output counts them."""
+    a = np.asarray(actual, np.float64).ravel()
+    e = np.asarray(expected, np.float64).ravel()
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.abs(a - e) <= atol + rtol * np.abs(e)
+    return ok | (np.isnan(a) & np.isnan(e)) | (np.isinf(a) & (a == e))
+
+
+def bound_text(atol: float, rtol: float) -> str:
+    """The element-wise bound as a plot's legend says it."""
+    from bundlerun.runner.report.criteria_text import number
+
+    if rtol:  # the lines are at ±atol; each element's own bound is wider by rtol·|expected|
+        return f"bound ±{number(atol)} + {number(rtol)}·|expected| per element (lines: ±{number(atol)})"
+    return f"bound ±{number(atol)} (atol + qtol × scale)"
+
+
+def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str,
+                    bound: tuple[float, float] | None = None) -> bytes:
+    """Histogram of signed errors (actual - expected) over every element given. With the output's
+    element-wise `bound` (atol, rtol): elements within it and over it are stacked in the PASS and
+    FAIL colours, and ±atol is drawn (with rtol, each element's own bound is wider by rtol·|expected|,
+    so the colour, not the line, tells whether it passed)."""
+    a = np.asarray(actual, np.float64).ravel()
+    e = np.asarray(expected, np.float64).ravel()
+    err = a - e
+    finite = np.isfinite(err)
+    ok = within_bound(a, e, *bound)[finite] if bound is not None else None
+    err = err[finite]
+    fig = _figure(5.0, 3.4 if bound is None else 3.9)
     ax = fig.add_subplot()
     if err.size:
         bins = min(60, max(10, int(np.sqrt(err.size))))
-        ax.hist(err, bins=bins, color="#3b6ea5", edgecolor="white", linewidth=0.3)
+        if ok is None:
+            ax.hist(err, bins=bins, color="#3b6ea5", edgecolor="white", linewidth=0.3)
+        else:
+            lo, hi = float(err.min()), float(err.max())
+            if bound[1] == 0 and bound[0] > 0:  # the bound lines in view
+                lo, hi = min(lo, -bound[0] * 1.1), max(hi, bound[0] * 1.1)
+            edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+            ax.hist([err[ok], err[~ok]], bins=edges, stacked=True, edgecolor="white", linewidth=0.3,
+                    color=[_verdict_colour("PASS"), _verdict_colour("FAIL")],
+                    label=[f"within bound: {int(ok.sum())}", f"over bound: {int((~ok).sum())}"])
+            for sign in (-1, 1):
+                ax.axvline(sign * bound[0], color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.2,
+                           label=bound_text(*bound) if sign > 0 else None)
+            fig.legend(fontsize=7, loc="outside lower center", ncols=2)  # below the plot: never over a bar
         ax.axvline(0, color="#444", linewidth=0.8)
     else:
         ax.text(0.5, 0.5, "no finite errors", ha="center", va="center", transform=ax.transAxes)
@@ -59,32 +105,106 @@ def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str) -> byt
     return _png(fig)
 
 
-def scatter(actual: np.ndarray, expected: np.ndarray, title: str) -> bytes:
-    """Actual vs expected, with the identity line; subsampled deterministically."""
+def scatter(actual: np.ndarray, expected: np.ndarray, title: str, passed: np.ndarray | None = None,
+            passed_label: tuple[str, str] = ("PASS", "FAIL")) -> bytes:
+    """Actual vs expected, with the identity line; subsampled deterministically. Each point is
+    coloured by its own verdict, `passed` (per element), when given."""
     a = np.asarray(actual, np.float64).ravel()
     e = np.asarray(expected, np.float64).ravel()
+    p = np.ones(a.shape, bool) if passed is None else np.asarray(passed, bool).ravel()
     ok = np.isfinite(a) & np.isfinite(e)
-    a, e = a[ok], e[ok]
+    a, e, p = a[ok], e[ok], p[ok]
     if a.size > MAX_SCATTER_POINTS:
         idx = np.linspace(0, a.size - 1, MAX_SCATTER_POINTS).astype(np.int64)
-        a, e = a[idx], e[idx]
-    fig = _figure(4.2, 3.6)
+        idx = np.union1d(idx, np.flatnonzero(~p)[:MAX_SCATTER_POINTS])  # every failing point stays
+        a, e, p = a[idx], e[idx], p[idx]
+    fig = _figure(4.2, 3.6 if passed is None else 3.9)
     ax = fig.add_subplot()
     if a.size:
         lo, hi = float(min(a.min(), e.min())), float(max(a.max(), e.max()))
         pad = (hi - lo) * 0.05 or 1.0
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#999", linewidth=0.8, zorder=1, label="actual = expected")
         size = 14 if a.size < 2000 else 4
-        ax.scatter(e, a, s=size, alpha=0.6, color="#c0504d", linewidths=0, zorder=2)
-        ax.legend(fontsize=8, loc="upper left")
+        if passed is None:
+            ax.scatter(e, a, s=size, alpha=0.6, color="#3b6ea5", linewidths=0, zorder=2)
+        else:
+            for mask, verdict, name, z in ((p, "PASS", passed_label[0], 2), (~p, "FAIL", passed_label[1], 3)):
+                if mask.any():
+                    ax.scatter(e[mask], a[mask], s=size, alpha=0.7, color=_verdict_colour(verdict), linewidths=0,
+                               zorder=z, label=f"{name}: {int(mask.sum())}")
+        fig.legend(fontsize=7, loc="outside lower center", ncols=3)
     ax.set_xlabel("expected")
     ax.set_ylabel("actual")
     ax.set_title(_text(title), fontsize=10)
     return _png(fig)
 
 
+SQNR_LABEL = "SQNR (dB, signal = reference)"  # the report's one SQNR: 20*log10(||reference|| / ||actual - reference||)
+
+
+def case_strip(values: Sequence[Any], verdicts: Sequence[str], title: str, ylabel: str,
+               floor: float | None = None, floor_label: str = "floor {}", top_label: str = "exact match") -> bytes:
+    """One point per case (x = case), coloured by the case's own verdict for this output, with the
+    failing criterion's floor drawn across (`floor_label` formats it: `"floor {} dB"`). A value "inf" (an exact match) is a ▲ at the top; a
+    case with no value (it did not run, or was not measured) is an × at the bottom in its verdict's
+    colour."""
+    from matplotlib.transforms import blended_transform_factory
+
+    fig = _figure(5.0, 3.9)
+    ax = fig.add_subplot()
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    finite: list[float] = []
+    groups: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for i, (v, verdict) in enumerate(zip(values, verdicts)):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
+            kind = "value"
+            finite.append(float(v))
+        elif v == "inf" or (isinstance(v, float) and v == float("inf")):
+            kind = "exact"
+        else:
+            kind = "none"
+        xs, ys = groups.setdefault((kind, verdict), ([], []))
+        xs.append(i)
+        ys.append(float(v) if kind == "value" else (0.96 if kind == "exact" else 0.04))
+    for (kind, verdict), (xs, ys) in sorted(groups.items()):
+        colour = _verdict_colour(verdict)
+        if kind == "value":
+            ax.scatter(xs, ys, s=36, color=colour, zorder=3, label=_text(f"{verdict}: {len(xs)} case(s)"))
+        elif kind == "exact":
+            ax.scatter(xs, ys, marker="^", s=60, color=colour, transform=top, zorder=3,
+                       label=_text(f"{verdict}, {top_label}: {len(xs)}"))
+        else:
+            ax.scatter(xs, ys, marker="x", s=50, color=colour, transform=top, zorder=3,
+                       label=_text(f"{verdict}, no value: {len(xs)}"))
+    drawn_floor = isinstance(floor, (int, float)) and not isinstance(floor, bool) and np.isfinite(floor)
+    if drawn_floor:
+        from bundlerun.runner.report.criteria_text import number
+
+        ax.axhline(float(floor), color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.4, zorder=2,
+                   label=_text(floor_label.format(number(float(floor)))))
+        finite.append(float(floor))
+    if finite:
+        lo, hi = min(finite), max(finite)
+        pad = (hi - lo) * 0.15 or max(abs(hi) * 0.1, 1.0)
+        if np.isfinite(lo - pad) and np.isfinite(hi + pad):  # values near the float range: matplotlib's own limits
+            ax.set_ylim(lo - pad, hi + pad)
+    if not groups:
+        ax.text(0.5, 0.5, "no cases", ha="center", va="center", transform=ax.transAxes)
+    n = len(values)
+    ax.set_xlim(-0.6, max(n, 1) - 0.4)
+    if n <= 30:
+        ax.set_xticks(range(n))
+    ax.set_xlabel("case")
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(_text(title), fontsize=10)
+    ax.grid(alpha=0.3)
+    if groups or drawn_floor:
+        fig.legend(fontsize=7, loc="outside lower center", ncols=2)  # below the plot: never over a point
+    return _png(fig)
+
+
 METRIC_LABELS = {
-    "sqnr": "SQNR (dB, mean over outputs; worst dashed;\nexact matches not averaged, ▲ = all exact)",
+    "sqnr": "SQNR (dB, signal = reference; mean over outputs;\nworst dashed; exact not averaged, ▲ = all exact)",
     "mae": "mean absolute error (mean; worst dashed)",
     "max": "max absolute error (mean; worst dashed)",
     "top1": "top-1 accuracy (%)",

@@ -130,17 +130,22 @@ class PageCheck:
     images: list[dict[str, Any]] = field(default_factory=list)
     title: str = ""
     screenshot: Path | None = None
+    evaluated: Any = None  # what `evaluate` returned (JSON), read from the page the browser built
+    viewport: Path | None = None  # a screenshot of the first screen only (what a reader sees on opening)
 
 
-def check_page(url: str, screenshot: Path, timeout: float = 60.0, width: int = 1280) -> PageCheck:
-    """Open `url`, wait for load, collect errors and image states, screenshot the full page."""
+def check_page(url: str, screenshot: Path, timeout: float = 60.0, width: int = 1280, height: int = 900,
+               evaluate: str | None = None, viewport: Path | None = None) -> PageCheck:
+    """Open `url`, wait for load, collect errors and image states, screenshot the full page (and
+    the first screen into `viewport`); `evaluate`, a JavaScript expression whose value is
+    JSON-serialisable, is run once images have decoded and its value kept in `evaluated`."""
     exe = chromium_path()
     if exe is None:
         raise FileNotFoundError("chromium not installed")
     profile = tempfile.mkdtemp(prefix="bundlerun-chromium-")
     proc = subprocess.Popen(
         [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-         f"--window-size={width},900", "about:blank"],
+         f"--window-size={width},{height}", "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     ws = None
@@ -195,6 +200,15 @@ def check_page(url: str, screenshot: Path, timeout: float = 60.0, width: int = 1
         value = call("Runtime.evaluate", expression=js, awaitPromise=True, returnByValue=True)["result"]["value"]
         result.images = json.loads(value)
         result.title = call("Runtime.evaluate", expression="document.title", returnByValue=True)["result"]["value"]
+        if evaluate is not None:
+            got = call("Runtime.evaluate", expression=f"JSON.stringify({evaluate})", returnByValue=True)
+            if "exceptionDetails" in got:
+                raise RuntimeError(f"evaluate failed: {json.dumps(got['exceptionDetails'])[:500]}")
+            result.evaluated = json.loads(got["result"]["value"])
+        if viewport is not None:
+            shot = call("Page.captureScreenshot", format="png")
+            viewport.write_bytes(base64.b64decode(shot["data"]))
+            result.viewport = viewport
         metrics = call("Page.getLayoutMetrics")
         size = metrics.get("cssContentSize") or metrics["contentSize"]
         shot = call("Page.captureScreenshot", format="png", captureBeyondViewport=True,

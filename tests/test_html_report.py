@@ -64,8 +64,8 @@ def test_html_is_self_contained_with_plots(tmp_path):
     assert not re.search(r'(src|href)=["\']?(https?:|//|file:)', page)
     assert "<script" not in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    # confusion matrix, histogram + scatter for the output, trends for sqnr, mae, top1
-    assert len(images) == 6
+    # confusion matrix, SQNR per case + histogram + scatter for the output, trends for sqnr, mae, top1
+    assert len(images) == 7
     for data in images:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Dataset accuracy: digits" in page and "TIMEOUT" in page and "History" in page
@@ -75,7 +75,9 @@ def test_html_without_outputs_shows_stats_only(tmp_path):
     report = Report.from_json(rs.quick_report(noise=1e-3))
     files = write_reports(report, tmp_path, formats=("html",))
     page = files["html"].read_text()
-    assert "statistics only" in page and "data:image/png" not in page
+    # no arrays: no histogram or scatter; the SQNR per case is drawn from the report's own numbers
+    assert "statistics only" in page and "alt=\"error histogram" not in page
+    assert re.findall(r'<img class="plot" alt="([^"]+)"', page) == [f"sqnr per case forward/{report.cases[0].outputs[0].name}"]
     assert report.cases[0].outputs[0].name in page
 
 
@@ -101,8 +103,9 @@ def test_html_renders_in_headless_chromium(tmp_path):
     check = browser.check_page(files["html"].resolve().as_uri(), shot)
     assert check.console_errors == []
     assert check.title.startswith("bundlerun: digits-mlp on host://xnnpack")
-    assert len(check.images) == 6
-    assert {i["alt"] for i in check.images} >= {"confusion matrix", "error histogram forward/out0", "trend top1"}
+    assert len(check.images) == 7
+    assert {i["alt"] for i in check.images} >= {"confusion matrix", "error histogram forward/out0", "trend top1",
+                                               "sqnr per case forward/out0"}
     for img in check.images:
         assert img["complete"] and img["naturalWidth"] > 100 and img["naturalHeight"] > 100, img
     png = shot.read_bytes()
@@ -162,7 +165,7 @@ def test_hostile_text_is_inert_in_html(tmp_path):
     for where in ("out</td>", "method[3]", " device said", " warning"):
         assert "\\x04" + where in page, where
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 4  # histogram + scatter of the output, SQNR and MAE trends
+    assert len(images) == 5  # SQNR per case, histogram + scatter of the output, SQNR and MAE trends
 
 
 def test_hostile_text_renders_as_text_in_chromium(tmp_path):
@@ -173,7 +176,7 @@ def test_hostile_text_renders_as_text_in_chromium(tmp_path):
     assert check.console_errors == []
     # the title is the model id as text: the <script> in it is characters, not an element
     assert check.title.startswith("bundlerun: evil<script>alert(1)</script>&amp;\"'\\x1b[31m")
-    assert all(img["naturalWidth"] > 100 for img in check.images) and len(check.images) == 4
+    assert all(img["naturalWidth"] > 100 for img in check.images) and len(check.images) == 5
 
 
 def test_sqnr_history_counts_exact_matches_apart(tmp_path):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import REPORT_FILE, CaseRecord, OutputRecord, Report, format_amount
 
 # C0 controls but tab and newline, DEL, the C1 controls (0x9b is a one-byte CSI) and lone
@@ -254,10 +255,9 @@ def print_summary(report: Report, console=None) -> None:
         out = row.worst
         stats = out.stats or {}
         crit = out.criteria or {}
-        crit_text = ", ".join(
-            f"{k}={_num(crit[k])}" for k in ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
-            if crit.get(k) is not None
-        ) or ("exact" if crit.get("exact") else "-")
+        crit_text = ", ".join(criteria_items(  # 4 significant digits, as every view prints criteria
+            crit, ("atol", "rtol", "qtol", "scale" if crit.get("qtol") else "", "sqnr_min_db", "cosine_min",
+                   "rel_frobenius_max"))) or ("exact" if crit.get("exact") else "-")
         counts = " ".join(f"{k}:{v}" for k, v in sorted(row.counts.items()))
         mism = stats.get("mismatch_count")
         # An exact output (class ids, indices, masks) is equal or not: distances and SQNR say nothing.
@@ -273,7 +273,7 @@ def print_summary(report: Report, console=None) -> None:
             str(row.worst_case),
             *figures,
             "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
-            crit_text,
+            plain(crit_text),  # criteria come from the report file: their text is inert here
         )
     console.print(table)
     for line in agreement_lines(report):

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.outcome import VERDICT_COLOURS, VERDICTS, run_status
+from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 
@@ -32,7 +33,8 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24p
 h1{font-size:1.4em;margin:0 0 4px} h2{font-size:1.15em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3{font-size:1em;margin:18px 0 6px}
 .meta{color:#555;font-size:.9em} .badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
-.PASS{background:#2e7d32} .FAIL{background:#c62828} .ERROR{background:#ef6c00} .TIMEOUT{background:#6a1b9a} .SKIP{background:#757575}
+""" + "".join(f".{v}{{background:{c[0]}}} " for v, c in VERDICT_COLOURS.items()) + """
+.failed-criteria td{vertical-align:top} .failed-criteria .crit{font-weight:600;color:#b71c1c}
 table{border-collapse:collapse;margin:8px 0;font-size:.88em;background:#fff}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f0f0f0} td.l,th.l{text-align:left}
 tr.bad td{background:#fdecea}
@@ -95,9 +97,10 @@ def _as_float(arr: np.ndarray, dtype_name: str | None) -> np.ndarray:
 
 def collect_arrays(
     report: Report, bundle: Any, outputs: Mapping[str, np.ndarray] | None
-) -> dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]]:
-    """(method, output index) -> (actual arrays, expected arrays) over the cases that have both."""
-    pooled: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+) -> dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray], list[str]]]:
+    """(method, output index) -> (actual arrays, expected arrays, each case's verdict for the
+    output) over the cases that have both arrays."""
+    pooled: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
     if bundle is None or outputs is None:
         return pooled
     for case in report.cases:
@@ -115,9 +118,10 @@ def collect_arrays(
             exp = _as_float(expected[oi].to_array(), (out.expected or {}).get("dtype"))
             if act.shape != exp.shape:
                 continue
-            a, e = pooled.setdefault((method, oi), ([], []))
+            a, e, v = pooled.setdefault((method, oi), ([], [], []))
             a.append(act)
             e.append(exp)
+            v.append(out.verdict)
     return pooled
 
 
@@ -176,7 +180,8 @@ def _case_row(case: CaseRecord, out: OutputRecord | None) -> str:
     st = (out.stats if out else None) or {}
     v = out.verdict if out else case.verdict
     why = "; ".join(
-        f"{f.get('criterion')}: {_n(f.get('measured'))} (limit {_n(f.get('limit'))})" for f in (out.failed if out else [])
+        f"{f.get('criterion')}: {number(f.get('measured'), f.get('limit'))} (limit {number(f.get('limit'), f.get('measured'))})"
+        for f in (out.failed if out else [])
     ) or (case.error or "")
     cls = "" if v == "PASS" else " class='bad'"
     return (
@@ -203,7 +208,7 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
                     continue
             rows.append(_case_row(case, out))
     return (
-        "<h2>Cases</h2><table><tr><th class='l'>case</th><th class='l'>output</th><th>verdict</th><th>SQNR dB</th>"
+        "<h2>Cases</h2><table><tr><th class='l'>case</th><th class='l'>output</th><th>verdict</th><th>SQNR (dB, signal = reference)</th>"
         "<th>MAE</th><th>max err</th><th>cosine</th><th>mismatches</th><th class='l'>failed / error</th></tr>"
         + "".join(rows)
         + "</table>"
@@ -211,39 +216,140 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
     )
 
 
-def _output_sections(cases: list[CaseRecord], arrays: dict) -> str:
-    """Per output (its first record over the cases): criteria, and histogram + scatter when arrays exist."""
+def _bound(out: OutputRecord) -> tuple[float, float] | None:
+    """The output's element-wise bound (atol, rtol) as judge_output formed it, None when it has none."""
+    from bundlerun.bundles.manifest import Criteria
+    from bundlerun.runner.compare import elementwise_bound
+
+    try:
+        crit = Criteria.from_dict(out.criteria or {})
+        atol, rtol, checked = elementwise_bound(crit, (out.expected or {}).get("dtype"), bool(out.lossy))
+    except (TypeError, ValueError, AttributeError):  # a hand-edited report: no bound drawn, never a crash
+        return None
+    if not checked or not all(isinstance(x, float) and np.isfinite(x) for x in (float(atol), float(rtol))):
+        return None
+    return float(atol), float(rtol)
+
+
+def _limit(f: dict[str, Any]) -> str:
+    """A failed criterion's threshold as people read it: `≥ 20 dB` for a floor, `≤ 0.001` for a ceiling."""
+    unit = " dB" if str(f.get("criterion", "")).endswith("_db") else ""
+    return f"{'≥' if is_floor(f.get('criterion')) else '≤'} {number(f.get('limit'))}{unit}"
+
+
+def _failed_section(report: Report, max_rows: int = 12) -> str:
+    """What failed, first on the page: per output and criterion, how many cases failed it, the worst
+    measured value and the threshold; then the cases that did not run to a verdict, with why."""
+    groups: dict[tuple[str, str, str], list[tuple[int, dict[str, Any]]]] = {}
+    for case in report.cases:
+        for out in case.outputs:
+            for f in out.failed if out.verdict == "FAIL" else []:
+                key = (case.method, out.name or f"out{out.index}", str(f.get("criterion")))
+                groups.setdefault(key, []).append((case.case, f))
+    rows = []
+    for (method, name, criterion), fails in list(groups.items())[:max_rows]:
+        numeric = [(c, f) for c, f in fails
+                   if isinstance(f.get("measured"), (int, float)) and not isinstance(f.get("measured"), bool)]
+        pick = min if is_floor(criterion) else max
+        ci, worst = pick(numeric, key=lambda cf: cf[1]["measured"]) if numeric else fails[0]
+        unit = " dB" if criterion.endswith("_db") else ""
+        rows.append(f"<tr><td class='l'>{_e(method)} / {_e(name)}</td><td class='l crit'>{_e(criterion)}</td>"
+                    f"<td>{len(fails)}</td><td>{_e(number(worst.get('measured'), worst.get('limit')))}{unit}</td>"
+                    f"<td class='l threshold'>{_e(_limit(worst))}</td>"
+                    f"<td class='l'>{_e(f'{method}[{ci}]')}: {_e(failed_text(worst))}</td></tr>")
+    parts = []
+    if rows:
+        parts.append("<table class='failed-criteria'><tr><th class='l'>output</th><th class='l'>criterion</th>"
+                     "<th>cases failing</th><th>worst measured</th><th class='l'>threshold</th><th class='l'>worst case</th>"
+                     "</tr>" + "".join(rows) + "</table>")
+        if len(groups) > max_rows:
+            parts.append(f"<p class='note'>{len(groups) - max_rows} more failing output criteria below</p>")
+    not_run: dict[str, list[CaseRecord]] = {}
+    for case in report.cases:
+        if case.verdict not in ("PASS", "FAIL"):  # ERROR, TIMEOUT, SKIP: no numbers from this case
+            not_run.setdefault(case.verdict, []).append(case)
+    for verdict, cases in not_run.items():
+        first = cases[0]
+        parts.append(f"<p class='not-run'><span class='badge {_e(verdict)}'>{_e(verdict)}</span> {len(cases)} case(s) "
+                     f"did not run to a verdict ({', '.join(_e(f'{c.method}[{c.case}]') for c in cases[:5])}"
+                     f"{', …' if len(cases) > 5 else ''}): {_e(first.error or '')}</p>")
+    if report.summary.interrupted:
+        parts.append("<p class='not-run'>The run was stopped before it finished: its numbers cover only the cases "
+                     "that ran.</p>")
+    if not parts:
+        return ""
+    return "<h2 id='failed'>What failed</h2>" + "".join(parts)
+
+
+def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[list[Any], list[str]]:
+    """One value of stats[`key`] per case of `method` for output `oi` and the case's verdict for it
+    (a case that produced no output: no value, the case's verdict)."""
+    values, verdicts = [], []
+    for case in cases:
+        if case.method != method:
+            continue
+        out = next((o for o in case.outputs if o.index == oi), None)
+        values.append((out.stats or {}).get(key) if out is not None else None)
+        verdicts.append(out.verdict if out is not None else case.verdict)
+    return values, verdicts
+
+
+def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
+    """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
+    criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
     from bundlerun.runner import plots
 
-    parts = ["<h2>Outputs</h2>"]
+    parts = ["<h2 id='outputs'>Outputs</h2>"]
     seen: dict[tuple[str, int], OutputRecord] = {}
     for case in cases:
         for out in case.outputs:
             seen.setdefault((case.method, out.index), out)
     if not seen:
-        return "<h2>Outputs</h2><p class='note'>no outputs were collected</p>"
+        return "<h2 id='outputs'>Outputs</h2><p class='note'>no outputs were collected</p>"
     for (method, oi), out in sorted(seen.items()):
         name = out.name or f"out{oi}"
-        crit = {k: v for k, v in (out.criteria or {}).items() if k != "trail" and v not in (None, False)}
+        crit = out.criteria or {}
         expected = out.expected or {}
         parts.append(
-            f"<h3>{_e(method)} / {_e(name)} <span class='meta'>{_e(expected.get('dtype'))} "
-            f"{_e(expected.get('shape'))}; criteria: "
-            + _e(", ".join(f"{k}={v}" for k, v in crit.items()) or "none")
-            + "</span></h3>"
+            f"<h3>{_e(method)} / {_e(name)} <span class='meta criteria'>{_e(expected.get('dtype'))} "
+            f"{_e(expected.get('shape'))}; criteria: " + _e(", ".join(criteria_items(crit)) or "none") + "</span></h3>"
         )
+        figs = []
+        sqnrs, verdicts = _per_case(cases, method, oi, "sqnr")
+        if case_plots and any(v is not None for v in sqnrs):
+            floor = crit.get("sqnr_min_db") if isinstance(crit.get("sqnr_min_db"), (int, float)) else None
+            figs.append(_img(plots.case_strip(sqnrs, verdicts, f"{method}/{name}: SQNR per case", plots.SQNR_LABEL,
+                                              floor, "floor sqnr_min_db {} dB"),
+                             f"sqnr per case {method}/{name}",
+                             "SQNR per case (dB, signal = reference), each case in its own verdict's colour"
+                             + ("; dashed: the floor" if floor is not None else "")))
+        if case_plots and isinstance(crit.get("cosine_min"), (int, float)):
+            cosines, verdicts = _per_case(cases, method, oi, "cosine_similarity")
+            figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
+                                              "cosine similarity", crit["cosine_min"], "floor cosine_min {}"),
+                             f"cosine per case {method}/{name}", "cosine similarity per case; dashed: the floor"))
         if (method, oi) in arrays:
-            act, exp = arrays[(method, oi)]
+            act, exp, case_verdicts = arrays[(method, oi)]
             a, e = np.concatenate([x.ravel() for x in act]), np.concatenate([x.ravel() for x in exp])
             title = f"{method}/{name} over {len(act)} case(s)"
-            parts.append(
-                "<div class='plots'>"
-                + _img(plots.error_histogram(a, e, title), f"error histogram {method}/{name}", "error histogram (actual − expected)")
-                + _img(plots.scatter(a, e, title), f"scatter {method}/{name}", "actual vs expected")
-                + "</div>"
-            )
-        else:
-            parts.append("<p class='note'>actual outputs not saved (run with --save-outputs for plots); statistics only.</p>")
+            bound = _bound(out)
+            failed_by = {str(f.get("criterion")) for c in cases if c.method == method
+                         for o in c.outputs if o.index == oi for f in o.failed}
+            if bound is not None and (not failed_by or failed_by & {"elementwise", "exact"}):
+                passed, labels = plots.within_bound(a, e, *bound), ("within bound", "over bound")
+                how = f"each element in its own verdict's colour ({plots.bound_text(*bound)})"
+            else:  # it failed by another criterion (SQNR, cosine, ...): each point is its case's verdict
+                passed = np.concatenate([np.full(x.size, v == "PASS") for x, v in zip(act, case_verdicts)])
+                labels, how = ("cases that passed", "cases that failed"), "each point in its case's verdict's colour"
+            figs.append(_img(plots.error_histogram(a, e, title, bound), f"error histogram {method}/{name}",
+                             "error histogram (actual − expected)" + ("; dashed: the bound" if bound else "")))
+            figs.append(_img(plots.scatter(a, e, title, passed, labels), f"scatter {method}/{name}",
+                             f"actual vs expected, {how}"))
+        if figs:
+            parts.append("<div class='plots'>" + "".join(figs) + "</div>")
+        if (method, oi) not in arrays:
+            parts.append("<p class='note'>actual outputs not saved (run with --save-outputs for the error histogram "
+                         "and scatter); statistics only.</p>")
     return "".join(parts)
 
 
@@ -421,10 +527,17 @@ def render_html(
     outputs: Mapping[str, np.ndarray] | None = None,
     history_db: str | Path | None = None,
     regressions: list[Any] | None = None,
+    case_plots: bool = True,
 ) -> str:
-    """The page: header, summary, warnings, baseline, replay, perf, dataset, outputs, history, cases."""
+    """The page: header, summary, what failed (criterion and threshold), warnings, baseline, replay,
+    outputs (what was judged, with the thresholds drawn), dataset, perf, history, cases: what failed
+    is above the fold, performance after the outputs. `case_plots=False` leaves out the per-case
+    strips (the HUD's pages of passing runs: a matplotlib figure each would cost minutes over
+    thousands of runs)."""
     bundle_info, run = report.bundle, report.run
     verdict = report.summary.verdict
+    counts = report.summary.counts
+    shown = run_status(verdict, report.summary.exit_code, counts.get("TIMEOUT"), counts.get("ERROR"))  # as the HUD
     model = bundle_info.get("model") or Path(str(bundle_info.get("path") or "bundle")).stem
     target = report.target.get("url") or "?"
     versions = bundle_info.get("versions") or {}
@@ -435,18 +548,21 @@ def render_html(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         "<link rel='icon' href='data:,'>"
         f"<title>bundlerun: {_e(model)} on {_e(target)}: {_e(verdict)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{_e(model)} on <code>{_e(target)}</code> <span class='badge {_e(verdict)}'>{_e(verdict)}</span></h1>"
+        f"<h1>{_e(model)} on <code>{_e(target)}</code> <span class='badge {_e(shown)}'>{_e(shown)}</span>"
+        + (f" <span class='meta'>(verdict {_e(verdict)}, exit code {_e(report.summary.exit_code)})</span>"
+           if shown != verdict else "") + "</h1>"
         f"<p class='meta'>dtype {_e(bundle_info.get('dtype'))} · backend {_e(bundle_info.get('backend'))} · "
         f"bundle {_e(str(bundle_info.get('sha256') or '')[:12])} · run {_e(str(run.get('id') or '')[:12])}"
         f"{' · label ' + _e(run.get('label')) if run.get('label') else ''} · {_e(run.get('started'))} · "
         f"torch {_e(versions.get('torch'))} · executorch {_e(versions.get('executorch'))}</p>"
         + _summary_section(report.summary)
+        + _failed_section(report)
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
         + _regression_section(regressions, report.baseline)
         + _replay_section(report)
-        + _perf_section(report)
+        + _output_sections(report.cases, arrays, case_plots)
         + (_dataset_section(report.dataset) if report.dataset else "")
-        + _output_sections(report.cases, arrays)
+        + _perf_section(report)
         + _trend_section(report, history_db)
         + _cases_table(report.cases)
         + "</body></html>\n"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
 
@@ -65,7 +66,7 @@ def failure_text(out: OutputRecord | None) -> tuple[str, str]:
     if shown:
         lines.append("stats: " + " ".join(shown))
     crit = (out.criteria if out is not None else None) or {}
-    set_crit = [f"{k}={_fmt(v)}" for k, v in crit.items() if k != "trail" and v not in (None, False)]
+    set_crit = criteria_items(crit)  # 4 significant digits (runner/report/criteria_text.py)
     if set_crit:
         lines.append("criteria: " + " ".join(set_crit))
     return message, "\n".join(_clean(line) for line in lines)  # each line inert: newlines only between them

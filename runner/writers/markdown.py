@@ -41,9 +41,10 @@ def _cell(v: Any, fmt: str = "{:.4g}") -> str:
 
 
 def _failed(f: dict[str, Any]) -> str:
-    """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings."""
-    op = "<" if str(f.get("criterion", "")).endswith("_min") or str(f.get("criterion", "")).endswith("_min_db") else ">"
-    return f"{_md(f.get('criterion'))} {_cell(f.get('measured'))} {op} {_cell(f.get('limit'))}"
+    """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings (runner/report/criteria_text.py)."""
+    from bundlerun.runner.report.criteria_text import failed_text
+
+    return failed_text(f, _md)
 
 
 def _pct(v: Any) -> str:
