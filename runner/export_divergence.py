@@ -50,34 +50,6 @@ def _stats(actual: np.ndarray | None, expected: np.ndarray | None) -> dict[str, 
     return {"sqnr": s.sqnr, "error_max": s.error_max, "error_mae": s.error_mae, "cosine": s.cosine_similarity}
 
 
-def capture_eager(module: Any, inputs: tuple) -> list[tuple[str, str, np.ndarray]]:
-    """(module path, class, first output) of every submodule call, in the order the calls finished."""
-    import torch
-
-    seen: list[tuple[str, str, np.ndarray]] = []
-    done: set[str] = set()
-    handles = []
-
-    def hook(path: str, kind: str):
-        def record(_mod: Any, _args: Any, output: Any) -> None:
-            value = _numpy(output)
-            if value is not None and path not in done:  # a module called twice: its first call
-                done.add(path)
-                seen.append((path, kind, value.copy()))
-        return record
-
-    for path, sub in module.named_modules():
-        if path:
-            handles.append(sub.register_forward_hook(hook(path, type(sub).__name__)))
-    try:
-        with torch.no_grad():
-            module(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
 def capture_graph(graph_module: Any, inputs: tuple) -> tuple[dict[str, Any], Any]:
     """Every call_function node's value, by name, and the graph's output."""
     import torch
@@ -109,48 +81,154 @@ def module_spans(graph_module: Any) -> dict[str, list[Any]]:
     return spans
 
 
-def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float | None = None) -> dict[str, Any]:
-    """Compare eager with the exported program module by module (see the module docstring)."""
+def _diverges(stats: dict[str, Any] | None, floor: float) -> bool | None:
+    """None when not comparable; an SQNR of +inf (identical) or None (both zero) never diverges."""
+    if stats is None:
+        return None
+    sqnr = stats.get("sqnr")
+    return isinstance(sqnr, (int, float)) and not (math.isinf(sqnr) and sqnr > 0) and sqnr < floor
+
+
+def _at(row: dict[str, Any]) -> str:
+    """"linear (l1, model.py:30)": a node, its module and line, for a bound."""
+    line = row.get("line")
+    return f"{row['node']} ({row.get('module') or 'forward'}" + (f", {line[0]}:{line[1]})" if line else ")")
+
+
+def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float) -> list[dict[str, Any]]:
+    """One row per exported ATen node, in graph order: its eager op, SQNR and status. A node whose own
+    value diverges while none of its inputs does (through nodes not compared) is where a divergence
+    starts ("diverges"); one with a diverging input is "downstream"."""
     from bundlerun.bundles.partition_control import source_line
+    from bundlerun.runner.eager_ops import match_nodes, node_module, node_source
+
+    matches = match_nodes(nodes, values, run)
+    tainted: set[str] = set()
+    rows = []
+    for n in nodes:
+        m = matches[n.name]
+        path, kind = node_module(n)
+        eager_op = run.ops[m.eager].op if m.eager is not None else None
+        stats = _stats(_numpy(values.get(n.name)), _numpy(run.ops[m.eager].value)) if m.eager is not None else None
+        row = {"node": n.name, "op": str(n.target), "eager_op": eager_op, "match": m.how, "module": path, "type": kind,
+               "line": list(node_source(n) or []) or None, "source": source_line(n.meta.get("stack_trace")),
+               **(stats or {})}
+        upstream = any(a.name in tainted for a in n.all_input_nodes)
+        bad = _diverges(stats, floor)
+        if bad is None:
+            row["status"] = m.how if m.eager is None else "not comparable (shape)"
+        else:
+            row["status"] = ("downstream" if upstream else "diverges") if bad else "ok"
+        if bad or (bad is None and upstream):
+            tainted.add(n.name)
+        rows.append(row)
+    return rows
+
+
+def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any]) -> dict[str, Any] | None:
+    """The first row that diverges on its own, with the exported-only nodes feeding it and, when its place
+    is not certain (matched by shape or order, or an input not compared), the bound around it."""
+    k = next((i for i, r in enumerate(rows) if r["status"] == "diverges"), None)
+    if k is None:
+        return None
+    rows[k]["status"] = "FIRST DIVERGENT"
+    first = dict(rows[k])
+    by_name = {r["node"]: r for r in rows}
+    node = nodes[k]
+    seen, todo, only, uncompared = set(), list(node.all_input_nodes), [], []
+    while todo:  # back through the inputs that were not compared
+        a = todo.pop()
+        r = by_name.get(a.name)
+        if a.name in seen or r is None or r["status"] in ("ok", "diverges", "downstream"):
+            continue
+        seen.add(a.name)
+        (only if r["status"] == "exported only" else uncompared).append(r)
+        todo += a.all_input_nodes
+    first["exported_only_inputs"] = [{"node": r["node"], "op": r["op"], "source": r["source"]} for r in only]
+    last_ok = next((r for r in reversed(rows[:k]) if r["status"] == "ok"), None)
+    doubt = [f"matched to eager by {first['match']} only"] if first["match"] in ("shape", "order") else []
+    doubt += [f"input {r['node']} ({r['status']}) not compared" for r in uncompared]
+    first["bound"] = None
+    if doubt:
+        first["bound"] = f"between {_at(last_ok) if last_ok else 'the inputs'} and {_at(first)}: {'; '.join(doubt)}"
+    first["downstream_modules"] = []
+    return first
+
+
+def compare_modules(run: Any, values: dict[str, Any], graph_module: Any, floor: float) -> list[dict[str, Any]]:
+    """Each eager submodule call's input and output against the exported graph: the output with the value
+    of the module's last node (by `nn_module_stack`), the input with the first value entering its span."""
+    spans = module_spans(graph_module)
+    rows = []
+    for call in run.modules:
+        nodes = spans.get(call.path)
+        row: dict[str, Any] = {"module": call.path, "type": call.kind}
+        if not nodes:
+            rows.append({**row, "node": None, "status": "no node in the exported graph"})
+            continue
+        last = next((n for n in reversed(nodes) if _numpy(values.get(n.name)) is not None), None)
+        inside = {n.name for n in nodes}
+        entering = [a for n in nodes for a in n.all_input_nodes if a.name not in inside and a.op != "get_attr"]
+        want = _numpy(call.input)
+        source = next((a for a in entering if want is not None and a.name in values
+                       and getattr(_numpy(values[a.name]), "shape", None) == want.shape), None)
+        placeholder = next((a for a in entering if a.op == "placeholder"), None) if source is None else None
+        got_in = _numpy(values.get(source.name)) if source is not None else None
+        out = _stats(_numpy(values.get(last.name)) if last is not None else None, _numpy(call.output))
+        inp = _stats(got_in, want) if source is not None else (
+            {"sqnr": math.inf, "error_max": 0.0} if placeholder is not None else None)  # the model's own input
+        row.update({"node": last.name if last is not None else None, "input_node": source.name if source else None,
+                    "input_sqnr": (inp or {}).get("sqnr"), "input_error_max": (inp or {}).get("error_max"),
+                    **(out or {})})
+        if _diverges(inp, floor):
+            row["status"] = "downstream"
+        elif out is None:
+            row["status"] = "not comparable (shape)"
+        else:
+            row["status"] = "diverges" if _diverges(out, floor) else "ok"
+        rows.append(row)
+    return rows
+
+
+def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float | None = None) -> dict[str, Any]:
+    """Compare eager with the exported program per operation and per module (see the module docstring)."""
+    from bundlerun.runner.eager_ops import capture, compared_nodes
 
     floor = DEFAULT_FLOOR_DB if floor_db is None else float(floor_db)
     gm = exported_program.module()
     values, out = capture_graph(gm, inputs)
-    import torch
-
-    with torch.no_grad():
-        eager_out = eager(*inputs)
-    spans = module_spans(gm)
-    layers: list[dict[str, Any]] = []
-    first = None
-    for path, kind, value in capture_eager(eager, inputs):
-        nodes = spans.get(path)
-        if not nodes:
-            layers.append({"module": path, "type": kind, "node": None, "status": "no node in the exported graph"})
-            continue
-        last = next((n for n in reversed(nodes) if _numpy(values.get(n.name)) is not None), None)
-        stats = _stats(_numpy(values.get(last.name)) if last is not None else None, value)
-        row = {"module": path, "type": kind, "node": last.name if last is not None else None, **(stats or {})}
-        if stats is None:
-            row["status"] = "not comparable (shape)"
-        else:
-            sqnr = stats["sqnr"]
-            row["status"] = "ok" if (sqnr is None or sqnr >= floor or (isinstance(sqnr, float) and math.isinf(sqnr)
-                                                                     and sqnr > 0)) else "diverges"
-        if row["status"] == "diverges" and first is None:
-            first = dict(row)
-            first["nodes"] = [{"node": n.name, "op": str(getattr(n.target, "__name__", n.target)),
-                               "source": source_line(n.meta.get("stack_trace"))} for n in nodes]
-            first["source"] = source_line(last.meta.get("stack_trace")) if last is not None else None
+    run = capture(eager, inputs)
+    nodes = compared_nodes(gm)
+    ops = compare_ops(nodes, values, run, floor)
+    layers = compare_modules(run, values, gm, floor)
+    first = _first_divergent(ops, nodes)
+    if first is not None:
+        for row in layers:
+            if row["module"] == first["module"] and row["status"] == "diverges":
+                row["status"] = "FIRST DIVERGENT"
+        first["downstream_modules"] = [r["module"] for r in layers if r["status"] == "downstream"]
+    else:  # no operation matched and diverging on its own: the first module whose output parts, its input not
+        row = next((r for r in layers if r["status"] == "diverges"), None)
+        if row is not None:
             row["status"] = "FIRST DIVERGENT"
-        layers.append(row)
+            first = {**row, "op": None, "match": "module",
+                     "bound": f"inside {row['module']}: no operation of it could be matched to eager"}
     return {
-        "compared": "eager model (forward hooks per module) vs the exported program (node values, by nn_module_stack)",
+        "compared": ("eager model (every ATen operation, and each submodule's input and output) vs the exported "
+                     "program (node values; matched by source line and nn_module_stack)"),
         "floor_db": floor,
-        "output": _stats(_numpy(out), _numpy(eager_out)),
+        "output": _stats(_numpy(out), _numpy(run.output)),
         "first_divergent": first,
+        "operations": ops,
         "layers": layers,
+        "notes": run.notes,
     }
+
+
+def _op(name: Any) -> str:
+    """"aten.native_layer_norm.default" -> "native_layer_norm"."""
+    text = str(name or "")
+    return text[len("aten."):].rsplit(".", 1)[0] if text.startswith("aten.") else text
 
 
 def summary_line(found: dict[str, Any]) -> str:
@@ -161,33 +239,57 @@ def summary_line(found: dict[str, Any]) -> str:
     if found.get("error"):
         return f"not localized: {found['error']}"
     if not first:
-        return f"the exported program matches eager at every module (floor {found.get('floor_db'):g} dB){tail}"
-    src = f" ({first['source']})" if first.get("source") else ""
-    return (f"eager and the exported program part first at {first['module']} ({first['type']}), node {first['node']}"
-            f"{src}: SQNR {_f(first.get('sqnr'))} dB < floor {found.get('floor_db'):g} dB, max error "
-            f"{_f(first.get('error_max'), '.3g')}{tail}")
+        return f"the exported program matches eager at every operation (floor {_f(found.get('floor_db'))} dB){tail}"
+    where = f"{first['module']} ({first['type']})" if first.get("module") else f"the model's own forward ({first['type']})"
+    what = (f"operation {_op(first['op'])} (node {first['node']}, eager {_op(first.get('eager_op')) or '—'}) in "
+            if first.get("op") else "")
+    src = f" at {first['source']}" if first.get("source") else ""
+    down = first.get("downstream_modules") or []
+    return (f"eager and the exported program part first at {what}{where}{src}: SQNR {_f(first.get('sqnr'))} dB < floor "
+            f"{_f(found.get('floor_db'))} dB, max error {_f(first.get('error_max'), '.3g')}"
+            + (f"; downstream of it: {', '.join(down)}" if down else "")
+            + (f"; place bounded {first['bound']}" if first.get("bound") else "") + tail)
 
 
-def print_divergence(found: dict[str, Any], console: Any) -> None:
-    """The eager-vs-exported table (console), the finding and the first divergent module's nodes."""
+def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> None:
+    """The finding, the operations around the first divergence, the per-module table (console)."""
     from rich.table import Table
 
     from bundlerun.runner.report.console import plain
 
     console.print(found.get("finding", ""), markup=False)
+    ops = found.get("operations") or []
+    k = next((i for i, r in enumerate(ops) if r.get("status") == "FIRST DIVERGENT"), None)
+    if ops:
+        lo, hi = (max(0, k - context), min(len(ops), k + context + 1)) if k is not None else (0, min(len(ops), 2 * context))
+        table = Table(title=f"eager vs exported program, per operation ({hi - lo} of {len(ops)}; all in report.json)",
+                      title_justify="left")
+        for col in ("node", "exported op", "eager op", "module", "source", "SQNR dB", "max err", "status"):
+            table.add_column(col, justify="right" if col in ("SQNR dB", "max err") else "left")
+        for row in ops[lo:hi]:
+            line = row.get("line")
+            table.add_row(plain(row["node"]), plain(_op(row["op"])), plain(_op(row.get("eager_op")) or "—"),
+                          plain(row.get("module") or "(forward)"), plain(f"{line[0]}:{line[1]}" if line else "—"),
+                          _f(row.get("sqnr")), _f(row.get("error_max"), ".3g"), plain(row["status"]))
+        console.print(table)
     layers = found.get("layers") or []
     if layers:
-        table = Table(title="eager vs exported program, per module", title_justify="left")
-        for col in ("module", "type", "exported node", "SQNR dB", "max err", "status"):
-            table.add_column(col, justify="right" if col in ("SQNR dB", "max err") else "left")
+        table = Table(title="eager vs exported program, per module (input and output)", title_justify="left")
+        for col in ("module", "type", "exported node", "input SQNR", "output SQNR", "max err", "status"):
+            table.add_column(col, justify="right" if col in ("input SQNR", "output SQNR", "max err") else "left")
         for row in layers:
             table.add_row(plain(row.get("module")), plain(row.get("type")), plain(row.get("node") or "—"),
-                          _f(row.get("sqnr")), _f(row.get("error_max"), ".3g"), plain(row.get("status")))
+                          _f(row.get("input_sqnr")), _f(row.get("sqnr")), _f(row.get("error_max"), ".3g"),
+                          plain(row.get("status")))
         console.print(table)
     first = found.get("first_divergent") or {}
-    for node in first.get("nodes") or []:
-        console.print(f"  {first['module']}: node {node['node']} ({node['op']})"
-                      + (f" at {node['source']}" if node.get("source") else ""), markup=False)
+    for node in first.get("exported_only_inputs") or []:
+        console.print(f"  input {node['node']} ({_op(node['op'])}) exists only in the exported program"
+                      + (f": {node['source']}" if node.get("source") else ""), markup=False)
+    if first.get("bound"):
+        console.print(f"  place bounded {first['bound']}", markup=False)
+    for note in found.get("notes") or []:
+        console.print(f"  note: {note}", markup=False)
 
 
 def _f(v: Any, fmt: str = ".1f") -> str:

@@ -1,0 +1,268 @@
+"""Eager intermediates per ATen operation, matched to the exported program's nodes.
+
+A comparison per `nn.Module` cannot see what a model computes in its own `forward` with functional
+calls and tensor methods (layer norms, activations, inline attention): the blame lands on the next
+module. Here the eager model runs under a `TorchDispatchMode` that records every ATen operation's
+first output together with where it ran: the innermost module (its path, as `nn_module_stack`
+names it) and the innermost frame of the model's own code (torch's frames skipped, the frames the
+exported program's `stack_trace` holds). Module inputs and outputs are recorded by hooks in the same
+run.
+
+Eager dispatch sees ATen after CompositeImplicit decomposition (`layer_norm` -> `native_layer_norm`,
+`linear` -> `t` + `addmm`), the exported program (before `run_decompositions`) the ops as written.
+`match_nodes` therefore pairs within (module path, source line): an exported node with the next
+eager op of the same op name (`native_`/leading `_` dropped), else with the last eager op of the
+same shape before the next such pair (the final step of its decomposition: `decomposed` when no
+other unpaired node shares that stretch, `shape` - uncertain - when one does); nodes with no stack
+trace fall back to op order within their module; a node whose line ran no eager op in that module
+is `exported only` (code that ran only while exporting).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+# bundlerun's own bound on the eager values kept for one comparison (host memory), not ExecuTorch's.
+MAX_RECORDED_BYTES = 2 << 30
+
+Source = tuple[str, int, str]  # (file name, line, function)
+
+
+@dataclass
+class EagerOp:
+    index: int
+    op: str  # "aten.native_layer_norm.default"
+    module: str  # innermost module's path; "" = the model's own forward
+    source: Source | None
+    value: Any  # first tensor output (a copy), or None
+
+
+@dataclass
+class ModuleCall:
+    path: str
+    kind: str
+    input: Any  # first tensor argument (a copy)
+    output: Any  # first tensor output (a copy)
+
+
+@dataclass
+class EagerRun:
+    ops: list[EagerOp]
+    modules: list[ModuleCall]  # in the order the calls finished, first call of each path
+    output: Any
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NodeMatch:
+    eager: int | None  # index into EagerRun.ops
+    how: str  # "op" | "decomposed" | "shape" | "order" | "exported only" | "no eager value"
+
+
+def _framework(path: str) -> bool:
+    """torch's own frames (the rule of bundles/partition_control.py source_line)."""
+    return "/torch/" in path.replace("\\", "/")
+
+
+def _short(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((v for v in (_first_tensor(x) for x in value) if v is not None), None)
+    if isinstance(value, dict):
+        return _first_tensor(list(value.values()))
+    return None
+
+
+def _copy(value: Any) -> Any:
+    t = _first_tensor(value)
+    return None if t is None else t.detach().clone()
+
+
+def capture(module: Any, inputs: tuple, max_bytes: int = MAX_RECORDED_BYTES) -> EagerRun:
+    """Run `module` eagerly on `inputs`, recording every ATen op and every submodule call."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list[EagerOp] = []
+    calls: dict[str, ModuleCall] = {}
+    finished: list[str] = []
+    stack: list[str] = [""]
+    state = {"paused": False, "bytes": 0, "full": False}
+    run_code = capture.__code__
+
+    def where(frame: Any) -> Source | None:
+        innermost = None
+        while frame is not None and frame.f_code is not run_code:  # the frames between the model and here
+            name = frame.f_code.co_filename
+            if innermost is None:
+                innermost = (_short(name), frame.f_lineno, frame.f_code.co_name)
+            if not _framework(name):
+                return _short(name), frame.f_lineno, frame.f_code.co_name
+            frame = frame.f_back
+        return innermost
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not state["paused"]:
+                value = None if state["full"] else _copy(out)
+                if value is not None:
+                    state["bytes"] += value.numel() * value.element_size()
+                    if state["bytes"] > max_bytes:
+                        state["full"], value = True, None
+                ops.append(EagerOp(len(ops), str(func), stack[-1], where(sys._getframe(1)), value))
+            return out
+
+    def pre(path: str, kind: str):
+        def hook(_mod: Any, args: Any) -> None:
+            stack.append(path)
+            if path not in calls:
+                state["paused"] = True
+                try:
+                    calls[path] = ModuleCall(path, kind, _copy(args), None)
+                finally:
+                    state["paused"] = False
+        return hook
+
+    def post(path: str):
+        def hook(_mod: Any, _args: Any, output: Any) -> None:
+            if stack[-1] == path:
+                stack.pop()
+            call = calls.get(path)
+            if call is not None and call.output is None and path not in finished:
+                state["paused"] = True
+                try:
+                    call.output = _copy(output)
+                finally:
+                    state["paused"] = False
+                finished.append(path)
+        return hook
+
+    handles = []
+    for path, sub in module.named_modules():
+        if path:
+            handles.append(sub.register_forward_pre_hook(pre(path, type(sub).__name__)))
+            handles.append(sub.register_forward_hook(post(path)))
+    try:
+        with torch.no_grad(), Recorder():
+            output = module(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    notes = []
+    if state["full"]:
+        notes.append(f"eager values past {max_bytes >> 20} MiB were not kept (bundlerun's bound on host memory): "
+                     "later operations are not compared")
+    return EagerRun(ops, [calls[p] for p in finished if calls[p].output is not None], output, notes)
+
+
+# ------------------------------------------------------------------ the exported side
+
+
+def node_source(node: Any) -> Source | None:
+    """(file name, line, function) of the node's innermost frame of model code (its `stack_trace`)."""
+    import re
+
+    frames = re.findall(r'File "(.+?)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
+    if not frames:
+        return None
+    own = [f for f in frames if not _framework(f[0])]
+    path, line, fn = (own or frames)[-1]
+    return _short(path), int(line), fn
+
+
+def node_module(node: Any) -> tuple[str, str]:
+    """(path, class name) of the innermost module the node ran in ("" = the model's own forward)."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if not stack:
+        return "", ""
+    path, kind = stack[-1][0], stack[-1][1]
+    kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    return str(path or ""), kind.rsplit(".", 1)[-1]
+
+
+def op_name(target: Any) -> str:
+    """"layer_norm" for aten.layer_norm.default and "native_layer_norm" alike: the name both sides share
+    (`native_`, leading `_`, `unsafe_`, an in-place `_` suffix dropped)."""
+    name = str(target).split("::")[-1]
+    name = name[len("aten."):] if name.startswith("aten.") else name
+    name = name.split(".")[0].lstrip("_")
+    for prefix in ("native_", "unsafe_"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name.rstrip("_")
+
+
+def _shape(value: Any) -> tuple | None:
+    t = _first_tensor(value)
+    return None if t is None else tuple(t.shape)
+
+
+def compared_nodes(graph_module: Any) -> list[Any]:
+    """The exported graph's ATen call nodes, in graph order (getitem and assertions left out)."""
+    return [n for n in graph_module.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")
+            and not str(n.target).startswith("aten._assert")]
+
+
+def match_nodes(nodes: list[Any], values: dict[str, Any], run: EagerRun) -> dict[str, NodeMatch]:
+    """node name -> its eager op (see the module docstring)."""
+    eager: dict[tuple, list[EagerOp]] = {}
+    by_module: dict[str, list[EagerOp]] = {}
+    for op in run.ops:
+        eager.setdefault((op.module, op.source), []).append(op)
+        by_module.setdefault(op.module, []).append(op)
+    groups: dict[tuple, list[Any]] = {}
+    unsourced: list[Any] = []
+    for n in nodes:
+        src = node_source(n)
+        (groups.setdefault((node_module(n)[0], src), []) if src else unsourced).append(n)
+    found: dict[str, NodeMatch] = {}
+    used: set[int] = set()
+    for key, group in groups.items():
+        ops = eager.get(key) or []
+        if not ops:
+            for n in group:
+                found[n.name] = NodeMatch(None, "exported only")
+            continue
+        p = 0
+        for i, n in enumerate(group):
+            j = _same_op(ops, p, n, values)
+            how = "op"
+            if j is None:  # a decomposition: its last op of the node's shape before the next node's own op
+                after = [_same_op(ops, p, m, values) for m in group[i + 1:]]
+                end = next((k for k in after if k is not None), len(ops))
+                shape = _shape(values.get(n.name))
+                j = next((k for k in range(end - 1, p - 1, -1) if shape is not None and _shape(ops[k].value) == shape),
+                         None)
+                # certain when the window holds this node's ops alone (the next node pairs by op, or none follows)
+                how = "decomposed" if not after or after[0] is not None else "shape"
+            if j is None:
+                found[n.name] = NodeMatch(None, "no eager value")
+                continue
+            found[n.name] = NodeMatch(ops[j].index, how)
+            used.add(ops[j].index)
+            p = j + 1
+    for n in unsourced:  # no stack trace: the same op's next unused occurrence in the same module
+        name, module = op_name(n.target), node_module(n)[0]
+        op = next((o for o in by_module.get(module, []) if o.index not in used and op_name(o.op) == name), None)
+        if op is not None:
+            used.add(op.index)
+        found[n.name] = NodeMatch(op.index if op else None, "order" if op else "no eager value")
+    return found
+
+
+def _same_op(ops: list[EagerOp], start: int, node: Any, values: dict[str, Any]) -> int | None:
+    name, shape = op_name(node.target), _shape(values.get(node.name))
+    for k in range(start, len(ops)):
+        if op_name(ops[k].op) == name and (shape is None or _shape(ops[k].value) in (shape, None)):
+            return k
+    return None
