@@ -172,7 +172,8 @@ def node_source(node: Any) -> Source | None:
     """(file name, line, function) of the node's innermost frame of model code (its `stack_trace`)."""
     import re
 
-    frames = re.findall(r'File "(.+?)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
+    trace = node.meta.get("stack_trace")
+    frames = re.findall(r'File "(.+?)", line (\d+), in (\S+)', trace if isinstance(trace, str) else "")
     if not frames:
         return None
     own = [f for f in frames if not _framework(f[0])]
@@ -182,10 +183,11 @@ def node_source(node: Any) -> Source | None:
 
 def node_module(node: Any) -> tuple[str, str]:
     """(path, class name) of the innermost module the node ran in ("" = the model's own forward)."""
-    stack = list((node.meta.get("nn_module_stack") or {}).values())
-    if not stack:
+    stack = node.meta.get("nn_module_stack")
+    entry = list(stack.values())[-1] if isinstance(stack, dict) and stack else None
+    if not isinstance(entry, (tuple, list)) or len(entry) < 2:  # what ETRecord records, else nothing to go by
         return "", ""
-    path, kind = stack[-1][0], stack[-1][1]
+    path, kind = entry[0], entry[1]
     kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
     return str(path or ""), kind.rsplit(".", 1)[-1]
 

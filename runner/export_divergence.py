@@ -4,11 +4,14 @@
 ETRecord's graph), so a model whose export differs from eager (code that takes another path while
 `torch.compiler.is_exporting()`, a tracing-time constant, a dropped side effect) shows every layer
 `ok` while its output fails against the eager reference the bundle holds. This module says so,
-and where: the exported program is run on the case's inputs (node by node, torch.fx.Interpreter)
-and the eager model with a forward hook on every submodule; each module's eager output is compared
-with the value of its last node in the exported graph - the node whose `nn_module_stack` (what
-ETRecord records for every node) ends the module's span - in the order the eager modules
-finished, and the first module whose SQNR drops under the floor is where they part.
+and where, per operation: the exported program is run on the case's inputs (node by node,
+torch.fx.Interpreter) and the eager model under a dispatch mode that records every ATen op
+(runner/eager_ops.py); each exported node is paired with its eager op by module path
+(`nn_module_stack`) and source line (`stack_trace`), and in graph order the first node whose value
+parts from eager while none of its inputs does is where they part - a functional call, a tensor
+method or a step of attention written inline in `forward`, not only a module. A node whose input
+already diverges is `downstream`; so is a module whose input diverges (each module's input and
+output are compared too, its output with the last node of its `nn_module_stack` span).
 
 The floor is the output's SQNR budget (runner/debug.py `output_budget`, from its criteria), else
 100 dB: bundlerun's own figure for "the same computation, float rounding apart" (eager and
@@ -74,7 +77,8 @@ def module_spans(graph_module: Any) -> dict[str, list[Any]]:
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
             continue
-        for value in (node.meta.get("nn_module_stack") or {}).values():
+        stack = node.meta.get("nn_module_stack")
+        for value in (stack.values() if isinstance(stack, dict) else ()):
             path = value[0] if isinstance(value, (tuple, list)) and value else None
             if path:
                 spans.setdefault(str(path), []).append(node)
@@ -89,6 +93,13 @@ def _diverges(stats: dict[str, Any] | None, floor: float) -> bool | None:
     return isinstance(sqnr, (int, float)) and not (math.isinf(sqnr) and sqnr > 0) and sqnr < floor
 
 
+def _source(node: Any) -> str | None:
+    from bundlerun.bundles.partition_control import source_line
+
+    trace = node.meta.get("stack_trace")
+    return source_line(trace) if isinstance(trace, str) else None
+
+
 def _at(row: dict[str, Any]) -> str:
     """"linear (l1, model.py:30)": a node, its module and line, for a bound."""
     line = row.get("line")
@@ -99,7 +110,6 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     """One row per exported ATen node, in graph order: its eager op, SQNR and status. A node whose own
     value diverges while none of its inputs does (through nodes not compared) is where a divergence
     starts ("diverges"); one with a diverging input is "downstream"."""
-    from bundlerun.bundles.partition_control import source_line
     from bundlerun.runner.eager_ops import match_nodes, node_module, node_source
 
     matches = match_nodes(nodes, values, run)
@@ -111,7 +121,7 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
         eager_op = run.ops[m.eager].op if m.eager is not None else None
         stats = _stats(_numpy(values.get(n.name)), _numpy(run.ops[m.eager].value)) if m.eager is not None else None
         row = {"node": n.name, "op": str(n.target), "eager_op": eager_op, "match": m.how, "module": path, "type": kind,
-               "line": list(node_source(n) or []) or None, "source": source_line(n.meta.get("stack_trace")),
+               "line": list(node_source(n) or []) or None, "source": _source(n),
                **(stats or {})}
         upstream = any(a.name in tainted for a in n.all_input_nodes)
         bad = _diverges(stats, floor)
@@ -288,6 +298,10 @@ def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> N
                       + (f": {node['source']}" if node.get("source") else ""), markup=False)
     if first.get("bound"):
         console.print(f"  place bounded {first['bound']}", markup=False)
+    at = found.get("runtime_row")
+    if at:
+        console.print(f"  on the target, row {at['row']} (instruction {at['instruction']}, {at['runtime_op']}) computes "
+                      f"{first.get('node')}: it matches the exported program", markup=False)
     for note in found.get("notes") or []:
         console.print(f"  note: {note}", markup=False)
 
