@@ -120,7 +120,8 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
         path, kind = node_module(n)
         eager_op = run.ops[m.eager].op if m.eager is not None else None
         stats = _stats(_numpy(values.get(n.name)), _numpy(run.ops[m.eager].value)) if m.eager is not None else None
-        row = {"node": n.name, "op": str(n.target), "eager_op": eager_op, "match": m.how, "module": path, "type": kind,
+        row = {"node": n.name, "op": str(n.target), "eager_op": eager_op, "eager_index": m.eager, "match": m.how,
+               "module": path, "type": kind,
                "line": list(node_source(n) or []) or None, "source": _source(n),
                **(stats or {})}
         upstream = any(a.name in tainted for a in n.all_input_nodes)
@@ -135,9 +136,10 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     return rows
 
 
-def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any]) -> dict[str, Any] | None:
-    """The first row that diverges on its own, with the exported-only nodes feeding it and, when its place
-    is not certain (matched by shape or order, or an input not compared), the bound around it."""
+def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any], run: Any = None) -> dict[str, Any] | None:
+    """The first row that diverges on its own, with the exported-only nodes feeding it, the eager ops the
+    exported program has no node for that ran just before it, and, when its place is not certain
+    (matched by shape or order, or an input not compared), the bound around it."""
     k = next((i for i, r in enumerate(rows) if r["status"] == "diverges"), None)
     if k is None:
         return None
@@ -156,13 +158,32 @@ def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any]) -> dict[str, 
         todo += a.all_input_nodes
     first["exported_only_inputs"] = [{"node": r["node"], "op": r["op"], "source": r["source"]} for r in only]
     last_ok = next((r for r in reversed(rows[:k]) if r["status"] == "ok"), None)
+    first["eager_only_before"] = _eager_only(run, nodes, rows[:k], first.get("eager_index")) if run else []
     doubt = [f"matched to eager by {first['match']} only"] if first["match"] in ("shape", "order") else []
     doubt += [f"input {r['node']} ({r['status']}) not compared" for r in uncompared]
+    extra = first["eager_only_before"]
+    if extra:
+        doubt.append(f"eager ran {len(extra)} op(s) in between that the exported program has no node for ("
+                     + ", ".join(f"{_op(o['op'])} at {o['line'][0]}:{o['line'][1]}" if o.get("line") else _op(o["op"])
+                                 for o in extra[:3]) + (", ..." if len(extra) > 3 else "") + ")")
     first["bound"] = None
     if doubt:
         first["bound"] = f"between {_at(last_ok) if last_ok else 'the inputs'} and {_at(first)}: {'; '.join(doubt)}"
     first["downstream_modules"] = []
     return first
+
+
+def _eager_only(run: Any, nodes: list[Any], before: list[dict[str, Any]], until: int | None) -> list[dict[str, Any]]:
+    """Eager ops on a (module, line) where the exported program has no node, run after the last eager op
+    paired before the first divergence and before its own: code that ran only in eager, right there."""
+    from bundlerun.runner.eager_ops import node_module, node_source
+
+    if until is None:
+        return []
+    exported = {(node_module(n)[0], node_source(n)) for n in nodes}
+    since = max((r["eager_index"] for r in before if r.get("eager_index") is not None), default=-1)
+    return [{"op": op.op, "module": op.module, "line": list(op.source) if op.source else None}
+            for op in run.ops[since + 1:until] if (op.module, op.source) not in exported]
 
 
 def compare_modules(run: Any, values: dict[str, Any], graph_module: Any, floor: float) -> list[dict[str, Any]]:
@@ -211,7 +232,7 @@ def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float |
     nodes = compared_nodes(gm)
     ops = compare_ops(nodes, values, run, floor)
     layers = compare_modules(run, values, gm, floor)
-    first = _first_divergent(ops, nodes)
+    first = _first_divergent(ops, nodes, run)
     if first is not None:
         for row in layers:
             if row["module"] == first["module"] and row["status"] == "diverges":
@@ -261,6 +282,46 @@ def summary_line(found: dict[str, Any]) -> str:
             + (f"; place bounded {first['bound']}" if first.get("bound") else "") + tail)
 
 
+def divergence_tables(found: dict[str, Any], context: int = 6) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the operations around the first divergence and of the modules: the tables
+    the console, summary.md and report.html show (report.json has every operation)."""
+    tables = []
+    ops = found.get("operations") or []
+    k = next((i for i, r in enumerate(ops) if r.get("status") == "FIRST DIVERGENT"), None)
+    if ops:
+        lo, hi = (max(0, k - context), min(len(ops), k + context + 1)) if k is not None else (0, min(len(ops), 2 * context))
+        rows = [[str(r["node"]), _op(r["op"]), _op(r.get("eager_op")) or "—", str(r.get("module") or "(forward)"),
+                 f"{r['line'][0]}:{r['line'][1]}" if r.get("line") else "—", _f(r.get("sqnr")),
+                 _f(r.get("error_max"), ".3g"), str(r["status"])] for r in ops[lo:hi]]
+        tables.append((f"eager vs exported program, per operation ({hi - lo} of {len(ops)}; all in report.json)",
+                       ["node", "exported op", "eager op", "module", "source", "SQNR dB", "max err", "status"], rows))
+    layers = found.get("layers") or []
+    if layers:
+        rows = [[str(r.get("module")), str(r.get("type")), str(r.get("node") or "—"), _f(r.get("input_sqnr")),
+                 _f(r.get("sqnr")), _f(r.get("error_max"), ".3g"), str(r.get("status"))] for r in layers]
+        tables.append(("eager vs exported program, per module (input and output)",
+                       ["module", "type", "exported node", "input SQNR", "output SQNR", "max err", "status"], rows))
+    return tables
+
+
+def divergence_lines(found: dict[str, Any]) -> list[str]:
+    """What feeds the first divergence that eager or the export lacks, the bound, the runtime row, notes."""
+    first = found.get("first_divergent") or {}
+    lines = [f"input {n['node']} ({_op(n['op'])}) exists only in the exported program"
+             + (f": {n['source']}" if n.get("source") else "") for n in first.get("exported_only_inputs") or []]
+    for op in first.get("eager_only_before") or []:
+        line = op.get("line")
+        lines.append(f"eager ran {_op(op['op'])} ({op['module'] or 'forward'}" + (f", {line[0]}:{line[1]}" if line else "")
+                     + ") just before it; the exported program has no node for that line")
+    if first.get("bound"):
+        lines.append(f"place bounded {first['bound']}")
+    at = found.get("runtime_row")
+    if at:
+        lines.append(f"on the target, row {at['row']} (instruction {at['instruction']}, {at['runtime_op']}) computes "
+                     f"{first.get('node')}: it matches the exported program")
+    return lines + [f"note: {n}" for n in found.get("notes") or []]
+
+
 def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> None:
     """The finding, the operations around the first divergence, the per-module table (console)."""
     from rich.table import Table
@@ -268,45 +329,23 @@ def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> N
     from bundlerun.runner.report.console import plain
 
     console.print(found.get("finding", ""), markup=False)
-    ops = found.get("operations") or []
-    k = next((i for i, r in enumerate(ops) if r.get("status") == "FIRST DIVERGENT"), None)
-    if ops:
-        lo, hi = (max(0, k - context), min(len(ops), k + context + 1)) if k is not None else (0, min(len(ops), 2 * context))
-        table = Table(title=f"eager vs exported program, per operation ({hi - lo} of {len(ops)}; all in report.json)",
-                      title_justify="left")
-        for col in ("node", "exported op", "eager op", "module", "source", "SQNR dB", "max err", "status"):
-            table.add_column(col, justify="right" if col in ("SQNR dB", "max err") else "left")
-        for row in ops[lo:hi]:
-            line = row.get("line")
-            table.add_row(plain(row["node"]), plain(_op(row["op"])), plain(_op(row.get("eager_op")) or "—"),
-                          plain(row.get("module") or "(forward)"), plain(f"{line[0]}:{line[1]}" if line else "—"),
-                          _f(row.get("sqnr")), _f(row.get("error_max"), ".3g"), plain(row["status"]))
+    numeric = {"SQNR dB", "max err", "input SQNR", "output SQNR"}
+    for title, head, rows in divergence_tables(found, context):
+        table = Table(title=title, title_justify="left")
+        for col in head:
+            table.add_column(col, justify="right" if col in numeric else "left")
+        for row in rows:
+            table.add_row(*[plain(c) for c in row])
         console.print(table)
-    layers = found.get("layers") or []
-    if layers:
-        table = Table(title="eager vs exported program, per module (input and output)", title_justify="left")
-        for col in ("module", "type", "exported node", "input SQNR", "output SQNR", "max err", "status"):
-            table.add_column(col, justify="right" if col in ("input SQNR", "output SQNR", "max err") else "left")
-        for row in layers:
-            table.add_row(plain(row.get("module")), plain(row.get("type")), plain(row.get("node") or "—"),
-                          _f(row.get("input_sqnr")), _f(row.get("sqnr")), _f(row.get("error_max"), ".3g"),
-                          plain(row.get("status")))
-        console.print(table)
-    first = found.get("first_divergent") or {}
-    for node in first.get("exported_only_inputs") or []:
-        console.print(f"  input {node['node']} ({_op(node['op'])}) exists only in the exported program"
-                      + (f": {node['source']}" if node.get("source") else ""), markup=False)
-    if first.get("bound"):
-        console.print(f"  place bounded {first['bound']}", markup=False)
-    at = found.get("runtime_row")
-    if at:
-        console.print(f"  on the target, row {at['row']} (instruction {at['instruction']}, {at['runtime_op']}) computes "
-                      f"{first.get('node')}: it matches the exported program", markup=False)
-    for note in found.get("notes") or []:
-        console.print(f"  note: {note}", markup=False)
+    from bundlerun.runner.safe_text import visible  # names and source lines come from the ETRecord
+
+    for line in divergence_lines(found):
+        console.print(visible(f"  {line}"), markup=False)
 
 
 def _f(v: Any, fmt: str = ".1f") -> str:
+    if v is None:
+        return "—"
     return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 

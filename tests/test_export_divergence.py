@@ -118,6 +118,28 @@ def test_a_node_without_stack_trace_is_matched_by_order_and_its_place_bounded():
     assert {r["module"]: r["status"] for r in found["layers"]} == {"l1": "ok", "l2": "downstream"}
 
 
+def test_a_step_only_eager_runs_is_named_and_bounds_the_place():
+    """Eager multiplies by 2 on a line the export skipped: the first exported node that parts (tanh) is named,
+    with the eager-only op just before it and the place bounded between l1's output and tanh."""
+    import torch
+
+    from bundlerun.bundles.backends.common import export_model
+    from bundlerun.runner.export_divergence import localize, summary_line
+
+    model, inputs = _ops_model("eager_only")
+    with torch.no_grad():
+        found = localize(model, export_model(model, inputs), inputs)
+    first = found["first_divergent"]
+    line = _line("h = h * 2.0")
+    assert first["node"] == "tanh" and first["match"] == "op"
+    assert first["eager_only_before"] == [{"op": "aten.mul.Tensor", "module": "",
+                                           "line": ["export_divergent_ops.py", line, "forward"]}]
+    assert first["bound"] == (f"between linear (l1, export_divergent_ops.py:{line - 2}) and tanh "
+                              f"(forward, export_divergent_ops.py:{line + 1}): eager ran 1 op(s) in between that the "
+                              f"exported program has no node for (mul at export_divergent_ops.py:{line})")
+    assert "place bounded between linear (l1" in summary_line(found)
+
+
 # (fixture factory, exported node, exported op, eager op, text on its line, the module downstream of it)
 OP_CASES = [
     ("layer_norm", "layer_norm", "aten.layer_norm.default", "aten.native_layer_norm.default",
@@ -161,6 +183,10 @@ def test_debug_names_the_first_diverging_operation(tmp_path, factory, node, op, 
     assert f"part first at operation {op.split('.')[1]} (node {node}, eager {eager_op.split('.')[1]}) in the model's " \
            f"own forward" in proc.stdout
     assert f"downstream of it: {downstream}" in proc.stdout
+    summary = (tmp_path / "debug" / "summary.md").read_text()  # the same tables in summary.md and report.html
+    assert "## Divergence at export" in summary and f"| {node} | {op.split('.')[1]} |" in summary
+    html = (tmp_path / "debug" / "report.html").read_text()
+    assert "<h2>Divergence at export</h2>" in html and f"<td>{node}</td>" in html
 
 
 def test_hostile_node_metadata_is_read_without_error():
