@@ -11,11 +11,13 @@ run.
 Eager dispatch sees ATen after CompositeImplicit decomposition (`layer_norm` -> `native_layer_norm`,
 `linear` -> `t` + `addmm`), the exported program (before `run_decompositions`) the ops as written.
 `match_nodes` therefore pairs within (module path, source line): an exported node with the next
-eager op of the same op name (`native_`/leading `_` dropped), else with the last eager op of the
-same shape before the next such pair (the final step of its decomposition: `decomposed` when no
-other unpaired node shares that stretch, `shape` - uncertain - when one does); nodes with no stack
-trace fall back to op order within their module; a node whose line ran no eager op in that module
-is `exported only` (code that ran only while exporting).
+eager op of the same op name (`native_`/leading `_` dropped), else with the last op of its shape in the next
+Python-level torch call (the ops one call dispatches - same frame and bytecode offset - are its
+decomposition: `decomposed`; `shape`, uncertain, when calls before it were passed over). Nodes
+with no frame of model code (an `nn.Sequential` of torch modules) are placed the same way among the
+module's ops that have none either, and in a graph with no stack traces at all among all the
+module's ops (`order` when the module has several such nodes). A node
+whose line ran no eager op in that module is `exported only` (code that ran only while exporting).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class EagerOp:
     module: str  # innermost module's path; "" = the model's own forward
     source: Source | None
     value: Any  # first tensor output (a copy), or None
+    call: int = 0  # the Python-level torch call it belongs to: ops of one call are its decomposition
 
 
 @dataclass
@@ -64,6 +67,13 @@ class NodeMatch:
 def _framework(path: str) -> bool:
     """torch's own frames (the rule of bundles/partition_control.py source_line)."""
     return "/torch/" in path.replace("\\", "/")
+
+
+def _machinery(path: str) -> bool:
+    """Frames of torch's dispatch and dynamo wrappers around a dispatch mode (not the model's calls)."""
+    p = path.replace("\\", "/")
+    return any(part in p for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_ops.py",
+                                      "/torch/_compile.py"))
 
 
 def _short(path: str) -> str:
@@ -96,19 +106,22 @@ def capture(module: Any, inputs: tuple, max_bytes: int = MAX_RECORDED_BYTES) -> 
     calls: dict[str, ModuleCall] = {}
     finished: list[str] = []
     stack: list[str] = [""]
-    state = {"paused": False, "bytes": 0, "full": False}
+    state: dict[str, Any] = {"paused": False, "bytes": 0, "full": False, "hooks": 0, "call": 0, "last": None}
     run_code = capture.__code__
 
-    def where(frame: Any) -> Source | None:
-        innermost = None
+    def where(frame: Any) -> tuple[Source | None, tuple]:
+        """The op's source (as `node_source` reads a stack trace) and the Python call it came from."""
+        while frame is not None and _machinery(frame.f_code.co_filename):  # the dispatch mode's own wrappers
+            frame = frame.f_back
+        if frame is None:
+            return None, ()
+        call = (id(frame), frame.f_lasti, state["hooks"])  # one torch call: its decomposition shares these
         while frame is not None and frame.f_code is not run_code:  # the frames between the model and here
             name = frame.f_code.co_filename
-            if innermost is None:
-                innermost = (_short(name), frame.f_lineno, frame.f_code.co_name)
             if not _framework(name):
-                return _short(name), frame.f_lineno, frame.f_code.co_name
+                return (_short(name), frame.f_lineno, frame.f_code.co_name), call
             frame = frame.f_back
-        return innermost
+        return None, call  # only torch's frames (an nn.Sequential of torch modules): placed by module alone
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -119,12 +132,16 @@ def capture(module: Any, inputs: tuple, max_bytes: int = MAX_RECORDED_BYTES) -> 
                     state["bytes"] += value.numel() * value.element_size()
                     if state["bytes"] > max_bytes:
                         state["full"], value = True, None
-                ops.append(EagerOp(len(ops), str(func), stack[-1], where(sys._getframe(1)), value))
+                source, call = where(sys._getframe(1))
+                if call != state["last"]:
+                    state["last"], state["call"] = call, state["call"] + 1
+                ops.append(EagerOp(len(ops), str(func), stack[-1], source, value, state["call"]))
             return out
 
     def pre(path: str, kind: str):
         def hook(_mod: Any, args: Any) -> None:
             stack.append(path)
+            state["hooks"] += 1  # a module call starts: no op before and after it is one torch call
             if path not in calls:
                 state["paused"] = True
                 try:
@@ -135,6 +152,7 @@ def capture(module: Any, inputs: tuple, max_bytes: int = MAX_RECORDED_BYTES) -> 
 
     def post(path: str):
         def hook(_mod: Any, _args: Any, output: Any) -> None:
+            state["hooks"] += 1
             if stack[-1] == path:
                 stack.pop()
             call = calls.get(path)
@@ -177,7 +195,9 @@ def node_source(node: Any) -> Source | None:
     if not frames:
         return None
     own = [f for f in frames if not _framework(f[0])]
-    path, line, fn = (own or frames)[-1]
+    if not own:  # torch's frames only: which of them a trace keeps differs from eager's, so none is used
+        return None
+    path, line, fn = own[-1]
     return _short(path), int(line), fn
 
 
@@ -217,49 +237,53 @@ def compared_nodes(graph_module: Any) -> list[Any]:
 
 def match_nodes(nodes: list[Any], values: dict[str, Any], run: EagerRun) -> dict[str, NodeMatch]:
     """node name -> its eager op (see the module docstring)."""
+    # a graph without stack traces (stripped, or an old ETRecord): every op placed by its module alone
+    traced = any(isinstance(n.meta.get("stack_trace"), str) and n.meta["stack_trace"] for n in nodes)
     eager: dict[tuple, list[EagerOp]] = {}
-    by_module: dict[str, list[EagerOp]] = {}
     for op in run.ops:
-        eager.setdefault((op.module, op.source), []).append(op)
-        by_module.setdefault(op.module, []).append(op)
+        eager.setdefault((op.module, op.source if traced else None), []).append(op)
     groups: dict[tuple, list[Any]] = {}
-    unsourced: list[Any] = []
     for n in nodes:
-        src = node_source(n)
-        (groups.setdefault((node_module(n)[0], src), []) if src else unsourced).append(n)
+        groups.setdefault((node_module(n)[0], node_source(n)), []).append(n)
     found: dict[str, NodeMatch] = {}
-    used: set[int] = set()
-    for key, group in groups.items():
-        ops = eager.get(key) or []
+    for (module, source), group in groups.items():
+        ops = eager.get((module, source)) or []
         if not ops:
             for n in group:
-                found[n.name] = NodeMatch(None, "exported only")
+                found[n.name] = NodeMatch(None, "exported only" if source else "no eager value")
             continue
         p = 0
         for i, n in enumerate(group):
             j = _same_op(ops, p, n, values)
             how = "op"
-            if j is None:  # a decomposition: its last op of the node's shape before the next node's own op
-                after = [_same_op(ops, p, m, values) for m in group[i + 1:]]
-                end = next((k for k in after if k is not None), len(ops))
-                shape = _shape(values.get(n.name))
-                j = next((k for k in range(end - 1, p - 1, -1) if shape is not None and _shape(ops[k].value) == shape),
-                         None)
-                # certain when the window holds this node's ops alone (the next node pairs by op, or none follows)
-                how = "decomposed" if not after or after[0] is not None else "shape"
+            if j is None:  # a decomposition: the last op of the node's shape in the next torch call that has one
+                after = next((k for k in (_same_op(ops, p, m, values) for m in group[i + 1:]) if k is not None),
+                             len(ops))
+                j, skipped = _decomposed(ops, p, after, _shape(values.get(n.name)))
+                how = "shape" if skipped else "decomposed"  # uncertain when calls before it were passed over
             if j is None:
                 found[n.name] = NodeMatch(None, "no eager value")
                 continue
-            found[n.name] = NodeMatch(ops[j].index, how)
-            used.add(ops[j].index)
+            # no source line: placed by its order among the module's ops - certain only when it is the only one
+            found[n.name] = NodeMatch(ops[j].index, "order" if source is None and len(group) > 1 else how)
             p = j + 1
-    for n in unsourced:  # no stack trace: the same op's next unused occurrence in the same module
-        name, module = op_name(n.target), node_module(n)[0]
-        op = next((o for o in by_module.get(module, []) if o.index not in used and op_name(o.op) == name), None)
-        if op is not None:
-            used.add(op.index)
-        found[n.name] = NodeMatch(op.index if op else None, "order" if op else "no eager value")
+            if how != "op":  # past the rest of the call it was decomposed into
+                while p < len(ops) and ops[p].call == ops[j].call:
+                    p += 1
     return found
+
+
+def _decomposed(ops: list[EagerOp], start: int, end: int, shape: tuple | None) -> tuple[int | None, bool]:
+    """(the last op of `shape` in the first torch call of ops[start:end] that has one, whether calls with no
+    such op were passed over)."""
+    if shape is None:
+        return None, False
+    for k in range(start, end):
+        if _shape(ops[k].value) == shape:
+            call = ops[k].call
+            last = max(m for m in range(k, len(ops)) if ops[m].call == call and _shape(ops[m].value) == shape)
+            return last, ops[start].call != call
+    return None, False
 
 
 def _same_op(ops: list[EagerOp], start: int, node: Any, values: dict[str, Any]) -> int | None:

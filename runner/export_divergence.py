@@ -30,6 +30,10 @@ from typing import Any
 import numpy as np
 
 DEFAULT_FLOOR_DB = 100.0
+# ops whose values are uninitialized memory or random draws (eager_ops.op_name spelling): never compared
+_UNDEFINED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "rand", "randn",
+                        "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli", "normal",
+                        "uniform", "multinomial", "exponential", "geometric", "cauchy", "log_normal", "dropout"})
 
 
 def _numpy(value: Any) -> np.ndarray | None:
@@ -72,13 +76,15 @@ def capture_graph(graph_module: Any, inputs: tuple) -> tuple[dict[str, Any], Any
 
 
 def module_spans(graph_module: Any) -> dict[str, list[Any]]:
-    """module path -> its call_function nodes in graph order (from nn_module_stack)."""
+    """module path -> the call_function nodes of its first call, in graph order (from nn_module_stack)."""
     spans: dict[str, list[Any]] = {}
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
             continue
         stack = node.meta.get("nn_module_stack")
-        for value in (stack.values() if isinstance(stack, dict) else ()):
+        for key, value in (stack.items() if isinstance(stack, dict) else ()):
+            if "@" in str(key):  # a later call of the same module ("L__self___cell@1"): eager records the first
+                continue
             path = value[0] if isinstance(value, (tuple, list)) and value else None
             if path:
                 spans.setdefault(str(path), []).append(node)
@@ -110,7 +116,7 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     """One row per exported ATen node, in graph order: its eager op, SQNR and status. A node whose own
     value diverges while none of its inputs does (through nodes not compared) is where a divergence
     starts ("diverges"); one with a diverging input is "downstream"."""
-    from bundlerun.runner.eager_ops import match_nodes, node_module, node_source
+    from bundlerun.runner.eager_ops import match_nodes, node_module, node_source, op_name
 
     matches = match_nodes(nodes, values, run)
     tainted: set[str] = set()
@@ -125,9 +131,14 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
                "line": list(node_source(n) or []) or None, "source": _source(n),
                **(stats or {})}
         upstream = any(a.name in tainted for a in n.all_input_nodes)
+        if op_name(n.target) in _UNDEFINED:  # values no two runs share: nothing to compare
+            stats = None
+            for key in ("sqnr", "error_max", "error_mae", "cosine"):
+                row.pop(key, None)
         bad = _diverges(stats, floor)
         if bad is None:
-            row["status"] = m.how if m.eager is None else "not comparable (shape)"
+            row["status"] = (m.how if m.eager is None else "not compared (uninitialized or random)"
+                             if op_name(n.target) in _UNDEFINED else "not comparable (shape)")
         else:
             row["status"] = ("downstream" if upstream else "diverges") if bad else "ok"
         if bad or (bad is None and upstream):
@@ -238,8 +249,11 @@ def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float |
             if row["module"] == first["module"] and row["status"] == "diverges":
                 row["status"] = "FIRST DIVERGENT"
         first["downstream_modules"] = [r["module"] for r in layers if r["status"] == "downstream"]
-    else:  # no operation matched and diverging on its own: the first module whose output parts, its input not
-        row = next((r for r in layers if r["status"] == "diverges"), None)
+    else:  # no operation diverges: a diverging module none of whose operations could be compared, if any
+        spans = module_spans(gm)
+        compared = {r["node"] for r in ops if r["status"] in ("ok", "downstream", "diverges")}
+        row = next((r for r in layers if r["status"] == "diverges"
+                    and not any(n.name in compared for n in spans.get(r["module"], []))), None)
         if row is not None:
             row["status"] = "FIRST DIVERGENT"
             first = {**row, "op": None, "match": "module",
