@@ -235,16 +235,29 @@ def compared_nodes(graph_module: Any) -> list[Any]:
             and not str(n.target).startswith("aten._assert")]
 
 
+def traced(nodes: list[Any]) -> bool:
+    """Whether the graph carries stack traces; without (stripped, an old ETRecord) ops are placed by module alone."""
+    return any(isinstance(n.meta.get("stack_trace"), str) and n.meta["stack_trace"] for n in nodes)
+
+
+def eager_key(op: EagerOp, with_source: bool) -> tuple:
+    """The (module, source line) group an eager op is matched in; `node_key` is the exported side's."""
+    return op.module, op.source if with_source else None
+
+
+def node_key(node: Any) -> tuple:
+    return node_module(node)[0], node_source(node)
+
+
 def match_nodes(nodes: list[Any], values: dict[str, Any], run: EagerRun) -> dict[str, NodeMatch]:
     """node name -> its eager op (see the module docstring)."""
-    # a graph without stack traces (stripped, or an old ETRecord): every op placed by its module alone
-    traced = any(isinstance(n.meta.get("stack_trace"), str) and n.meta["stack_trace"] for n in nodes)
     eager: dict[tuple, list[EagerOp]] = {}
+    with_source = traced(nodes)
     for op in run.ops:
-        eager.setdefault((op.module, op.source if traced else None), []).append(op)
+        eager.setdefault(eager_key(op, with_source), []).append(op)
     groups: dict[tuple, list[Any]] = {}
     for n in nodes:
-        groups.setdefault((node_module(n)[0], node_source(n)), []).append(n)
+        groups.setdefault(node_key(n), []).append(n)
     found: dict[str, NodeMatch] = {}
     for (module, source), group in groups.items():
         ops = eager.get((module, source)) or []

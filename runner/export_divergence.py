@@ -187,14 +187,14 @@ def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any], run: Any = No
 def _eager_only(run: Any, nodes: list[Any], before: list[dict[str, Any]], until: int | None) -> list[dict[str, Any]]:
     """Eager ops on a (module, line) where the exported program has no node, run after the last eager op
     paired before the first divergence and before its own: code that ran only in eager, right there."""
-    from bundlerun.runner.eager_ops import node_module, node_source
+    from bundlerun.runner.eager_ops import eager_key, node_key, traced
 
-    if until is None:
+    if until is None or not traced(nodes):
         return []
-    exported = {(node_module(n)[0], node_source(n)) for n in nodes}
+    exported = {node_key(n) for n in nodes}
     since = max((r["eager_index"] for r in before if r.get("eager_index") is not None), default=-1)
     return [{"op": op.op, "module": op.module, "line": list(op.source) if op.source else None}
-            for op in run.ops[since + 1:until] if (op.module, op.source) not in exported]
+            for op in run.ops[since + 1:until] if eager_key(op, True) not in exported]
 
 
 def compare_modules(run: Any, values: dict[str, Any], graph_module: Any, floor: float) -> list[dict[str, Any]]:
@@ -285,7 +285,8 @@ def summary_line(found: dict[str, Any]) -> str:
         return f"not localized: {found['error']}"
     if not first:
         return f"the exported program matches eager at every operation (floor {_f(found.get('floor_db'))} dB){tail}"
-    where = f"{first['module']} ({first['type']})" if first.get("module") else f"the model's own forward ({first['type']})"
+    where = (f"{first['module']} ({first['type']})" if first.get("module")
+             else f"the model's own forward ({first['type']})")
     what = (f"operation {_op(first['op'])} (node {first['node']}, eager {_op(first.get('eager_op')) or '—'}) in "
             if first.get("op") else "")
     src = f" at {first['source']}" if first.get("source") else ""
@@ -303,7 +304,8 @@ def divergence_tables(found: dict[str, Any], context: int = 6) -> list[tuple[str
     ops = found.get("operations") or []
     k = next((i for i, r in enumerate(ops) if r.get("status") == "FIRST DIVERGENT"), None)
     if ops:
-        lo, hi = (max(0, k - context), min(len(ops), k + context + 1)) if k is not None else (0, min(len(ops), 2 * context))
+        lo, hi = ((max(0, k - context), min(len(ops), k + context + 1)) if k is not None
+                  else (0, min(len(ops), 2 * context)))
         rows = [[str(r["node"]), _op(r["op"]), _op(r.get("eager_op")) or "—", str(r.get("module") or "(forward)"),
                  f"{r['line'][0]}:{r['line'][1]}" if r.get("line") else "—", _f(r.get("sqnr")),
                  _f(r.get("error_max"), ".3g"), str(r["status"])] for r in ops[lo:hi]]
@@ -323,10 +325,14 @@ def divergence_lines(found: dict[str, Any]) -> list[str]:
     first = found.get("first_divergent") or {}
     lines = [f"input {n['node']} ({_op(n['op'])}) exists only in the exported program"
              + (f": {n['source']}" if n.get("source") else "") for n in first.get("exported_only_inputs") or []]
-    for op in first.get("eager_only_before") or []:
+    extra = first.get("eager_only_before") or []
+    for op in extra[:5]:  # the rest are in report.json
         line = op.get("line")
-        lines.append(f"eager ran {_op(op['op'])} ({op['module'] or 'forward'}" + (f", {line[0]}:{line[1]}" if line else "")
-                     + ") just before it; the exported program has no node for that line")
+        place = f", {line[0]}:{line[1]}" if line else ""
+        lines.append(f"eager ran {_op(op['op'])} ({op['module'] or 'forward'}{place}) just before it; the exported "
+                     "program has no node for that line")
+    if len(extra) > 5:
+        lines.append(f"... and {len(extra) - 5} more eager op(s) with no exported node (report.json)")
     if first.get("bound"):
         lines.append(f"place bounded {first['bound']}")
     at = found.get("runtime_row")

@@ -161,25 +161,30 @@ def test_a_step_only_eager_runs_is_named_and_bounds_the_place():
     assert "place bounded between linear (l1" in summary_line(found)
 
 
-# (fixture factory, exported node, exported op, eager op, text on its line, the module downstream of it)
+# (fixture factory, exported node, exported op, eager op, text on its line, the module downstream of it, target)
 OP_CASES = [
     ("layer_norm", "layer_norm", "aten.layer_norm.default", "aten.native_layer_norm.default",
-     "h = F.layer_norm(h, (32,), w, self.bias)", "l2"),
-    ("tensor_method", "mul", "aten.mul.Tensor", "aten.mul.Tensor", "h = h.mul(s).sin()", "l2"),
-    ("attention", "mul", "aten.mul.Tensor", "aten.mul.Tensor", "att = (scores * scale).softmax(dim=-1)", "o"),
+     "h = F.layer_norm(h, (32,), w, self.bias)", "l2", "host://xnnpack"),
+    ("tensor_method", "mul", "aten.mul.Tensor", "aten.mul.Tensor", "h = h.mul(s).sin()", "l2", "host://xnnpack"),
+    ("attention", "mul", "aten.mul.Tensor", "aten.mul.Tensor", "att = (scores * scale).softmax(dim=-1)", "o",
+     "host://xnnpack"),
+    ("layer_norm", "layer_norm", "aten.layer_norm.default", "aten.native_layer_norm.default",
+     "h = F.layer_norm(h, (32,), w, self.bias)", "l2", "host://portable"),
 ]
 
 
-@pytest.mark.parametrize("factory, node, op, eager_op, code, downstream", OP_CASES, ids=[c[0] for c in OP_CASES])
-def test_debug_names_the_first_diverging_operation(tmp_path, factory, node, op, eager_op, code, downstream):
-    """Through the CLI on host://xnnpack: `run` fails, `debug` names the operation in forward (not the next
-    module), at its source line, and the next module as downstream of it."""
+@pytest.mark.parametrize("factory, node, op, eager_op, code, downstream, target", OP_CASES,
+                         ids=[f"{c[0]}-{c[-1].split('//')[1]}" for c in OP_CASES])
+def test_debug_names_the_first_diverging_operation(tmp_path, factory, node, op, eager_op, code, downstream, target):
+    """Through the CLI on host://xnnpack (and host://portable): `run` fails, `debug` names the operation in
+    forward (not the next module), at its source line, and the next module as downstream of it."""
     bundle = tmp_path / "m.bpte"
-    proc = _cli("build", f"{OPS}:{factory}", "--target", "host://xnnpack", "--cases", "2", "--etrecord", "-o", bundle)
+    proc = _cli("build", f"{OPS}:{factory}", "--target", target, "--backend", target.split("//")[1], "--cases", "2",
+                "--etrecord", "-o", bundle)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run = _cli("run", bundle, "--target", "host://xnnpack", "--report", tmp_path / "run")
+    run = _cli("run", bundle, "--target", target, "--report", tmp_path / "run")
     assert run.returncode == 1, run.stdout[-2000:]
-    proc = _cli("debug", bundle, "--target", "host://xnnpack", "--case", "0", "--report", tmp_path / "debug")
+    proc = _cli("debug", bundle, "--target", target, "--case", "0", "--report", tmp_path / "debug")
     assert proc.returncode == 1, proc.stderr[-2000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "debug" / "report.json").read_text())["debug"]
     found = result["export_divergence"]
