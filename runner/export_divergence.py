@@ -121,7 +121,12 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     matches = match_nodes(nodes, values, run)
     tainted: set[str] = set()
     rows = []
-    for n in nodes:
+    compared = {n.name for n in nodes}
+    for n in (nodes[0].graph.nodes if nodes else ()):
+        if n.name not in compared:  # getitem and the like: a diverging input passes through
+            if any(a.name in tainted for a in n.all_input_nodes):
+                tainted.add(n.name)
+            continue
         m = matches[n.name]
         path, kind = node_module(n)
         eager_op = run.ops[m.eager].op if m.eager is not None else None
@@ -162,10 +167,11 @@ def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any], run: Any = No
     while todo:  # back through the inputs that were not compared
         a = todo.pop()
         r = by_name.get(a.name)
-        if a.name in seen or r is None or r["status"] in ("ok", "diverges", "downstream"):
+        if a.name in seen or a.op != "call_function" or (r and r["status"] in ("ok", "diverges", "downstream")):
             continue
         seen.add(a.name)
-        (only if r["status"] == "exported only" else uncompared).append(r)
+        if r is not None:  # (a getitem and the like has no row: walked through)
+            (only if r["status"] == "exported only" else uncompared).append(r)
         todo += a.all_input_nodes
     first["exported_only_inputs"] = [{"node": r["node"], "op": r["op"], "source": r["source"]} for r in only]
     last_ok = next((r for r in reversed(rows[:k]) if r["status"] == "ok"), None)
@@ -293,7 +299,8 @@ def summary_line(found: dict[str, Any]) -> str:
     down = first.get("downstream_modules") or []
     return (f"eager and the exported program part first at {what}{where}{src}: SQNR {_f(first.get('sqnr'))} dB < floor "
             f"{_f(found.get('floor_db'))} dB, max error {_f(first.get('error_max'), '.3g')}"
-            + (f"; downstream of it: {', '.join(down)}" if down else "")
+            + (f"; downstream of it: {', '.join(down[:6])}" + (f" and {len(down) - 6} more" if len(down) > 6 else "")
+               if down else "")
             + (f"; place bounded {first['bound']}" if first.get("bound") else "") + tail)
 
 

@@ -139,6 +139,37 @@ def test_a_node_without_stack_trace_is_matched_by_order_and_its_place_bounded():
     assert {r["module"]: r["status"] for r in found["layers"]} == {"l1": "ok", "l2": "downstream"}
 
 
+def test_decoder_blocks_name_the_altered_step_of_the_first_block():
+    """Two decoder blocks with causal attention written inline (split/view/transpose/mask) and the softmax
+    temperature altered under export in both: the first block's `att * temperature` is named; every op before
+    it is paired and agrees; all it reaches - the second block's altered step included - is downstream."""
+    import torch
+
+    from bundlerun.bundles.backends.common import export_model
+    from bundlerun.runner.export_divergence import localize
+
+    model, inputs = _ops_model("two_blocks")
+    with torch.no_grad():
+        found = localize(model, export_model(model, inputs), inputs)
+    first = found["first_divergent"]
+    line = _line("att = F.softmax(att * temperature, dim=-1)")
+    assert (first["node"], first["op"], first["module"], first["type"]) == ("mul", "aten.mul.Tensor", "blocks.0",
+                                                                           "Block")
+    assert first["line"] == ["export_divergent_ops.py", line, "forward"] and first["bound"] is None
+    ops = found["operations"]
+    k = next(i for i, r in enumerate(ops) if r["status"] == "FIRST DIVERGENT")
+    assert ops[:k] and all(r["status"] == "ok" for r in ops[:k])  # split, views, transposes, matmul, mask: paired
+    # after it, everything its value reaches is downstream - the second block's own altered step too
+    assert not [r for r in ops[k + 1:] if r["status"] == "diverges"]
+    again = next(r for r in ops if r["node"] == "mul_1")
+    assert (again["module"], again["line"][1], again["status"]) == ("blocks.1", line, "downstream")
+    assert {r["status"] for r in ops[k + 1:] if r["node"] not in ("ones", "tril", "bitwise_not", "ones_1", "tril_1",
+                                                                    "bitwise_not_1", "to", "to_1")} == {"downstream"}
+    status = {r["module"]: r["status"] for r in found["layers"]}
+    assert status["blocks.0.qkv"] == "ok" and status["blocks.0"] == "FIRST DIVERGENT"
+    assert status["blocks.0.o"] == status["blocks.1"] == status["blocks.1.ln"] == "downstream"
+
+
 def test_a_step_only_eager_runs_is_named_and_bounds_the_place():
     """Eager multiplies by 2 on a line the export skipped: the first exported node that parts (tanh) is named,
     with the eager-only op just before it and the place bounded between l1's output and tanh."""
