@@ -688,9 +688,21 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
         budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
         model=(manifest.get("model") or {}).get("id"), dtype=build.get("dtype"), backend=build.get("backend"),
-        export_divergence=_export_divergence(first, manifest, record, inputs, quantized, actual, expected, method, j,
-                                             budget),
+        export_divergence=_runtime_row(rows, _export_divergence(first, manifest, record, inputs, quantized, actual,
+                                                                expected, method, j, budget)),
     )
+
+
+def _runtime_row(rows: list[LayerRow], found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The runtime row that computes the exported node where eager and the export part: it is marked with a note
+    and named in `found["runtime_row"]` (rows matched by debug handle carry the reference graph's node names)."""
+    node = ((found or {}).get("first_divergent") or {}).get("node")
+    row = next((r for r in rows if node and node in r.aot_ops), None)
+    if row is not None:
+        found["runtime_row"] = {"row": row.index, "instruction": row.instruction, "runtime_op": row.runtime_op}
+        row.note = "; ".join(filter(None, [row.note, f"computes {node}, where the exported program first parts from "
+                                                     "eager (runner/export_divergence.py); it matches the export"]))
+    return found
 
 
 def _export_divergence(first: int | None, manifest: dict, record: Any, inputs: tuple, quantized: bool,

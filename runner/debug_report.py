@@ -211,6 +211,15 @@ def summary_md(result: DebugResult) -> str:
                       _f(r.quant_vs_fp32.sqnr if r.quant_vs_fp32 else None, ".1f")]
         cells += [_f(r.floor_db, ".1f"), status + (f" — {r.note}" if r.note else "")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    found = result.export_divergence or {}
+    if found.get("finding"):  # runner/export_divergence.py: where eager and the exported program part
+        from bundlerun.runner.export_divergence import divergence_lines, divergence_tables
+
+        lines += ["", "## Divergence at export", "", found["finding"]]
+        for title, head, rows in divergence_tables(found):
+            lines += ["", f"{title}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+        lines += [""] + [f"- {line}" for line in divergence_lines(found)]
     from bundlerun.runner.safe_text import visible  # each line inert: a name cannot start a line of its own
 
     return "\n".join(visible(line) for line in lines) + "\n"
@@ -248,8 +257,24 @@ tr.exceeds td{{background:#fee}} tr.unmatched td{{color:#777;font-style:italic}}
 <img src="data:image/png;base64,{img}" alt="SQNR and max error along the graph">
 <table><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}</tr>
 {chr(10).join(md_rows)}
-</table></body></html>
+</table>{_divergence_html(result, e)}</body></html>
 """
+
+
+def _divergence_html(result: DebugResult, e) -> str:
+    """The divergence-at-export tables and lines (runner/export_divergence.py), when there is one."""
+    found = result.export_divergence or {}
+    if not found.get("finding"):
+        return ""
+    from bundlerun.runner.export_divergence import divergence_lines, divergence_tables
+
+    parts = [f"<h2>Divergence at export</h2><p>{e(found['finding'])}</p>"]
+    for title, head, rows in divergence_tables(found):
+        body = "".join(f'<tr class="{"bad" if row[-1] == "FIRST DIVERGENT" else ""}">'
+                       + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+        parts.append(f"<h3>{e(title)}</h3><table><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}</tr>{body}</table>")
+    parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in divergence_lines(found)) + "</ul>")
+    return "\n".join(parts)
 
 
 def write_debug_reports(result: DebugResult, report_dir: Path) -> dict[str, Path]:
