@@ -445,7 +445,9 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
 
         _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json,
                target_config=session.target_config(target))
-    sys.exit(report.summary.exit_code)
+    from bundlerun.runner.report.console import exit_code
+
+    sys.exit(exit_code(report))
 
 
 def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> str:
@@ -564,7 +566,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
                 _drill(bundle_path, target, report, out / "debug", quiet=as_json,
                        target_config=session.target_config(target))
-            results.append((slug, s.verdict, s.exit_code, str(out / "report.json")))
+            from bundlerun.runner.report.console import exit_code
+
+            results.append((slug, s.verdict, exit_code(report), str(out / "report.json")))
     codes = [r[2] for r in results]
     code = combine_exit_codes(codes)
     if as_json:

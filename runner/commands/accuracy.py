@@ -181,4 +181,6 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     # is expected there and is reported, but only infrastructure errors and regressions set the code.
     code = EXIT_INFRA if s.verdict == "ERROR" and report.dataset["evaluated"] == 0 else (
         EXIT_FAIL if report.regressions else EXIT_PASS)
+    if code == EXIT_PASS and any(Path(u["file"]).name == "report.json" for u in report.unwritten):
+        code = EXIT_INFRA  # no command says success when its record was not written
     sys.exit(code)

@@ -46,10 +46,10 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
         from bundlerun.runner.report.console import print_summary
 
         print_summary(report)
-    from bundlerun.runner.report.console import warn_unwritten
+    from bundlerun.runner.report.console import exit_code, warn_unwritten
 
     warn_unwritten(report)
-    ctx.exit(report.summary.exit_code)
+    ctx.exit(exit_code(report))
 
 
 def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = None,

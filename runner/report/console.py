@@ -324,6 +324,17 @@ def say_report(report: Report, report_dir: Path) -> None:
         click.echo(f"report: {Path(report_dir) / REPORT_FILE}", err=True)
 
 
+def exit_code(report: Report) -> int:
+    """The process exit code of a run: its verdict's, except that a run whose record (report.json)
+    could not be written never exits 0: no command says success when its record was not written."""
+    code = report.summary.exit_code
+    if code == 0 and any(Path(u["file"]).name == REPORT_FILE for u in report.unwritten):
+        from bundlerun.runner.outcome import EXIT_INFRA
+
+        return EXIT_INFRA
+    return code
+
+
 def warn_unwritten(report: Report) -> None:
     """One stderr line per report file the run could not write (never hidden by --quiet/--json)."""
     import click
@@ -331,4 +342,4 @@ def warn_unwritten(report: Report) -> None:
     for entry in report.unwritten:
         click.echo(f"bundlerun: could not write {plain(entry['file'])}: {plain(entry['error'])} "
                    f"(the verdict above stands: {report.summary.verdict}, exit code "
-                   f"{report.summary.exit_code})", err=True)
+                   f"{exit_code(report)})", err=True)
