@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bundlerun.bundles.cache_dirs import cache_dir
+
 SCHEMA = "bundlerun.build-cache/1"
 BUNDLE_FILE = "bundle.bpte"
 PACKAGES = ("bundlerun", "torch", "executorch", "numpy", "tosa-tools", "ethos-u-vela", "mlx", "flatbuffers")
@@ -40,11 +42,9 @@ BUILD_ENV = ("BUNDLERUN_TOLERANCES", "BUNDLERUN_THIRD_PARTY", "BUNDLERUN_EXECUTO
 _CODE_DIGEST: str | None = None
 
 
-def cache_root() -> Path:
-    """`$BUNDLERUN_CACHE/builds`, else `${XDG_CACHE_HOME:-~/.cache}/bundlerun/builds` (as runners/)."""
-    base = os.environ.get("BUNDLERUN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bundlerun")
-    return Path(base) / "builds"
+def builds_dir() -> Path:
+    """`<cache root>/builds` (bundles/cache_dirs.py), beside runners/."""
+    return cache_dir("builds")
 
 
 def package_versions() -> dict[str, str]:
@@ -166,7 +166,7 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     from bundlerun.bundles.bpte import load_bundle
     from bundlerun.bundles.errors import BundlerunError
 
-    folder = cache_root() / key
+    folder = builds_dir() / key
     path = folder / BUNDLE_FILE
     if not path.is_file():
         return None, None
@@ -187,7 +187,7 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
 def store(key: str, bundle_path: Path) -> Path | None:
     """Copy a freshly built bundle into the cache, atomically (temp folder, then rename).
     A cache that cannot be written never fails the build."""
-    root = cache_root()
+    root = builds_dir()
     folder = root / key
     if (folder / BUNDLE_FILE).is_file():
         return folder

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bundlerun.bundles.cache_dirs import cache_root
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.zoo import InputSpec, ModelEntry, register
 
@@ -90,12 +91,6 @@ def recipe_hash(recipe: dict[str, Any] = DIGITS_RECIPE) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("BUNDLERUN_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    sub = "" if os.environ.get("BUNDLERUN_CACHE") else "bundlerun"
-    return Path(base) / sub if sub else Path(base)
-
-
 def digits_split(recipe: dict[str, Any] = DIGITS_RECIPE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test): scaled float32 [N, 64] and int64 labels."""
     from sklearn.datasets import load_digits
@@ -154,7 +149,7 @@ def digits_weights(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
     """Cached trained weights (trained on first use; the cache key is the recipe hash)."""
     import torch
 
-    path = cache_dir() / f"digits-mlp-{recipe_hash(recipe)}.pt"
+    path = cache_root() / f"digits-mlp-{recipe_hash(recipe)}.pt"
     if path.is_file():
         try:
             return torch.load(path, map_location="cpu", weights_only=True)

@@ -17,6 +17,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.bundles.errors import ConfigError
 
 PINNED_COMMIT = "cff6f4dd32e630945b7188512c1f2b4f102b05ad"
@@ -32,12 +33,6 @@ def third_party_dirs() -> list[Path]:
     dirs = [os.environ.get("BUNDLERUN_THIRD_PARTY", "")]
     dirs += [str(here.parents[2] / "shared" / "third_party"), str(here.parents[3] / "shared" / "third_party")]
     return [Path(d) for d in dirs if d]
-
-
-def cache_root() -> Path:
-    base = os.environ.get("BUNDLERUN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bundlerun")
-    return Path(base) / "et-src"
 
 
 def _is_tree(path: Path) -> bool:
@@ -108,4 +103,4 @@ def source_tree(explicit: str | Path | None = None) -> Path:
         raise ConfigError("no ExecuTorch source: pass --executorch-src DIR (a checkout at "
                           f"{PINNED_COMMIT[:8]}), set {ENV_SRC}, or BUNDLERUN_THIRD_PARTY to a folder "
                           "holding executorch.tar.xz")
-    return extract_backends(tarball, cache_root())
+    return extract_backends(tarball, cache_dir("et-src"))

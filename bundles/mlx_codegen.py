@@ -35,6 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.bundles.errors import BuildError
 
 SERIALIZATION_PKG = "executorch.backends.mlx.serialization"
@@ -83,11 +84,6 @@ def _executorch_version() -> str:
         return version("executorch")
     except PackageNotFoundError:
         return "unknown"
-
-
-def cache_root() -> Path:
-    base = os.environ.get("BUNDLERUN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bundlerun")
-    return Path(base) / "mlx-gen"
 
 
 def _wheel_serialization(et_dir: Path) -> Path:
@@ -210,7 +206,7 @@ def ensure_mlx_importable() -> GeneratedFiles:
     if (ser / "mlx_graph_schema.py").is_file() and (ser / "_generated").is_dir():
         files = GeneratedFiles(ser.parent, in_wheel=True)
     else:
-        root = cache_root() / cache_key(et_dir)
+        root = cache_dir("mlx-gen") / cache_key(et_dir)
         if not (root / _COMPLETE).is_file():
             if root.exists():
                 shutil.rmtree(root, ignore_errors=True)  # a half-written cache from a killed run

@@ -100,7 +100,3 @@ def parse_settings(cls: type[T], raw: dict[str, Any] | None, section: str) -> T:
     if callable(check):
         check()
     return settings
-
-
-def field_names(cls: type) -> list[str]:
-    return [f.name for f in fields(cls) if f.init]

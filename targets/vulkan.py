@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
 from bundlerun.targets.et_runner import executor_runner, server
@@ -51,7 +52,7 @@ from bundlerun.targets.base import (
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, wait_exit
-from bundlerun.targets.runner_cache import cache_root, cached_runners, find_runner
+from bundlerun.targets.runner_cache import cached_runners, find_runner
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -198,7 +199,7 @@ def _probe_child() -> None:
 
 
 def default_shader_cache() -> Path:
-    return cache_root() / "mesa_shader_cache"
+    return cache_dir("mesa_shader_cache")
 
 
 def driver_summary(probe: dict[str, Any]) -> str:

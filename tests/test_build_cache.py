@@ -73,7 +73,7 @@ def test_second_build_is_a_hit_and_the_same_bundle(baseline, lowerings, tmp_path
     bundle = read_bundle(again.path)  # a valid, sealed bundle at the requested place
     assert bundle.manifest["build"]["cache_key"] == baseline.info["cache_key"]
     assert again.manifest.build["dtype"] == "fp32" and again.manifest.build["cases"] == 2
-    entry = Path(build_cache.cache_root()) / baseline.info["cache_key"] / build_cache.BUNDLE_FILE
+    entry = Path(build_cache.builds_dir()) / baseline.info["cache_key"] / build_cache.BUNDLE_FILE
     assert entry.is_file()
 
 
@@ -129,7 +129,7 @@ def test_user_model_source_change_misses(lowerings, tmp_path):
 
 def test_corrupted_entry_is_detected_and_rebuilt(baseline, lowerings, tmp_path):
     key = baseline.info["cache_key"]
-    entry = Path(build_cache.cache_root()) / key / build_cache.BUNDLE_FILE
+    entry = Path(build_cache.builds_dir()) / key / build_cache.BUNDLE_FILE
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     entry.write_bytes(bytes(data))
@@ -145,7 +145,7 @@ def test_an_entry_filed_under_another_key_is_not_used(baseline, lowerings, tmp_p
     """A valid bundle in the wrong folder (copied, or a key collision on disk) is refused."""
     other = _build(tmp_path / "seed5.bpte", seed=5)
     assert len(lowerings) == 1
-    wrong = Path(build_cache.cache_root()) / baseline.info["cache_key"] / build_cache.BUNDLE_FILE
+    wrong = Path(build_cache.builds_dir()) / baseline.info["cache_key"] / build_cache.BUNDLE_FILE
     wrong.write_bytes(other.path.read_bytes())
     result = _build(tmp_path / "base-again.bpte")
     assert result.info["cache"] == "miss" and len(lowerings) == 2

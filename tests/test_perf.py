@@ -22,7 +22,7 @@ from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.arm.perf import arm_runner_figures
 from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import PERF_KINDS, PerfFigure
-from bundlerun.targets.runner_cache import cache_root as runner_cache_root
+from bundlerun.bundles.cache_dirs import cache_root
 from bundlerun.targets.et_runner.executor_runner import perf_figures
 from tests.conftest import run_cli
 from tests.report_samples import make_bundle, make_report, target_run
@@ -31,7 +31,7 @@ DATA = Path(__file__).parent / "data"
 QEMU_LOG = DATA / "qemu_mps3_an547_mlp_fp32.log"
 ER_LOG = DATA / "executor_runner_aarch64_mlp_fp32_3x.log"
 # the sources firmware_scripts/lib/et_sources.sh extracts into the bundlerun cache ($BUNDLERUN_CACHE honoured)
-SRC = sorted((runner_cache_root() / "src").glob("*/executorch"))
+SRC = sorted((cache_root() / "src").glob("*/executorch"))
 
 
 def _by_name(figures: list[PerfFigure]) -> dict[str, PerfFigure]:
@@ -86,7 +86,7 @@ def _render(fmt: str, value: int, inferences: int) -> str:
 def _ethosu_log(variant: str, ratio_ok: bool = True) -> tuple[str, dict[str, int]]:
     """A runner log whose perf block is rendered from arm_perf_monitor.cpp; returns it and the value
     each format line was given. variant: "u55" (4 PMU counters) or "u85" (7)."""
-    assert SRC, f"ExecuTorch sources not extracted in {runner_cache_root() / 'src'} (scripts/setup.sh)"
+    assert SRC, f"ExecuTorch sources not extracted in {cache_root() / 'src'} (scripts/setup.sh)"
     formats = _c_formats(SRC[0] / "examples/arm/executor_runner/arm_perf_monitor.cpp")
     events = [f for f in formats if f.startswith("Ethos-U PMU Events:")]
     assert len(events) == 2, events  # the U55/U65 line and the U85 line

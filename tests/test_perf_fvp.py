@@ -22,7 +22,7 @@ from bundlerun.bundles.bpte import read_bundle
 from bundlerun.targets.base import CaseStatus
 from tests.conftest import run_cli
 from tests.test_fvp_target import U55, U85, _run, bundle, bundle_path, fvp_env  # noqa: F401  (fixtures)
-from bundlerun.targets.runner_cache import cache_root as runner_cache_root
+from bundlerun.bundles.cache_dirs import cache_root
 from tests.test_perf import SRC, _c_formats
 
 CYCLE_FIGURES = ("inference_cpu_cycles", "ethosu_backend_cpu_cycles", "operators_cpu_cycles",
@@ -58,7 +58,7 @@ def _format_regex(fmt: str) -> re.Pattern:
 def test_double_prints_the_real_runner_perf_and_memory_lines(url, variant, bundle, bundle_path, fvp_env):
     """Every StopMeasurements() / log_mem_status() line the double prints is one of the real format
     strings; the PMU counters are the 4 (U55) or 7 (U85) the real runner programs."""
-    assert SRC, f"ExecuTorch sources not extracted in {runner_cache_root() / 'src'} (scripts/setup.sh)"
+    assert SRC, f"ExecuTorch sources not extracted in {cache_root() / 'src'} (scripts/setup.sh)"
     runner_dir = SRC[0] / "examples/arm/executor_runner"
     perf_formats = [_format_regex(f) for f in _c_formats(runner_dir / "arm_perf_monitor.cpp")]
     runner_formats = [_format_regex(f) for f in _c_formats(runner_dir / "arm_executor_runner.cpp")]

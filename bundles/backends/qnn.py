@@ -56,9 +56,9 @@ INSTALL_COMMAND = "bash firmware_scripts/qnn/install_htp_sim.sh"
 
 def simulator_dir() -> Path:
     """`$BUNDLERUN_CACHE/qnn/<QNN version>/` (qnn.json + lib/), beside builds/ and runners/."""
-    from bundlerun.bundles.build_cache import cache_root
+    from bundlerun.bundles.cache_dirs import cache_dir
 
-    return cache_root().parent / "qnn" / QNN_VERSION
+    return cache_dir("qnn") / QNN_VERSION
 
 
 def simulator_record() -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bundlerun.runner.safe_text import visible  # stdlib only
 from bundlerun.runner.writers import Inputs, writer
@@ -134,10 +134,6 @@ def append_step_summary(text: str, env: dict[str, str] | None = None) -> bool:
     except OSError:
         return False
     return True
-
-
-def annotate_many(items: Iterable[tuple["Report", str | Path | None]], stream: TextIO | None = None) -> int:
-    return sum(annotate(report, path, stream) for report, path in items)
 
 
 @writer("github-summary", None, "GitHub step summary")

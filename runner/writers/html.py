@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import html
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,16 +44,6 @@ figcaption{font-size:.8em;color:#555} img{max-width:100%;height:auto;display:blo
 .flame .seg{height:100%;color:#fff;font-size:.72em;line-height:22px;overflow:hidden;white-space:nowrap;text-align:center;
 border-right:1px solid #fff}
 """
-
-
-# Control characters (terminal escapes, EOT from device logs, C1 CSI) and lone surrogates are
-# made visible as \xNN: they are invalid in HTML and would act if the file were printed to a terminal.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _visible(m: "re.Match[str]") -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
 def _e(v: Any) -> str:

@@ -21,6 +21,7 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.targets.base import PerfFigure
 
 PLUGIN_LINE = re.compile(rb"^bundlerun-insn-count: insns=(\d+)\s*$", re.MULTILINE)
@@ -29,10 +30,8 @@ SOURCE = "QEMU TCG plugin (firmware_scripts/arm/qemu_plugin/insn_count.c): guest
 BUILD_HINT = "firmware_scripts/arm/build_qemu_plugin.sh"
 
 
-def _cache_root() -> Path:
-    from bundlerun.targets.runner_cache import cache_root
-
-    return cache_root() / "qemu-plugins"
+def _plugins_dir() -> Path:
+    return cache_dir("qemu-plugins")
 
 
 @lru_cache(maxsize=8)
@@ -47,9 +46,9 @@ def _qemu_version(qemu: str) -> str | None:
 def find_plugin(qemu: str) -> Path | None:
     """The cached instruction-count plugin built (and load-tested) for this QEMU, if any."""
     version = _qemu_version(qemu)
-    if version is None or not _cache_root().is_dir():
+    if version is None or not _plugins_dir().is_dir():
         return None
-    for record in sorted(_cache_root().glob("*/plugin.json")):
+    for record in sorted(_plugins_dir().glob("*/plugin.json")):
         try:
             meta = json.loads(record.read_text())
         except (OSError, ValueError):

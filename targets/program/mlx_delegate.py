@@ -45,15 +45,6 @@ def import_mlx():
     return mx
 
 
-def mlx_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mlx")
-    except PackageNotFoundError:
-        return "not installed"
-
-
 @dataclass
 class _Loaded:
     """One initialized payload: decoded graph, constants, persistent mutable buffers."""

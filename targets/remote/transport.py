@@ -1,10 +1,11 @@
-"""One interface over every way to reach a remote device (today: Android's two).
+"""One interface over every way to reach a remote device: Android's two and SSH.
 
 `adb://` goes through the adb server with the real `adb` CLI; `adb+tcp://` and
-`adb+usb://` speak the device protocol directly with adb-shell. All offer the
-same operations; the exit status of a shell command is always read from an
-appended marker (`; echo __BUNDLERUN_RC=$?`) because the legacy shell protocol
-carries none, so one code path serves both transports.
+`adb+usb://` speak the device protocol directly with adb-shell; `ssh://` runs the
+system OpenSSH client (ssh_transport.py). All offer the same operations; the exit
+status of a shell command is always read from an appended marker
+(`; echo __BUNDLERUN_RC=$?`) because adb's legacy shell protocol carries none, so one
+code path serves every transport.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def parse_marker(output: str, nonce: str) -> ShellResult:
 
 
 def shell(transport: Transport, command: str, timeout_s: float) -> ShellResult:
-    """Run `command` through /system/bin/sh and return its output and exit status."""
+    """Run `command` through the device's shell (/system/bin/sh on Android, `sh -c` over SSH)
+    and return its output and exit status."""
     wrapped, nonce = wrap_with_marker(command)
     return parse_marker(transport.raw_shell(wrapped, timeout_s), nonce)
 

@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.targets.process import kill_process_group
 
 A_CNXN, A_AUTH, A_OPEN, A_OKAY, A_CLSE, A_WRTE = (
@@ -163,8 +164,7 @@ def aarch64_exec_preload() -> Path:
     if shutil.which("qemu-aarch64") is None:
         raise RuntimeError("qemu-aarch64 is not installed (Debian package qemu-user): the emulated device cannot run arm64 programs")
     digest = hashlib.sha256(_EXEC_PRELOAD_C.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("BUNDLERUN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bundlerun")
-    out = cache / "doubles" / f"aarch64_exec-{digest}.so"
+    out = cache_dir("doubles") / f"aarch64_exec-{digest}.so"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
