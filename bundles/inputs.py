@@ -83,7 +83,7 @@ def check_distribution(text: Any, what: str = "--distribution") -> str:
     except ValueError as exc:
         kind = text.split("(")[0].strip()
         if kind not in KINDS:
-            raise ConfigError(f"{what}: unknown input distribution {text!r}{suggest(kind, KINDS)}; use randn, "
+            raise ConfigError(f"unknown input distribution {text!r}{suggest(kind, KINDS)}; use randn, "
                               "rand, uniform(lo,hi), normal(mean,std) or randint(lo,hi)") from None
         raise ConfigError(f"{what} {text!r}: {exc}") from None
     return text
