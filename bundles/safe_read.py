@@ -78,15 +78,17 @@ def open_regular(path: str | Path, *, root: str | Path | None = None, follow: bo
 
 
 def read_bounded(path: str | Path, max_bytes: int, *, root: str | Path | None = None, follow: bool = True,
-                 exact: int | None = None) -> bytes:
+                 exact: int | None = None, what: str = "") -> bytes:
     """The bytes of a regular file of at most `max_bytes` (or of exactly `exact` bytes), checked on
-    the opened fd before reading. `root`, `follow`: as `open_regular`. UnsafeFileError otherwise."""
+    the opened fd before reading. `root`, `follow`: as `open_regular`; `what` ends the size errors
+    (e.g. "for the program's float32[1, 5] tensor"). UnsafeFileError otherwise."""
     fd, size = open_regular(path, root=root, follow=follow)
     try:
         if exact is not None and size != exact:
-            raise UnsafeFileError(f"{path}: {size} bytes, expected {exact}")
+            raise UnsafeFileError(f"{path}: {size} bytes, expected {exact} {what}".rstrip())
         if size > max_bytes:
-            raise UnsafeFileError(f"{path}: {size} bytes; bundlerun reads at most {max_bytes} here (docs/security.md)")
+            raise UnsafeFileError(f"{path}: {size} bytes; bundlerun reads at most {max_bytes} {what or 'here'} "
+                                  "(docs/security.md)")
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while total <= max_bytes:
