@@ -19,6 +19,7 @@ The bounds are bundlerun's own (limits.py says why); callers pass the size that 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -65,7 +66,7 @@ def open_regular(path: str | Path, *, root: str | Path | None = None, follow: bo
     except FileNotFoundError:
         raise UnsafeFileError(f"{path}: missing") from None
     except OSError as exc:
-        reason = "a symlink, not followed here" if exc.errno == getattr(os, "ELOOP", -1) else exc.strerror
+        reason = "a symlink, not followed here" if exc.errno == errno.ELOOP else exc.strerror
         raise UnsafeFileError(f"{path}: cannot open ({reason})") from None
     try:
         info = os.fstat(fd)

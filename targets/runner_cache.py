@@ -138,6 +138,9 @@ def _check_record(folder: Path, record: dict[str, Any]) -> None:
             raise RunnerEntryError(meta, f"{key} is {type(value).__name__} {str(value)[:60]!r}, not {want}", record)
     if record["kind"] == "arm-qemu" and not isinstance(record.get("flags", {}), dict):
         raise RunnerEntryError(meta, "flags of an arm-qemu runner is not a table", record)
+    program = "elf" if record["kind"] == "arm-qemu" else "binary"  # what every build of that kind records
+    if program not in record:
+        raise RunnerEntryError(meta, f"runner.json names no {program}", record)
     for key in EXECUTED:
         present, value = _field(record, key)
         if not present:
@@ -150,6 +153,12 @@ def _check_record(folder: Path, record: dict[str, Any]) -> None:
         except UnsafeFileError:
             raise RunnerEntryError(meta, f"{key} {value[:200]!r} lies outside the entry (it may only name its "
                                            "own files)", record) from None
+        try:
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # not built, or removed: the target says the runner is missing
+        except OSError as exc:  # a name too long, a loop: not a file a build wrote
+            raise RunnerEntryError(meta, f"{key} {value[:200]!r}: {exc.strerror}", record) from None
         _set(record, key, str(path))
 
 

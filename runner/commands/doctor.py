@@ -31,7 +31,8 @@ def collect(project: dict) -> list[dict]:
             from bundlerun.bundles.errors import BundlerunError
             from bundlerun.targets import Check
 
-            said = str(exc) if isinstance(exc, BundlerunError) else f"{type(exc).__name__}: {exc}"  # e.g. a damaged runner entry
+            # a BundlerunError (a damaged runner entry) is its own one line
+            said = str(exc) if isinstance(exc, BundlerunError) else f"{type(exc).__name__}: {exc}"
             checks = [Check(spec.name, False, f"probe failed: {said}")]
         rows.extend({"target": spec.name, **asdict(c)} for c in checks)
     return rows
