@@ -21,6 +21,7 @@ is one line naming the file; the others are imported.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.limits import MAX_PROGRAM_BYTES
+from bundlerun.bundles.manifest_schema import MAX_DIMS
+from bundlerun.bundles.safe_read import read_bounded, walk_files
 from bundlerun.bundles.program_meta import PROGRAM_IDENTIFIER
 
 _TENSOR = 5  # KernelTypes.Tensor (program.fbs)
@@ -98,7 +102,14 @@ def _tensor(value: FlatTable) -> PlanTensor:
         raise value.reader.fail("a tensor value has no content")
     sizes = [int(s) for s in t.scalars(2, "i32", "tensor sizes")]
     order = [int(d) for d in t.scalars(3, "u8", "tensor dim_order")] or list(range(len(sizes)))
-    return PlanTensor("tensor", int(t.scalar(0, "i8", 0)), sizes, order, int(t.scalar(8, "i8", 0)) == 0)
+    code = int(t.scalar(0, "i8", 0))
+    try:
+        st.name(code)
+    except st.UnsupportedScalarType as exc:
+        raise value.reader.fail(str(exc)) from None
+    if len(sizes) > MAX_DIMS or sorted(order) != list(range(len(sizes))):
+        raise value.reader.fail(f"a tensor of {len(sizes)} sizes has dim order {order[:MAX_DIMS]}")
+    return PlanTensor("tensor", code, sizes, order, int(t.scalar(8, "i8", 0)) == 0)
 
 
 @dataclass
@@ -108,6 +119,7 @@ class Golden:
     flow: str
     name: str
     folder: Path
+    root: Path | None = None  # the folder imported: every file read must resolve inside it
 
     @property
     def pte(self) -> Path:
@@ -126,18 +138,24 @@ class GoldenProblem:
 
 def find_goldens(root: str | Path) -> tuple[list[Golden], list[GoldenProblem]]:
     """Every golden under `root` (a GOLDEN_ARTIFACTS_DIR with one folder per flow, or one flow
-    folder), and the artifacts that have no program beside them."""
+    folder), and the artifacts that have no program beside them. The tree is walked without
+    recursion and bounded in depth and size (bundles/safe_read.py); what a name points at (a FIFO,
+    a device, a link out of `root`) is refused when the golden is read, by name."""
     root = Path(root)
     if not root.is_dir():
         raise GoldenError(f"{root}: not a folder of golden artifacts (GOLDEN_ARTIFACTS_DIR)")
-    folders = sorted({p.parent for p in root.rglob("*") if p.is_file() and p.suffix in (".pte", ".bin")})
+    by_folder: dict[Path, list[Path]] = {}
+    for path in walk_files(root):
+        if path.suffix in (".pte", ".bin"):
+            by_folder.setdefault(path.parent, []).append(path)
     goldens: list[Golden] = []
     problems: list[GoldenProblem] = []
-    for folder in folders:
+    for folder in sorted(by_folder):
         flow = folder.name if folder != root else root.name
-        names = sorted(p.stem for p in folder.glob("*.pte"))
-        goldens += [Golden(flow, n, folder) for n in names]
-        for path in sorted(folder.glob("*.bin")):
+        files = sorted(by_folder[folder])
+        names = [p.stem for p in files if p.suffix == ".pte"]
+        goldens += [Golden(flow, n, folder, root) for n in names]
+        for path in (p for p in files if p.suffix == ".bin"):
             m = _ARTIFACT.match(path.name)
             if m is None:
                 problems.append(GoldenProblem(path, f"{path}: not a golden artifact name "
@@ -151,15 +169,19 @@ def find_goldens(root: str | Path) -> tuple[list[Golden], list[GoldenProblem]]:
     return goldens, problems
 
 
-def _read_tensor(path: Path, spec: PlanTensor, physical: bool) -> np.ndarray:
+def _read_tensor(path: Path, spec: PlanTensor, physical: bool, root: Path | None, budget: int) -> np.ndarray:
     """The file's bytes as a logical array of the program's dtype and sizes. `physical`: the
-    bytes are in the tensor's dim order (inputs); else logical order (expected outputs)."""
-    if not path.is_file():
+    bytes are in the tensor's dim order (inputs); else logical order (expected outputs). The size
+    is checked on the opened file before it is read; a FIFO, a device or a link out of `root` is
+    refused; `budget`: the bytes the bundle still has room for."""
+    if not os.path.lexists(path):
         raise GoldenError(f"{path}: missing (the program's {spec.describe()} tensor needs it)")
-    data = path.read_bytes()
-    if len(data) != spec.nbytes:
-        raise GoldenError(f"{path}: {len(data)} bytes, expected {spec.nbytes} for the program's {spec.describe()} "
-                          "tensor" + ("" if spec.static else " (a dynamic shape: the file must hold its upper bound)"))
+    if any(s < 0 for s in spec.sizes) or spec.nbytes > budget:
+        raise GoldenError(f"{path}: the program declares a {spec.describe()} tensor, which does not fit a bundle "
+                          f"(at most {MAX_PROGRAM_BYTES} bytes in all)"[:400])
+    what = f"for the program's {spec.describe()} tensor" + (
+        "" if spec.static else " (a dynamic shape: the file must hold its upper bound)")
+    data = read_bounded(path, spec.nbytes, root=root, exact=spec.nbytes, what=what)
     if physical and spec.dim_order != list(range(len(spec.sizes))):
         raise GoldenError(f"{path}: the program takes this input in dim order {tuple(spec.dim_order)}; a bundle "
                           "holds contiguous tensors only, so it cannot be replayed")
@@ -168,19 +190,19 @@ def _read_tensor(path: Path, spec: PlanTensor, physical: bool) -> np.ndarray:
 
 def read_golden(golden: Golden) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:
     """(program, inputs, expected outputs) of one golden; GoldenError names the bad file."""
-    program = golden.pte.read_bytes()
+    program = read_bounded(golden.pte, MAX_PROGRAM_BYTES, root=golden.root)
     inputs_spec, outputs_spec = plan_values(program, str(golden.pte))
-    inputs = []
-    for i, spec in enumerate(inputs_spec):
-        if spec.kind != "tensor":
-            raise GoldenError(f"{golden.pte}: input {i} is a {spec.kind}, and the goldens hold tensor inputs only")
-        inputs.append(_read_tensor(golden.artifact("input", i, len(inputs_spec)), spec, physical=True))
-    outputs = []
-    for j, spec in enumerate(outputs_spec):
-        if spec.kind != "tensor":
-            raise GoldenError(f"{golden.pte}: output {j} is a {spec.kind}, and the goldens hold tensor outputs only")
-        outputs.append(_read_tensor(golden.artifact("expected_output", j, len(outputs_spec)), spec, physical=False))
-    return program, inputs, outputs
+    budget = MAX_PROGRAM_BYTES - len(program)  # everything read ends in one bundle (one flatbuffer)
+    read: dict[str, list[np.ndarray]] = {"input": [], "expected_output": []}
+    for kind, specs in (("input", inputs_spec), ("expected_output", outputs_spec)):
+        for i, spec in enumerate(specs):
+            if spec.kind != "tensor":
+                raise GoldenError(f"{golden.pte}: {kind.split('_')[-1]} {i} is a {spec.kind}, and the goldens hold "
+                                  f"tensor {kind.split('_')[-1]}s only")
+            array = _read_tensor(golden.artifact(kind, i, len(specs)), spec, kind == "input", golden.root, budget)
+            budget -= array.nbytes
+            read[kind].append(array)
+    return program, read["input"], read["expected_output"]
 
 
 @dataclass

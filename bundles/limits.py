@@ -25,6 +25,13 @@ MAX_JOBS = 1_000_000  # jobs one farm plan expands to (bundles x models x dtypes
 MAX_SHARDS = 100_000  # N of --shard I/N
 MAX_FILE_BYTES = 64 << 20  # a config file, farm plan or report.json read whole into memory
 MAX_TOML_DEPTH = 32  # nesting of a TOML file (tomllib recurses: deeper raises RecursionError)
+MAX_JSON_DEPTH = 32  # nesting of a JSON file from outside (json.loads recurses; runner.json and ICD json use 3)
+MAX_JSON_STRING = 1 << 20  # characters of one JSON string from outside (paths, flags: far below this)
+MAX_RECORD_BYTES = 4 << 20  # a runner.json or ICD json: a few KiB in practice
+MAX_WALK_DEPTH = 64  # folders nested under a folder bundlerun walks (golden artifacts are 1-2 deep)
+MAX_WALK_ENTRIES = 1_000_000  # files and folders listed under such a folder
+MAX_PROGRAM_BYTES = 2**31 - 1  # a .pte read whole: a bundle is one flatbuffer, at most 2 GiB - 1 bytes
+# (flatbuffers' Python builder, flatbuffers/builder.py: Builder.MAX_BUFFER_SIZE = 2**31)
 
 
 def count(value: Any, what: str, lo: int, hi: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.limits import MAX_FILE_BYTES, MAX_TOML_DEPTH
+from bundlerun.bundles.safe_read import UnsafeFileError, read_bounded
 
 try:
     import tomllib
@@ -68,17 +69,14 @@ def read_toml(path: str | Path, what: str = "") -> dict[str, Any]:
     oversized, undecodable, invalid or too deeply nested file."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ConfigError(f"{label}: {size} bytes; bundlerun reads at most {MAX_FILE_BYTES} (docs/security.md)")
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"no {what or 'file'} at {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{label} is a directory, not a TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {label}: {exc.strerror or exc}") from None
+    if not path.exists():
+        raise ConfigError(f"no {what or 'file'} at {path}")
+    if path.is_dir():
+        raise ConfigError(f"{label} is a directory, not a TOML file")
+    try:  # a regular file only (a FIFO would block the read), its size checked on the opened file
+        text = read_bounded(path, MAX_FILE_BYTES).decode("utf-8")
+    except UnsafeFileError as exc:
+        raise ConfigError(f"{what + ' ' if what else ''}{exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{label}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return loads_toml(text, str(path))

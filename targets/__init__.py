@@ -119,6 +119,9 @@ class TargetSpec:
     # settings that name a program, command, code or tool options to run (here, on a remote host or a
     # device): only the user's own config and --target-opt may set them, never a farm plan (docs/security.md)
     command_settings: tuple[str, ...] = ()
+    # settings that name a folder on this machine the target creates and writes (vulkan's Mesa
+    # shader cache): only the user's own config and --target-opt may set them, never a farm plan
+    folder_settings: tuple[str, ...] = ()
 
     def backend_for(self, url: TargetURL) -> str:
         return self.default_backend(url) if callable(self.default_backend) else self.default_backend

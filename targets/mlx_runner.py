@@ -39,8 +39,8 @@ from bundlerun.targets.base import (
     safe_name,
 )
 from bundlerun.targets.failures import FailureKind
-from bundlerun.targets.process import kill_process_group
-from bundlerun.targets.runner_cache import find_runner, read_record
+from bundlerun.targets.process import kill_process_group, start_program
+from bundlerun.targets.runner_cache import find_runner, read_record, runner_binary
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -160,8 +160,9 @@ def run_process(runner: Path, args: list[str], cwd: Path, log_path: Path, timeou
     start = time.monotonic()
     expired = threading.Event()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(runner), *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
+        proc = start_program([str(runner), *args], "the MLX runner binary", cwd=cwd, stdout=log,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             env={**os.environ})
 
         def expire() -> None:
             expired.set()
@@ -183,10 +184,9 @@ def run_process(runner: Path, args: list[str], cwd: Path, log_path: Path, timeou
 
 def resolve_runner(configured: Path | None) -> Path:
     runner = configured or default_runner()
-    if runner is None or not Path(runner).is_file():
-        raise TargetError("no MLX executor_runner (ExecuTorch's C++ MLX delegate)"
-                          + (f" at {runner}" if runner else " in the build cache") + f"; {BUILD_HINT}")
-    return Path(runner)
+    if runner is None:
+        raise TargetError(f"no MLX executor_runner (ExecuTorch's C++ MLX delegate) in the build cache; {BUILD_HINT}")
+    return runner_binary(runner, "the MLX", BUILD_HINT)
 
 
 def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, etdump: bool = False,

@@ -6,6 +6,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
+
+
+def start_program(argv: list[str], what: str, **popen: Any) -> subprocess.Popen:
+    """subprocess.Popen(argv, **popen), where a program that cannot be started (missing, not
+    executable, not a program for this machine: the exec failed on argv[0]) is a TargetError
+    naming it, not an OSError that would read as the host failing to write the run's files."""
+    try:
+        return subprocess.Popen(argv, **popen)
+    except OSError as exc:
+        if exc.filename is None or str(exc.filename) != str(argv[0]):
+            raise
+        from bundlerun.bundles.errors import TargetError
+
+        raise TargetError(f"{what} {argv[0]} cannot be started: {exc.strerror or exc}") from None
 
 
 def kill_process_group(proc: subprocess.Popen, grace_s: float = 3.0, *, term_first: bool = True) -> None:

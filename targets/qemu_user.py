@@ -34,8 +34,8 @@ from bundlerun.targets.base import (
     TargetRun,
     safe_name,
 )
-from bundlerun.targets.process import kill_process_group, wait_exit
-from bundlerun.targets.runner_cache import cached_runners, read_record
+from bundlerun.targets.process import kill_process_group, start_program, wait_exit
+from bundlerun.targets.runner_cache import cached_runners, read_record, runner_binary
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -142,9 +142,9 @@ def run_under_qemu(qemu: str, runner: Path, args: list[str], cwd: Path, log_path
 
     cpu_args = ["-cpu", argv.word(cpu, "qemu cpu")] if cpu else []
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner"), *args],
-                                cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
+        proc = start_program([argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner"), *args],
+                             "qemu-user", cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
         try:
             rc = wait_exit(proc, timeout_s)
         finally:
@@ -162,10 +162,9 @@ class QemuUserTarget(TargetBase):
         qemu = qemu_for(self.arch, self.settings.qemu)
         cached = None if self.settings.runner else cached_runner(self.arch)
         runner = self.settings.runner or (cached or {}).get("binary")
-        if runner is None or not Path(runner).is_file():
-            raise TargetError(f"no {self.arch} executor_runner" + (f" at {runner}" if runner else " in the build cache")
-                              + f"; {BUILD_HINT}")
-        return qemu, Path(runner)
+        if runner is None:
+            raise TargetError(f"no {self.arch} executor_runner in the build cache; {BUILD_HINT}")
+        return qemu, runner_binary(runner, f"the {self.arch}", BUILD_HINT, executable=False)
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         qemu, runner = self._binaries()

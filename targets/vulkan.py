@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.bundles.errors import ConfigError, TargetError
+from bundlerun.bundles.limits import MAX_RECORD_BYTES
+from bundlerun.bundles.safe_read import UnsafeFileError, load_json_bounded
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
 from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.et_runner.log import parse_runner_log
@@ -51,8 +53,8 @@ from bundlerun.targets.base import (
     safe_name,
 )
 from bundlerun.targets.failures import FailureKind
-from bundlerun.targets.process import kill_process_group, wait_exit
-from bundlerun.targets.runner_cache import cached_runners, find_runner
+from bundlerun.targets.process import kill_process_group, start_program, wait_exit
+from bundlerun.targets.runner_cache import cached_runners, find_runner, runner_binary
 from bundlerun.targets.settings import parse_settings
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -95,16 +97,18 @@ class VulkanSettings:
 
 
 def icd_library(icd: Path) -> tuple[str | None, str]:
-    """(the driver library an ICD json names, "" or why the json is unusable)."""
-    try:
-        data = json.loads(Path(icd).read_text())
-        lib = data["ICD"]["library_path"]
-    except FileNotFoundError:
+    """(the driver library an ICD json names, "" or why the json is unusable). The json is read with
+    bundles/safe_read.py's bounds: a regular file (not a FIFO or a device) of at most 4 MiB."""
+    if not os.path.exists(icd):
         return None, f"the Vulkan ICD {icd} does not exist"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"the Vulkan ICD {icd} is not an ICD json ({type(exc).__name__}: {exc})"
-    if not isinstance(lib, str) or not lib:
-        return None, f"the Vulkan ICD {icd} names no library_path"
+    try:
+        data = load_json_bounded(icd, MAX_RECORD_BYTES)
+    except UnsafeFileError as exc:
+        return None, f"the Vulkan ICD is not usable: {exc}"
+    table = data.get("ICD") if isinstance(data, dict) else None
+    lib = table.get("library_path") if isinstance(table, dict) else None
+    if not isinstance(lib, str) or not lib or "\0" in lib:
+        return None, f"the Vulkan ICD {icd} is not an ICD json: it names no ICD.library_path"
     if "/" in lib and not os.path.isabs(lib):  # the loader reads relative paths from the json's folder
         lib = str((Path(icd).parent / lib).resolve())
     return lib, ""
@@ -202,6 +206,18 @@ def default_shader_cache() -> Path:
     return cache_dir("mesa_shader_cache")
 
 
+def shader_cache_dir(settings: VulkanSettings) -> Path:
+    """Mesa's shader cache folder, created: the setting (the user's config or --target-opt only: a
+    farm plan cannot set it) or the bundlerun cache's. A path that is not a folder is one ConfigError."""
+    folder = Path(os.path.abspath(settings.shader_cache or default_shader_cache()))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"[targets.vulkan] shader_cache {folder}: cannot create the folder ({exc.strerror or exc})"
+                          ) from None
+    return folder
+
+
 def driver_summary(probe: dict[str, Any]) -> str:
     if "error" in probe:
         return probe["error"]
@@ -244,6 +260,7 @@ SPEC = TargetSpec(
     settings=VulkanSettings,
     doctor=_doctor,
     command_settings=("icd", "runner", "debug_runner"),  # the ICD json names a driver library loaded here
+    folder_settings=("shader_cache",),  # created and written by Mesa: a plan cannot place it (docs/security.md)
     capture=lambda *args: capture(*args),  # `capture` is defined at the end of this module
     elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
                          "host wall clock of a case on executor_runner: one --server_mode trigger (input files read, "
@@ -262,8 +279,8 @@ def run_runner(runner: Path, args: list[str], cwd: Path, env: dict[str, str], lo
     `timeout_s` and always reaped: (exit status or None on timeout, seconds, log text)."""
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(runner), *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        proc = start_program([str(runner), *args], "the Vulkan runner binary", cwd=cwd, stdout=log,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         try:
             rc = wait_exit(proc, timeout_s)  # a pidfd: Popen.wait(timeout) polls every 50 ms, 2 s in a 32-case run
         finally:
@@ -345,10 +362,9 @@ class VulkanTarget(TargetBase):
 
     def runner(self) -> Path:
         runner = self.settings.runner or find_runner("executor_runner", "binary", **RUNNER_FLAGS)
-        if runner is None or not Path(runner).is_file():
-            raise TargetError("no Vulkan executor_runner" + (f" at {runner}" if runner else " in the build cache")
-                              + f"; {BUILD_HINT}")
-        return Path(runner)
+        if runner is None:
+            raise TargetError(f"no Vulkan executor_runner in the build cache; {BUILD_HINT}")
+        return runner_binary(runner, "the Vulkan", BUILD_HINT)
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         runner = self.runner()
@@ -356,8 +372,7 @@ class VulkanTarget(TargetBase):
         if why:
             raise TargetError(f"{why}; lavapipe: apt-get install mesa-vulkan-drivers; another driver: icd=PATH")
         probe = probe_driver(self.icd)
-        shader_cache = self.settings.shader_cache or default_shader_cache()
-        shader_cache.mkdir(parents=True, exist_ok=True)
+        shader_cache = shader_cache_dir(self.settings)
         env = runner_env(self.icd, shader_cache)
         work = Path(options.work_dir) / "vulkan"
         run = TargetRun(self.url, [], info={"runner": str(runner), "icd": str(self.icd), "driver_library": lib,
@@ -440,15 +455,21 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
     s = target.settings
     size = dbg._buffer_size(s.debug_buffer_bytes, debug_buffer_mb, url)
     runner = s.debug_runner or find_runner("executor_runner", "debug_runner", **RUNNER_FLAGS)
-    if runner is None or not Path(runner).is_file():
-        raise IntermediatesFailed(f"{url}: no Vulkan debug runner" + (f" at {runner}" if runner else "")
-                                  + f"; {BUILD_HINT.replace('set runner', 'set debug_runner')}")
+    hint = BUILD_HINT.replace('set runner', 'set debug_runner')
+    if runner is None:
+        raise IntermediatesFailed(f"{url}: no Vulkan debug runner; {hint}")
+    try:
+        runner = runner_binary(runner, "the Vulkan debug", hint)
+    except BundlerunError as exc:
+        raise IntermediatesFailed(f"{url}: {exc}") from None
     lib, why = icd_library(target.icd)
     if why:
         raise IntermediatesFailed(f"{url}: {why}")
     probe = probe_driver(target.icd)
-    shader_cache = s.shader_cache or default_shader_cache()
-    shader_cache.mkdir(parents=True, exist_ok=True)
+    try:
+        shader_cache = shader_cache_dir(s)
+    except BundlerunError as exc:
+        raise IntermediatesFailed(f"{url}: {exc}") from None
     folder = work_dir / "vulkan" / f"{safe_name(method)}-{case}"
     shutil.rmtree(folder, ignore_errors=True)
     (folder / dbg.OUT).mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bundlerun.targets.runner_cache import cached_runners, find_runner, read_record
+from bundlerun.targets.runner_cache import RunnerEntryError, cached_runners, find_runner, read_record
 from tests.doubles.android_env import real_executor_runner
 
 
@@ -50,10 +50,10 @@ def test_a_moved_entry_names_its_own_binary_and_the_new_cache(tmp_path, monkeypa
 def test_an_entry_in_place_and_unreadable_entries(tmp_path):
     folder = _entry(tmp_path, "k" * 20, tmp_path)
     assert read_record(folder)["binary"] == str(folder / "executor_runner")
-    (folder / "runner.json").write_text("{ not json")
-    assert read_record(folder) is None
-    (folder / "runner.json").write_text("[1, 2]")
-    assert read_record(folder) is None
+    for text, why in (("{ not json", "not valid JSON"), ("[1, 2]", "runner.json holds list, not a table")):
+        (folder / "runner.json").write_text(text)
+        with pytest.raises(RunnerEntryError, match=f"^runner entry damaged: {folder}/runner.json: {why}.*; rebuild "):
+            read_record(folder)
     assert read_record(tmp_path / "absent") is None
 
 

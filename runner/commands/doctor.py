@@ -28,9 +28,12 @@ def collect(project: dict) -> list[dict]:
         try:
             checks = spec.doctor(section if isinstance(section, dict) else {})
         except Exception as exc:  # noqa: BLE001 - a probe must never take doctor down
+            from bundlerun.bundles.errors import BundlerunError
             from bundlerun.targets import Check
 
-            checks = [Check(spec.name, False, f"probe failed: {type(exc).__name__}: {exc}")]
+            # a BundlerunError (a damaged runner entry) is its own one line
+            said = str(exc) if isinstance(exc, BundlerunError) else f"{type(exc).__name__}: {exc}"
+            checks = [Check(spec.name, False, f"probe failed: {said}")]
         rows.extend({"target": spec.name, **asdict(c)} for c in checks)
     return rows
 

@@ -281,12 +281,20 @@ def _no_commands(where: str, url: str, options: dict[str, Any] | None = None) ->
                     raise ConfigError(f"{where}: {exc}") from None
     specs = [target_specs()[u.scheme] for u in chain]
     banned: dict[str, str] = {}
+    folders: dict[str, str] = {}  # TargetSpec.folder_settings: a folder the target creates on this machine
     for spec in specs:
         for name in spec.command_settings:
             banned.setdefault(name, spec.name)
+        for name in spec.folder_settings:
+            folders.setdefault(name, spec.name)
     keys = [(k, k.replace("-", "_")) for u in chain for k in u.query]
     keys += _setting_keys(options or {})
     for shown, name in keys:
+        if name in folders:
+            raise ConfigError(f"{where}: {shown!r} names a folder the target creates and writes on this machine "
+                              f"({folders[name]}:// setting {name}); a farm plan cannot place it: the default is "
+                              f"in the bundlerun cache, or put it in bundlerun.toml [targets.{folders[name]}] or pass "
+                              "--target-opt (docs/security.md)")
         base = name[:-1] if name.endswith("s") and name[:-1] in banned else name  # fvp's `runner_elfs` maps
         if base in banned:
             raise ConfigError(f"{where}: {shown!r} names a program or command to run ({banned[base]}:// setting "

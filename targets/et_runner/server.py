@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
-from bundlerun.targets.process import kill_process_group, wait_exit
+from bundlerun.targets.process import kill_process_group, start_program, wait_exit
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledValue
@@ -75,9 +75,9 @@ class RunnerServer:
         """Start the runner and wait for it to load the program and enter its loop."""
         self._log = open(self.log_path, "wb")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen([*self.argv, "--server_mode"], cwd=self.cwd, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=self.env)
+        self.proc = start_program([*self.argv, "--server_mode"], "the runner binary", cwd=self.cwd,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True, env=self.env)
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
