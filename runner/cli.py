@@ -493,8 +493,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
              config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
-    Each model x dtype gets REPORT/<model>-<dtype>/ with its bundle and report (and with --etrecord its
-    ETRecord; with --debug-on-fail a failing one's debug report in debug/).
+    Each model x dtype gets REPORT/<model>-<dtype>/ (a factory path.py:fn is named `path.fn`) with its
+    bundle and report (and with --etrecord its ETRecord; with --debug-on-fail a failing one's debug
+    report in debug/).
     """
     from bundlerun.runner.report.console import plain, wide_console
     from rich.table import Table
