@@ -38,7 +38,7 @@ def _e(value: object) -> str:
     return _escape(text if len(text) <= MAX_SHOWN else one_line(text, MAX_SHOWN))
 from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
-_LEGEND = {"FAIL": "FAIL output criterion", "STOPPED": "STOPPED (Ctrl-C / SIGTERM)"}
+_LEGEND = {"FAIL": "FAIL output criterion"}
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
 
 _CSS = """
@@ -379,11 +379,13 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         f"<p class='meta'>columns: commits in commit order (runs without a label or commit: by day, in italics). "
         f"cell: the latest run there (the tooltip names the worst when there were several): top-1 for dataset runs, "
         f"else the worst {SQNR_LABEL} over the outputs (exact: no error at all); a FAIL names its first failing output "
-        f"and criterion; a run that did not complete shows its status (ERROR, TIMEOUT, STOPPED), no number. Regressed: PASS &rarr; FAIL, worst SQNR "
+        f"and criterion; a run that did not complete shows its status (ERROR, TIMEOUT), no number; a stopped run "
+        f"(Ctrl-C / SIGTERM) is no data point and has no cell. Regressed: PASS &rarr; FAIL, worst SQNR "
         f"down by more than {r.sqnr_drop_db:g} dB (both capped at {r.sqnr_ceiling_db:g} dB), or top-1 down by more "
         f"than {r.top1_drop_points:g} points, against the baseline; &#9670; marks the culprit. Group rows: per "
         "column the worst of their rows (&#9660;: regressed rows, a number: failing rows); click to fold.</p>"
-        "<p class='meta legend'>" + "".join(f"<span class='{v}'>{_LEGEND.get(v, v)}</span>" for v in VERDICT_COLOURS)
+        "<p class='meta legend'>" + "".join(f"<span class='{v}'>{_LEGEND.get(v, v)}</span>" for v in VERDICT_COLOURS
+                                            if v != "STOPPED")  # stopped runs have no cell (runner/hud_grid.py)
         + "<span style='background:#e53935;color:#fff'>regressed</span>"
         "<span style='box-shadow:inset 0 0 0 2px #1e88e5'>baseline</span>"
         "<span class='flaky'>flaky numerics (--replay)</span></p>"
