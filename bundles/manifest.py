@@ -43,6 +43,7 @@ class Criteria:
     # so an old manifest reads, judges and re-serialises exactly as before.
     mse_max: float | None = None  # ceiling on mean((a - r)^2) (NXP NumericalStatsOutputComparator)
     top1: bool = False  # argmax of the flattened output must equal the reference's (Cortex-M model tests)
+    top_k: int | None = None  # per row of the last axis, the reference's argmax is among the output's k largest
     nan: str = "match"  # "match": NaN matches NaN (shared Tester, equal_nan=True); "fail": any NaN fails
     sqnr_reference: str = "actual"  # whose norm is the signal: "actual" (ErrorStatistics) | "reference" (compute_error)
     sqnr_strict: bool = False  # SQNR must exceed the floor (`error > threshold`) instead of reaching it
@@ -72,7 +73,7 @@ class Criteria:
     @property
     def has_any(self) -> bool:
         """False when nothing would be checked: such an output must not be judged at all."""
-        return self.elementwise or self.exact or self.top1 or any(
+        return self.elementwise or self.exact or self.top1 or self.top_k is not None or any(
             getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max"))
 
     @classmethod

@@ -21,11 +21,13 @@ MANIFEST_SCHEMA = "bundlerun.manifest/1"
 CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
 # Rules from backends' own tests (docs/tolerances.md "Rules"): optional, and absent = the default,
 # which is how every bundle made before them is judged.
-RULE_DEFAULTS: dict[str, object] = {"mse_max": None, "top1": False, "nan": "match", "sqnr_reference": "actual",
+RULE_DEFAULTS: dict[str, object] = {"mse_max": None, "top1": False, "top_k": None, "nan": "match",
+                                    "sqnr_reference": "actual",
                                     "sqnr_strict": False, "cast_float": False, "arm_analysis": False,
                                     "reference_nonzero": False}
 RULE_FIELDS = tuple(RULE_DEFAULTS)
 RULE_CHOICES = {"nan": ("match", "fail"), "sqnr_reference": ("actual", "reference")}
+RULE_INTEGERS = {"top_k": (1, 2**31 - 1)}  # rules that hold a whole number: (lowest, highest)
 
 MAX_DEPTH = 32  # the real manifest nests 7 deep
 MAX_NODES = 2_000_000
@@ -277,12 +279,14 @@ def _criteria(chk: _Checker, path: str, crit: Any) -> None:
         if key == "mse_max" or key not in crit:
             continue
         value = crit[key]
-        if isinstance(default, bool):
+        if key in RULE_INTEGERS:
+            chk.integer(f"{path}.{key}", value, *RULE_INTEGERS[key], optional=True)
+        elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise chk.fail(f"{path}.{key}", f"expected a boolean, got {_kind(value)}")
         elif value not in RULE_CHOICES[key]:
             raise chk.fail(f"{path}.{key}", f"expected one of {', '.join(RULE_CHOICES[key])}, got {_kind(value)}")
-    if not crit.get("exact") and not crit.get("top1") and all(crit.get(k) is None for k in (*CRITERIA_FIELDS, "mse_max")):
+    if not crit.get("exact") and not crit.get("top1") and crit.get("top_k") is None and all(crit.get(k) is None for k in (*CRITERIA_FIELDS, "mse_max")):
         raise chk.fail(path, "no criterion is set (" + ", ".join(CRITERIA_FIELDS)
                        + " are all null and exact is false): the output would pass unchecked")
     trail = crit.get("trail", {})

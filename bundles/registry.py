@@ -23,6 +23,7 @@ resolver's levels, which share one resolution state; the schema lives in registr
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import platform
 try:  # Python >= 3.11
@@ -656,6 +657,22 @@ class _Resolver:
         return Resolution(criteria, self.steps, self.tier, self.variant, self.host_arch, self.commit)
 
 
+def top_k_value(value: Any, what: str) -> int:
+    """top_k as given (a CLI string or a number): a whole number >= 1, else one ConfigError line."""
+    from bundlerun.bundles.manifest_schema import RULE_INTEGERS
+
+    lo, hi = RULE_INTEGERS["top_k"]
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{what}: top_k must be a whole number, got {value[:40]!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value) or not lo <= value <= hi:
+        raise ConfigError(f"{what}: top_k must be a whole number from {lo} to {hi}, got {value!r}")
+    return int(value)
+
+
 def explicit_entry(overrides: dict[str, Any] | None, method: str, output_name: str, output_index: int) -> dict[str, Any]:
     """Criteria from an explicit override dict that apply to one output.
 
@@ -668,8 +685,9 @@ def explicit_entry(overrides: dict[str, Any] | None, method: str, output_name: s
         parts = str(raw_key).split(".")
         key = parts[-1]
         sel = parts[:-1]
-        if key not in CRITERIA and key != "exact":
-            raise ConfigError(f"unknown criterion {key!r} in override {raw_key!r}{_suggest(key, CRITERIA + ('exact',))}")
+        if key not in CRITERIA and key not in ("exact", "top_k"):
+            raise ConfigError(f"unknown criterion {key!r} in override {raw_key!r}"
+                              f"{_suggest(key, CRITERIA + ('exact', 'top_k'))}")
         if len(sel) > 2:
             raise ConfigError(f"override {raw_key!r}: expected [method.]output.criterion")
         sel_method = sel[0] if len(sel) == 2 else "*"
@@ -682,6 +700,8 @@ def explicit_entry(overrides: dict[str, Any] | None, method: str, output_name: s
             if not isinstance(value, bool):
                 raise ConfigError(f"override {raw_key!r}: exact must be true or false, got {value!r}")
             entry[key] = value
+        elif key == "top_k":
+            entry[key] = top_k_value(value, f"override {raw_key!r}")
         else:
             check_number(f"override {raw_key!r}", key, value)
             entry[key] = value

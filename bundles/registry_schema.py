@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.bundles.manifest_schema import RULE_CHOICES, RULE_DEFAULTS
+from bundlerun.bundles.manifest_schema import RULE_CHOICES, RULE_DEFAULTS, RULE_INTEGERS
 
 SCHEMA = "bundlerun.tolerances/1"
 CRITERIA = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
@@ -240,7 +240,11 @@ def check_entry(where: str, entry: dict, allowed: set[str], require_origin: bool
     for key in RULES:
         if key in entry:
             default = RULE_DEFAULTS[key]
-            if isinstance(default, bool):
+            if key in RULE_INTEGERS:
+                lo, hi = RULE_INTEGERS[key]
+                if isinstance(entry[key], bool) or not isinstance(entry[key], int) or not lo <= entry[key] <= hi:
+                    _fail(where, f"{key} must be a whole number from {lo} to {hi}, got {entry[key]!r}")
+            elif isinstance(default, bool):
                 if not isinstance(entry[key], bool):
                     _fail(where, f"{key} must be true or false, got {entry[key]!r}")
             elif entry[key] not in RULE_CHOICES[key]:

@@ -129,11 +129,16 @@ def mapping(value: Any, what: str) -> dict[str, Any]:
 
 
 def tolerance(key: Any, value: Any, what: str = "--tolerance") -> float:
-    """One explicit criterion (KEY=VALUE of `build --tolerance`): a known key, a finite number >= 0."""
+    """One explicit criterion (KEY=VALUE of `build --tolerance`): a known key, a finite number >= 0
+    (top_k: a whole number >= 1)."""
     from bundlerun.bundles.manifest import CRITERIA_FIELDS
 
+    if key == "top_k":
+        from bundlerun.bundles.registry import top_k_value
+
+        return top_k_value(value, f"{what}: top_k")
     if key not in CRITERIA_FIELDS:
-        raise ConfigError(f"{what}: {str(key)[:60]!r} is not one of {', '.join(CRITERIA_FIELDS)}")
+        raise ConfigError(f"{what}: {str(key)[:60]!r} is not one of {', '.join((*CRITERIA_FIELDS, 'top_k'))}")
     if isinstance(value, str):
         try:
             value = float(value)

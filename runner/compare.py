@@ -515,6 +515,8 @@ def judge_output(
         if not mse <= criteria.mse_max:
             failed.append(FailedCriterion("mse_max", mse, criteria.mse_max,
                                           f"mean squared error {_fmt(mse)} > ceiling {_fmt(criteria.mse_max)}"))
+    if criteria.top_k is not None:
+        failed.extend(top_k_check(actual, expected, criteria.top_k))
     if criteria.top1:
         a_arg, r_arg = _argmax(actual), _argmax(expected)
         if a_arg != r_arg:
@@ -560,4 +562,4 @@ def quantization_steps(stats: OutputStats, scale: float | None) -> None:
 
 
 # The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/compare_rules.py.
-from bundlerun.runner.compare_rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db  # noqa: E402,F401
+from bundlerun.runner.compare_rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: E402,F401

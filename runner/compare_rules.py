@@ -66,6 +66,38 @@ def _sqnr_check(actual, expected, stats, criteria: Criteria) -> list:
                             + (" (must exceed it)" if criteria.sqnr_strict else ""))]
 
 
+def top_k_check(actual: np.ndarray, expected: np.ndarray, k: int) -> list:
+    """A classifier's logits: in every row of the last axis, the reference's argmax must be among
+    the output's k largest values (bundlerun's rule, for outputs a user marks with top_k: a float
+    output whose values only rank classes). Ties count against the class: its rank is how many
+    values are >= its own, so an all-zero output never passes; a NaN ranks last."""
+    from bundlerun.runner.compare import FailedCriterion
+
+    a, r = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if a.size == 0 or a.shape != r.shape:
+        return []  # the shape criterion already failed, or nothing to rank
+    width = a.shape[-1] if a.ndim else 1
+    a_rows, r_rows = a.reshape(-1, width), r.reshape(-1, width)
+    worst: tuple[int, int, int, int] | None = None  # (rank, row, class, its value's row rank)
+    misses = 0
+    for row, (a_row, r_row) in enumerate(zip(a_rows, r_rows)):
+        cls = _argmax(r_row)
+        if cls is None:
+            continue
+        value = a_row[cls]
+        rank = width if not np.isfinite(value) else int(np.count_nonzero(a_row >= value))
+        if rank > k:
+            misses += 1
+            if worst is None or rank > worst[0]:
+                worst = (rank, row, cls, rank)
+    if worst is None:
+        return []
+    rank, row, cls, _ = worst
+    where = f" of {misses} of {len(a_rows)} rows; worst row {row}" if len(a_rows) > 1 else ""
+    return [FailedCriterion("top_k", rank, k, f"the reference's class {cls} ranks {rank} in the output, "
+                                              f"outside its top {k}{where}")]
+
+
 def sqnr_label(signal: str = "reference") -> str:
     """How a view names an SQNR: the report's own (signal = the reference) or, for the criteria
     that cite ExecuTorch's ErrorStatistics, its variant over the actual output's norm."""

@@ -14,6 +14,7 @@ from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS, Manifest
 RULE_TEXT = {
     "mse_max": lambda v: f"MSE <= {v:g}",
     "top1": lambda v: "argmax must equal the reference's (top-1)",
+    "top_k": lambda v: f"the reference's argmax must be among the output's {v} largest (top-{v})",
     "nan": lambda v: "a NaN fails (NaN never matches)" if v == "fail" else "NaN matches NaN",
     "sqnr_reference": lambda v: "SQNR = 20*log10(||ref|| / ||a - ref||)" if v == "reference" else "SQNR over ||actual||",
     "sqnr_strict": lambda v: "SQNR must exceed its floor (>)",

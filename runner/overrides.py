@@ -16,7 +16,7 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.manifest import CRITERIA_FIELDS, Criteria, Manifest
 
 SOURCE = "override (CLI)"
-KEYS = tuple(CRITERIA_FIELDS) + ("exact",)
+KEYS = tuple(CRITERIA_FIELDS) + ("exact", "top_k")
 _NONE = ("none", "null", "off", "unset")
 
 
@@ -26,7 +26,7 @@ class Override:
     method: str  # "*" or a method name
     output: str  # "*", an output name, "outN" or "N"
     key: str
-    value: float | bool | None  # None unsets the criterion
+    value: float | bool | int | None  # None unsets the criterion
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,9 +52,13 @@ def parse_override(text: str) -> Override:
         raise ConfigError(f"override {text!r}: unknown criterion {key!r}{hint}; known: {', '.join(KEYS)}")
     method = parts[0] if len(parts) == 3 else "*"
     output = parts[-2] if len(parts) >= 2 else "*"
-    value: float | bool | None
+    value: float | bool | int | None
     if rhs.lower() in _NONE:
         value = None
+    elif key == "top_k":
+        from bundlerun.bundles.registry import top_k_value
+
+        value = top_k_value(rhs, f"override {text!r}")
     elif key == "exact":
         if rhs.lower() not in ("true", "false", "1", "0"):
             raise ConfigError(f"override {text!r}: exact takes true or false, got {rhs!r}")

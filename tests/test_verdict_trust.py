@@ -224,3 +224,47 @@ def test_explain_with_a_model_shows_what_build_embeds(bundle_cache):
     assert (explained["atol"], explained["rtol"]) == (embedded["atol"], embedded["rtol"])
     assert explained["atol"] != 1e-2  # not the dtype tier's number
     assert {k: v for k, v in explained.items() if k != "trail"} == {k: v for k, v in embedded.items() if k != "trail"}
+
+
+# ------------------------------------------------------------------ top-k on a classifier's logits
+
+
+def test_top_k_passes_a_near_tie_and_fails_a_wrong_ranking():
+    expected = np.array([[0.1, 0.2, 3.0, 0.5, 2.9, 0.0]], dtype=np.float32)  # reference class 2
+    near = np.array([[0.1, 0.2, 2.95, 0.5, 3.0, 0.0]], dtype=np.float32)  # class 2 ranks 2nd
+    crit = Criteria(top_k=2)
+    assert judge_output(near, expected, crit, "float32", "float32").verdict == "PASS"
+    assert judge_output(near, expected, Criteria(top_k=1), "float32", "float32").verdict == "FAIL"
+    far = np.array([[3.0, 2.0, 0.1, 1.5, 2.5, 0.0]], dtype=np.float32)  # class 2 ranks 5th
+    v = judge_output(far, expected, Criteria(top_k=3), "float32", "float32")
+    assert [f.criterion for f in v.failed] == ["top_k"] and (v.failed[0].measured, v.failed[0].limit) == (5, 3)
+    assert "class 2 ranks 5" in v.failed[0].detail
+    # ties count against the class: an all-zero output never passes; rows of a batch are ranked apart
+    zeros = np.zeros_like(expected)
+    assert judge_output(zeros, expected, Criteria(top_k=5), "float32", "float32").verdict == "FAIL"
+    batch = np.stack([expected[0], expected[0]])
+    bad_row = np.stack([expected[0], far[0]])
+    v = judge_output(bad_row, batch, Criteria(top_k=3), "float32", "float32")
+    assert v.verdict == "FAIL" and "1 of 2 rows; worst row 1" in v.failed[0].detail
+
+
+def test_top_k_is_declared_at_build_run_and_in_the_manifest():
+    from bundlerun.bundles.errors import ConfigError, ManifestError
+    from bundlerun.bundles.manifest_schema import validate_manifest
+    from bundlerun.runner.arguments import tolerance
+    from bundlerun.runner.overrides import parse_override
+    from tests.test_compare_rules import _manifest
+
+    validate_manifest(_manifest({"top_k": 5}))  # a top-k-only output is a judged output
+    for bad in (0, True, "5", 2.5):
+        with pytest.raises(ManifestError):
+            validate_manifest(_manifest({"top_k": bad}))
+
+    c = resolve_criteria(_ctx(output_dtype="float32", output_name="out0", output_index=0), overrides={"out0.top_k": 5})
+    assert c.top_k == 5 and c.to_dict()["top_k"] == 5 and Criteria.from_dict(c.to_dict()).top_k == 5
+    assert parse_override("out0.top_k=5").value == 5 and tolerance("top_k", "3") == 3
+    for bad in ("0", "2.5", "x", "-1"):
+        with pytest.raises(ConfigError, match="top_k must be a whole number"):
+            parse_override(f"out0.top_k={bad}")
+    assert "top_k" not in Criteria().to_dict()  # absent = not set: old manifests read as before
+
