@@ -5,7 +5,8 @@ collection time so that a new test lands in the right tier without anyone markin
 and scripts/test.sh still run everything. A test is slow when any of these holds:
 
 1. it is marked `@pytest.mark.slow` by hand (kept as is);
-2. its module is in SLOW_MODULES (whole files the scan below cannot see through, with the reason);
+2. its module is in SLOW_MODULES or the test in SLOW_TESTS (what the scan below cannot see, each with
+   the reason);
 3. the code it reaches contains a STARTER: the test function itself, every fixture in its closure
    (`item.fixturenames` is already transitive) and, followed transitively, every function, class or
    module-level name they refer to that is defined under tests/ (helpers, doubles, fixtures' helpers).
@@ -47,8 +48,14 @@ STARTERS = re.compile(r"""
   | \bcheck_page\b                                                     # tests/browser.py: starts Chromium
 """, re.VERBOSE)
 
-# Whole modules that are slow although the scan cannot see it, one reason each.
+# Whole modules, or single tests ("file::function"), that are slow although the scan cannot see
+# it (the process starts inside code outside tests/ that the test does not name), one reason each.
 SLOW_MODULES: dict[str, str] = {
+}
+SLOW_TESTS: dict[str, str] = {
+    "test_api.py::test_the_documented_example_runs": "exec()s docs/api.md's example, which builds and runs a bundle",
+    "test_suite_plugin.py::test_the_suite_pieces_bundlerun_relies_on":
+        "ExecuTorch's all_flows() registers the Arm flows by starting the FVP binaries (`--version`)",
 }
 
 SLOW_REASON = "tests/tiers.py: builds a bundle or starts a process"
@@ -134,6 +141,8 @@ def is_slow(item: pytest.Item) -> bool:
     if module is not None and Path(module.__file__).name in SLOW_MODULES:
         return True
     function = getattr(item, "function", None)
+    if module is not None and function is not None and f"{Path(module.__file__).name}::{function.__name__}" in SLOW_TESTS:
+        return True
     if function is not None and _starts(getattr(function, "__func__", function)):
         return True
     info = getattr(item, "_fixtureinfo", None)
