@@ -51,3 +51,13 @@ def test_the_guard_stops_every_way_to_start_a_process(start):
     finally:
         mp.undo()
     assert len(attempts) == 1
+
+
+def test_the_guard_lets_git_through():
+    """History records the commit a report came from (runner/commits.py): the one allowed program."""
+    mp, attempts = process_guard()
+    try:
+        proc = subprocess.run(["git", "--version"], capture_output=True, text=True)
+    finally:
+        mp.undo()
+    assert proc.returncode == 0 and proc.stdout.startswith("git version") and attempts == []
