@@ -42,16 +42,26 @@ def _fast_tier_guard(request):
         mp.undo()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        item.stash[CALL_FAILED] = outcome.get_result().failed
+
+
+CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture(autouse=True)
-def _no_process_in_fast_tier(_fast_tier_guard):
+def _no_process_in_fast_tier(_fast_tier_guard, request):
     """Fail a fast-tier test that tried to start a process even where the code under test
-    swallowed the exception."""
+    swallowed the exception (a test the guard's exception already failed is not reported twice)."""
     if _fast_tier_guard is None:
         yield
         return
     before = len(_fast_tier_guard)
     yield
-    if len(_fast_tier_guard) > before:
+    if len(_fast_tier_guard) > before and not request.node.stash.get(CALL_FAILED, False):
         from tiers import SPAWN_ERROR
 
         pytest.fail(f"{SPAWN_ERROR} ({', '.join(_fast_tier_guard[before:])})", pytrace=False)
