@@ -121,19 +121,23 @@ def _referenced(obj, source: str) -> list[object]:
 
 
 @lru_cache(maxsize=None)
+def _scan(obj) -> tuple[bool, tuple]:
+    """Whether `obj`'s own code contains a STARTER, and the tests/ objects it names."""
+    source = _source(obj)
+    return bool(STARTERS.search(source)), tuple(_referenced(obj, source))
+
+
+@lru_cache(maxsize=None)
 def _starts(obj) -> bool:
     """Whether `obj`'s code, or tests/ code it names (transitively), contains a STARTER."""
-    source = _source(obj)
-    if STARTERS.search(source):
-        return True
-    _starts_guard.add(obj)  # a cycle (helpers naming each other) ends here as "not by this path"
-    try:
-        return any(_starts(ref) for ref in _referenced(obj, source) if ref not in _starts_guard)
-    finally:
-        _starts_guard.discard(obj)
-
-
-_starts_guard: set = set()
+    seen, todo = {obj}, [obj]
+    while todo:
+        starts, refs = _scan(todo.pop())
+        if starts:
+            return True
+        todo.extend(ref for ref in refs if ref not in seen)
+        seen.update(refs)
+    return False
 
 
 def is_slow(item: pytest.Item) -> bool:
