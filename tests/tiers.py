@@ -5,8 +5,7 @@ collection time so that a new test lands in the right tier without anyone markin
 and scripts/test.sh still run everything. A test is slow when any of these holds:
 
 1. it is marked `@pytest.mark.slow` by hand (kept as is);
-2. its module is in SLOW_MODULES or the test in SLOW_TESTS (what the scan below cannot see, each with
-   the reason);
+2. it is in SLOW_TESTS (what the scan below cannot see, each with the reason);
 3. the code it reaches contains a STARTER: the test function itself, every fixture in its closure
    (`item.fixturenames` is already transitive) and, followed transitively, every function, class or
    module-level name they refer to that is defined under tests/ (helpers, doubles, fixtures' helpers).
@@ -16,6 +15,7 @@ and scripts/test.sh still run everything. A test is slow when any of these holds
 The scan cannot be complete (a test may reach a process through bundlerun code it does not name),
 so the fast tier guards itself: under `-m "not slow"` every attempt to start a process fails the test
 with "this test starts a process: it belongs to the slow tier" (`process_guard`, used by conftest.py).
+The one program it lets through is `git`, which history runs to record a report's commit.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 
-# Calls that build a bundle or start a process / runtime, matched as names in the scanned code.
+# Calls that build a bundle or start a process / runtime, matched in the scanned source text (comments
+# and docstrings included: a false match only moves a test to the slow tier, never out of it).
 STARTERS = re.compile(r"""
     \bsubprocess\.(run|Popen|call|check_call|check_output|getoutput|getstatusoutput)\b
   | \bPopen\b | \bposix_spawnp?\b | \bos\.(system|fork|exec\w*|popen)\b
@@ -48,10 +49,8 @@ STARTERS = re.compile(r"""
   | \bcheck_page\b                                                     # tests/browser.py: starts Chromium
 """, re.VERBOSE)
 
-# Whole modules, or single tests ("file::function"), that are slow although the scan cannot see
-# it (the process starts inside code outside tests/ that the test does not name), one reason each.
-SLOW_MODULES: dict[str, str] = {
-}
+# Tests ("file::function") that are slow although the scan cannot see it (the process starts inside
+# code outside tests/ that the test does not name), one reason each.
 SLOW_TESTS: dict[str, str] = {
     "test_api.py::test_the_documented_example_runs": "exec()s docs/api.md's example, which builds and runs a bundle",
     "test_mlx_build.py::test_codegen_regenerates_the_missing_files": "bundles/mlx_codegen.py runs flatc",
@@ -141,11 +140,10 @@ def _starts(obj) -> bool:
 
 
 def is_slow(item: pytest.Item) -> bool:
+    """The rules of this module's docstring, in its order."""
     if item.get_closest_marker("slow") is not None:
         return True
     module = getattr(item, "module", None)
-    if module is not None and Path(module.__file__).name in SLOW_MODULES:
-        return True
     function = getattr(item, "function", None)
     if module is not None and function is not None and f"{Path(module.__file__).name}::{function.__name__}" in SLOW_TESTS:
         return True
