@@ -18,6 +18,55 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.pop("CI", None)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that builds a bundle or starts a process `slow` (tests/tiers.py), so
+    `pytest -m "not slow"` is the fast, pure-Python tier."""
+    from tiers import mark_slow
+
+    mark_slow(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_tier_guard(request):
+    """Under `-m "not slow"` no process may start (tests/tiers.py `process_guard`): a test that
+    starts one fails, which tells the classifier in tests/tiers.py what it missed."""
+    from tiers import fast_tier, process_guard
+
+    if not fast_tier(request.config):
+        yield None
+        return
+    mp, attempts = process_guard()
+    try:
+        yield attempts
+    finally:
+        mp.undo()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        item.stash[CALL_FAILED] = outcome.get_result().failed
+
+
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_fast_tier(_fast_tier_guard, request):
+    """Fail a fast-tier test that tried to start a process even where the code under test
+    swallowed the exception (a test the guard's exception already failed is not reported twice)."""
+    if _fast_tier_guard is None:
+        yield
+        return
+    before = len(_fast_tier_guard)
+    yield
+    if len(_fast_tier_guard) > before and not request.node.stash.get(CALL_FAILED, False):
+        from tiers import SPAWN_ERROR
+
+        pytest.fail(f"{SPAWN_ERROR} ({', '.join(_fast_tier_guard[before:])})", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _process_tag(monkeypatch):
     """Every process a test starts inherits a tag of that test (tests/proc_helpers.py `mine`), so a
