@@ -158,7 +158,9 @@ def test_same_bundle_on_host_and_aarch64_side_by_side(xnn_runner, bundle_cache, 
     (out,) = data["outputs"]
     assert out["cases"] == 3 and out["error_max"]["baseline"] > 0 and out["error_max"]["current"] > 0
     assert out["error_max"]["delta"] == pytest.approx(out["error_max"]["current"] - out["error_max"]["baseline"])
-    assert any(row["error_max"]["delta"] != 0 for row in data["case_outputs"])
+    # the outputs differ (above), so some case's figures differ; which one depends on the kernels' rounding
+    # (with the runner built 2026-12-03 every case's worst element came out the same: error_max deltas all 0)
+    assert any(row[m]["delta"] not in (0, None) for row in data["case_outputs"] for m in ("error_max", "sqnr"))
     table = run_cli("compare", str(tmp_path / "host"), str(tmp_path / "arm"), "--cases")
     assert f"host://xnnpack → {URL} (delta), same bundle" in table.stdout, table.stdout
     # a different bundle on another target is still refused
