@@ -28,7 +28,7 @@ def main() -> int:
     import torch
     from executorch.backends.test.harness.error_statistics import ErrorStatistics
 
-    from bundlerun.runner.compare import error_statistics
+    from bundlerun.runner.judging.numerics import error_statistics
 
     rng = np.random.default_rng(0)
     expected = rng.standard_normal(args.numel, dtype=np.float32).reshape(16, -1)

@@ -4,7 +4,7 @@ An ETRecord (executorch.devtools) holds the graphs the program came from - the
 exported (ATen) program, the edge dialect program before partitioning, the
 instruction -> debug handle map and the delegate map of the emitted program -
 which is what maps a runtime intermediate output back to an operator of the
-eager graph. `bundlerun debug` reads it (runner/debug.py).
+eager graph. `bundlerun debug` reads it (runner/debug/localize.py).
 
 How it is recorded without touching the lowering recipes: every recipe calls
 `executorch.exir.to_edge_transform_and_lower` (imported at call time); while

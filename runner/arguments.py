@@ -157,8 +157,8 @@ def tolerances(value: Any, what: str = "tolerances") -> dict[str, float]:
 
 
 def overrides(value: Any, what: str = "overrides") -> list[str]:
-    """`[METHOD.]OUTPUT.KEY=VALUE` strings, parsed (runner/overrides.py) so a bad one fails now."""
-    from bundlerun.runner.overrides import parse_overrides
+    """`[METHOD.]OUTPUT.KEY=VALUE` strings, parsed (runner/judging/overrides.py) so a bad one fails now."""
+    from bundlerun.runner.judging.overrides import parse_overrides
 
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ConfigError(f"{what}: expected a list of OUTPUT.KEY=VALUE strings, got {_kind(value)}")

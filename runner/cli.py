@@ -19,7 +19,7 @@ import click
 from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no torch behind it
 from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY  # bundlerun's bounds (docs/security.md)
 from bundlerun.runner import seal  # --require-seal: click only
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, combine_exit_codes  # every exit code is defined in runner/outcome.py
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, combine_exit_codes  # every exit code is defined in runner/judging/outcome.py
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
@@ -32,11 +32,11 @@ LAZY_COMMANDS: dict[str, str] = {
     "trend": "bundlerun.runner.commands.trend",
     "hud": "bundlerun.runner.commands.hud",
     "devices": "bundlerun.runner.commands.devices",
-    "merge": "bundlerun.runner.commands.merge",  # shard/farm-shard reports -> one report (runner/merge.py)
+    "merge": "bundlerun.runner.commands.merge",  # shard/farm-shard reports -> one report (runner/report/merge.py)
     "farm": "bundlerun.runner.commands.farm",  # a plan of bundles x targets on a process pool or Ray
     "worker": "bundlerun.runner.commands.worker",  # hidden: the remote half of ssh://
     "debug": "bundlerun.runner.commands.debug",
-    "bisect": "bundlerun.runner.commands.bisect",  # which delegated node makes a case fail (runner/bisect.py)
+    "bisect": "bundlerun.runner.commands.bisect",  # which delegated node makes a case fail (runner/debug/bisect.py)
     "import-goldens": "bundlerun.runner.commands.import_goldens",  # the backend test suite's GOLDEN_ARTIFACTS_DIR
 }
 
@@ -329,7 +329,7 @@ run_options = [
                  expose_value=False,
                  callback=lambda ctx, _param, value: ctx.meta.__setitem__("bundlerun.replay", value),
                  help="Determinism replay: run each case N times and report, per output, the distinct results, "
-                      "their spread and verdict flips (runner/replay.py; in one process on host:// and tosa://)."),
+                      "their spread and verdict flips (runner/judging/replay.py; in one process on host:// and tosa://)."),
 ]
 
 
@@ -432,7 +432,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     elif not quiet:
         print_summary(report)
         if report.regressions:
-            from bundlerun.runner.regression import format_regressions
+            from bundlerun.runner.history.regression import format_regressions
 
             click.echo(format_regressions(report.regressions))
     from bundlerun.runner.report.console import echo_must_show, say_report
@@ -555,7 +555,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
             else:
                 print_summary(report)
                 if report.regressions:
-                    from bundlerun.runner.regression import format_regressions
+                    from bundlerun.runner.history.regression import format_regressions
 
                     click.echo(format_regressions(report.regressions))
             from bundlerun.runner.report.console import warn_unwritten
@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        from bundlerun.runner.safe_text import visible  # messages quote file contents: one inert line
+        from bundlerun.runner.report.safe_text import visible  # messages quote file contents: one inert line
 
         exc.message = visible(exc.message)
         exc.show()
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exception(exc)
-        from bundlerun.runner.safe_text import visible
+        from bundlerun.runner.report.safe_text import visible
 
         where = exc.filename2 or exc.filename  # a copy's destination, else the file
         click.echo(f"bundlerun: error: cannot write {visible(where) if where else 'a file'}: {exc.strerror or exc}",
@@ -635,7 +635,7 @@ def main(argv: list[str] | None = None) -> None:
 def _internal(exc: BaseException, debug: bool) -> None:
     """A BundlerunError: its one line and exit code; anything else: "internal error" (a bug), exit 2."""
     from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     if debug:  # the traceback, then the same line and exit code as without --debug
         import traceback

@@ -4,7 +4,7 @@ CI systems cancel a job with SIGTERM (then SIGKILL after a grace period); people
 Both must end the same way: finished cases keep their verdicts, the report is written and
 marked interrupted, every process bundlerun started is gone. The code paths that do that catch
 `KeyboardInterrupt`, so SIGTERM raises `Terminated`, a subclass of it, in the main thread; the
-exit code then says which signal it was (runner/outcome.py).
+exit code then says which signal it was (runner/judging/outcome.py).
 
 After the first signal further ones are ignored, so they cannot break the cleanup half way
 (SIGKILL stays the hard stop). `deferred()` holds a signal over a short section that must not be
@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import Iterator
 
-from bundlerun.runner.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED
+from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED
 
 
 class Terminated(KeyboardInterrupt):

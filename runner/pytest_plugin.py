@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from bundlerun.runner.farm.plan import BuildSpec
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report

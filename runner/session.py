@@ -23,8 +23,8 @@ from typing import Any, Callable
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
-from bundlerun.runner.judge import JudgeContext, judge_run, load_context, summarize
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS
+from bundlerun.runner.judging.judge import JudgeContext, judge_run, load_context, summarize
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
 from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs, target_section, tool_version, write_record
 from bundlerun.targets import open_target
@@ -59,7 +59,7 @@ class RunRequest:
     progress: Callable[[CaseResult], None] | None = None
     on_start: Callable[[int], None] | None = None  # number of cases about to run
     repeat: int = 1  # --repeat N: measured executions per case after one warm-up (targets that support it)
-    replay: int = 1  # --replay N: each case run N times, every output compared across runs (runner/replay.py)
+    replay: int = 1  # --replay N: each case run N times, every output compared across runs (runner/judging/replay.py)
     require_seal: bool = False  # --require-seal: an unsealed bundle is refused (runner/seal.py)
 
 
@@ -71,7 +71,7 @@ def apply_overrides(ctx: JudgeContext, bundle: Bundle, overrides: list[str]) -> 
     """`--override` strings -> per-output criteria in ctx; returns the records for the report."""
     if not overrides:
         return []
-    from bundlerun.runner.overrides import apply_overrides as apply  # the registry's parser
+    from bundlerun.runner.judging.overrides import apply_overrides as apply  # the registry's parser
 
     return apply(ctx, bundle, overrides)
 
@@ -159,8 +159,8 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         if open_error is not None:
             raise open_error
         run = target.run(bundle, Path(req.bundle_path), options)
-        if req.replay > 1:  # runner/replay.py: the target's own loop, else N-1 more whole runs
-            from bundlerun.runner.replay import complete
+        if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
+            from bundlerun.runner.judging.replay import complete
 
             run.info["replay"] = complete(target, req.target, bundle, Path(req.bundle_path), options, run, req.replay)
     except BundlerunError as exc:
@@ -247,19 +247,19 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         perf_info=perf_conditions(req, run, load_before, warnings),
     )
     elapsed_figures(report.cases, req.target)  # each finished case's elapsed_s as a labelled figure
-    from bundlerun.runner.series import criteria_digest  # which criteria judged it: part of the run's series
+    from bundlerun.runner.history.series import criteria_digest  # which criteria judged it: part of the run's series
 
     report.bundle["criteria_sha256"] = criteria_digest(report.cases)
-    if req.replay > 1 and not interrupted:  # runner/replay.py: distinct results, spread and flips per output
-        from bundlerun.runner.replay import add_to_report
+    if req.replay > 1 and not interrupted:  # runner/judging/replay.py: distinct results, spread and flips per output
+        from bundlerun.runner.judging.replay import add_to_report
 
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
-    if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/profile.py)
-        from bundlerun.runner.profile import method_profiles
+    if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
+        from bundlerun.runner.report.profile import method_profiles
 
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.get("dataset"):
-        from bundlerun.runner.accuracy import dataset_from_outputs
+        from bundlerun.runner.judging.accuracy import dataset_from_outputs
 
         report.dataset = dataset_from_outputs(bundle, {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
@@ -270,7 +270,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         except OSError as exc:
             note_unwritten(report, Path(req.report_dir) / OUTPUTS_FILE, exc)
         else:
-            from bundlerun.runner.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
+            from bundlerun.runner.history.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
 
             report.outputs_sha256 = file_digest(report.outputs_file)
     return report
@@ -288,8 +288,8 @@ def finish_run(
     """After a run (plain or accuracy): record it in the history, check it against a
     baseline (a regression makes the exit code 1), and write every registered format,
     report.json last with all of that in it."""
-    from bundlerun.runner import history
-    from bundlerun.runner.regression import check_baseline
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.history.regression import check_baseline
     from bundlerun.runner.writers import write_reports
 
     db = None if no_history else history.resolve_db_path(history_db, project)

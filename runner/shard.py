@@ -135,7 +135,7 @@ class RunShardPlan:
     def amend(self, report: "Report") -> None:
         """Session.run's amend hook: keep this shard's cases (a bundle whose methods got different
         index sets ran their union), recompute the summary, record the shard."""
-        from bundlerun.runner.judge import summarize
+        from bundlerun.runner.judging.judge import summarize
 
         keep = set(self.keep)
         cases = [c for c in report.cases if case_key(c.method, c.case) in keep]
@@ -171,7 +171,7 @@ def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, lab
     import uuid
     from pathlib import Path
 
-    from bundlerun.runner.outcome import EXIT_PASS, VERDICTS
+    from bundlerun.runner.judging.outcome import EXIT_PASS, VERDICTS
     from bundlerun.runner.report.model import Report, Summary
     from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version
 

@@ -112,7 +112,7 @@ class TargetSpec:
     elapsed: ElapsedClock = SESSION_CLOCK  # what a case's elapsed_s measures here
     repeat: bool = False  # honours RunOptions.repeat (`--repeat N` measured executions per case)
     # honours RunOptions.replay (`--replay N`): runs each case N times in one process or boot, returning
-    # CaseResult.replays; without it the runner repeats the whole run (runner/replay.py)
+    # CaseResult.replays; without it the runner repeats the whole run (runner/judging/replay.py)
     replay: bool = False
     inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
     keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)

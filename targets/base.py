@@ -184,7 +184,7 @@ class RunOptions:
     # qemu-user://) map it to --num_executions N+1, host:// times N more run_method calls per case.
     # 1 = one execution, as before.
     repeat: int = 1
-    # `--replay N` (determinism replay, runner/replay.py): a target whose SPEC declares `replay=True` runs
+    # `--replay N` (determinism replay, runner/judging/replay.py): a target whose SPEC declares `replay=True` runs
     # each case N times in its own loop (one process or boot) and returns the N-1 later runs' outputs in
     # CaseResult.replays; for the others the runner repeats the whole run. 1 = no replay.
     replay: int = 1

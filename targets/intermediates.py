@@ -7,7 +7,7 @@ handle map keys) and raw output arrays - and, where the delegate's inside is
 visible, one `Intermediate` of kind "delegate-op" per operator inside the call
 (listed before the call's own row, carrying the call's chain / instruction, its
 operator index in the payload, its output tensor's name). Like a normal run it
-returns raw data and never judges; runner/debug.py maps and compares.
+returns raw data and never judges; runner/debug/localize.py maps and compares.
 
 Which targets can, and how, is declared by each target module (`SPEC.capture`, or
 `SPEC.capture_note` saying what it would need); `bundlerun debug --target help` lists them:

@@ -13,7 +13,7 @@ wrote (`capture_inner`); the walker's observer turns them into one "delegate-op"
 row per instruction, followed by the delegate call's own row, plus one row per
 kernel call outside the delegate.
 
-Mapping back to the eager graph (runner/debug.py): an MLX payload carries no names
+Mapping back to the eager graph (runner/debug/localize.py): an MLX payload carries no names
 or debug handles for its instructions, so `build --etrecord` records which FX node
 each instruction was emitted for (bundles/etrecord.py, `<stem>.delegates.json`).
 """

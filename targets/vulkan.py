@@ -79,7 +79,7 @@ class VulkanSettings:
     debug_runner: Path | None = None  # `bundlerun debug`; default: the one built beside the runner
     shader_cache: Path | None = None  # MESA_SHADER_CACHE_DIR (default: <bundlerun cache>/mesa_shader_cache)
     # keep the runner's ETDump per case (the report then gets per-operator / per-delegate-call times,
-    # runner/profile.py; reading it imports executorch.devtools, ~7 s here, hence off unless asked)
+    # runner/report/profile.py; reading it imports executorch.devtools, ~7 s here, hence off unless asked)
     etdump: bool = False
     print_output: str = "none"
     num_executions: int = 1  # --num_executions without --repeat

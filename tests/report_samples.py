@@ -1,6 +1,6 @@
 """Realistic JSON reports for the report/history/regression tests.
 
-Reports are produced by the real judge (runner.judge) from a real in-memory
+Reports are produced by the real judge (runner.judging.judge) from a real in-memory
 bundle (expected outputs + manifest criteria) and target results whose outputs
 are the expected ones plus controlled noise, so every statistic in them is
 computed by the code a user runs. Only the program bytes are a stub: nothing
@@ -19,7 +19,7 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
-from bundlerun.runner.judge import judge_run, summarize
+from bundlerun.runner.judging.judge import judge_run, summarize
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 
 STUB_PROGRAM = b"\x00\x00\x00\x00ET12" + b"\x00" * 56

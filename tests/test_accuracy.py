@@ -139,7 +139,7 @@ def test_fp32_accuracy_matches_eager(baseline_run):
     assert lo <= ds["top1_diff"] <= hi
     for name in ("report.json", "junit.xml", "summary.md", "report.html", "outputs.npz"):
         assert (Path(report["files"]["html"]).parent / name).is_file(), name
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
 
     runs = history.list_runs(db, label="good")
     assert len(runs) == 1 and runs[0].top1 == pytest.approx(ds["top1"])

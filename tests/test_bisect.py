@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 
-from bundlerun.runner.bisect import minimal_failing, search_bound
+from bundlerun.runner.debug.bisect import minimal_failing, search_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULT = f"{ROOT / 'tests' / 'fixtures' / 'planted_fault.py'}:model"

@@ -186,7 +186,7 @@ def test_unsealed_old_bundle_reads_with_warning(mlp):
 
 def test_judge_and_from_dict_refuse_an_invalid_manifest(mlp):
     """The judge no longer falls back to default tolerances for a manifest it cannot read."""
-    from bundlerun.runner.judge import load_context
+    from bundlerun.runner.judging.judge import load_context
 
     bundle = copy.deepcopy(mlp)
     _criteria(bundle)["atol"] = float("nan")

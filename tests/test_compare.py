@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bundlerun.bundles.manifest import Criteria
-from bundlerun.runner.compare import error_statistics, judge_output
+from bundlerun.runner.judging.numerics import error_statistics, judge_output
 
 
 def _reference(actual, expected):

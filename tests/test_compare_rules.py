@@ -1,5 +1,5 @@
 """The rules some backends' tests judge by, each with a tensor pair on either side of its boundary
-(runner/compare.py), and the manifest side of them: strict validation, old bundles unchanged."""
+(runner/judging/numerics.py), and the manifest side of them: strict validation, old bundles unchanged."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from bundlerun.bundles.errors import ConfigError, ManifestError
 from bundlerun.bundles.manifest import RULE_DEFAULTS, Criteria
 from bundlerun.bundles.manifest_schema import validate_manifest
-from bundlerun.runner.compare import judge_output, sqnr_db
+from bundlerun.runner.judging.numerics import judge_output, sqnr_db
 
 F32 = np.float32
 

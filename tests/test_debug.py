@@ -140,7 +140,7 @@ def test_debug_without_etrecord_says_how_to_rebuild(tmp_path, fp32_bundles):
 
 
 def test_debug_refuses_an_etrecord_of_another_build(tmp_path, fp32_bundles, int8_bundles):
-    from bundlerun.runner.debug import DebugError, debug_bundle
+    from bundlerun.runner.debug.localize import DebugError, debug_bundle
 
     (tmp_path / "good.bpte").write_bytes((fp32_bundles / "good.bpte").read_bytes())
     (tmp_path / "good.etrecord").write_bytes((int8_bundles / "good.etrecord").read_bytes())
@@ -184,7 +184,7 @@ def assert_conv2d_1_first_bad(bad) -> None:
 
 @pytest.mark.parametrize("target", ["host://portable", "tosa://fp"])
 def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     bad = debug_bundle(fp32_bundles / "bad.bpte", target, case=2, work_dir=tmp_path / "bad")
     assert_conv2d_1_first_bad(bad)
@@ -196,7 +196,7 @@ def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path):
 def test_unmatched_operators_are_listed_not_dropped(fp32_bundles, tmp_path):
     from executorch.devtools.etrecord import parse_etrecord
 
-    from bundlerun.runner.debug import compare_layers
+    from bundlerun.runner.debug.localize import compare_layers
     from bundlerun.targets.intermediates import capture
 
     run = capture("host://portable", fp32_bundles / "good.bpte", "forward", 0, tmp_path / "w")
@@ -223,7 +223,7 @@ def test_unmatched_operators_are_listed_not_dropped(fp32_bundles, tmp_path):
 
 
 def test_int8_lowering_error_is_attributed_to_lowering(int8_bundles, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     result = debug_bundle(int8_bundles / "bad.bpte", "host://portable", case=0, work_dir=tmp_path / "w")
     row = result.first_bad_row
@@ -232,7 +232,7 @@ def test_int8_lowering_error_is_attributed_to_lowering(int8_bundles, tmp_path):
 
 
 def test_int8_quantization_error_is_attributed_to_quantization(int8_bundles, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     result = debug_bundle(int8_bundles / "strict.bpte", "host://portable", case=0, work_dir=tmp_path / "w")
     assert result.budget_db == 60.0 and result.judged_column == "fp32"
@@ -257,7 +257,7 @@ def test_run_debug_on_fail_and_debug_from_history_write_reports(fp32_bundles, tm
                "--debug-on-fail", "--quiet", env=env)
     assert run.returncode == 1, run.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    from bundlerun.runner.debug import worst_failing_case
+    from bundlerun.runner.debug.localize import worst_failing_case
 
     worst = worst_failing_case(Report.from_json(report))
     drilled = json.loads((tmp_path / "run" / "debug" / "report.json").read_text())["debug"]
@@ -301,7 +301,7 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
     assert manifest["build"]["etrecord"]["path"] == "tiny-cnn-fp32.etrecord"
     assert (folder / "tiny-cnn-fp32.etrecord").is_file()
     report = json.loads((folder / "report.json").read_text())
-    from bundlerun.runner.debug import worst_failing_case
+    from bundlerun.runner.debug.localize import worst_failing_case
 
     debug = json.loads((folder / "debug" / "report.json").read_text())["debug"]
     assert debug["case"] == worst_failing_case(Report.from_json(report)) and debug["case_source"].endswith("(--debug-on-fail)")
@@ -315,7 +315,7 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
 
 
 def test_output_budget_takes_the_strictest_criterion():
-    from bundlerun.runner.debug import output_budget
+    from bundlerun.runner.debug.localize import output_budget
 
     manifest = {"methods": {"forward": {"outputs": [{"name": "out0", "criteria": {
         "atol": None, "rtol": None, "rel_frobenius_max": 0.15, "cosine_min": 0.9, "sqnr_min_db": None}}]}}}
@@ -351,7 +351,7 @@ def test_bfloat16_intermediates_are_compared_as_values_not_raw_words():
     so it must come back as its value (1.5 is 0x3FC0 = 16320 as a word)."""
     import torch
 
-    from bundlerun.runner.debug import Column
+    from bundlerun.runner.debug.localize import Column
     from bundlerun.targets.intermediates import intermediate_array
 
     t = torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16)

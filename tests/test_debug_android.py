@@ -124,7 +124,7 @@ def test_debug_runner_build_is_the_executor_runner_build_plus_one_target(tmp_pat
 
 
 def test_qemu_user_names_the_miscompiled_conv(fp32_bundles, debug_runner, tmp_path):  # noqa: F811
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     bad = debug_bundle(fp32_bundles / "bad.bpte", QEMU_URL, case=2, work_dir=tmp_path / "bad", target_config={})
     good = debug_bundle(fp32_bundles / "good.bpte", QEMU_URL, case=2, work_dir=tmp_path / "good", target_config={})
@@ -144,7 +144,7 @@ def test_qemu_user_names_the_miscompiled_conv(fp32_bundles, debug_runner, tmp_pa
 def test_adb_cli_and_adb_tcp_name_the_miscompiled_conv(fp32_bundles, debug_runner, arm64, home, tmp_path):  # noqa: F811
     """bad.bpte over adb:// (the real adb CLI and a private adb server), good.bpte over adb+tcp://
     (adb-shell); the gnu debug runner for the device's ABI (ro.product.cpu.abi = arm64-v8a)."""
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     server = PrivateAdbServer(tmp_path / "adbhome").start()
     try:
@@ -259,7 +259,7 @@ def test_qnn_profile_uses_qnn_executor_runner_debug_flags(fp32_bundles, device, 
     """Uses the PYTHON QNN DOUBLE (tests/doubles/android_runner.py), not Qualcomm's binary: checks that the
     qnn-executor-runner profile drives qnn_executor_runner with its own debug flags (plain .pte + one
     input line) and reads back the same files; the numerics are the host runtime's."""
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     runners = runner_binaries(tmp_path / "runners")
     sdk = fake_qnn_sdk(tmp_path / "qnn", "75")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from bundlerun.runner.debug import debug_bundle
+from bundlerun.runner.debug.localize import debug_bundle
 from bundlerun.targets.intermediates import IntermediatesFailed, IntermediatesUnsupported
 
 from tests.conftest import run_cli

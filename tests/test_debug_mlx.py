@@ -53,7 +53,7 @@ def bundles(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["mlp", "tiny-cnn"])
 def test_good_bundle_has_a_row_per_mlx_instruction_and_nothing_exceeds(bundles, model, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     result = debug_bundle(bundles / f"{model}.bpte", "mlx://cpu", case=0, work_dir=tmp_path / "w")
     assert result.first_bad is None, [(r.runtime_op, r.fp32) for r in result.rows]

@@ -126,7 +126,7 @@ def test_operator_outputs_rewrite_keeps_the_graph_outputs(int8):
 
 
 def test_good_int8_bundle_has_a_row_per_tosa_operator_and_nothing_exceeds(int8, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
     from bundlerun.targets.program.tosa_delegate import operator_outputs
 
     result = debug_bundle(int8 / "good.bpte", "tosa://int", case=0, work_dir=tmp_path / "w")
@@ -153,7 +153,7 @@ def test_good_int8_bundle_has_a_row_per_tosa_operator_and_nothing_exceeds(int8, 
 
 
 def test_miscompiled_conv_weights_name_the_tosa_conv(int8, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     result = debug_bundle(int8 / "bad-weight.bpte", "tosa://int", case=0, work_dir=tmp_path / "w")
     row = result.first_bad_row
@@ -162,13 +162,13 @@ def test_miscompiled_conv_weights_name_the_tosa_conv(int8, tmp_path):
     assert row.attribution == "lowering" and row.quantized.sqnr < 10
     earlier = [r for r in result.rows if r.status == "matched" and r.index < row.index]
     assert len(earlier) == 3 and all(r.quantized.sqnr > 100 and not r.exceeds for r in earlier)
-    from bundlerun.runner.debug_report import verdict_line
+    from bundlerun.runner.debug.localize_report import verdict_line
 
     assert verdict_line(result).startswith("first bad layer: instruction 1, TOSA operator 19 tosa.CONV2D = conv2d_1:")
 
 
 def test_changed_rescale_names_the_rescale_not_the_conv(int8, tmp_path):
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     result = debug_bundle(int8 / "bad-rescale.bpte", "tosa://int", case=0, work_dir=tmp_path / "w")
     row = result.first_bad_row
@@ -204,7 +204,7 @@ def test_without_delegate_graphs_operators_are_unmatched_with_the_reason(int8, t
     from executorch.devtools.etrecord import parse_etrecord
 
     from bundlerun.bundles.etrecord import load_delegate_graphs
-    from bundlerun.runner.debug import compare_layers
+    from bundlerun.runner.debug.localize import compare_layers
     from bundlerun.targets.intermediates import capture
 
     for name in ("good.bpte", "good.etrecord"):

@@ -237,7 +237,7 @@ def test_non_contiguous_output_is_reordered():
 def test_compare_never_fails_a_case_on_printed_rounding():
     """A device output equal to the reference, read back from `%f` text, must PASS."""
     from bundlerun.bundles.manifest import Criteria
-    from bundlerun.runner.compare import judge_output
+    from bundlerun.runner.judging.numerics import judge_output
 
     rng = np.random.default_rng(1)
     ref = rng.uniform(8, 16, 4096).astype(np.float32)  # where float32 re-rounding is largest

@@ -68,7 +68,7 @@ def test_merge(runs, tmp_path, name, verdict):
 
 @pytest.mark.parametrize("current,code", [("pass", 0), ("fail", 1)])
 def test_compare(runs, current, code):
-    # "fail" was judged by other (strict) criteria: another series (runner/series.py), compared only when forced
+    # "fail" was judged by other (strict) criteria: another series (runner/history/series.py), compared only when forced
     force = ("--force",) if current == "fail" else ()
     proc = run_cli("compare", "pass", current, "--history", str(runs[2]), *force)
     assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -39,7 +39,7 @@ def test_localize_names_the_first_module_where_export_parts_from_eager():
 
     from bundlerun.bundles.backends.common import export_model
     from bundlerun.bundles.model_source import resolve_model
-    from bundlerun.runner.export_divergence import localize
+    from bundlerun.runner.debug.export_divergence import localize
 
     model = resolve_model(DIVERGENT).module
     x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
@@ -106,7 +106,7 @@ def test_honest_zoo_models_match_eager_at_every_operation(name):
     from bundlerun.bundles.backends.common import export_model
     from bundlerun.bundles.model_source import resolve_model
 
-    from bundlerun.runner.export_divergence import localize
+    from bundlerun.runner.debug.export_divergence import localize
 
     resolved = resolve_model(name)
     inputs = tuple(torch.randn(*spec.shape, generator=torch.Generator().manual_seed(1)) for spec in resolved.inputs)
@@ -124,7 +124,7 @@ def test_a_node_without_stack_trace_is_matched_by_order_and_its_place_bounded():
     import torch
 
     from bundlerun.bundles.backends.common import export_model
-    from bundlerun.runner.export_divergence import localize
+    from bundlerun.runner.debug.export_divergence import localize
 
     model, inputs = _ops_model("layer_norm")
     exported = export_model(model, inputs)
@@ -146,7 +146,7 @@ def test_decoder_blocks_name_the_altered_step_of_the_first_block():
     import torch
 
     from bundlerun.bundles.backends.common import export_model
-    from bundlerun.runner.export_divergence import localize
+    from bundlerun.runner.debug.export_divergence import localize
 
     model, inputs = _ops_model("two_blocks")
     with torch.no_grad():
@@ -176,7 +176,7 @@ def test_a_step_only_eager_runs_is_named_and_bounds_the_place():
     import torch
 
     from bundlerun.bundles.backends.common import export_model
-    from bundlerun.runner.export_divergence import localize, summary_line
+    from bundlerun.runner.debug.export_divergence import localize, summary_line
 
     model, inputs = _ops_model("eager_only")
     with torch.no_grad():
@@ -257,8 +257,8 @@ def test_hostile_node_metadata_is_read_without_error():
     from security_fuzz import VALUES
 
     from bundlerun.bundles.backends.common import export_model
-    from bundlerun.runner.eager_ops import capture, compared_nodes, node_module, node_source
-    from bundlerun.runner.export_divergence import compare_modules, compare_ops, capture_graph, _first_divergent
+    from bundlerun.runner.debug.eager_ops import capture, compared_nodes, node_module, node_source
+    from bundlerun.runner.debug.export_divergence import compare_modules, compare_ops, capture_graph, _first_divergent
 
     model, inputs = _ops_model("layer_norm")
     gm = export_model(model, inputs).module()

@@ -23,7 +23,7 @@ import pytest
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.farm.plan import load_plan
 from bundlerun.runner.farm.scheduler import retryable
-from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports
+from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports
 from bundlerun.runner.report.model import Report
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
-from bundlerun.runner import history  # noqa: E402
+from bundlerun.runner.history import store as history  # noqa: E402
 from bundlerun.runner.report.model import Report  # noqa: E402
 
 

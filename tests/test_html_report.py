@@ -2,7 +2,7 @@
 
 The writers take the typed `Report`; the samples are built as report.json dicts by the real judge
 (tests/report_samples.py) and read with `Report.from_json`, as a report.json is. The history is
-fed the dicts (runner/history.py reads report.json as stored)."""
+fed the dicts (runner/history/store.py reads report.json as stored)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import browser  # noqa: E402
 import report_samples as rs  # noqa: E402
 
-from bundlerun.runner import history  # noqa: E402
-from bundlerun.runner.accuracy import dataset_summary  # noqa: E402
+from bundlerun.runner.history import store as history  # noqa: E402
+from bundlerun.runner.judging.accuracy import dataset_summary  # noqa: E402
 from bundlerun.runner.report.model import Report  # noqa: E402
 from bundlerun.runner.writers import write_reports  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The accuracy HUD: grid, regressions and culprits from a real history database, the CLI, and
 the page in real headless Chromium.
 
-The history is written through runner.history.record_report with reports made by the real
+The history is written through runner.history.store.record_report with reports made by the real
 judge (tests/report_samples.py): 7 rows x 11 labels, > 50 runs, with a planted SQNR
 regression, a PASS -> FAIL flip, a top-1 drop, a transient blip, an infrastructure error, and
 a hostile model id and label.
@@ -16,7 +16,8 @@ import re
 
 import pytest
 
-from bundlerun.runner import history, hud
+from bundlerun.runner.history import store as history
+from bundlerun.runner.pictures import hud
 from bundlerun.runner.report.model import Report
 from browser import check_page
 from report_samples import make_bundle, make_report, target_run

@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from browser import check_page
-from bundlerun.runner import commits, history, hud
+from bundlerun.runner.history import commits
+from bundlerun.runner.history import store as history
+from bundlerun.runner.pictures import hud
 from bundlerun.runner.report.model import Report
 from bundlerun.runner.suite.importer import _operator_names, import_suite_report
 from report_samples import make_bundle, make_report, target_run
@@ -208,6 +210,6 @@ def test_runs_are_labelled_by_commit_unless_labelled(repo, tmp_path, monkeypatch
     assert {c.key for c in grid.columns} == {shas[-1][:12], shas[3][:12], "v1.0", "~2026-11-30"}
     (row,) = grid.rows  # a stock bundle without a manifest model: named by its file
     assert row.model == "stock-model.bpte"
-    tags = __import__("bundlerun.runner.history_tags", fromlist=["run_extras"]).run_extras(db)
+    tags = __import__("bundlerun.runner.history.tags", fromlist=["run_extras"]).run_extras(db)
     assert [tags[r.id]["commit_source"] for r in runs] == ["git", "GITHUB_SHA", "GITHUB_SHA", None]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT.*", tags[runs[0].id]["commit_time"])

@@ -10,8 +10,8 @@ from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, Method
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec, TensorSpec
 from bundlerun.bundles.registry import explicit_entry
-from bundlerun.runner.judge import judge_run, load_context, summarize
-from bundlerun.runner.overrides import apply_overrides, apply_to_manifest, as_build_overrides, parse_override, parse_overrides
+from bundlerun.runner.judging.judge import judge_run, load_context, summarize
+from bundlerun.runner.judging.overrides import apply_overrides, apply_to_manifest, as_build_overrides, parse_override, parse_overrides
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 
 

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.runner.regression import (
+from bundlerun.runner.history.regression import (
     PerfRules, check_baseline, comparison_notes, find_regressions, format_regressions, perf_deltas,
 )
 from bundlerun.runner.report.model import Report
@@ -130,7 +130,7 @@ def test_memory_in_use_is_gated_and_a_pools_capacity_is_not():
     assert find_regressions(base, bigger_pool) == []
     rows = {r["name"]: r for r in perf_deltas(base, bigger_pool)[0]}
     assert rows["method_allocator_size"]["gate"] is None and "capacity" in rows["method_allocator_size"]["not_gated"]
-    from bundlerun.runner.regression import perf_gate
+    from bundlerun.runner.history.regression import perf_gate
 
     def memory(name: str) -> PerfFigure:
         return PerfFigure(name, 4096, "bytes", "memory", "arm_executor_runner log")
@@ -276,7 +276,7 @@ def test_compare_command_exit_codes_and_perf_json(tmp_path):
 
 
 def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
 
     db = tmp_path / "h.sqlite"
     for k, scale in enumerate((1.00, 1.02, 1.10)):

@@ -288,7 +288,7 @@ def test_hang_is_stopped_at_the_case_timeout_with_a_report(xnn_runner, bundle_ca
 def test_debug_shows_the_xnnpack_delegate_call_as_a_row(xnn_runner, bundle_cache, tmp_path):
     """`bundlerun debug` on qemu-user with an XNNPACK bundle: bundlerun's debug runner (the same build tree as the
     executor_runner, so XNNPACK is in it too) writes an ETDump + debug buffer; the delegate call is one row."""
-    from bundlerun.runner.debug import debug_bundle
+    from bundlerun.runner.debug.localize import debug_bundle
 
     bundle = bundle_cache("tiny-cnn", backend="xnnpack", cases=2, target=URL, etrecord=True)
     result = debug_bundle(bundle, URL, case=1, work_dir=tmp_path / "d", target_config={})

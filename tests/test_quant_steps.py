@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from bundlerun.runner.compare import OutputStats, error_statistics, quantization_steps
+from bundlerun.runner.judging.numerics import OutputStats, error_statistics, quantization_steps
 
 CMD = [sys.executable, "-c", "from bundlerun.runner.cli import main; main()"]
 

@@ -130,8 +130,8 @@ def test_int8_against_quantized_reference_counts_steps_and_conv_gets_two(builtin
 def test_qnn_quantized_tier_keeps_qnns_numbers_and_adds_a_floor_that_refuses_zeros(builtin):
     """QNN's own int8 bound (atol 0.1, rtol 1) passes an all-zero output; bundlerun adds its 20 dB floor
     (origin bundlerun), so an all-zero output FAILs instead of the output being vacuous (ERROR)."""
-    from bundlerun.runner.compare import judge_output
-    from bundlerun.runner.vacuity import vacuous_reason
+    from bundlerun.runner.judging.numerics import judge_output
+    from bundlerun.runner.judging.vacuity import vacuous_reason
 
     c = resolve_criteria(ctx(backend="qnn", target="qnn://htp-sim", dtype="int8", reference="quantized", scale=0.02),
                          registry=builtin)

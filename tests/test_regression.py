@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report_samples as rs  # noqa: E402
 
 from bundlerun.bundles.errors import ConfigError  # noqa: E402
-from bundlerun.runner import accuracy  # noqa: E402
-from bundlerun.runner.regression import RegressionRules, comparison_notes, find_regressions  # noqa: E402
+from bundlerun.runner.judging import accuracy  # noqa: E402
+from bundlerun.runner.history.regression import RegressionRules, comparison_notes, find_regressions  # noqa: E402
 from bundlerun.runner.report.model import Report  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def test_compare_command_exit_codes(tmp_path):
     import os
     import subprocess
 
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
 
     db = tmp_path / "h.sqlite"
     b = rs.make_bundle(cases=3)
@@ -181,7 +181,7 @@ def test_compare_command_exit_codes(tmp_path):
 def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
     """Two runs of one bundle, each report carrying the bundle's inputs and program digests as
     `run` records them."""
-    from bundlerun.runner.regression import inputs_digest, program_sha256
+    from bundlerun.runner.history.regression import inputs_digest, program_sha256
 
     b = rs.make_bundle(cases=cases)
     reports = [_judged(b, rs.target_run(b, noise=n, seed=s)) for n, s in ((base_noise, 1), (cur_noise, 2))]
@@ -193,7 +193,7 @@ def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
 def test_related_runs_have_no_reasons_and_unrelated_ones_say_why():
     import copy
 
-    from bundlerun.runner.regression import inputs_digest, unrelated_reasons
+    from bundlerun.runner.history.regression import inputs_digest, unrelated_reasons
 
     b, base, cur = _related_pair()
     assert unrelated_reasons(base, cur) == []
@@ -230,7 +230,7 @@ def test_related_runs_have_no_reasons_and_unrelated_ones_say_why():
 
 
 def test_metric_deltas_side_by_side():
-    from bundlerun.runner.regression import metric_deltas
+    from bundlerun.runner.history.regression import metric_deltas
 
     b, base, cur = _related_pair(1e-5, 5e-2, cases=3)
     exact = b.suite("forward").test_cases[1].expected_outputs[0].to_array()
@@ -260,8 +260,8 @@ def test_metric_deltas_side_by_side():
 
 
 def test_run_baseline_refuses_unrelated_runs_like_compare(tmp_path):
-    from bundlerun.runner import history
-    from bundlerun.runner.regression import check_baseline
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.history.regression import check_baseline
 
     db = tmp_path / "h.sqlite"
     b, base, cur = _related_pair(1e-5, 1e-5)
@@ -296,7 +296,7 @@ def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
     import os
     import subprocess
 
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
 
     db = tmp_path / "h.sqlite"
     b, good, bad = _related_pair(1e-5, 5e-2, cases=3)

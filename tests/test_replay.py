@@ -65,7 +65,7 @@ def test_flaky_double_is_a_named_finding_everywhere(tmp_path, mlp_bundle):
     suite = next(s for s in junit.iter("testsuite") if s.get("name", "").endswith("/replay"))
     failures = [f for f in suite.iter("failure")]
     assert len(failures) == 2 and {f.get("type") for f in failures} == {"flaky-numerics"}
-    from bundlerun.runner.replay import flaky_outputs
+    from bundlerun.runner.judging.replay import flaky_outputs
 
     run_id = report["run"]["history_id"]
     rows = flaky_outputs(history, run_id)
@@ -75,7 +75,7 @@ def test_flaky_double_is_a_named_finding_everywhere(tmp_path, mlp_bundle):
     stable = _cli("run", mlp_bundle, "--target", "flaky://here?mode=stable", "--replay", "2", "--report",
                   tmp_path / "stable", "--history", history, "--label", "later", env=DOUBLE_ENV)
     assert stable.returncode == 0, stable.stdout[-2000:]
-    from bundlerun.runner.hud import write_site
+    from bundlerun.runner.pictures.hud import write_site
 
     _, grid = write_site(history, tmp_path / "site")
     cells = sorted((c for row in grid.rows for c in row.cells.values()), key=lambda c: c.run.id)

@@ -27,10 +27,12 @@ import browser  # noqa: E402
 import report_samples as rs  # noqa: E402
 
 from bundlerun.bundles.manifest import Criteria  # noqa: E402
-from bundlerun.runner import history, hud, plots  # noqa: E402
-from bundlerun.runner.compare import elementwise_bound, judge_output  # noqa: E402
-from bundlerun.runner.hud_page import cell_text, failure  # noqa: E402
-from bundlerun.runner.outcome import VERDICT_COLOURS  # noqa: E402
+from bundlerun.runner.history import store as history  # noqa: E402
+from bundlerun.runner.pictures import hud
+from bundlerun.runner.pictures import plots
+from bundlerun.runner.judging.numerics import elementwise_bound, judge_output  # noqa: E402
+from bundlerun.runner.pictures.hud_page import cell_text, failure  # noqa: E402
+from bundlerun.runner.judging.outcome import VERDICT_COLOURS  # noqa: E402
 from bundlerun.runner.report.model import Report  # noqa: E402
 from bundlerun.runner.writers import write_reports  # noqa: E402
 
@@ -255,7 +257,7 @@ def test_hud_cells_name_the_failure_and_show_no_partial_numbers(hud_db):
     assert slow["background"] != light["ERROR"]
     crash = cells["crash-net"][3]
     assert crash["text"] == "ERROR" and crash["background"] == light["ERROR"]
-    # a run stopped by Ctrl-C is no data point (runner/hud_grid.py): no cell, no number, counted in the header
+    # a run stopped by Ctrl-C is no data point (runner/pictures/hud_grid.py): no cell, no number, counted in the header
     stopped = cells["stop-net"][3]
     assert stopped["text"] == "" and grid.interrupted == 1
     assert "1 interrupted run(s) left out" in index.read_text()
@@ -284,8 +286,8 @@ def test_hud_cells_name_the_failure_and_show_no_partial_numbers(hud_db):
 def test_hud_failure_text_takes_any_stored_value(criteria):
     """The failed criteria come from the history database: anything there gives text, never a crash
     (the page escapes it as every database value)."""
-    from bundlerun.runner.history import RunRecord
-    from bundlerun.runner.hud_grid import Cell
+    from bundlerun.runner.history.store import RunRecord
+    from bundlerun.runner.pictures.hud_grid import Cell
 
     from dataclasses import fields
 
@@ -298,7 +300,7 @@ def test_hud_failure_text_takes_any_stored_value(criteria):
 def test_a_run_that_timed_out_is_shown_as_timeout_not_error(tmp_path):
     """The run's verdict is ERROR (exit 2: could not run); the page's badge says what happened,
     TIMEOUT in TIMEOUT's colour, and names the verdict beside it."""
-    from bundlerun.runner.outcome import run_status
+    from bundlerun.runner.judging.outcome import run_status
 
     report = Report.from_json(rs.quick_report(noise=1e-5, errors={1: "timeout", 2: "timeout"}))
     assert report.summary.verdict == "ERROR"

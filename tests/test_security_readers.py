@@ -210,11 +210,11 @@ def _history_cases(i: str, db: Path, what: str, tmp_path: Path) -> list[dict]:
 
 
 def test_version_1_history_with_corrupted_reports_is_migrated_in_hud_compare_trend_history(art, tmp_path):
-    """A version-1 database (no series columns: runner/history.py _migrate fills them from each stored
+    """A version-1 database (no series columns: runner/history/store.py _migrate fills them from each stored
     report on open) whose report_json holds hostile content: every command opens it, no internal error."""
     import sqlite3
 
-    from bundlerun.runner.history import SERIES_COLUMNS
+    from bundlerun.runner.history.store import SERIES_COLUMNS
 
     rng = random.Random(SEED + 1)
     cases = []

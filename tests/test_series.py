@@ -1,4 +1,4 @@
-"""One series per bundle identity (runner/series.py), and interrupted runs as no data point.
+"""One series per bundle identity (runner/history/series.py), and interrupted runs as no data point.
 
 The user's reproduction on host://xnnpack, through the real CLI: one bundle of mlp (rand inputs)
 run twice, then another bundle of mlp (other inputs, tighter criteria) labelled `v1-tight`. Before,
@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 import report_samples as rs
-from bundlerun.runner import history, hud, series
-from bundlerun.runner.regression import inputs_digest, unrelated_reasons
+from bundlerun.runner.history import store as history
+from bundlerun.runner.pictures import hud
+from bundlerun.runner.history import series
+from bundlerun.runner.history.regression import inputs_digest, unrelated_reasons
 from bundlerun.runner.report.model import Report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +126,7 @@ def test_one_bundle_stays_one_series_and_its_regression_is_named(tmp_path, cli):
     assert f"host://xnnpack fp32 {same.tag}: 4 run(s)" in proc.stdout
     assert f"host://xnnpack fp32 {lone.tag}: 1 run(s)" in proc.stdout
     # --baseline LABEL picks the run of this series under that label, not the newest with it
-    from bundlerun.runner.regression import check_baseline
+    from bundlerun.runner.history.regression import check_baseline
 
     again = _report(mlp, 3e-4, "c5", seed=9)
     assert check_baseline("c4", again, db) == []  # c4 holds only the other bundle: refused, not compared

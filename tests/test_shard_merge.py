@@ -157,7 +157,7 @@ def test_overlapping_shards_are_refused(shards):
 
 
 def test_shards_of_another_bundle_are_refused_unless_forced(shards, bundle_cache):
-    from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports
+    from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports
     from bundlerun.runner.report.model import Report
 
     def merged_json(docs, options=None):

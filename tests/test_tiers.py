@@ -54,7 +54,7 @@ def test_the_guard_stops_every_way_to_start_a_process(start):
 
 
 def test_the_guard_lets_git_through():
-    """History records the commit a report came from (runner/commits.py): the one allowed program."""
+    """History records the commit a report came from (runner/history/commits.py): the one allowed program."""
     mp, attempts = process_guard()
     try:
         proc = subprocess.run(["git", "--version"], capture_output=True, text=True)

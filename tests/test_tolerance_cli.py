@@ -74,7 +74,7 @@ def _perturbed(run_dir: Path, dest: Path, path: Path, steps: float, scale: float
     flat[3] = np.float32(_expected0(path).reshape(-1)[3] + steps * scale)
     np.savez(dest / "outputs.npz", **arrays)
     # a run that produced these outputs: its report records their digest (judge refuses a swapped file)
-    from bundlerun.runner.saved_outputs import file_digest
+    from bundlerun.runner.history.saved_outputs import file_digest
 
     report = json.loads((dest / "report.json").read_text())
     report["outputs_sha256"] = file_digest(dest / "outputs.npz")
@@ -177,7 +177,7 @@ def test_sqnr_and_cosine_against_the_float_model(work):
     assert res["summary"]["verdict"] == "FAIL"
     fails = [f for c in res["cases"] for f in c["outputs"][0]["failed"]]
     assert fails and all(f["criterion"] == "sqnr_min_db" and f["limit"] == floor for f in fails)
-    from bundlerun.runner.compare import sqnr_db
+    from bundlerun.runner.judging.numerics import sqnr_db
 
     suite = read_bundle(path).suite("forward")
     with np.load(run_dir / "outputs.npz") as npz:
@@ -359,7 +359,7 @@ def test_check_reports_drift_between_embedded_and_installed(work, tmp_path, monk
 
 
 def _obs(criteria, pairs):
-    from bundlerun.runner.calibrate import Observations, OutputObservations
+    from bundlerun.runner.judging.calibrate import Observations, OutputObservations
 
     o = OutputObservations("forward", 0, "out0", criteria, [(np.asarray(a, float), np.asarray(r, float)) for a, r in pairs])
     return Observations(None, {("forward", 0): o}, 1)
@@ -367,7 +367,7 @@ def _obs(criteria, pairs):
 
 def test_propose_margins_and_headroom_on_known_errors():
     from bundlerun.bundles.manifest import Criteria
-    from bundlerun.runner.calibrate import propose, toml_block
+    from bundlerun.runner.judging.calibrate import propose, toml_block
 
     ref = np.linspace(-1, 1, 101)
     noise = np.where(np.arange(101) == 7, 0.004, 0.001)  # one outlier of 0.004
@@ -389,7 +389,7 @@ def test_propose_margins_and_headroom_on_known_errors():
 
 def test_qtol_is_the_default_knob_for_quantized_outputs_and_rounds_up_to_steps():
     from bundlerun.bundles.manifest import Criteria
-    from bundlerun.runner.calibrate import default_keys, propose
+    from bundlerun.runner.judging.calibrate import default_keys, propose
 
     crit = Criteria(atol=0.0, rtol=0.0, qtol=1, scale=0.5)
     assert default_keys(crit) == ["qtol"]

@@ -19,7 +19,7 @@ import pytest
 from bundlerun.bundles.manifest import Criteria
 from bundlerun.bundles.registry import INTEGER_EXACT_ORIGIN
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
-from bundlerun.runner.compare import error_statistics, judge_output
+from bundlerun.runner.judging.numerics import error_statistics, judge_output
 from bundlerun.runner.report.console import agreement, output_rows
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary
 from tests.conftest import run_cli
@@ -252,7 +252,7 @@ def test_top_k_is_declared_at_build_run_and_in_the_manifest():
     from bundlerun.bundles.errors import ConfigError, ManifestError
     from bundlerun.bundles.manifest_schema import validate_manifest
     from bundlerun.runner.arguments import tolerance
-    from bundlerun.runner.overrides import parse_override
+    from bundlerun.runner.judging.overrides import parse_override
     from tests.test_compare_rules import _manifest
 
     validate_manifest(_manifest({"top_k": 5}))  # a top-k-only output is a judged output

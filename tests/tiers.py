@@ -179,7 +179,7 @@ def fast_tier(config: pytest.Config) -> bool:
 
 def _git(popen, args, *rest) -> bool:
     """`git` is the one program the fast tier may start: history records the commit a report came
-    from (runner/commits.py: `git rev-parse`, `git show`), a few ms; it is no build and no runtime."""
+    from (runner/history/commits.py: `git rev-parse`, `git show`), a few ms; it is no build and no runtime."""
     argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
     return bool(argv) and os.path.basename(os.fsdecode(argv[0])) == "git"
 

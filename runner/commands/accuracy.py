@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -103,7 +103,7 @@ def print_accuracy(report: Report) -> None:
     conf = int(ds["confidence"] * 100)
     lo, hi = ds["top1_diff_ci"]
     bundle = report.bundle
-    from bundlerun.runner.safe_text import visible  # model id and dataset name come from the bundle
+    from bundlerun.runner.report.safe_text import visible  # model id and dataset name come from the bundle
 
     click.echo(visible(
         f"{bundle.get('model')} {bundle.get('dtype')} on {report.target.get('url')}: "
@@ -119,7 +119,7 @@ def print_accuracy(report: Report) -> None:
     s = report.summary
     click.echo(f"  element-wise: {s.verdict} ({', '.join(f'{k} {v}' for k, v in s.counts.items() if v)})")
     if report.regressions is not None:
-        from bundlerun.runner.regression import format_regressions
+        from bundlerun.runner.history.regression import format_regressions
 
         click.echo(format_regressions(report.regressions))
 

@@ -1,6 +1,6 @@
 """`bundlerun bisect MODEL --target URL [--case N] [--report DIR]`: re-lower MODEL with the delegate
 restricted to subsets of the nodes it takes, run the failing case of each candidate on URL, and
-name the smallest set of delegated nodes whose delegation makes it fail (runner/bisect.py).
+name the smallest set of delegated nodes whose delegation makes it fail (runner/debug/bisect.py).
 Exit codes: 0 nothing fails, 1 culprit found (or: fails with nothing delegated), 2 could not run,
 130/143 interrupted (the report of what was found is written)."""
 
@@ -50,8 +50,8 @@ def _seconds(ctx, param, value):
 def command(model, target, case, method, output, report_dir, backend, dtype, num_cases, seed, reference, distribution,
             tolerances, no_cache, timeout, max_lowerings, undelegated_target, config_path, target_opts, as_json):
     """Find the delegated node(s) of MODEL (zoo name or path.py:factory) that make a case fail on --target."""
-    from bundlerun.runner.bisect import BisectRequest, Bisector
-    from bundlerun.runner.bisect_report import print_result, write_reports
+    from bundlerun.runner.debug.bisect import BisectRequest, Bisector
+    from bundlerun.runner.debug.bisect_report import print_result, write_reports
     from bundlerun.runner.cli import _report_dir, parse_tolerances, resolve_backend_dtype
     from bundlerun.runner.report.console import wide_console
     from bundlerun.runner.session import Session
@@ -60,7 +60,7 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
     slug = Path(model.split(":")[0]).stem if ":" in model else model
     report_dir = _report_dir(report_dir or Path("out") / f"bisect-{slug}")
     session = Session.load(config_path, target_opts=tuple(target_opts), no_history=True)
-    from bundlerun.runner.bisect import check_request
+    from bundlerun.runner.debug.bisect import check_request
 
     req = BisectRequest(model=model, target=target, report_dir=report_dir, case=case, method=method, output=output,
                         backend=backend, dtype=dtype, cases=num_cases, seed=seed, reference=reference,
@@ -73,7 +73,7 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
         bisector = Bisector(req, session, progress=lambda m: console.print(m, markup=False, highlight=False))
         result = bisector.run()
     if result.outcome == "fails-undelegated" and not result.interrupted:
-        from bundlerun.runner.export_divergence import check_model
+        from bundlerun.runner.debug.export_divergence import check_model
 
         result.export_divergence = check_model(bisector.model, result, report_dir)
     files = write_reports(result, report_dir)

@@ -125,8 +125,8 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     import sys
 
     from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner import history
-    from bundlerun.runner.regression import (
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.history.regression import (
         DELTA_LABELS, DELTA_METRICS, PerfRules, RegressionRules, UnrelatedRuns, check_related, comparison_notes,
         find_regressions, format_perf_deltas, format_regressions, metric_deltas, perf_deltas, unrelated_reasons,
     )

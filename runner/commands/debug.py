@@ -1,6 +1,6 @@
 """`bundlerun debug BUNDLE --target URL [--case N] [--output NAME] [--report DIR]`: run one case
 with every intermediate output and name the first layer whose error exceeds its share of
-the output's budget (runner/debug.py). Exit codes: 0 no layer exceeds, 1 a first bad layer
+the output's budget (runner/debug/localize.py). Exit codes: 0 no layer exceeds, 1 a first bad layer
 was found, 2 could not run (no ETRecord, a target that cannot dump intermediates, ...)."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
               timeout: float = 600.0, debug_buffer_mb: int = 64, as_json: bool = False, quiet: bool = False,
               case_source: str | None = None, target_config: dict | None = None):
     """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
-    from bundlerun.runner.debug import debug_bundle
-    from bundlerun.runner.debug_report import rich_table, verdict_line, write_debug_reports
+    from bundlerun.runner.debug.localize import debug_bundle
+    from bundlerun.runner.debug.localize_report import rich_table, verdict_line, write_debug_reports
     from bundlerun.runner.report.console import wide_console
 
     work = (report_dir / "work") if report_dir else None
@@ -37,13 +37,13 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, default=str))
     elif not quiet:
-        from bundlerun.runner.safe_text import visible  # names in these lines come from the bundle
+        from bundlerun.runner.report.safe_text import visible  # names in these lines come from the bundle
 
         console = wide_console()
         console.print(rich_table(result))
-        from bundlerun.runner.debug_report import merged_into
+        from bundlerun.runner.debug.localize_report import merged_into
 
-        from bundlerun.runner.debug_report import where_text
+        from bundlerun.runner.debug.localize_report import where_text
 
         merged = steps = 0
         for row in result.rows:
@@ -64,8 +64,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
                           "output is compared at row N", markup=False)
         for note in result.notes:
             console.print(f"note: {visible(note)}", markup=False)
-        if (result.export_divergence or {}).get("finding"):  # runner/export_divergence.py
-            from bundlerun.runner.export_divergence import print_divergence
+        if (result.export_divergence or {}).get("finding"):  # runner/debug/export_divergence.py
+            from bundlerun.runner.debug.export_divergence import print_divergence
 
             print_divergence(result.export_divergence, console)
         found = result.first_bad is not None or (result.export_divergence or {}).get("finding")
@@ -101,7 +101,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, config_path, target_opts,
             history_db, as_json):
     """Name the first layer of BUNDLE that goes wrong on --target (needs `build --etrecord`)."""
-    from bundlerun.runner.history import resolve_history_path
+    from bundlerun.runner.history.store import resolve_history_path
     from bundlerun.runner.session import Session
 
     session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db)
@@ -115,7 +115,7 @@ def debug_on_fail(bundle: Path, target: str, report: "Report", report_dir: Path,
                   target_config: dict | None = None) -> None:
     """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
     from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.debug import worst_failing_case
+    from bundlerun.runner.debug.localize import worst_failing_case
 
     for method in dict.fromkeys(c.method for c in report.cases):
         case = worst_failing_case(report, method)

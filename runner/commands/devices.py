@@ -40,7 +40,7 @@ def command(host, port, as_json):
         for e in entries:
             model = e.info.get("model", "")
             hint = hints.get(e.state, "")
-            from bundlerun.runner.safe_text import visible  # serials and models come from the adb server
+            from bundlerun.runner.report.safe_text import visible  # serials and models come from the adb server
 
             click.echo(visible(f"{e.serial:24} {e.state:13} {model:20} {hint}".rstrip()))
     raise SystemExit(0 if any(e.state == "device" for e in entries) else 1)

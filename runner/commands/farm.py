@@ -67,7 +67,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     See docs/farm.md for the plan format.
     """
     from bundlerun.runner.farm.plan import load_plan, shard_jobs
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
     from bundlerun.runner.shard import parse_shard
 
     shard = parse_shard(shard)  # a bad value: one line, exit 2, before anything is read or built
@@ -79,7 +79,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     if dry_run:
         _print_jobs(plan, jobs, as_json)
         return
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
     from bundlerun.runner.farm.run import run_farm
     from bundlerun.runner.session import Session
 

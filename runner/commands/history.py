@@ -67,7 +67,7 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
         return
     import json
 
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
     from bundlerun.bundles.project_config import load_project_config
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
@@ -124,8 +124,8 @@ def import_command(ctx, files, commit, when, history_db):
     its flow, operator and commit, shown by `bundlerun hud` beside bundlerun's own runs."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner import history
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.report.safe_text import visible
     from bundlerun.runner.suite.importer import import_suite_report
 
     db = history.resolve_history_path(history_db or (ctx.obj or {}).get("history_db"), load_project_config() or {})

@@ -23,9 +23,10 @@ def command(out_dir, history_db, baseline, limit):
     The site is self-contained (no network) and can be published as it is."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner import history, hud
-    from bundlerun.runner.regression import RegressionRules
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.pictures import hud
+    from bundlerun.runner.history.regression import RegressionRules
+    from bundlerun.runner.report.safe_text import visible
 
     try:
         config = load_project_config() or {}

@@ -24,7 +24,7 @@ def command(root, out_dir, target, backend, dtype):
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.bundles.goldens import find_goldens, import_golden
     from bundlerun.runner.suite.flows import default_target, numbers_from_name
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     try:
         goldens, problems = find_goldens(root)

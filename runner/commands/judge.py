@@ -59,13 +59,13 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     import datetime as _dt
     import shutil
 
-    from bundlerun.runner.judge import judge_run, load_context, summarize
-    from bundlerun.runner.overrides import apply_overrides
+    from bundlerun.runner.judging.judge import judge_run, load_context, summarize
+    from bundlerun.runner.judging.overrides import apply_overrides
     from bundlerun.runner.report.model import elapsed_figures
     from bundlerun.runner.report.record import OUTPUTS_FILE
-    from bundlerun.runner.saved_run import load_saved_run
+    from bundlerun.runner.history.saved_run import load_saved_run
 
-    from bundlerun.runner.overrides import parse_overrides
+    from bundlerun.runner.judging.overrides import parse_overrides
 
     parsed = parse_overrides(overrides)  # bad input fails before anything is read
     saved = load_saved_run(report_dir, bundle_path, require_seal=require_seal)
@@ -78,7 +78,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     report.summary = summarize(cases)
     elapsed_figures(report.cases, report.target.get("url", ""))  # as a run's report has them
     report.overrides = records
-    from bundlerun.runner.series import criteria_digest  # an --override is other criteria: another series
+    from bundlerun.runner.history.series import criteria_digest  # an --override is other criteria: another series
 
     report.bundle["criteria_sha256"] = criteria_digest(cases)
     report.warnings = list(dict.fromkeys(saved.warnings + warnings))
@@ -103,7 +103,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
             (out_dir / OUTPUTS_FILE).unlink(missing_ok=True)
             raise named(exc, out_dir / OUTPUTS_FILE) from None
         report.outputs_file = str(out_dir / OUTPUTS_FILE)
-        from bundlerun.runner.saved_outputs import file_digest
+        from bundlerun.runner.history.saved_outputs import file_digest
 
         report.outputs_sha256 = file_digest(out_dir / OUTPUTS_FILE)
         from bundlerun.runner.writers import write_reports

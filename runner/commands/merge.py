@@ -1,9 +1,9 @@
-"""`bundlerun merge REPORT.json... --report DIR`: reports -> one report (the CLI of runner/merge.py).
+"""`bundlerun merge REPORT.json... --report DIR`: reports -> one report (the CLI of runner/report/merge.py).
 
 The shards of one bundle on one target (`bundlerun run B --shard i/n`), of a farm (`bundlerun
 farm PLAN --shard i/n`) or the reports of `validate --shard` merge into one report; the merge
 itself, with its checks (different bundles/targets/overrides, overlapping and missing shards),
-is `runner.merge.merge_reports` (see its docstring and docs/ci.md). This module reads the
+is `runner.report.merge.merge_reports` (see its docstring and docs/ci.md). This module reads the
 reports, writes the merged one with the usual writers (report.json, junit.xml, summary.md,
 report.html), annotates it under GitHub Actions and exits with its code; a refused merge
 (`MergeError`) is one line and exit code 2.
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 import click
 
-from bundlerun.runner.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
+from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
 from bundlerun.runner.report.model import Report
 
 
@@ -46,7 +46,7 @@ def command(reports, report_dir, force, allow_partial, as_json):
 
     from bundlerun.runner.writers import github
     from bundlerun.runner.report.model import read_report
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     paths = [p / "report.json" if p.is_dir() else p for p in reports]
     loaded = [read_report(p) for p in paths]

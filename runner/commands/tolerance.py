@@ -176,7 +176,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
 
     from bundlerun.bundles.registry import LEVELS, Registry, default_registry
     from bundlerun.bundles.tolerances import ToleranceContext, explain as resolve
-    from bundlerun.runner.overrides import as_build_overrides, parse_overrides
+    from bundlerun.runner.judging.overrides import as_build_overrides, parse_overrides
 
     registry = Registry.builtin() if no_project else default_registry()
     _check_explain_args(registry, backend, target, distribution, scale)
@@ -282,7 +282,7 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
 
     from bundlerun.bundles.errors import ConfigError
     from bundlerun.bundles.registry import CRITERIA
-    from bundlerun.runner.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
+    from bundlerun.runner.judging.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
 
     if margin < 1.0:
         raise ConfigError(f"--margin must be at least 1.0, got {margin}")

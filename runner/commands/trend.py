@@ -3,7 +3,7 @@ over recorded runs. A performance figure (any name of a report's `perf` section,
 cycles, npu-cycles, latency, memory, program-size) is drawn as the median over each run's cases
 with the min..max band.
 
-Runs of different series (runner/series.py: target, dtype, test inputs, criteria) are drawn as
+Runs of different series (runner/history/series.py: target, dtype, test inputs, criteria) are drawn as
 different lines, never one line through both; `--target`/`--dtype` narrow the plot. An interrupted
 run is no point (the history records no figures for it).
 """
@@ -43,8 +43,9 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
     """
     from bundlerun.bundles.fileio import atomic_write_bytes
     from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner import history, plots
-    from bundlerun.runner.safe_text import visible as plain  # click.echo prints no markup: only visible()
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.pictures import plots
+    from bundlerun.runner.report.safe_text import visible as plain  # click.echo prints no markup: only visible()
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if metric not in history.METRICS:
@@ -78,7 +79,8 @@ def _perf_command(db, model, target, metric, phase, dtype, limit, output, plain)
     import re
 
     from bundlerun.bundles.fileio import atomic_write_bytes
-    from bundlerun.runner import history, plots
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.pictures import plots
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", metric):
         raise click.BadParameter(f"{metric!r} is neither a metric ({', '.join(history.METRICS)}) nor a perf figure name",

@@ -12,7 +12,7 @@
                its host is)
 - scheduler.py the coordinator: device exclusivity, per-target concurrency, retries of
                infrastructure errors on the same or another device, never of numerical failures
-- run.py       the whole farm: builds, scheduling, the merged report (runner/merge.py, jobs
+- run.py       the whole farm: builds, scheduling, the merged report (runner/report/merge.py, jobs
                mode), one history record per job, flaky marks, `--shard i/n` of the jobs
 
 Only the standard library is imported here: the CLI imports this package lazily, Ray only

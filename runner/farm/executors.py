@@ -37,7 +37,7 @@ class LocalExecutor:
         method = "fork" if sys.platform.startswith("linux") else "spawn"
         if method == "fork":
             import bundlerun.bundles.bpte  # noqa: F401 - inherited by the workers
-            import bundlerun.runner.judge  # noqa: F401
+            import bundlerun.runner.judging.judge  # noqa: F401
             import bundlerun.runner.report.record  # noqa: F401
             import bundlerun.runner.session  # noqa: F401
             from bundlerun.targets import target_specs

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bundlerun.runner.outcome import EXIT_INFRA, VERDICTS
+from bundlerun.runner.judging.outcome import EXIT_INFRA, VERDICTS
 from bundlerun.runner.report.model import CaseRecord, Report, Summary
 from bundlerun.targets.failures import FailureKind
 

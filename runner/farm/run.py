@@ -1,20 +1,20 @@
 """A whole farm run: build what the plan builds, schedule every job, merge, record.
 
     REPORT/
-      report.json, junit.xml, summary.md, report.html   the merged report (runner/merge.py)
+      report.json, junit.xml, summary.md, report.html   the merged report (runner/report/merge.py)
       bundles/                                          bundles the plan built
       jobs/<job>/attempt-<n>/report.json (+ work/)      every attempt of every job
 
 The merged report's `farm` section lists each job with all of its attempts (device, node,
 exit code, failure kinds, time), whether it is flaky (passed after a failed attempt), and
 each device's attempts and infrastructure failures. The history gets one run per job (its
-final attempt) plus a row per attempt (runner/history.py `farm_attempts`), which
+final attempt) plus a row per attempt (runner/history/store.py `farm_attempts`), which
 `bundlerun history --flaky` ranks by flake rate.
 
 With `shard` ("i/n", `bundlerun farm --shard`) only that part of the plan's jobs runs (split by
 job id, runner/shard.py) and the merged report carries the `shard` record (axis "jobs"), so
 `bundlerun merge` of the shards' reports gives the unsharded farm's report and names the jobs of
-a missing shard. The merge is runner/merge.py's `merge_reports` in its jobs mode.
+a missing shard. The merge is runner/report/merge.py's `merge_reports` in its jobs mode.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Callable
 from bundlerun.runner import interrupts
 from bundlerun.runner.farm.plan import Device, Job, Plan
 from bundlerun.runner.farm.scheduler import Attempt, Scheduler
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, combine_exit_codes
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, combine_exit_codes
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.failures import FailureKind
 
@@ -99,7 +99,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     from bundlerun.runner.farm.executors import make_executor
     from bundlerun.runner.farm.plan import shard_jobs
     from bundlerun.runner.farm.job import _bad_report
-    from bundlerun.runner.merge import MergeOptions, merge_reports
+    from bundlerun.runner.report.merge import MergeOptions, merge_reports
     from bundlerun.runner.report.record import write_record
     from bundlerun.runner.session import Session
 
@@ -192,7 +192,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         if why and not tries:
             record["error"] = why
         if history_db is not None and (tries or not interrupted):  # a job the Ctrl-C kept from running is no result
-            from bundlerun.runner import history
+            from bundlerun.runner.history import store as history
 
             try:
                 run_id = history.record_report(history_db, final, report_path=final_dir / "report.json")

@@ -22,11 +22,11 @@ _CONTROL.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
 def plain(text: object) -> str:
     """Text from a bundle, a device or the user, safe for the console: control, bidi and other
     invisible characters (newlines and terminal escapes included) made visible
-    (runner/safe_text.py), rich markup escaped. Print it with soft_wrap=True (or in a table
+    (runner/report/safe_text.py), rich markup escaped. Print it with soft_wrap=True (or in a table
     cell): rich's own wrapping must not start a line with it either."""
     from rich.markup import escape
 
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     return escape(visible(text))
 
@@ -206,7 +206,7 @@ def echo_must_show(report: Report) -> None:
     """Print `must_show` warnings on stderr, one inert line each (for the quiet and JSON modes)."""
     import sys
 
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     for warning in must_show(report):
         print(f"warning: {visible(warning)}", file=sys.stderr, flush=True)
@@ -225,12 +225,12 @@ def wide_console(stderr: bool = False):
 
 
 def _steps(stats: dict[str, Any], key: str) -> str:
-    from bundlerun.runner.quant_steps import suffix
+    from bundlerun.runner.judging.quant_steps import suffix
 
     return suffix(stats, key, "q")
 
 
-# Every SQNR bundlerun shows is this one (runner/compare.py); tables say so.
+# Every SQNR bundlerun shows is this one (runner/judging/numerics.py); tables say so.
 SQNR_CAPTION = ("worst case: the case worst on the criterion that decided the verdict; "
                 "SQNR = 20*log10(||ref|| / ||actual - ref||), the signal being the reference")
 
@@ -301,7 +301,7 @@ def print_summary(report: Report, console=None) -> None:
     line = perf_line(report)
     if line:
         console.print(f"[dim]perf[/] {plain(line)}", highlight=False)
-    from bundlerun.runner.replay import console_lines  # --replay: distinct results, spread, verdict flips
+    from bundlerun.runner.judging.replay import console_lines  # --replay: distinct results, spread, verdict flips
 
     for text in console_lines(report):
         console.print(plain(text), highlight=False, style="yellow" if (report.replay or {}).get("findings") else "")
@@ -329,7 +329,7 @@ def exit_code(report: Report) -> int:
     could not be written never exits 0: no command says success when its record was not written."""
     code = report.summary.exit_code
     if code == 0 and any(Path(u["file"]).name == REPORT_FILE for u in report.unwritten):
-        from bundlerun.runner.outcome import EXIT_INFRA
+        from bundlerun.runner.judging.outcome import EXIT_INFRA
 
         return EXIT_INFRA
     return code

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.failures import FailureKind
 
@@ -51,7 +51,7 @@ class OutputRecord:
     actual: dict[str, Any] | None = None
     lossy: bool | None = None
     note: str | None = None
-    replay: dict[str, Any] | None = None  # --replay N: runs, distinct, spread, verdicts, flips (runner/replay.py)
+    replay: dict[str, Any] | None = None  # --replay N: runs, distinct, spread, verdicts, flips (runner/judging/replay.py)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "OutputRecord":
@@ -237,13 +237,13 @@ class Report:
     overrides: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     dataset: dict[str, Any] | None = None
-    regressions: list[dict[str, Any]] | None = None  # --baseline: runner/regression.py, None = not compared
-    baseline: dict[str, Any] | None = None  # what the baseline was and how it relates (runner/regression.py)
+    regressions: list[dict[str, Any]] | None = None  # --baseline: runner/history/regression.py, None = not compared
+    baseline: dict[str, Any] | None = None  # what the baseline was and how it relates (runner/history/regression.py)
     files: dict[str, str] = field(default_factory=dict)  # derived formats written: {writer name: path}
     outputs_file: str | None = None  # outputs.npz (--save-outputs), with its digest (`judge` checks it)
     outputs_sha256: str | None = None
     judged: dict[str, Any] | None = None  # `bundlerun judge`: from which report, with which overrides
-    replay: dict[str, Any] | None = None  # --replay N: findings over the runs (runner/replay.py)
+    replay: dict[str, Any] | None = None  # --replay N: findings over the runs (runner/judging/replay.py)
     unwritten: list[dict[str, Any]] = field(default_factory=list)  # files the host refused: {file, error}
     extras: dict[str, Any] = field(default_factory=dict)  # sections of merged/farm/shard reports, kept as read
     schema: str = SCHEMA

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA
 from bundlerun.runner.suite.flows import FlowNumbers, numbers_for
 
 if TYPE_CHECKING:

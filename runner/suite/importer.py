@@ -13,12 +13,12 @@ Each subtest becomes one run: model = the Test ID (`#k` for subtest k > 0), targ
 bundlerun target its compare step ran on (`bundlerun Target`) or `host (suite)` for the
 suite's own in-process run, backend/dtype from the flow; its outputs' error max / MAE / SNR
 go to case_outputs, so `hud`, `trend` and `compare` read them like any run; tags (source,
-flow, operator, commit, the suite's Result) go to run_tags (runner/history_tags.py). When a
+flow, operator, commit, the suite's Result) go to run_tags (runner/history/tags.py). When a
 subtest names bundlerun's report of the device run and that file still exists, that report
 is recorded instead (every output, bundlerun's verdict with the registry's numbers).
 
 The commit: `--commit`, else a CI commit variable in the report's environment, else this
-machine's (runner/commits.py). Re-importing a file records nothing twice (run ids are derived
+machine's (runner/history/commits.py). Re-importing a file records nothing twice (run ids are derived
 from the file's content, the test node and the subtest).
 """
 
@@ -349,7 +349,7 @@ def _dtype(row: SuiteRow, flow: str) -> tuple[str | None, str]:
 
 
 def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | None, str | None]:
-    from bundlerun.runner import commits
+    from bundlerun.runner.history import commits
 
     if given:
         return given, "--commit"
@@ -367,8 +367,8 @@ def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | No
 def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | None, run_id: str,
                        source_file: str) -> "Report":
     """A bundlerun report for one suite subtest, from the suite's own columns."""
-    from bundlerun.runner.judge import summarize
-    from bundlerun.runner.outcome import EXIT_PASS
+    from bundlerun.runner.judging.judge import summarize
+    from bundlerun.runner.judging.outcome import EXIT_PASS
     from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
     from bundlerun.runner.report.record import tool_version
     from bundlerun.targets.failures import FailureKind
@@ -435,7 +435,7 @@ def _is_file(path: str) -> bool:
 
 def import_suite_report(db_path: str | Path, path: str | Path, commit: str | None = None,
                         time: str | None = None) -> ImportSummary:
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
     from bundlerun.runner.report.model import ReportError, read_report
 
     suite = read_suite_file(path)

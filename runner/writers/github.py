@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bundlerun.runner.safe_text import visible  # stdlib only
+from bundlerun.runner.report.safe_text import visible  # stdlib only
 from bundlerun.runner.writers import Inputs, writer
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def annotations(report: "Report", report_path: str | Path | None = None,
     for level, items, noun in (("error", errors, "failing outputs"), ("warning", warnings, "cases that could not run")):
         shown = items if len(items) <= limit else items[: max(limit - 1, 0)]
         # titles and messages quote names and errors from bundles and devices: controls, newlines,
-        # bidi and invisible characters made visible first (runner/safe_text.py), so the job page
+        # bidi and invisible characters made visible first (runner/report/safe_text.py), so the job page
         # cannot show a forged line or reordered text
         lines += [command(level, visible(msg), file=file, title=visible(title)) for title, msg in shown]
         if len(items) > len(shown):

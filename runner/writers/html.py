@@ -6,7 +6,7 @@ image from anywhere. Per output it shows an error histogram and an
 actual-vs-expected scatter when the actual outputs (`outputs.npz`) and the
 bundle's expected outputs are at hand, otherwise the statistics only; with a
 history database it adds SQNR/MAE/top-1 trend lines for the runs of the same
-series (runner/series.py: model, target, dtype, test inputs and criteria).
+series (runner/history/series.py: model, target, dtype, test inputs and criteria).
 Everything is read from the typed records (runner/report/model.py); only
 the sections the model keeps as plain JSON (stats, criteria, dataset, baseline,
 the replay findings, the ETDump profile) are read by key.
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.outcome import VERDICT_COLOURS, VERDICTS, run_status
+from bundlerun.runner.judging.outcome import VERDICT_COLOURS, VERDICTS, run_status
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
@@ -48,7 +48,7 @@ border-right:1px solid #fff}
 
 def _e(v: Any) -> str:
     """Text from a bundle, a device or the user: HTML-escaped (quotes too), controls made visible."""
-    from bundlerun.runner.safe_text import visible  # controls, bidi (U+202E), invisible characters
+    from bundlerun.runner.report.safe_text import visible  # controls, bidi (U+202E), invisible characters
 
     return html.escape(visible(v))
 
@@ -158,7 +158,7 @@ def _confusion(ds: dict[str, Any]) -> str:
     labels, preds, n = ds.get("labels"), ds.get("predictions"), ds.get("num_classes")
     if not labels or not preds or not n or len(labels) != len(preds) or n > 100:
         return ""
-    from bundlerun.runner import plots
+    from bundlerun.runner.pictures import plots
 
     png = plots.confusion(labels, preds, int(n), f"{ds.get('name')}: target predictions")
     return "<div class='plots'>" + _img(png, "confusion matrix", "confusion matrix of the target's top-1") + "</div>"
@@ -208,7 +208,7 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
 def _bound(out: OutputRecord) -> tuple[float, float] | None:
     """The output's element-wise bound (atol, rtol) as judge_output formed it, None when it has none."""
     from bundlerun.bundles.manifest import Criteria
-    from bundlerun.runner.compare import elementwise_bound
+    from bundlerun.runner.judging.numerics import elementwise_bound
 
     try:
         crit = Criteria.from_dict(out.criteria or {})
@@ -286,7 +286,7 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
 def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
     criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
-    from bundlerun.runner import plots
+    from bundlerun.runner.pictures import plots
 
     parts = ["<h2 id='outputs'>Outputs</h2>"]
     seen: dict[tuple[str, int], OutputRecord] = {}
@@ -345,10 +345,11 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
 def _trend_section(report: Report, history_db: str | Path | None) -> str:
     if not history_db or not Path(history_db).exists():
         return ""
-    from bundlerun.runner import history, plots
-    from bundlerun.runner.series import of_report
+    from bundlerun.runner.history import store as history
+    from bundlerun.runner.pictures import plots
+    from bundlerun.runner.history.series import of_report
 
-    series = of_report(report)  # only runs of this run's series: this bundle's inputs and criteria (runner/series.py)
+    series = of_report(report)  # only runs of this run's series: this bundle's inputs and criteria (runner/history/series.py)
     model = report.bundle.get("model")
     target = report.target.get("url")
     if not model:
@@ -481,7 +482,7 @@ def _profile_bars(profile: list[dict[str, Any]], top: int = 12) -> str:
 
 def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] | None = None) -> str:
     """The baseline's verdict: refused, none found, or each regression (the report's JSON records,
-    or runner/regression.py's Regression objects as find_regressions returns them)."""
+    or runner/history/regression.py's Regression objects as find_regressions returns them)."""
     baseline = baseline or {}
     if baseline.get("refused"):
         return (f"<h2>Baseline</h2><p class='reg'>Baseline {_e(baseline.get('ref'))} not compared: unrelated runs: "
@@ -499,13 +500,13 @@ def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] 
 
 
 def _steps(stats: dict[str, Any], key: str) -> str:
-    from bundlerun.runner.quant_steps import suffix  # quantized outputs: errors also in quantization steps
+    from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
 
     return suffix(stats, key)
 
 
 def _replay_section(report: Report) -> str:
-    from bundlerun.runner.replay import html_section  # --replay findings (flaky vs wrong numerics)
+    from bundlerun.runner.judging.replay import html_section  # --replay findings (flaky vs wrong numerics)
 
     return html_section(report)
 

@@ -31,8 +31,8 @@ _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\u
 
 def _clean(text: Any) -> str:
     """Untrusted text for an attribute or element: everything XML forbids, plus newlines, bidi
-    and invisible characters, made visible (runner/safe_text.py)."""
-    from bundlerun.runner.safe_text import visible
+    and invisible characters, made visible (runner/report/safe_text.py)."""
+    from bundlerun.runner.report.safe_text import visible
 
     return visible(text)
 
@@ -171,7 +171,7 @@ def build_junit(report: Report) -> ET.Element:
                                                               f"{_fmt(r.get('current'))} limit {_fmt(r.get('limit'))}")
         totals["tests"] += len(regressions)
         totals["failures"] += len(regressions)
-    from bundlerun.runner.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
+    from bundlerun.runner.judging.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
 
     replayed, flaky = junit_suite(root, report, model, target)
     totals["tests"] += replayed

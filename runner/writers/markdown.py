@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.runner.writers import Inputs, writer
 
@@ -27,7 +27,7 @@ _MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
 def _md(text: Any) -> str:
     """Text from a bundle, a device or the user, inert in Markdown: controls (terminal escapes
     included) blanked, markup characters escaped."""
-    from bundlerun.runner.safe_text import visible  # controls, bidi, invisible characters: escapes
+    from bundlerun.runner.report.safe_text import visible  # controls, bidi, invisible characters: escapes
 
     return visible(text).translate(_MD_SPECIAL)
 
@@ -200,8 +200,8 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
     if base.get("outputs") and not base.get("refused"):
         lines += _delta_table(base["outputs"], base.get("label") or base.get("ref"))
     lines += _perf_section(report)
-    from bundlerun.runner.quant_steps import suffix  # quantized outputs: errors also in quantization steps
-    from bundlerun.runner.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
+    from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
+    from bundlerun.runner.judging.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
 
     lines += markdown_lines(report)
     rows: list[tuple[CaseRecord, OutputRecord | None]] = []

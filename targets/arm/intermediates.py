@@ -152,7 +152,7 @@ class _Lane:
 
 def _quiet_inspector_imports() -> None:
     """Import torch and ExecuTorch's Inspector with their load-time chatter (torchao's optional CUDA
-    kernels, pytree registrations) kept off the user's terminal, as runner/debug.py does."""
+    kernels, pytree registrations) kept off the user's terminal, as runner/debug/localize.py does."""
     import contextlib
     import io
 

@@ -199,7 +199,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
                 raise named(exc, path) from None
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
         else:
-            try:  # --replay N: the same case N-1 more times in this process (runner/replay.py)
+            try:  # --replay N: the same case N-1 more times in this process (runner/judging/replay.py)
                 replays = _replay_runs(module, method, case, inputs, out_dir, replay, code_of, torch)
             except Exception as exc:
                 _emit(event="error", method=method, case=case, error=f"replay execution failed: {exc}", kind="runner-error")

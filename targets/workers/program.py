@@ -100,7 +100,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "t
             path = out_dir / f"{method}-{case}-{j}.bin"
             path.write_bytes(array.tobytes())
             records.append({"scalar_type": int(code), "shape": [int(s) for s in array.shape], "file": str(path)})
-        replays = []  # --replay N: runs 2..N of the case in this walker (runner/replay.py)
+        replays = []  # --replay N: runs 2..N of the case in this walker (runner/judging/replay.py)
         try:
             for k in range(1, replay):
                 again = []

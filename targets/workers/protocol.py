@@ -73,7 +73,7 @@ def event_result(msg: dict[str, Any], log_path: Path, default_kind: FailureKind 
     result = CaseResult(method, case, CaseStatus.OK, outputs=_tensors(msg.get("outputs", [])),
                         elapsed_s=msg.get("elapsed_s"), device_verdict=msg.get("device_verdict"),
                         extra=dict(msg.get("extra") or {}))
-    # --replay N: the outputs of runs 2..N of the case, in the same form (runner/replay.py)
+    # --replay N: the outputs of runs 2..N of the case, in the same form (runner/judging/replay.py)
     result.replays = [_tensors(run) for run in msg.get("replays") or []]
     if msg.get("perf"):  # figures the worker measured (e.g. targets/workers/host.py --repeat)
         result.add_perf([PerfFigure.from_dict(f) for f in msg["perf"]])

@@ -132,7 +132,7 @@ class BisectResult:
         return {"culprit": 1, "fails-undelegated": 1, "nothing-fails": 0}.get(self.outcome, 2)
 
     def to_json(self) -> dict[str, Any]:
-        from bundlerun.runner.compare import _clean
+        from bundlerun.runner.judging.numerics import _clean
 
         body = asdict(self)
         body["lowerings"] = self.lowerings

@@ -15,7 +15,7 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.manifest import Criteria, Manifest
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, VERDICTS
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, VERDICTS
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Summary
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 from bundlerun.targets.failures import FailureKind
@@ -68,7 +68,7 @@ def _failed(detail: str, criterion: str = "missing") -> list[dict[str, Any]]:
 
 def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
     """One report case record (see docs/report-schema.md)."""
-    from bundlerun.runner.compare import judge_output
+    from bundlerun.runner.judging.numerics import judge_output
 
     test_case = bundle.suite(result.method).test_cases[result.case_index]
     expected_values = [v for v in test_case.expected_outputs]
@@ -122,8 +122,8 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         entry.verdict = verdict.verdict
         entry.failed = [asdict(f) for f in verdict.failed]
         entry.stats = verdict.stats.to_dict() if verdict.stats else None
-        if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/vacuity.py)
-            from bundlerun.runner.vacuity import CRITERION, vacuous_reason
+        if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
+            from bundlerun.runner.judging.vacuity import CRITERION, vacuous_reason
 
             why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
             if why:
@@ -141,7 +141,7 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
 
 
 def summarize(cases: list[CaseRecord]) -> Summary:
-    """Counts per case-output, overall verdict and exit code (runner/outcome.py)."""
+    """Counts per case-output, overall verdict and exit code (runner/judging/outcome.py)."""
     counts = {v: 0 for v in VERDICTS}
     outputs = 0
     for case in cases:

@@ -30,13 +30,13 @@ class SavedRun:
 
 
 def _expectations(report: Report, bundle: Bundle, where: str) -> dict[str, Any]:
-    """What each member of outputs.npz must be (runner/saved_outputs.py): one per output of every
+    """What each member of outputs.npz must be (runner/history/saved_outputs.py): one per output of every
     finished case, with the dtype the report recorded and at most the bytes of the bundle's
     expected output (a recorded wrong-size actual output: at most 16x that, plus 1 MiB)."""
     import math
 
     from bundlerun.bundles import scalar_types as st
-    from bundlerun.runner.saved_outputs import Expect
+    from bundlerun.runner.history.saved_outputs import Expect
 
     expect: dict[str, Expect] = {}
     for i, case in enumerate(report.cases):
@@ -78,7 +78,7 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
     """Report, bundle and actual outputs of the run saved in `directory`. Every file is checked
     before it is used: the report by the strict reader, the bundle by its own (and its seal with
     `require_seal`), outputs.npz by its sha256 in the report and member by member against the
-    bundle (runner/saved_outputs.py)."""
+    bundle (runner/history/saved_outputs.py)."""
     from bundlerun.bundles import scalar_types as st
     from bundlerun.bundles.fileio import file_sha256
     from bundlerun.runner.report.record import OUTPUTS_FILE, REPORT_FILE
@@ -116,7 +116,7 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
         warnings.append(f"bundle {path} is not the file the run used (sha256 differs)")
     bundle = read_bundle(path, require_seal=require_seal)
 
-    from bundlerun.runner.saved_outputs import OutputsError, file_digest, read_outputs
+    from bundlerun.runner.history.saved_outputs import OutputsError, file_digest, read_outputs
 
     recorded_sha = report.outputs_sha256
     if recorded_sha:

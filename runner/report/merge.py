@@ -162,8 +162,8 @@ def _unique(items: list[Any]) -> list[Any]:
 
 
 def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict[str, Any]:
-    from bundlerun.runner.judge import summarize
-    from bundlerun.runner.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
+    from bundlerun.runner.judging.judge import summarize
+    from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
 
     summary = summarize([CaseRecord.from_json(c) for c in cases]).to_json()
     codes = [(r.get("summary") or {}).get("exit_code") for r in reports]
@@ -172,7 +172,7 @@ def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict
     elif summary["exit_code"] == 0 and 2 in codes:
         summary.update(verdict="ERROR", exit_code=2)  # an input that could not run, with no case saying so
     stopped = [(r.get("summary") or {}).get("exit_code") for r in reports if (r.get("summary") or {}).get("interrupted")]
-    if stopped:  # 130 Ctrl-C, 143 SIGTERM (runner/outcome.py)
+    if stopped:  # 130 Ctrl-C, 143 SIGTERM (runner/judging/outcome.py)
         summary.update(interrupted=True, exit_code=combine_exit_codes([c for c in stopped if c in STOPPED_CODES]
                                                                       or [EXIT_INTERRUPTED]))
     return summary

@@ -6,18 +6,18 @@ ETRecord's graph), so a model whose export differs from eager (code that takes a
 `ok` while its output fails against the eager reference the bundle holds. This module says so,
 and where, per operation: the exported program is run on the case's inputs (node by node,
 torch.fx.Interpreter) and the eager model under a dispatch mode that records every ATen op
-(runner/eager_ops.py); each exported node is paired with its eager op by module path
+(runner/debug/eager_ops.py); each exported node is paired with its eager op by module path
 (`nn_module_stack`) and source line (`stack_trace`), and in graph order the first node whose value
 parts from eager while none of its inputs does is where they part - a functional call, a tensor
 method or a step of attention written inline in `forward`, not only a module. A node whose input
 already diverges is `downstream`; so is a module whose input diverges (each module's input and
 output are compared too, its output with the last node of its `nn_module_stack` span).
 
-The floor is the output's SQNR budget (runner/debug.py `output_budget`, from its criteria), else
+The floor is the output's SQNR budget (runner/debug/localize.py `output_budget`, from its criteria), else
 100 dB: bundlerun's own figure for "the same computation, float rounding apart" (eager and
 exported programs run the same torch kernels; the debug tables of docs/debugging.md show
 134-143 dB between them). Comparisons use ExecuTorch's ErrorStatistics formulas
-(runner/compare.py).
+(runner/judging/numerics.py).
 
 It runs on the host, after whatever the target returned, so it is the same on every target.
 """
@@ -49,7 +49,7 @@ def _numpy(value: Any) -> np.ndarray | None:
 
 
 def _stats(actual: np.ndarray | None, expected: np.ndarray | None) -> dict[str, Any] | None:
-    from bundlerun.runner.compare import error_statistics
+    from bundlerun.runner.judging.numerics import error_statistics
 
     if actual is None or expected is None or actual.size != expected.size:
         return None
@@ -116,7 +116,7 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     """One row per exported ATen node, in graph order: its eager op, SQNR and status. A node whose own
     value diverges while none of its inputs does (through nodes not compared) is where a divergence
     starts ("diverges"); one with a diverging input is "downstream"."""
-    from bundlerun.runner.eager_ops import match_nodes, node_module, node_source, op_name
+    from bundlerun.runner.debug.eager_ops import match_nodes, node_module, node_source, op_name
 
     matches = match_nodes(nodes, values, run)
     tainted: set[str] = set()
@@ -193,7 +193,7 @@ def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any], run: Any = No
 def _eager_only(run: Any, nodes: list[Any], before: list[dict[str, Any]], until: int | None) -> list[dict[str, Any]]:
     """Eager ops on a (module, line) where the exported program has no node, run after the last eager op
     paired before the first divergence and before its own: code that ran only in eager, right there."""
-    from bundlerun.runner.eager_ops import eager_key, node_key, traced
+    from bundlerun.runner.debug.eager_ops import eager_key, node_key, traced
 
     if until is None or not traced(nodes):
         return []
@@ -240,7 +240,7 @@ def compare_modules(run: Any, values: dict[str, Any], graph_module: Any, floor: 
 
 def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float | None = None) -> dict[str, Any]:
     """Compare eager with the exported program per operation and per module (see the module docstring)."""
-    from bundlerun.runner.eager_ops import capture, compared_nodes
+    from bundlerun.runner.debug.eager_ops import capture, compared_nodes
 
     floor = DEFAULT_FLOOR_DB if floor_db is None else float(floor_db)
     gm = exported_program.module()
@@ -364,7 +364,7 @@ def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> N
         for row in rows:
             table.add_row(*[plain(c) for c in row])
         console.print(table)
-    from bundlerun.runner.safe_text import visible  # names and source lines come from the ETRecord
+    from bundlerun.runner.report.safe_text import visible  # names and source lines come from the ETRecord
 
     for line in divergence_lines(found):
         console.print(visible(f"  {line}"), markup=False)
@@ -405,7 +405,7 @@ def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, qua
                 budget_db: float | None, output_index: int) -> dict[str, Any] | None:
     """For `debug` when no layer exceeds: does the runtime output fail against eager while it matches
     the exported program? Then localize where eager and the exported program part."""
-    from bundlerun.runner.compare import judge_output
+    from bundlerun.runner.judging.numerics import judge_output
 
     if runtime_output is None:
         return None

@@ -61,8 +61,8 @@ def _float(code: int, array: np.ndarray) -> np.ndarray:
 
 
 def collect_from_run_dirs(run_dirs: list[Path], bundle_path: Path | None = None) -> Observations:
-    from bundlerun.runner.judge import load_context
-    from bundlerun.runner.saved_run import load_saved_run
+    from bundlerun.runner.judging.judge import load_context
+    from bundlerun.runner.history.saved_run import load_saved_run
 
     outputs: dict[tuple[str, int], OutputObservations] = {}
     manifest = None
@@ -119,7 +119,7 @@ def _round_down(x: float) -> float:
 
 def measure(obs: OutputObservations) -> dict[str, float]:
     """What each criterion needs to just pass, over every case (others held at current values)."""
-    from bundlerun.runner.compare import error_statistics
+    from bundlerun.runner.judging.numerics import error_statistics
 
     c = obs.criteria
     atol, rtol = c.atol or 0.0, c.rtol or 0.0
@@ -239,7 +239,7 @@ def _toml_value(key: str, v: float) -> str:
 def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> str:
     """Ready-to-paste bundlerun.toml text: one model override per output."""
     from bundlerun.bundles.registry import Registry, tier_for
-    from bundlerun.runner.safe_text import visible
+    from bundlerun.runner.report.safe_text import visible
 
     lines = [f"# bundlerun tolerance suggest --margin {margin:g}: {obs.runs} run(s)",
              "# paste into bundlerun.toml (in pyproject.toml: [[tool.bundlerun.tolerances.model_overrides]])"]

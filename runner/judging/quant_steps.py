@@ -1,6 +1,6 @@
 """Errors of quantized outputs in quantization steps, as the report views print them.
 
-runner/compare.py `quantization_steps` puts `error_max_steps` / `error_mae_steps` (the error over the
+runner/judging/numerics.py `quantization_steps` puts `error_max_steps` / `error_mae_steps` (the error over the
 output's quantization scale) into a quantized output's stats; these helpers add them next to the
 absolute value: `0.0123 (1.6 steps)`. Outputs without a scale print as before."""
 

@@ -2,12 +2,12 @@
 
     bundlerun hud --out site/ [--history PATH] [--baseline LABEL]
 
-The grid (runner/hud_grid.py): rows by flow/backend > operator > what ran x target x dtype,
-columns by commit (a run recorded without --label carries its commit as label: runner/commits.py;
+The grid (runner/pictures/hud_grid.py): rows by flow/backend > operator > what ran x target x dtype,
+columns by commit (a run recorded without --label carries its commit as label: runner/history/commits.py;
 with neither, its day), each cell the latest run of the row there with the worst in its tooltip,
-red where it regressed against the row's baseline (runner/regression.py's rules on the recorded
+red where it regressed against the row's baseline (runner/history/regression.py's rules on the recorded
 summary numbers), the culprit the first column of the row's current regression. The page
-(runner/hud_page.py): collapsible groups, a filter, sticky headers, regressed rows first.
+(runner/pictures/hud_page.py): collapsible groups, a filter, sticky headers, regressed rows first.
 
 Each cell links to its run's report, rendered into the site from the JSON stored in the
 history (`runs/<id>.html`, written once: a recorded run never changes), and to the original
@@ -22,15 +22,15 @@ import hashlib
 from pathlib import Path
 
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner import history
-from bundlerun.runner.safe_text import one_line
+from bundlerun.runner.history import store as history
+from bundlerun.runner.report.safe_text import one_line
 from bundlerun.runner.writers.html import _e
-from bundlerun.runner.regression import RegressionRules
+from bundlerun.runner.history.regression import RegressionRules
 
 # The grid (rows, columns, cells, regressions) and the page live in their own modules; the grid's
 # names stay importable from here.
-from bundlerun.runner.hud_grid import Cell, Column, Grid, Row, build_grid  # noqa: F401
-from bundlerun.runner.hud_page import href as _href, render, status
+from bundlerun.runner.pictures.hud_grid import Cell, Column, Grid, Row, build_grid  # noqa: F401
+from bundlerun.runner.pictures.hud_page import href as _href, render, status
 
 __all__ = ["Cell", "Column", "Grid", "Row", "build_grid", "render", "write_site"]
 
@@ -65,7 +65,7 @@ def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None
                 run_pages[rid] = f"runs/{rid}.html"  # a recorded run never changes: its page is kept
             else:
                 todo[rid] = (cell, page_path, marker)
-    from bundlerun.runner.history_tags import load_reports
+    from bundlerun.runner.history.tags import load_reports
 
     unreadable: dict[int, str] = {}  # one damaged run is said on its own page, never stops the site
     reports = load_reports(db_path, list(todo), errors=unreadable)

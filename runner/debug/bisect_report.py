@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bundlerun.runner.bisect import BisectResult, unit_label
+from bundlerun.runner.debug.bisect import BisectResult, unit_label
 
 
 def _num(v: Any, fmt: str = ".3g") -> str:
@@ -80,7 +80,7 @@ def print_result(result: BisectResult, console: Any) -> None:
         console.print(f"  with only them delegated: {_stats(cs['with']['outputs'])}", markup=False)
         console.print(f"  with everything else delegated: {_stats(cs['without']['outputs'])}", markup=False)
     if result.export_divergence:
-        from bundlerun.runner.export_divergence import summary_line
+        from bundlerun.runner.debug.export_divergence import summary_line
 
         console.print(f"export divergence: {summary_line(result.export_divergence)}", markup=False)
     for note in result.notes:
@@ -110,7 +110,7 @@ def render_markdown(result: BisectResult) -> str:
                      f"{_md(s.verdict or '—')} | {_md(_stats(s.outputs) if s.outputs else (s.error or '—'))} | "
                      f"{_md(s.cache or '—')} |")
     if result.export_divergence:
-        from bundlerun.runner.export_divergence import summary_line
+        from bundlerun.runner.debug.export_divergence import summary_line
 
         lines += ["", f"Export divergence: {_md(summary_line(result.export_divergence))}"]
     if result.notes:

@@ -19,7 +19,7 @@ offset (`+00:00`). Rows recorded before that (a time without an offset) are read
 as UTC; `history` shows local time with its offset (`--utc` for UTC).
 
 Over 500 lines on purpose: the schema, the writes and the queries of one SQLite file, which share
-its connection and lock/retry discipline; tags and the HUD's queries are runner/history_tags.py.
+its connection and lock/retry discipline; tags and the HUD's queries are runner/history/tags.py.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bundlerun.bundles.errors import BundlerunError, ConfigError
-from bundlerun.runner.outcome import VERDICTS
+from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.report.model import Report
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
 SCHEMA_VERSION = 2  # 2: the series columns and the run's status (_migrate)
-# The columns a run's series is read from (runner/series.py) and its status: `complete`, or
+# The columns a run's series is read from (runner/history/series.py) and its status: `complete`, or
 # `interrupted` (Ctrl-C/SIGTERM: no summary figures recorded). Added to a version-1 database by _migrate.
 SERIES_COLUMNS = ("inputs_sha256", "criteria_sha256", "program_sha256", "status")
 INTERRUPTED = "interrupted"
@@ -246,7 +246,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     series columns and fill them from each run's stored report, as record_reports would have; a run
     whose report says it was interrupted gets the status and loses its summary figures (counts,
     verdict, per-output, perf and dataset rows: its report_json keeps every finished case). A row
-    whose report cannot be read keeps NULLs, which read as "not recorded" (runner/series.py)."""
+    whose report cannot be read keeps NULLs, which read as "not recorded" (runner/history/series.py)."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     missing = [c for c in SERIES_COLUMNS if c not in have]
     if not missing:
@@ -275,8 +275,8 @@ _FIGURE_TABLES = ("case_outputs", "perf_figures", "datasets", "replay_outputs")
 
 
 def _series_fields(report: Report) -> dict[str, Any]:
-    """The series columns of a run (runner/series.py) and its status."""
-    from bundlerun.runner.series import of_report
+    """The series columns of a run (runner/history/series.py) and its status."""
+    from bundlerun.runner.history.series import of_report
 
     ident = of_report(report)
     return {"inputs_sha256": ident.inputs, "criteria_sha256": ident.criteria,
@@ -333,7 +333,7 @@ def display_time(value: Any, utc: bool = False) -> str:
 def _run_filters(where: list[str], args: list[Any], target: str | None, dtype: str | None,
                  series: Any = None) -> tuple[list[str], list[Any]]:
     """WHERE clauses (and their arguments) narrowed to one target and one dtype when given, or to
-    one series (runner/series.py: its target, dtype, inputs and criteria; a hash the series lacks
+    one series (runner/history/series.py: its target, dtype, inputs and criteria; a hash the series lacks
     matches only runs that lack it too); never an interrupted run."""
     where.append(f"(r.status IS NULL OR r.status != '{INTERRUPTED}')")
     if series is not None:
@@ -442,8 +442,8 @@ def record_report(db_path: str | Path | None, report: Report, report_path: str |
 
     Idempotent per report `run.id`: recording the same report twice returns the
     first id and stores nothing twice. `db_path` None (history turned off)
-    records nothing and returns None. `tags` (runner/history_tags.py): source, flow,
-    operator, commit...; a run without a label is labelled by its commit (runner/commits.py).
+    records nothing and returns None. `tags` (runner/history/tags.py): source, flow,
+    operator, commit...; a run without a label is labelled by its commit (runner/history/commits.py).
     """
     if db_path is None:
         return None
@@ -454,7 +454,7 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
                    ) -> list[int]:
     """Record many (report, report_path, tags) in one transaction (an import of hundreds of
     suite results: one connection, one commit); the run ids, in order. Idempotent as record_report."""
-    from bundlerun.runner.history_tags import tag_row
+    from bundlerun.runner.history.tags import tag_row
 
     prepared = []
     for report, report_path, tags in items:
@@ -490,7 +490,7 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
             )
             conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                              list(_perf_rows(run_id, report)))
-            from bundlerun.runner.replay import history_rows  # --replay: flaky vs wrong numerics per output
+            from bundlerun.runner.judging.replay import history_rows  # --replay: flaky vs wrong numerics per output
 
             conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                              history_rows(run_id, report))
@@ -615,7 +615,7 @@ class RunRecord:
     executorch_version: str | None
     inputs_sha256: str | None = None
     criteria_sha256: str | None = None
-    status: str | None = None  # complete | interrupted (NULL: a row runner/history.py could not migrate)
+    status: str | None = None  # complete | interrupted (NULL: a row runner/history/store.py could not migrate)
 
     @property
     def interrupted(self) -> bool:
@@ -623,8 +623,8 @@ class RunRecord:
 
     @property
     def series(self) -> Any:
-        """Which series the run belongs to (runner/series.py)."""
-        from bundlerun.runner.series import of_row
+        """Which series the run belongs to (runner/history/series.py)."""
+        from bundlerun.runner.history.series import of_row
 
         return of_row(self)
 
@@ -727,7 +727,7 @@ def resolve_run(
     label (the newest run with that label that was not interrupted). `exclude_uuid`
     skips the run being judged, which may already be recorded under the same label.
     `prefer` ({"model", "target", "dtype", "inputs_sha256", "criteria_sha256"}: a series,
-    runner/series.py) makes a label pick the newest run of that series first
+    runner/history/series.py) makes a label pick the newest run of that series first
     (`validate zoo --baseline v1` compares like with like); else the newest run with
     the label, which `--baseline` then refuses as another series, saying why.
     """
@@ -795,8 +795,8 @@ class TrendPoint:
 
     @property
     def series(self) -> Any:
-        """Which line the point belongs to: one per series (runner/series.py), never mixed."""
-        from bundlerun.runner.series import Series
+        """Which line the point belongs to: one per series (runner/history/series.py), never mixed."""
+        from bundlerun.runner.history.series import Series
 
         return Series(self.model, self.target, self.dtype, self.inputs, self.criteria)
 

@@ -37,7 +37,7 @@ def _shown(criteria: Criteria) -> str:
 
 def vacuous_reason(reference: np.ndarray, criteria: Criteria, expected_dtype: str, lossy: bool = False) -> str | None:
     """Why `criteria` would also pass an all-zero output for this reference, or None."""
-    from bundlerun.runner.compare import judge_output
+    from bundlerun.runner.judging.numerics import judge_output
 
     if criteria.exact or getattr(criteria, "top1", False) or expected_dtype == "bool":
         return None

@@ -1,12 +1,12 @@
 """What the history keeps about a run beside its report: where it came from and which commit.
 
-The `run_tags` table (runner/history.py schema), one row per run:
+The `run_tags` table (runner/history/store.py schema), one row per run:
 
 - source: `bundlerun` (a run of this tool), `suite` (a row of the backend test suite's own
   report, imported), `suite+bundlerun` (a suite test whose compare step ran on a bundlerun target);
 - flow, operator, test, subtest: the suite's flow, the operator its test file covers
   (`operators/test_add.py` -> `add`), the test id and subtest index;
-- commit_sha, commit_time, commit_source, dirty: the commit (runner/commits.py), its
+- commit_sha, commit_time, commit_source, dirty: the commit (runner/history/commits.py), its
   committer date (the HUD's column order) and whether the working tree had local changes;
 - suite_result, suite_detail, suite_error: the suite's own Result / Result Detail / Error.
 
@@ -28,8 +28,8 @@ TAG_COLUMNS = ("source", "flow", "operator", "test", "subtest", "commit_sha", "c
 
 def tag_row(row: dict[str, Any], report: Report, tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the runs row, with the commit as label when it has none; the run_tags values)."""
-    from bundlerun.runner import commits
-    from bundlerun.runner.history import _sql_text, utc_iso
+    from bundlerun.runner.history import commits
+    from bundlerun.runner.history.store import _sql_text, utc_iso
 
     tags = {k: v for k, v in (tags or {}).items() if k in TAG_COLUMNS}
     tags.setdefault("source", "bundlerun")
@@ -69,7 +69,7 @@ def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
     results differed between runs, and those whose verdict flipped), its ERROR / TIMEOUT counts and
     its first failing output with that output's failed criteria (JSON) and how many outputs failed:
     what the HUD adds to RunRecord."""
-    from bundlerun.runner.history import _retrying, connect
+    from bundlerun.runner.history.store import _retrying, connect
 
     if not Path(db_path).exists():
         return {}
@@ -87,7 +87,7 @@ def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500,
     shown run: one connection each would cost a write-lock round trip per run), each read by the
     history's one strict reader (history.stored_report). With `errors`, a run whose stored report
     cannot be read goes there (id -> the one-line reason) instead of stopping every other run."""
-    from bundlerun.runner.history import HistoryError, read_rows, stored_report
+    from bundlerun.runner.history.store import HistoryError, read_rows, stored_report
 
     out: dict[int, Report] = {}
     ids = sorted(set(int(i) for i in run_ids))

@@ -103,7 +103,7 @@ def apply_to_manifest(manifest: Manifest, overrides: list[Override]) -> list[dic
 
 
 def apply_overrides(ctx: Any, bundle: Any, overrides: list[str] | list[Override]) -> list[dict[str, Any]]:
-    """Apply `--override` strings (or parsed Overrides) to a runner.judge.JudgeContext.
+    """Apply `--override` strings (or parsed Overrides) to a runner.judging.judge.JudgeContext.
 
     With a manifest the embedded criteria are changed (trail records the override);
     without one, per-output criteria start from the judge's fallback default.
@@ -114,7 +114,7 @@ def apply_overrides(ctx: Any, bundle: Any, overrides: list[str] | list[Override]
         return []
     if ctx.manifest is not None:
         return apply_to_manifest(ctx.manifest, parsed)
-    from bundlerun.runner.judge import default_criteria
+    from bundlerun.runner.judging.judge import default_criteria
 
     slots = []
     for suite in bundle.method_test_suites:

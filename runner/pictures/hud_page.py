@@ -1,4 +1,4 @@
-"""The HUD's page (index.html) from the grid (runner/hud_grid.py): readable at suite scale.
+"""The HUD's page (index.html) from the grid (runner/pictures/hud_grid.py): readable at suite scale.
 
 Hundreds of rows: rows are grouped by flow/backend and operator, each group a header row with
 its own cells over the commits (the worst of its rows there: red when one regressed, else the
@@ -21,11 +21,11 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bundlerun.runner import history
-from bundlerun.runner.commits import looks_like_sha
-from bundlerun.runner.outcome import VERDICT_COLOURS, run_status
+from bundlerun.runner.history import store as history
+from bundlerun.runner.history.commits import looks_like_sha
+from bundlerun.runner.judging.outcome import VERDICT_COLOURS, run_status
 from bundlerun.runner.report.criteria_text import short_name
-from bundlerun.runner.safe_text import one_line
+from bundlerun.runner.report.safe_text import one_line
 from bundlerun.runner.writers.html import _e as _escape
 
 MAX_SHOWN = 1000  # characters of one name, label or tooltip on the index (bundlerun's own: a stored
@@ -36,7 +36,7 @@ def _e(value: object) -> str:
     """HTML-escaped text, cut to MAX_SHOWN characters."""
     text = "" if value is None else str(value)
     return _escape(text if len(text) <= MAX_SHOWN else one_line(text, MAX_SHOWN))
-from bundlerun.runner.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
+from bundlerun.runner.pictures.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
 
 _LEGEND = {"FAIL": "FAIL output criterion"}
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
@@ -147,7 +147,7 @@ SQNR_LABEL = "SQNR (dB, signal = reference)"  # the report's SQNR: 20*log10(||re
 
 
 def status(cell: Cell) -> str:
-    """What the cell is shown as (runner/outcome.py run_status): its verdict, TIMEOUT when every case
+    """What the cell is shown as (runner/judging/outcome.py run_status): its verdict, TIMEOUT when every case
     that did not finish timed out, STOPPED when the run was stopped (Ctrl-C / SIGTERM)."""
     x = cell.extra
     return run_status(cell.run.verdict, cell.run.exit_code, _count(x.get("n_timeout")), _count(x.get("n_error")))
@@ -385,7 +385,7 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         f"than {r.top1_drop_points:g} points, against the baseline; &#9670; marks the culprit. Group rows: per "
         "column the worst of their rows (&#9660;: regressed rows, a number: failing rows); click to fold.</p>"
         "<p class='meta legend'>" + "".join(f"<span class='{v}'>{_LEGEND.get(v, v)}</span>" for v in VERDICT_COLOURS
-                                            if v != "STOPPED")  # stopped runs have no cell (runner/hud_grid.py)
+                                            if v != "STOPPED")  # stopped runs have no cell (runner/pictures/hud_grid.py)
         + "<span style='background:#e53935;color:#fff'>regressed</span>"
         "<span style='box-shadow:inset 0 0 0 2px #1e88e5'>baseline</span>"
         "<span class='flaky'>flaky numerics (--replay)</span></p>"
@@ -417,7 +417,7 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
     bad = "1" if row.culprit or row.failing(cols) else "0"
     source = "" if row.source == "bundlerun" else f" &middot; {_e(row.source)}"
     what = f"{row.model} | {row.target} | {row.dtype} | {row.group} / {row.operator} | {row.source}"
-    series = f" &middot; <span class='series'>{_e(row.tag)}</span>" if row.tag else ""  # runner/series.py
+    series = f" &middot; <span class='series'>{_e(row.tag)}</span>" if row.tag else ""  # runner/history/series.py
     tds = [f"<td class='nm' title='{_e(what)}'>{_e(row.model)}<span class='sub'>{_e(row.target)} &middot; "
            f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status_html}</td>"
            f"<td class='tr'>{sparkline(row, cols, cap, width=84)}</td>"]

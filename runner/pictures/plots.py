@@ -20,7 +20,7 @@ _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]}
 def _text(value: Any) -> str:
     """Text from a bundle or the user as a plot label: literal, never mathtext (`$` escaped),
     controls and lone surrogates made visible."""
-    from bundlerun.runner.safe_text import visible  # controls, bidi, invisible characters, surrogates
+    from bundlerun.runner.report.safe_text import visible  # controls, bidi, invisible characters, surrogates
 
     return visible(value).replace("$", r"\$")
 
@@ -41,13 +41,13 @@ def _png(fig) -> bytes:
 
 
 def _verdict_colour(verdict: str) -> str:
-    from bundlerun.runner.outcome import VERDICT_COLOURS  # the one palette of verdicts
+    from bundlerun.runner.judging.outcome import VERDICT_COLOURS  # the one palette of verdicts
 
     return VERDICT_COLOURS.get(verdict, VERDICT_COLOURS["ERROR"])[0]
 
 
 def within_bound(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
-    """Per element: |actual - expected| <= atol + rtol*|expected| (runner/compare.py elementwise_bound);
+    """Per element: |actual - expected| <= atol + rtol*|expected| (runner/judging/numerics.py elementwise_bound);
     NaN matches NaN and equal infinities match, as judge_output counts them."""
     a = np.asarray(actual, np.float64).ravel()
     e = np.asarray(expected, np.float64).ravel()
@@ -215,12 +215,12 @@ _COLORS = ("#3b6ea5", "#c0504d", "#2e7d32", "#8e44ad", "#ef6c00", "#00838f", "#6
 
 
 def series_name(key: Any, among: Any = ()) -> str:
-    """A line's name: target and dtype, and the series' hashes (runner/series.py) when another
+    """A line's name: target and dtype, and the series' hashes (runner/history/series.py) when another
     series `among` the plotted ones has the same target and dtype."""
     if not hasattr(key, "tag"):
         target, dtype = key
         return f"{target or '?'} {dtype or '?'}"
-    from bundlerun.runner.series import tags
+    from bundlerun.runner.history.series import tags
 
     tag = tags([key, *among]).get(key, "")
     return f"{key.target or '?'} {key.dtype or '?'}" + (f" {tag}" if tag else "")

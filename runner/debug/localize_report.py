@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bundlerun.runner.debug import DebugResult, LayerRow
+from bundlerun.runner.debug.localize import DebugResult, LayerRow
 
 
 def _f(x: Any, fmt: str = ".3g") -> str:
@@ -66,7 +66,7 @@ def status_text(row: LayerRow, result: DebugResult) -> str:
 def ops_text(aot_ops: list[str], limit: int = 4) -> str:
     """The eager nodes of a row, compact: quantize/dequantize nodes left out when others exist, a long
     group (a whole delegate) shortened to its first and last nodes with the count (report.json has all)."""
-    from bundlerun.runner.debug import _QDQ
+    from bundlerun.runner.debug.localize import _QDQ
 
     if not aot_ops:
         return "—"
@@ -81,8 +81,8 @@ def ops_text(aot_ops: list[str], limit: int = 4) -> str:
 def verdict_line(result: DebugResult) -> str:
     row = result.first_bad_row
     where = f"{result.target}, case {result.case} ({result.case_source}), output {result.output}"
-    if row is None and (result.export_divergence or {}).get("finding"):  # runner/export_divergence.py
-        from bundlerun.runner.export_divergence import summary_line
+    if row is None and (result.export_divergence or {}).get("finding"):  # runner/debug/export_divergence.py
+        from bundlerun.runner.debug.export_divergence import summary_line
 
         return (f"divergence at export, not at run time: no runtime layer exceeds its budget against the exported "
                 f"program, but the output fails against eager; {summary_line(result.export_divergence)} ({where})")
@@ -134,7 +134,7 @@ def rich_table(result: DebugResult):
             cells.append(r.attribution or "")
         from rich.text import Text
 
-        from bundlerun.runner.safe_text import visible
+        from bundlerun.runner.report.safe_text import visible
 
         table.add_row(*[Text(visible(c)) for c in cells], style=style)
     return table
@@ -142,7 +142,7 @@ def rich_table(result: DebugResult):
 
 def plot_png(result: DebugResult) -> bytes:
     """SQNR (and max error) of every compared row along the graph; the first bad layer marked."""
-    from bundlerun.runner.plots import _figure, _png, _text
+    from bundlerun.runner.pictures.plots import _figure, _png, _text
 
     rows = [r for r in result.rows if r.status == "matched"]
     fig = _figure(9.0, 5.2)
@@ -212,21 +212,21 @@ def summary_md(result: DebugResult) -> str:
         cells += [_f(r.floor_db, ".1f"), status + (f" — {r.note}" if r.note else "")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     found = result.export_divergence or {}
-    if found.get("finding"):  # runner/export_divergence.py: where eager and the exported program part
-        from bundlerun.runner.export_divergence import divergence_lines, divergence_tables
+    if found.get("finding"):  # runner/debug/export_divergence.py: where eager and the exported program part
+        from bundlerun.runner.debug.export_divergence import divergence_lines, divergence_tables
 
         lines += ["", "## Divergence at export", "", found["finding"]]
         for title, head, rows in divergence_tables(found):
             lines += ["", f"{title}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
         lines += [""] + [f"- {line}" for line in divergence_lines(found)]
-    from bundlerun.runner.safe_text import visible  # each line inert: a name cannot start a line of its own
+    from bundlerun.runner.report.safe_text import visible  # each line inert: a name cannot start a line of its own
 
     return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def html_page(result: DebugResult, png: bytes) -> str:
-    from bundlerun.runner.writers.html import _e as e  # entities + controls/bidi made visible (runner/safe_text.py)
+    from bundlerun.runner.writers.html import _e as e  # entities + controls/bidi made visible (runner/report/safe_text.py)
     md_rows = []
     for r in result.rows:
         cls = "bad" if r.index == result.first_bad else ("exceeds" if r.exceeds else r.status)
@@ -262,11 +262,11 @@ tr.exceeds td{{background:#fee}} tr.unmatched td{{color:#777;font-style:italic}}
 
 
 def _divergence_html(result: DebugResult, e) -> str:
-    """The divergence-at-export tables and lines (runner/export_divergence.py), when there is one."""
+    """The divergence-at-export tables and lines (runner/debug/export_divergence.py), when there is one."""
     found = result.export_divergence or {}
     if not found.get("finding"):
         return ""
-    from bundlerun.runner.export_divergence import divergence_lines, divergence_tables
+    from bundlerun.runner.debug.export_divergence import divergence_lines, divergence_tables
 
     parts = [f"<h2>Divergence at export</h2><p>{e(found['finding'])}</p>"]
     for title, head, rows in divergence_tables(found):

@@ -11,7 +11,7 @@
    `map_runtime_aot_intermediate_outputs` (executorch.devtools.inspector). The
    reference graph is the ETRecord's exported (ATen) program when debug handles
    propagate back to it, else its edge dialect program - as `calculate_numeric_gap`.
-4. Every pair gets our ErrorStatistics (runner/compare.py): SQNR, max error, cosine.
+4. Every pair gets our ErrorStatistics (runner/judging/numerics.py): SQNR, max error, cosine.
    Columns: `fp32` (vs the float eager model) and, for quantized builds, `quantized`
    (vs the fake-quantized reference = the exported program of an int8 build) plus
    `quant_vs_fp32` (what quantization alone costs at that layer). The fp32 graph of a
@@ -46,7 +46,7 @@
 
 Over 500 lines on purpose: the steps above are one search (reference capture, handle matching,
 delegate mapping, first divergence) over the same few records; split by step they would pass
-them all around. The report formats of `debug` are runner/debug_report.py.
+them all around. The report formats of `debug` are runner/debug/localize_report.py.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Column:
 
     @classmethod
     def of(cls, actual: np.ndarray | None, expected: np.ndarray | None) -> "Column | None":
-        from bundlerun.runner.compare import error_statistics
+        from bundlerun.runner.judging.numerics import error_statistics
 
         if actual is None or expected is None:
             return None
@@ -141,14 +141,14 @@ class DebugResult:
     model: str | None = None
     dtype: str | None = None
     backend: str | None = None
-    export_divergence: dict[str, Any] | None = None  # runner/export_divergence.py: eager vs the exported program
+    export_divergence: dict[str, Any] | None = None  # runner/debug/export_divergence.py: eager vs the exported program
 
     @property
     def first_bad_row(self) -> LayerRow | None:
         return None if self.first_bad is None else self.rows[self.first_bad]
 
     def to_json(self) -> dict[str, Any]:
-        from bundlerun.runner.compare import _clean
+        from bundlerun.runner.judging.numerics import _clean
 
         body = asdict(self)
         body["first_bad_layer"] = None
@@ -169,7 +169,7 @@ def default_case(bundle_path: Path, history_db: Path | None, method: str, output
 
     if history_db is None or not Path(history_db).exists():
         return 0, "case 0 (no history database to find the last run's worst case)"
-    from bundlerun.runner import history
+    from bundlerun.runner.history import store as history
 
     sha = file_sha256(bundle_path)
     conn = history.connect(history_db)
@@ -278,7 +278,7 @@ def _reference_graph(record) -> tuple[Any, str]:
 
 def _capture_by_name(graph_module, inputs: tuple) -> dict[str, Any]:
     """Every call_function node's output of `graph_module` on `inputs`, by node name."""
-    from bundlerun.runner.export_divergence import capture_graph
+    from bundlerun.runner.debug.export_divergence import capture_graph
 
     return capture_graph(graph_module, inputs)[0]
 
@@ -668,7 +668,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     budget, budget_source = output_budget(manifest, method, output, expected)
     column = "quantized" if (quantized and build.get("reference") == "quantized") else "fp32"
     first = judge_rows(rows, column, budget, quantized)
-    from bundlerun.runner.compare import error_statistics
+    from bundlerun.runner.judging.numerics import error_statistics
 
     actual = run.outputs[j] if j < len(run.outputs) else None
     out_stats = error_statistics(actual.astype(np.float64), expected.astype(np.float64)).to_dict() \
@@ -701,7 +701,7 @@ def _runtime_row(rows: list[LayerRow], found: dict[str, Any] | None) -> dict[str
     if row is not None:
         found["runtime_row"] = {"row": row.index, "instruction": row.instruction, "runtime_op": row.runtime_op}
         row.note = "; ".join(filter(None, [row.note, f"computes {node}, where the exported program first parts from "
-                                                     "eager (runner/export_divergence.py); it matches the export"]))
+                                                     "eager (runner/debug/export_divergence.py); it matches the export"]))
     return found
 
 
@@ -712,7 +712,7 @@ def _export_divergence(first: int | None, manifest: dict, record: Any, inputs: t
     if first is not None or actual is None:
         return None
     from bundlerun.bundles.manifest import Manifest
-    from bundlerun.runner.export_divergence import check_debug
+    from bundlerun.runner.debug.export_divergence import check_debug
 
     spec = Manifest.from_dict(manifest).output_spec(method, j) if manifest else None
     if spec is None:

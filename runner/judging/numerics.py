@@ -561,5 +561,5 @@ def quantization_steps(stats: OutputStats, scale: float | None) -> None:
         stats.error_mae_steps = stats.error_mae / scale
 
 
-# The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/compare_rules.py.
-from bundlerun.runner.compare_rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: E402,F401
+# The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/judging/rules.py.
+from bundlerun.runner.judging.rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: E402,F401

@@ -59,7 +59,7 @@ class Series:
 def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> str | None:
     """sha256 over the criteria every output of every method was judged by (the report's own
     `cases[].outputs[].criteria`: the manifest's resolved tolerances with any `--override` applied;
-    the judge records them for errored cases too, runner/judge.py), without their provenance
+    the judge records them for errored cases too, runner/judging/judge.py), without their provenance
     trail. One entry per method x output, whichever cases ran, so a run of a subset of the cases
     has the digest of the whole run. `methods` narrows it to those methods (`compare` of a run
     over fewer methods). None: no output carries criteria (a suite result, an empty report)."""

@@ -1,22 +1,22 @@
 """The HUD's grid: rows of what ran, columns of commits, each cell the runs of one row at one commit.
 
-Read from the history through runner/history.py (list_runs) and runner/history_tags.py
-(source, flow, operator, commit of each run); rendered by runner/hud_page.py.
+Read from the history through runner/history/store.py (list_runs) and runner/history/tags.py
+(source, flow, operator, commit of each run); rendered by runner/pictures/hud_page.py.
 
 - Row: group (the suite's flow, else the run's backend) > operator (the suite's operator test,
   `models` for bundlerun's own model runs) > what ran (the model id; the bundle's file name
   when its manifest names no model; `run #id` when neither is known) > its series
-  (runner/series.py: target, dtype, test inputs and criteria): another bundle of the same model
+  (runner/history/series.py: target, dtype, test inputs and criteria): another bundle of the same model
   is another row, tagged `in <inputs> · cr <criteria>`, so no culprit is named across bundles.
   An interrupted run is no data point: it is left out of the grid (counted in `Grid.interrupted`).
 - Column: the run's label (a run recorded without one is labelled with its commit by the
-  history: runner/commits.py); a run with neither falls into its UTC day's bucket (`~2026-11-30`).
+  history: runner/history/commits.py); a run with neither falls into its UTC day's bucket (`~2026-11-30`).
   Columns are in commit order: the commit's committer date when the history knows it, else the
   time of the column's first run.
 - Cell: every run of the row under that column; the latest is shown, the worst (verdict first,
   then the lower metric) is named in the tooltip.
 - Regressions and culprits against the row's baseline (its run under `--baseline LABEL`, else
-  its first column), with runner/regression.py's rules on the summary numbers (docs/hud.md).
+  its first column), with runner/history/regression.py's rules on the summary numbers (docs/hud.md).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from bundlerun.runner import history
-from bundlerun.runner.regression import RegressionRules
-from bundlerun.runner.series import Series, tags
+from bundlerun.runner.history import store as history
+from bundlerun.runner.history.regression import RegressionRules
+from bundlerun.runner.history.series import Series, tags
 
 SEVERITY = {"PASS": 0, "SKIP": 1, "TIMEOUT": 2, "ERROR": 3, "FAIL": 4}
 MODELS = "models"  # the operator group of bundlerun's own (model) runs
@@ -79,7 +79,7 @@ class Row:
     group: str = "-"  # flow / backend
     operator: str = MODELS
     source: str = "bundlerun"
-    inputs: str | None = None  # the series' inputs_sha256 and criteria_sha256 (runner/series.py)
+    inputs: str | None = None  # the series' inputs_sha256 and criteria_sha256 (runner/history/series.py)
     criteria: str | None = None
     tag: str = ""  # `in 3fa2c1 · cr 9b01de` where another row has the same model, target and dtype
 
@@ -159,7 +159,7 @@ def column_of(r: history.RunRecord) -> tuple[str, bool]:
 def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules | None = None,
                limit: int | None = None) -> Grid:
     """The HUD's grid from the history database."""
-    from bundlerun.runner.history_tags import run_extras
+    from bundlerun.runner.history.tags import run_extras
 
     rules = rules or RegressionRules()
     records = list(reversed(history.list_runs(db_path, limit=limit or None)))  # oldest first

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.runner.outcome import EXIT_FAIL, EXIT_PASS
+from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -114,7 +114,7 @@ def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how
     """Judge every replay, put each output's `replay` record and the report's `replay` section in."""
     if n <= 1:
         return
-    from bundlerun.runner.judge import judge_case
+    from bundlerun.runner.judging.judge import judge_case
     from bundlerun.targets.base import CaseResult, CaseStatus
 
     records = {(c.method, c.case): c for c in report.cases}
@@ -256,7 +256,7 @@ def junit_suite(root: Any, report: "Report", model: str, target: str) -> tuple[i
 # ------------------------------------------------------------------ history
 
 def history_rows(run_id: int, report: Report) -> list[tuple]:
-    """One row per replayed output for the history's `replay_outputs` table (runner/history.py schema;
+    """One row per replayed output for the history's `replay_outputs` table (runner/history/store.py schema;
     finding NULL when deterministic)."""
     import json
 
@@ -275,7 +275,7 @@ def history_rows(run_id: int, report: Report) -> list[tuple]:
 
 def flaky_outputs(db_path: str | Path, run_id: int) -> list[dict[str, Any]]:
     """The replay findings the history holds for one run (what a HUD shows as flaky vs wrong)."""
-    from bundlerun.runner.history import read_rows
+    from bundlerun.runner.history.store import read_rows
 
     rows = read_rows(db_path, "SELECT * FROM replay_outputs WHERE run_id = ? AND finding IS NOT NULL "
                               "ORDER BY method, case_index, output_index", (int(run_id),),

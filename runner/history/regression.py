@@ -19,7 +19,7 @@ verdict). Rules, all configurable in the `[regression]` config section:
 Performance figures are gated by the `[perf]` section (`PerfRules`, below): cycles, memory in use,
 warm latency past its noise band; host wall time only when asked, simulation time never.
 
-Only related runs are compared (`unrelated_reasons`): one series (runner/series.py: the same
+Only related runs are compared (`unrelated_reasons`): one series (runner/history/series.py: the same
 target, dtype, test inputs and criteria, or, for reports without an inputs digest, the same model
 id), the same methods and cases, neither run interrupted. A different program is what a
 comparison is for (a new toolchain, a miscompiling backend) and is a note.
@@ -40,7 +40,7 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
-from bundlerun.runner.series import short_repr as _short
+from bundlerun.runner.history.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
 
 
@@ -176,7 +176,7 @@ def _dataset_regressions(base: Report, cur: Report, rules: RegressionRules) -> l
     bd, cd = base.dataset or None, cur.dataset or None
     if not bd or not cd or bd.get("top1") is None or cd.get("top1") is None:
         return []
-    from bundlerun.runner.accuracy import paired_change
+    from bundlerun.runner.judging.accuracy import paired_change
 
     change, low, high, how = paired_change(bd, cd, rules.confidence)
     drop_points = -change * 100
@@ -249,13 +249,13 @@ def _output_names(report: Report) -> dict[tuple[str, int], str]:
 def unrelated_reasons(baseline_report: Report, current_report: Report) -> list[str]:
     """Why the two runs do not measure the same thing (empty: they do).
 
-    Refused: runs of two series (runner/series.py: a different target, dtype, test inputs or
+    Refused: runs of two series (runner/history/series.py: a different target, dtype, test inputs or
     criteria, a different model id unless both bundles carry the same test inputs: a retrained
     model on the same inputs is a fair comparison), an interrupted run on either side, a different
     dataset, set of methods, outputs, or cases (a run over a subset of the other's cases is fine),
     and no case-output in common. A different program is not a reason.
     """
-    from bundlerun.runner import series  # the identity: one definition for compare, history and the HUD
+    from bundlerun.runner.history import series  # the identity: one definition for compare, history and the HUD
 
     b_cases, c_cases = _case_keys(baseline_report), _case_keys(current_report)
     b_methods, c_methods = {m for m, _ in b_cases}, {m for m, _ in c_cases}
@@ -413,7 +413,7 @@ def format_regressions(regressions: list[Any], max_lines: int = 12) -> str:
     by_rule: dict[str, int] = {}
     for r in regs:
         by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
-    from bundlerun.runner.safe_text import visible  # names in messages come from reports: one inert line each
+    from bundlerun.runner.report.safe_text import visible  # names in messages come from reports: one inert line each
 
     lines = [f"{len(regs)} regression(s): " + ", ".join(f"{visible(rule)} x{n}" for rule, n in by_rule.items())]
     lines += [f"REGRESSION {visible(r['rule'])}: {visible(r['message'])}" for r in regs[:max_lines]]
@@ -436,9 +436,9 @@ def check_baseline(
     other than the current one) or a report.json path. Unresolvable REF raises
     HistoryError (one line, exit code 2).
     """
-    from bundlerun.runner.history import resolve_run
+    from bundlerun.runner.history.store import resolve_run
 
-    from bundlerun.runner.series import of_report
+    from bundlerun.runner.history.series import of_report
 
     ident = of_report(current_report)
     prefer = {"model": ident.model, "dtype": ident.dtype, "target": ident.target, "inputs_sha256": ident.inputs,
