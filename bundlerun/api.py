@@ -58,7 +58,7 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
     from bundlerun.runner.session import Session
 
     from bundlerun.bundles.backends.base import default_dtype
-    from bundlerun.targets import default_backend
+    from bundlerun.targets import default_backend, lowering_info
 
     tolerances = _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances,
                               etrecord, config, cache)
@@ -69,8 +69,9 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
     if name is None:
         resolved = _resolved(model, example_inputs, distribution)
         cache = False  # an in-memory module has no source the build cache could key on
-    request = BuildRequest(model=name or resolved.name, output=out, backend=backend, target=target,
-                           dtype=dtype or default_dtype(backend, target), cases=cases, seed=seed, reference=reference,
+    info = lowering_info(target)
+    request = BuildRequest(model=name or resolved.name, output=out, backend=backend, target=target, target_info=info,
+                           dtype=dtype or default_dtype(backend, info), cases=cases, seed=seed, reference=reference,
                            distribution=distribution, overrides=dict(tolerances or {}), resolved_model=resolved,
                            registry=Session.load(Path(config) if config else None).registry, cache=cache,
                            etrecord=etrecord)

@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bundlerun.bundles import versions
 from bundlerun.bundles.cache_dirs import cache_dir
 
 SCHEMA = "bundlerun.build-cache/1"
@@ -48,9 +49,7 @@ def builds_dir() -> Path:
 
 
 def package_versions() -> dict[str, str]:
-    from bundlerun.bundles.builder import package_versions as versions
-
-    return versions(PACKAGES)
+    return versions.package_versions(PACKAGES)
 
 
 def code_digest() -> str:
@@ -106,7 +105,7 @@ def _arrays_digest(arrays: Any) -> str | None:
 
 def _registry_digest(registry: Any) -> str:
     if registry is None:
-        from bundlerun.bundles.registry import default_registry
+        from bundlerun.bundles.project_config import default_registry
 
         registry = default_registry()
     layers = [[layer.file, layer.label, layer.data] for layer in getattr(registry, "layers", [])]

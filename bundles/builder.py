@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bundlerun.bundles import scalar_types as st
-from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module, target_info
+from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.inputs import check_distribution, generate_cases
@@ -26,6 +26,7 @@ from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, Ten
 from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles.versions import package_versions
 
 
 @dataclass
@@ -35,6 +36,9 @@ class BuildRequest:
     backend: str | None = None  # default: from the target
     target: str = "host://xnnpack"
     dtype: str | None = None  # default: from the target (int8 for integer Arm targets, else fp32)
+    # what `target` declares a recipe should lower for ({} for none), from the target registry:
+    # `bundlerun.targets.lowering_info(target)`, asked by the caller (bundles/ never imports targets/)
+    target_info: dict[str, Any] | None = None
     cases: int = 8
     seed: int = 0
     reference: str | None = None  # default eager-fp32
@@ -56,19 +60,6 @@ class BuildResult:
     path: Path
     manifest: Manifest
     info: dict[str, Any]
-
-
-def package_versions(dists: tuple[str, ...]) -> dict[str, str]:
-    """Installed versions of `dists` ('unknown' when absent), for provenance records."""
-    from importlib import metadata
-
-    out = {}
-    for dist in dists:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "unknown"
-    return out
 
 
 def _versions() -> dict[str, str]:
@@ -152,10 +143,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     if not req.backend:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
     backend = req.backend
+    if req.target_info is None:
+        raise BuildError(f"no lowering information for {req.target}: BuildRequest.target_info is "
+                         "bundlerun.targets.lowering_info(target)")
     if req.dtype is None:
         from bundlerun.bundles.backends.base import default_dtype
 
-        req.dtype = default_dtype(backend, req.target)
+        req.dtype = default_dtype(backend, req.target_info)
     if req.dtype not in DTYPES:
         raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
     from bundlerun.bundles.limits import MAX_CASES, MAX_SEED
@@ -211,7 +205,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             dtype=req.dtype,
             backend=backend,
             target=req.target,
-            target_info=target_info(req.target),
+            target_info=dict(req.target_info),
         )
     )
     undelegated = [op for op in lowering.info.get("undelegated_ops", []) if not op.startswith("dim_order_ops")]

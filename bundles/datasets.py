@@ -12,8 +12,8 @@ A dataset is N model inputs + N integer labels. Sources:
 `digits-mlp` is trained here with torch, deterministically (fixed seed,
 one thread, fixed split), in a few seconds; the weights are cached under
 `~/.cache/bundlerun/` keyed by a hash of the training recipe, so every machine
-with the same recipe gets the same model. Importing this module registers the
-model in the zoo; torch is imported only when the model is built.
+with the same recipe gets the same model. The zoo lists it (bundles/zoo.py `digits-mlp`);
+torch is imported only when the model is built.
 """
 
 from __future__ import annotations
@@ -24,13 +24,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from bundlerun.bundles.cache_dirs import cache_root
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.zoo import InputSpec, ModelEntry, register
+from bundlerun.bundles.user_code import load_callable
+
+if TYPE_CHECKING:
+    from bundlerun.bundles.zoo import InputSpec
 
 
 class DatasetError(BundlerunError):
@@ -187,16 +190,6 @@ def digits_dataset(recipe: dict[str, Any] = DIGITS_RECIPE) -> Dataset:
     )
 
 
-register(
-    ModelEntry(
-        "digits-mlp",
-        "MLP trained on scikit-learn's 8x8 digits (dataset accuracy: --dataset digits)",
-        [InputSpec((1, 64), distribution="rand")],  # pixels in [0, 1]; calibration draws from this
-        digits_model,
-        ["dense", "classifier", "dataset:digits"],
-    )
-)
-
 BUILTIN: dict[str, Any] = {"digits": digits_dataset}
 
 
@@ -266,8 +259,6 @@ def _folder_dataset(folder: Path) -> Dataset:
 
 
 def _factory_dataset(ref: str) -> Dataset:
-    from bundlerun.bundles.model_source import load_callable
-
     fn = load_callable(ref, DatasetError, "dataset factory")
     try:
         produced = fn()

@@ -204,7 +204,7 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
 
 
 def _versions() -> dict[str, str]:
-    from bundlerun.bundles.builder import package_versions
+    from bundlerun.bundles.versions import package_versions
 
     return {"python": platform.python_version(), "host": platform.machine(),
             **package_versions(("bundlerun", "torch", "executorch"))}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.registry import BUILTIN_DIR, ENV_PATH, Registry, data_files
 
 ENV_CONFIG = "BUNDLERUN_CONFIG"
 CONFIG_NAME = "bundlerun.toml"
@@ -152,8 +153,48 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
     if "perf" in config:
         perf_section(config, str(source))
     if validate_tolerances and config.get("tolerances"):
-        from bundlerun.bundles.registry import Registry
-
         Registry.builtin().validate_overlay(config["tolerances"], str(source))
     config["_file"] = str(source)
     return config
+
+
+# ------------------------------------------------- the registry with the project's [tolerances]
+# (here, not in registry.py: the registry knows no project file, so neither module imports the other back)
+
+_CACHE: dict[tuple, Registry] = {}
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return -1.0
+
+
+def _data_files_or_none(path: Path) -> list[Path]:
+    try:
+        return data_files(path)
+    except ConfigError:
+        return []
+
+
+def default_registry(project: bool = True) -> Registry:
+    """Built-in data (honouring $BUNDLERUN_TOLERANCES) + the project's [tolerances], if any."""
+    base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_DIR)
+    key: tuple = (str(base_path), *((str(f), _mtime(f)) for f in _data_files_or_none(base_path)))
+    overlay: tuple[dict, str] | None = None
+    if project:
+        files = find_config_files()
+        key += tuple((str(f), _mtime(f)) for f in files)
+        if files:
+            cfg = load_project_config(validate_tolerances=False)
+            section = cfg.get("tolerances")
+            if section:
+                overlay = (section, str(cfg.get("_file", files[0])))
+    if key not in _CACHE:
+        reg = Registry.builtin(base_path)
+        if overlay:
+            reg = reg.with_overlay(*overlay)
+        _CACHE.clear()
+        _CACHE[key] = reg
+    return _CACHE[key]

@@ -712,50 +712,9 @@ def explicit_entry(overrides: dict[str, Any] | None, method: str, output_name: s
 
 # --------------------------------------------------------------------------- defaults
 
-_CACHE: dict[tuple, Registry] = {}
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return -1.0
-
-
-def _data_files_or_none(path: Path) -> list[Path]:
-    try:
-        return data_files(path)
-    except ConfigError:
-        return []
-
-
 def project_registry(project: dict | None) -> Registry:
     """Built-in data + the [tolerances] of an already-loaded project config (the run session's),
     so one command resolves with one config file."""
     base = Registry.builtin(Path(os.environ.get(ENV_PATH) or BUILTIN_DIR))
     section = (project or {}).get("tolerances")
     return base.with_overlay(section, str((project or {}).get("_file", "project config"))) if section else base
-
-
-def default_registry(project: bool = True) -> Registry:
-    """Built-in data (honouring $BUNDLERUN_TOLERANCES) + the project's [tolerances], if any."""
-    base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_DIR)
-    key: tuple = (str(base_path), *((str(f), _mtime(f)) for f in _data_files_or_none(base_path)))
-    overlay: tuple[dict, str] | None = None
-    if project:
-        from bundlerun.bundles.project_config import find_config_files, load_project_config
-
-        files = find_config_files()
-        key += tuple((str(f), _mtime(f)) for f in files)
-        if files:
-            cfg = load_project_config(validate_tolerances=False)
-            section = cfg.get("tolerances")
-            if section:
-                overlay = (section, str(cfg.get("_file", files[0])))
-    if key not in _CACHE:
-        reg = Registry.builtin(base_path)
-        if overlay:
-            reg = reg.with_overlay(*overlay)
-        _CACHE.clear()
-        _CACHE[key] = reg
-    return _CACHE[key]

@@ -61,7 +61,7 @@ def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = N
 
 def explain(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None):
     """The full resolution (criteria + every matched registry step), for `tolerance explain`."""
-    from bundlerun.bundles.registry import default_registry
+    from bundlerun.bundles.project_config import default_registry
 
     reg = registry if registry is not None else default_registry()
     return reg.resolve(ctx, overrides)

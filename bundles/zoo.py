@@ -153,6 +153,13 @@ def _tiny_gru():
     return GRUClassifier()
 
 
+def _digits_mlp():
+    # lazy: the classifier is trained (torch, scikit-learn's digits) when the model is built
+    from bundlerun.bundles.datasets import digits_model
+
+    return digits_model()
+
+
 ZOO: dict[str, ModelEntry] = {
     e.name: e
     for e in [
@@ -185,23 +192,20 @@ ZOO: dict[str, ModelEntry] = {
             _tiny_gru,
             ["recurrent"],
         ),
+        ModelEntry(
+            "digits-mlp",
+            "MLP trained on scikit-learn's 8x8 digits (dataset accuracy: --dataset digits)",
+            [InputSpec((1, 64), distribution="rand")],  # pixels in [0, 1]; calibration draws from this
+            _digits_mlp,  # bundles/datasets.py trains it
+            ["dense", "classifier", "dataset:digits"],
+        ),
     ]
 }
 
-# Other modules (e.g. bundles/datasets.py) add entries with register().
+# Other modules (a plugin, a test) may add entries with register().
 def register(entry: ModelEntry) -> None:
     ZOO[entry.name] = entry
 
 
-def load_extra_entries() -> None:
-    """Import modules that contribute zoo entries (kept lazy: they may import torch)."""
-    try:
-        import bundlerun.bundles.datasets as datasets  # noqa: F401  registers dataset models
-    except ModuleNotFoundError as exc:
-        if exc.name != "bundlerun.bundles.datasets":
-            raise
-
-
 def names() -> list[str]:
-    load_extra_entries()
     return list(ZOO)

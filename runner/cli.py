@@ -212,16 +212,18 @@ def _progress_console():
 def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -> tuple[str, str]:
     """The backend the target declares as its default, and that backend's default dtype for it."""
     from bundlerun.bundles.backends.base import default_dtype
-    from bundlerun.targets import default_backend
+    from bundlerun.targets import default_backend, lowering_info
 
     backend = backend or default_backend(target)
-    return backend, dtype or default_dtype(backend, target)
+    return backend, dtype or default_dtype(backend, lowering_info(target))
 
 
 def _build(model: str, output: Path, **kw):
     from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.targets import lowering_info
 
     kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
+    kw["target_info"] = lowering_info(kw["target"])
     console = _progress_console()
     with console.status(f"building {model}") as status:
         result = build_bundle(BuildRequest(model=model, output=output, progress=lambda m: status.update(m), **kw))

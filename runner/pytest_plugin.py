@@ -48,9 +48,10 @@ import pytest
 
 from bundlerun.runner.farm.plan import BuildSpec
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from bundlerun.runner.suite.item_messages import error_kind_text, error_message, failure_message
 
 if TYPE_CHECKING:
-    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
+    from bundlerun.runner.report.model import Report
 
 PLUGIN_NAME = "bundlerun-runner"
 OPTIONS = ("bundlerun_target", "bundlerun_plan", "bundlerun_bundles", "bundlerun_models")
@@ -265,11 +266,13 @@ class BundlerunPlugin:
         """Build for the spec's build target (a plan's `build_target`), else for the device's URL."""
         from bundlerun.bundles.builder import BuildRequest, build_bundle
         from bundlerun.runner.cli import resolve_backend_dtype
+        from bundlerun.targets import lowering_info
 
         target = build.target or url
         backend, dtype = resolve_backend_dtype(target, build.backend, build.dtype)
         out = self.report_root / "builds" / f"{build.slug()}-{_safe(target)}.bpte"
-        result = build_bundle(BuildRequest(model=build.model, output=out, backend=backend, target=target, dtype=dtype,
+        result = build_bundle(BuildRequest(model=build.model, output=out, backend=backend, target=target,
+                                           target_info=lowering_info(target), dtype=dtype,
                                            cases=build.cases, seed=build.seed, registry=self.session().registry,
                                            cache=True))
         return result.path
@@ -309,60 +312,6 @@ class BundlerunCollector(pytest.Collector):
     def collect(self):
         plugin: BundlerunPlugin = self.config.pluginmanager.get_plugin(PLUGIN_NAME)
         return [BundleItem.from_parent(self, name=spec.name, spec=spec) for spec in plugin.specs()]
-
-
-def _worst(report: Report) -> tuple[CaseRecord, OutputRecord] | None:
-    """The failing output with the largest max error (the case and the output)."""
-    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == "FAIL"]
-    if not failing:
-        return None
-
-    def size(pair: tuple[CaseRecord, OutputRecord]) -> float:
-        value = (pair[1].stats or {}).get("error_max")
-        return value if isinstance(value, (int, float)) else float("inf")
-
-    return max(failing, key=size)
-
-
-def failure_message(report: Report, report_dir: Path) -> str:
-    """What a failed item says: the counts, then the worst output's numbers."""
-    from bundlerun.runner.writers.junit import failure_text
-
-    s = report.summary
-    fail_cases = sum(1 for c in report.cases if c.verdict == "FAIL")
-    lines = [f"bundlerun FAIL: {fail_cases} of {s.cases} cases failed "
-             f"({s.counts.get('FAIL', 0)} of {s.outputs} outputs)"]
-    worst = _worst(report)
-    if worst:
-        case, out = worst
-        _message, body = failure_text(out)
-        stats = out.stats or {}
-        lines.append(f"worst output: {case.method}[{case.case}].{out.name}")
-        lines += ["  " + line for line in body.splitlines()]
-        if stats.get("worst_index") is not None:
-            lines.append(f"  worst element {stats['worst_index']}: actual {stats.get('worst_actual')} "
-                         f"expected {stats.get('worst_expected')} allowed {stats.get('worst_allowed')}")
-    for reg in report.regressions or []:
-        lines.append(f"regression {reg.get('rule')}: {reg.get('message')}")
-    lines.append(f"report: {report_dir / 'report.json'}")
-    return "\n".join(lines)
-
-
-def _kind(case: CaseRecord) -> str:
-    return case.error_kind.value if case.error_kind else "error"
-
-
-def error_message(report: Report, report_dir: Path) -> str:
-    bad = [c for c in report.cases if c.verdict in ("ERROR", "TIMEOUT")]
-    lines = [f"bundlerun ERROR (infrastructure, exit code {EXIT_INFRA}): {len(bad)} of {len(report.cases)} cases "
-             f"could not run"]
-    for case in bad[:5]:
-        lines.append(f"  {case.method}[{case.case}] {case.verdict} ({_kind(case)}): {case.error}")
-    if len(bad) > 5:
-        lines.append(f"  ... and {len(bad) - 5} more")
-    lines += [f"warning: {w}" for w in report.warnings[:3]]
-    lines.append(f"report: {report_dir / 'report.json'}")
-    return "\n".join(lines)
 
 
 class BundleItem(pytest.Item):
@@ -415,7 +364,7 @@ class BundleItem(pytest.Item):
             from _pytest.subtests import SubtestContext, SubtestReport
         except ImportError:  # an older pytest: the item's own verdict still says everything
             return
-        from bundlerun.runner.writers.junit import failure_text
+        from bundlerun.runner.writers.junit import failure_text  # lazy: numpy, on a failure only
 
         for case in self.report.cases if self.report else []:
             verdict = case.verdict
@@ -425,7 +374,7 @@ class BundleItem(pytest.Item):
                 longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == "FAIL")
             elif verdict in ("ERROR", "TIMEOUT"):
                 outcome = "failed"
-                longrepr = f"{verdict} ({_kind(case)}): {case.error}"
+                longrepr = f"{verdict} ({error_kind_text(case)}): {case.error}"
             elif verdict == "SKIP":
                 outcome, longrepr = "skipped", (str(self.path), 0, f"Skipped: {case.error or 'skipped'}")
             elapsed = float(case.elapsed_s or 0.0)

@@ -92,13 +92,13 @@ def bundle_cache(tmp_path_factory):
         key = (model, dtype, backend, cases, target, tuple(sorted(kw.items())))
         if key not in built:
             from bundlerun.bundles.builder import BuildRequest, build_bundle
-            from bundlerun.targets import default_backend
+            from bundlerun.targets import default_backend, lowering_info
 
             name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
             kw.setdefault("cache", True)
             result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype,
                                                backend=backend or default_backend(target),
-                                               cases=cases, target=target, **kw))
+                                               cases=cases, target=target, target_info=lowering_info(target), **kw))
             built[key] = result.path
         return built[key]
 

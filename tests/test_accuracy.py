@@ -183,7 +183,7 @@ def test_miscompiled_program_is_caught_by_run_baseline(baseline_run, tmp_path):
     factory.write_text(DEGRADED)
     from bundlerun.bundles.builder import BuildRequest, build_bundle
 
-    bad = build_bundle(BuildRequest(model=f"{factory}:degraded", output=tmp_path / "bad.bpte", cases=1, backend="xnnpack"))
+    bad = build_bundle(BuildRequest(model=f"{factory}:degraded", output=tmp_path / "bad.bpte", cases=1, backend="xnnpack", target_info={}))
     good_bundle = read_bundle(good["bundle"]["path"])
     spliced = write_bundle(replace(good_bundle, program=read_bundle(bad.path).program), tmp_path / "miscompiled.bpte")
     env = dict(os.environ, BUNDLERUN_HISTORY=str(db))

@@ -74,7 +74,7 @@ def test_a_bad_option_stops_bisect_before_any_lowering(tmp_path, monkeypatch, op
 def test_a_factory_that_exits_or_raises_a_base_exception_is_an_error_with_a_report(tmp_path, monkeypatch, factory,
                                                                                    said):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("BUNDLERUN_FACTORY_TIMEOUT", "0.5")  # bundles/model_source.py's bound on user code
+    monkeypatch.setenv("BUNDLERUN_FACTORY_TIMEOUT", "0.5")  # bundles/user_code.py's bound on user code
     (tmp_path / "fac.py").write_text(FACTORIES)
     code, err = _cli("bisect", f"fac.py:{factory}", "--target", "host://portable", "--report", str(tmp_path / "b"))
     report = json.loads((tmp_path / "b" / "report.json").read_text())

@@ -51,7 +51,7 @@ def lowerings(cache_dir, monkeypatch):
 
 
 def _build(out: Path, model: str = "mlp", **kw) -> builder.BuildResult:
-    args = {"backend": "xnnpack", "dtype": "fp32", "cases": 2, "seed": 0, "cache": True, **kw}
+    args = {"backend": "xnnpack", "dtype": "fp32", "cases": 2, "seed": 0, "cache": True, "target_info": {}, **kw}
     return build_bundle(BuildRequest(model=model, output=out, **args))
 
 
@@ -108,7 +108,7 @@ def test_a_package_version_change_misses(baseline, lowerings, tmp_path, monkeypa
 def test_zoo_model_code_change_misses(baseline, lowerings, tmp_path, monkeypatch):
     """Zoo models are keyed by the code of bundlerun's bundles/ package (the zoo, recipes, builder)."""
     assert build_cache.code_digest() == build_cache.key_material(
-        BuildRequest(model="mlp", output=tmp_path / "x.bpte"), "xnnpack", "fp32", "eager-fp32")["code"]
+        BuildRequest(model="mlp", output=tmp_path / "x.bpte", target_info={}), "xnnpack", "fp32", "eager-fp32")["code"]
     monkeypatch.setattr(build_cache, "code_digest", lambda: "0" * 64)
     result = _build(tmp_path / "edited-zoo.bpte")
     assert result.info["cache"] == "miss" and len(lowerings) == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bundlerun.bundles.backends import arm
+from bundlerun.targets import lowering_info
 from bundlerun.bundles.errors import BuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def built(tmp_path_factory):
     for name in ("tiny-cnn", "tiny-gru"):
         path = folder / f"{name}.bpte"
         result = build_bundle(
-            BuildRequest(model=name, output=path, backend="cortex-m", target=TARGET, dtype="int8",
+            BuildRequest(model=name, output=path, backend="cortex-m", target=TARGET, target_info=lowering_info(TARGET), dtype="int8",
                          cases=2, calibration_cases=16)
         )
         assert path.is_file()
@@ -149,7 +150,7 @@ def test_tiny_transformer_failure_names_the_pass_and_operator(tmp_path):
 
     with pytest.raises(BuildError) as err:
         build_bundle(BuildRequest(model="tiny-transformer", output=tmp_path / "t.bpte", backend="cortex-m",
-                                  target=TARGET, dtype="int8", cases=1, calibration_cases=4))
+                                  target=TARGET, target_info=lowering_info(TARGET), dtype="int8", cases=1, calibration_cases=4))
     message = str(err.value)
     assert "\n" not in message
     assert "ReplaceScalarWithTensorArgPass" in message and "aten::bmm" in message

@@ -103,9 +103,9 @@ def int8_bundles(tmp_path_factory):
     cannot meet, and with conv2d_1's int8 weights negated inside the program."""
     d = tmp_path_factory.mktemp("int8")
     build_bundle(BuildRequest(model="tiny-cnn", output=d / "strict.bpte", backend="portable", target="host://portable",
-                              dtype="int8", cases=2, etrecord=True, overrides={"sqnr_min_db": 60.0}))
+                              target_info={}, dtype="int8", cases=2, etrecord=True, overrides={"sqnr_min_db": 60.0}))
     build_bundle(BuildRequest(model="tiny-cnn", output=d / "good.bpte", backend="portable", target="host://portable",
-                              dtype="int8", cases=2, etrecord=True))
+                              target_info={}, dtype="int8", cases=2, etrecord=True))
     weight, raw = _weight_feeding_conv(read_bundle(d / "good.bpte").program, 1)
     _tamper(d / "good.bpte", d / "bad.bpte", raw, np.clip(-weight.astype(np.int16), -127, 127).astype(np.int8).tobytes())
     return d

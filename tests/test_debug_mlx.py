@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle, write_bundle
+from bundlerun.targets import lowering_info
 from bundlerun.bundles.builder import BuildRequest, build_bundle
 
 BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
@@ -37,7 +38,7 @@ def bundles(tmp_path_factory):
     """mlp and tiny-cnn fp32 lowered to MLX with --etrecord; an mlp whose second linear's weights are negated."""
     d = tmp_path_factory.mktemp("mlx")
     for model in ("mlp", "tiny-cnn"):
-        build_bundle(BuildRequest(model=model, output=d / f"{model}.bpte", backend="mlx", target="mlx://cpu",
+        build_bundle(BuildRequest(model=model, output=d / f"{model}.bpte", backend="mlx", target="mlx://cpu", target_info=lowering_info("mlx://cpu"),
                                   dtype="fp32", cases=2, etrecord=True))
     from bundlerun.targets.program.walker import load_program
 

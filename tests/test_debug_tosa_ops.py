@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bundlerun.bundles.bpte import read_bundle, write_bundle
+from bundlerun.targets import lowering_info
 from bundlerun.bundles.builder import BuildRequest, build_bundle
 
 BUNDLERUN = [sys.executable, "-m", "bundlerun.runner.cli"]
@@ -51,7 +52,7 @@ def int8(tmp_path_factory):
     """tiny-cnn int8 on tosa://int with --etrecord; copies with conv2d_1's int8 weights negated and with
     the multipliers of the RESCALE after conv2d_1 halved, both inside the TOSA payload."""
     d = tmp_path_factory.mktemp("tosa-int")
-    build_bundle(BuildRequest(model="tiny-cnn", output=d / "good.bpte", backend="arm", target="tosa://int",
+    build_bundle(BuildRequest(model="tiny-cnn", output=d / "good.bpte", backend="arm", target="tosa://int", target_info=lowering_info("tosa://int"),
                               dtype="int8", cases=2, etrecord=True))
     payload = _payload(d / "good.bpte")
     raw = _tensor_bytes(payload, b"aten_convolution_default_1_weight_ohwi")
@@ -67,7 +68,7 @@ def int8(tmp_path_factory):
 def fp32(tmp_path_factory):
     """tiny-cnn fp32 on tosa://fp with --etrecord, and a copy with conv2d_1's weights negated in the payload."""
     d = tmp_path_factory.mktemp("tosa-fp")
-    build_bundle(BuildRequest(model="tiny-cnn", output=d / "good.bpte", backend="arm", target="tosa://fp",
+    build_bundle(BuildRequest(model="tiny-cnn", output=d / "good.bpte", backend="arm", target="tosa://fp", target_info=lowering_info("tosa://fp"),
                               dtype="fp32", cases=2, etrecord=True))
     raw = _tensor_bytes(_payload(d / "good.bpte"), b"aten_convolution_default_1_weight_ohwi")
     _tamper(d / "good.bpte", d / "bad.bpte", raw, (-np.frombuffer(raw, np.float32)).tobytes())

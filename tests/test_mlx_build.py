@@ -147,7 +147,7 @@ def test_coreml_fp16_bundle_records_compute_units(tmp_path):
     from bundlerun.targets.program.walker import read_delegates
 
     result = build_bundle(BuildRequest(model="mlp", output=tmp_path / "mlp-coreml.bpte", backend="coreml",
-                                       dtype="fp16", cases=2, target="host://xnnpack"))
+                                       dtype="fp16", cases=2, target="host://xnnpack", target_info={}))
     info = result.info
     assert info["delegate_calls"] == 1 and info["undelegated_ops"] == []
     assert info["compute_units"] == "all" and info["compute_precision"] == "float16"

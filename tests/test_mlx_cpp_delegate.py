@@ -28,9 +28,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "firmware_scripts" / "mlx" / "bui
 
 
 def _zoo() -> list[str]:
-    from bundlerun.bundles.zoo import ZOO, load_extra_entries
+    from bundlerun.bundles.zoo import ZOO
 
-    load_extra_entries()
     return sorted(ZOO)
 
 

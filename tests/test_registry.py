@@ -355,7 +355,7 @@ def test_project_layer_wins_and_is_named_in_the_trail(builtin, tmp_path):
 
 
 def test_env_var_replaces_builtin_data(tmp_path, monkeypatch):
-    from bundlerun.bundles.registry import default_registry
+    from bundlerun.bundles.project_config import default_registry
 
     import shutil
 

@@ -181,7 +181,7 @@ def test_compare_command_exit_codes(tmp_path):
 def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
     """Two runs of one bundle, each report carrying the bundle's inputs and program digests as
     `run` records them."""
-    from bundlerun.runner.history.regression import inputs_digest, program_sha256
+    from bundlerun.bundles.integrity import inputs_digest, program_sha256
 
     b = rs.make_bundle(cases=cases)
     reports = [_judged(b, rs.target_run(b, noise=n, seed=s)) for n, s in ((base_noise, 1), (cur_noise, 2))]
@@ -193,7 +193,8 @@ def _related_pair(base_noise=1e-5, cur_noise=1e-5, cases=4):
 def test_related_runs_have_no_reasons_and_unrelated_ones_say_why():
     import copy
 
-    from bundlerun.runner.history.regression import inputs_digest, unrelated_reasons
+    from bundlerun.bundles.integrity import inputs_digest
+    from bundlerun.runner.history.regression import unrelated_reasons
 
     b, base, cur = _related_pair()
     assert unrelated_reasons(base, cur) == []

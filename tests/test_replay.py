@@ -65,7 +65,7 @@ def test_flaky_double_is_a_named_finding_everywhere(tmp_path, mlp_bundle):
     suite = next(s for s in junit.iter("testsuite") if s.get("name", "").endswith("/replay"))
     failures = [f for f in suite.iter("failure")]
     assert len(failures) == 2 and {f.get("type") for f in failures} == {"flaky-numerics"}
-    from bundlerun.runner.judging.replay import flaky_outputs
+    from bundlerun.runner.history.store import flaky_outputs
 
     run_id = report["run"]["history_id"]
     rows = flaky_outputs(history, run_id)

@@ -25,7 +25,8 @@ import report_samples as rs
 from bundlerun.runner.history import store as history
 from bundlerun.runner.pictures import hud
 from bundlerun.runner.history import series
-from bundlerun.runner.history.regression import inputs_digest, unrelated_reasons
+from bundlerun.bundles.integrity import inputs_digest
+from bundlerun.runner.history.regression import unrelated_reasons
 from bundlerun.runner.report.model import Report
 
 ROOT = Path(__file__).resolve().parents[1]

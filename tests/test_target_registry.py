@@ -87,7 +87,7 @@ def test_a_plugin_target_gets_debug_farm_repeat_and_perf_from_its_declarations(b
     from bundlerun.bundles.builder import BuildRequest, build_bundle
 
     bundle = build_bundle(BuildRequest(model="mlp", output=tmp_path / "mlp.bpte", backend="portable", dtype="fp32",
-                                       cases=2, target="host://portable", etrecord=True, cache=False)).path
+                                       cases=2, target="host://portable", target_info={}, etrecord=True, cache=False)).path
     # debug: the target's capture runs (one row per output of the echo, in its own words)
     proc = _cli("debug", str(bundle), "--target", "echo://here", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]

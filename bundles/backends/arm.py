@@ -49,14 +49,10 @@ class ArmTarget:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_arm_target(url: str, target_info: dict[str, Any] | None = None) -> ArmTarget:
+def parse_arm_target(url: str, target_info: dict[str, Any]) -> ArmTarget:
     """The Arm lowering the target at `url` declares (its SPEC's `lowering`: tosa://, fvp://,
     qemu://, or a wrapper around them); a one-line BuildError for a target that declares none.
-    `target_info` is what the builder already asked the target for (else it is asked here)."""
-    if not target_info:
-        from bundlerun.bundles.backends.base import target_info as declared
-
-        target_info = declared(url)
+    `target_info` is what the caller asked the target registry for (BuildRequest.target_info)."""
     kind = target_info.get("arm")
     if kind not in ("tosa", "ethos-u", "cortex-m"):
         raise BuildError(f"the arm backend builds for tosa://, fvp:// and qemu:// targets, not {url!r}")

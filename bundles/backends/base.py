@@ -37,7 +37,7 @@ class LoweringRequest:
     backend: str
     target: str  # the target URL the bundle is meant for
     options: dict[str, Any] = field(default_factory=dict)
-    target_info: dict[str, Any] = field(default_factory=dict)  # what the target declares to lower for (target_info())
+    target_info: dict[str, Any] = field(default_factory=dict)  # what the target declares to lower for (BuildRequest.target_info)
 
 
 @dataclass
@@ -51,30 +51,14 @@ class LoweringResult:
     info: dict[str, Any] = field(default_factory=dict)  # partitioner, delegated node counts, ...
 
 
-def target_info(url: str) -> dict[str, Any]:
-    """What the target at `url` declares a recipe should lower for (its SPEC's `lowering`, e.g.
-    {"arm": "tosa", "integer": True, "tosa_spec": "TOSA-1.0+INT"} or {"soc": "SM8650"}): the one
-    place a build asks the target registry what a URL means, instead of parsing URLs itself."""
-    from bundlerun.targets import lowering_info
-
-    try:
-        return lowering_info(url)
-    except BuildError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bad URL is one line, as a build error
-        from bundlerun.bundles.errors import BundlerunError
-
-        if isinstance(exc, BundlerunError):
-            raise BuildError(str(exc)) from None
-        raise
-
-
-def default_dtype(backend: str, target: str) -> str:
+def default_dtype(backend: str, target_info: dict[str, Any]) -> str:
     """The dtype a build uses when none is given: the backend module's `default_dtype(target_info)`
-    (int8 for integer Arm targets), else fp32."""
+    (int8 for integer Arm targets), else fp32. `target_info` is what the target declares to lower
+    for: the caller asks the target registry (`bundlerun.targets.lowering_info(url)`), the floor
+    above; bundles/ never imports targets/."""
     module = lowering_module(backend)
     chooser = getattr(module, "default_dtype", None)
-    return chooser(target_info(target)) if callable(chooser) else "fp32"
+    return chooser(target_info) if callable(chooser) else "fp32"
 
 
 # Backends whose upstream tests compare a half-precision program with the eager model run in that

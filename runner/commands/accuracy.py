@@ -44,6 +44,7 @@ class AccuracyRequest:
 def run_accuracy(req: AccuracyRequest) -> Report:
     """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
     from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.targets import lowering_info
     from bundlerun.bundles.datasets import fit_to_inputs, load_dataset
     from bundlerun.bundles.model_source import resolve_model
     from bundlerun.runner.session import RunRequest, Session
@@ -67,6 +68,7 @@ def run_accuracy(req: AccuracyRequest) -> Report:
             output=bundle_path,
             backend=req.backend,
             target=req.target,
+            target_info=lowering_info(req.target),
             dtype=req.dtype,
             cases=len(dataset.labels),
             dataset=dataset.manifest_entry(),

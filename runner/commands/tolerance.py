@@ -79,13 +79,14 @@ def _from_build(ctx, explicit: dict, registry, distribution_given: bool):
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.bundles.builder import BuildRequest, build_bundle
     from bundlerun.bundles.errors import ConfigError
-    from bundlerun.targets import parse_target_url
+    from bundlerun.targets import lowering_info, parse_target_url
 
     target = ctx.target or "host://xnnpack"
     parse_target_url(target)
     with tempfile.TemporaryDirectory(prefix="bundlerun-explain-") as tmp:
         built = build_bundle(BuildRequest(
-            model=ctx.model, output=Path(tmp) / "explain.bpte", backend=ctx.backend, target=target, dtype=ctx.dtype,
+            model=ctx.model, output=Path(tmp) / "explain.bpte", backend=ctx.backend, target=target,
+            target_info=lowering_info(target), dtype=ctx.dtype,
             reference=ctx.reference, distribution=ctx.input_distribution if distribution_given else None,
             overrides=explicit, registry=registry, cache=True))
         bundle = read_bundle(built.path)
@@ -174,7 +175,9 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     data-dependent rules read are the build's own: what is shown is what `build` embeds."""
     import json
 
-    from bundlerun.bundles.registry import LEVELS, Registry, default_registry
+    from bundlerun.bundles.project_config import default_registry
+
+    from bundlerun.bundles.registry import LEVELS, Registry
     from bundlerun.bundles.tolerances import ToleranceContext, explain as resolve
     from bundlerun.runner.judging.overrides import as_build_overrides, parse_overrides
 
@@ -387,7 +390,8 @@ def check(bundle_path, ops, no_project, as_json):
     import json
 
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.registry import CRITERIA, Registry, default_registry
+    from bundlerun.bundles.project_config import default_registry
+    from bundlerun.bundles.registry import CRITERIA, Registry
     from bundlerun.bundles.tolerances import resolve_criteria
 
     bundle = read_bundle(bundle_path)
@@ -452,7 +456,8 @@ def audit(executorch_src, backends, uncovered, check, no_project, as_json):
     import json
 
     from bundlerun.bundles import et_source
-    from bundlerun.bundles.registry import Registry, default_registry
+    from bundlerun.bundles.project_config import default_registry
+    from bundlerun.bundles.registry import Registry
     from bundlerun.bundles.registry_schema import parse_citation
     from bundlerun.bundles.tolerance_audit import Citation, check_citations, held, scan
 

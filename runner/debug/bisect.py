@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets import lowering_info
 
 SCHEMA = "bundlerun.bisect/1"
 # Failure kinds (targets/failures.py) that say the case could not be run at all - not a crash of the
@@ -228,7 +229,8 @@ class Bisector:
         try:
             with partition_control.restricting(partition_control.Restriction(roots, str(folder / "partition.json"))):
                 built = build_bundle(BuildRequest(
-                    model=req.model, output=out, backend=req.backend, target=req.target, dtype=req.dtype,
+                    model=req.model, output=out, backend=req.backend, target=req.target,
+                    target_info=lowering_info(req.target), dtype=req.dtype,
                     cases=req.cases, seed=req.seed, reference=req.reference, distribution=req.distribution,
                     overrides=dict(req.overrides), resolved_model=self.model, registry=self.session.registry,
                     cache=req.cache))

@@ -89,7 +89,7 @@ def print_result(result: BisectResult, console: Any) -> None:
 
 
 def render_markdown(result: BisectResult) -> str:
-    from bundlerun.runner.writers.markdown import _md
+    from bundlerun.runner.report.safe_text import markdown_text as _md
 
     lines = [f"# bisect: {_md(result.model)} on {_md(result.target)}", "",
              f"Case {_md(result.method)}[{result.case}], {result.backend or ''} {result.dtype or ''}; "

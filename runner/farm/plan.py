@@ -158,9 +158,9 @@ class Plan:
                     chosen, backend, target = dtype, group.backend or self.backend, group.build_url
                     if chosen is None:  # the target's default, named in the job id (mlp-int8@tosa://int)
                         from bundlerun.bundles.backends.base import default_dtype
-                        from bundlerun.targets import default_backend
+                        from bundlerun.targets import default_backend, lowering_info
 
-                        chosen = default_dtype(backend or default_backend(target), target)
+                        chosen = default_dtype(backend or default_backend(target), lowering_info(target))
                     spec = BuildSpec(model, chosen, backend, target, self.cases, self.seed)
                     # named by what is built: groups building the same bundle share its file
                     name = f"{spec.slug()}-{group.backend}" if group.backend else spec.slug()
@@ -333,15 +333,14 @@ def _backend(where: str, value: Any) -> str:
 def _check_build(where: str, backend: str | None, build_url: str) -> None:
     """A backend that cannot build for the URL the bundle is built for: one error at plan time
     (the Arm family is checked here without importing torch; the others at build time)."""
-    from bundlerun.bundles.errors import BuildError
-
     if backend not in ("arm", "cortex-m"):  # None: the target's own default backend, which builds for it
         return
-    from bundlerun.bundles.backends.base import target_info
+    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.targets import lowering_info
 
     try:
-        kind = target_info(build_url).get("arm")
-    except BuildError as exc:
+        kind = lowering_info(build_url).get("arm")
+    except BundlerunError as exc:
         raise ConfigError(f"{where}: backend {backend!r} cannot build for {build_url}: {exc}") from None
     if backend == "arm" and kind is None:
         raise ConfigError(f"{where}: backend 'arm' cannot build for {build_url}: it builds for tosa://, fvp:// and "

@@ -64,7 +64,7 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
     from bundlerun.bundles.backends.base import default_dtype
     from bundlerun.bundles.builder import BuildRequest, build_bundle
     from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import default_backend
+    from bundlerun.targets import default_backend, lowering_info
 
     failed: dict[str, str] = {}
     done: dict[Path, str | None] = {}
@@ -75,10 +75,11 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
         if job.bundle not in done:
             try:
                 backend = spec.backend or default_backend(spec.target)
-                dtype = spec.dtype or default_dtype(backend, spec.target)
+                info = lowering_info(spec.target)
+                dtype = spec.dtype or default_dtype(backend, info)
                 say(f"building {spec.model} {dtype} for {spec.target} ({backend})")
                 result = build_bundle(BuildRequest(model=spec.model, output=job.bundle, backend=backend, dtype=dtype,
-                                                   cases=spec.cases, seed=spec.seed, target=spec.target,
+                                                   cases=spec.cases, seed=spec.seed, target=spec.target, target_info=info,
                                                    registry=registry, cache=True))
                 done[job.bundle] = None
                 if result.info.get("cache") == "hit":

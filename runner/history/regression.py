@@ -193,41 +193,6 @@ def _dataset_regressions(base: Report, cur: Report, rules: RegressionRules) -> l
     return []
 
 
-def inputs_digest(bundle: Any) -> str | None:
-    """sha256 over the inputs of every test case of every method (expected outputs left out:
-    they change with the reference, the inputs say which cases these are)."""
-    import hashlib
-    import struct
-
-    from bundlerun.bundles.integrity import _value_bytes
-
-    suites = getattr(bundle, "method_test_suites", None)
-    if suites is None:
-        return None
-    h = hashlib.sha256()
-    for suite in sorted(suites, key=lambda s: s.method_name):
-        name = suite.method_name.encode()
-        h.update(struct.pack("<II", len(name), len(suite.test_cases)) + name)
-        for case in suite.test_cases:
-            h.update(struct.pack("<I", len(case.inputs)))
-            for value in case.inputs:
-                _value_bytes(h, b"I", value)
-    return h.hexdigest()
-
-
-def program_sha256(manifest: dict[str, Any] | None, bundle: Any = None) -> str | None:
-    """The program's sha256: the sealed one from the manifest, else computed from the bundle."""
-    sealed = ((manifest or {}).get("integrity") or {}).get("program") if isinstance(manifest, dict) else None
-    if sealed:
-        return str(sealed)
-    program = getattr(bundle, "program", None)
-    if program is None:
-        return None
-    import hashlib
-
-    return hashlib.sha256(program).hexdigest()
-
-
 class UnrelatedRuns(Exception):
     """Two runs that do not measure the same thing; `reasons` says why."""
 

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.runner.history import commits
 from bundlerun.runner.judging.outcome import VERDICTS
+from bundlerun.runner.judging.replay import history_rows  # --replay: flaky vs wrong numerics per output
 from bundlerun.runner.report.model import Report
 
 ENV_VAR = "BUNDLERUN_HISTORY"
@@ -436,6 +438,29 @@ def _perf_rows(run_id: int, report: Report) -> Iterator[tuple]:
                    _num(fig.value), fig.unit, fig.kind, _num(fig.per_inference), len(samples) or None, spread)
 
 
+# the run_tags row (runner/history/tags.py says what it holds and reads it back)
+TAG_COLUMNS = ("source", "flow", "operator", "test", "subtest", "commit_sha", "commit_time", "commit_source", "dirty",
+               "suite_result", "suite_detail", "suite_error")
+
+
+def tag_row(row: dict[str, Any], report: Report, tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the runs row, with the commit as label when it has none; the run_tags values)."""
+    tags = {k: v for k, v in (tags or {}).items() if k in TAG_COLUMNS}
+    tags.setdefault("source", "bundlerun")
+    if "commit_sha" not in tags:
+        found = commits.detect()
+        if found is not None:
+            tags.update(commit_sha=found.sha, commit_time=found.time, commit_source=found.source, dirty=int(found.dirty))
+    elif tags.get("commit_sha") and not tags.get("commit_time"):
+        tags["commit_time"] = commits.commit_time(str(tags["commit_sha"]))
+    if tags.get("commit_time"):
+        tags["commit_time"] = utc_iso(tags["commit_time"])
+    sha = tags.get("commit_sha")
+    if not row.get("label") and sha:
+        row = {**row, "label": _sql_text(commits.Commit(str(sha), "").label)}
+    return row, {k: _sql_text(tags.get(k)) for k in TAG_COLUMNS}
+
+
 def record_report(db_path: str | Path | None, report: Report, report_path: str | Path | None = None,
                   tags: dict[str, Any] | None = None) -> int | None:
     """Record one report; returns the run's id in this database.
@@ -454,7 +479,6 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
                    ) -> list[int]:
     """Record many (report, report_path, tags) in one transaction (an import of hundreds of
     suite results: one connection, one commit); the run ids, in order. Idempotent as record_report."""
-    from bundlerun.runner.history.tags import tag_row
 
     prepared = []
     for report, report_path, tags in items:
@@ -490,7 +514,6 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
             )
             conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                              list(_perf_rows(run_id, report)))
-            from bundlerun.runner.judging.replay import history_rows  # --replay: flaky vs wrong numerics per output
 
             conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                              history_rows(run_id, report))
@@ -944,3 +967,11 @@ def perf_trend(
                                  high=max(values), target=r["target"], dtype=r["dtype"], counted=len(values),
                                  model=model, inputs=r["inputs_sha256"], criteria=r["criteria_sha256"]))
     return points, info
+
+
+def flaky_outputs(db_path: str | Path, run_id: int) -> list[dict[str, Any]]:
+    """The replay findings the history holds for one run (what a HUD shows as flaky vs wrong)."""
+    rows = read_rows(db_path, "SELECT * FROM replay_outputs WHERE run_id = ? AND finding IS NOT NULL "
+                              "ORDER BY method, case_index, output_index", (int(run_id),),
+                     types={"runs": "int", "distinct_results": "int", "spread": "real", "flips": "int"})
+    return [dict(r) for r in rows]

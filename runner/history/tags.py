@@ -19,33 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bundlerun.runner.history.store import HistoryError, _retrying, connect, read_rows, stored_report
+
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
-
-TAG_COLUMNS = ("source", "flow", "operator", "test", "subtest", "commit_sha", "commit_time", "commit_source", "dirty",
-               "suite_result", "suite_detail", "suite_error")
-
-
-def tag_row(row: dict[str, Any], report: Report, tags: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the runs row, with the commit as label when it has none; the run_tags values)."""
-    from bundlerun.runner.history import commits
-    from bundlerun.runner.history.store import _sql_text, utc_iso
-
-    tags = {k: v for k, v in (tags or {}).items() if k in TAG_COLUMNS}
-    tags.setdefault("source", "bundlerun")
-    if "commit_sha" not in tags:
-        found = commits.detect()
-        if found is not None:
-            tags.update(commit_sha=found.sha, commit_time=found.time, commit_source=found.source, dirty=int(found.dirty))
-    elif tags.get("commit_sha") and not tags.get("commit_time"):
-        tags["commit_time"] = commits.commit_time(str(tags["commit_sha"]))
-    if tags.get("commit_time"):
-        tags["commit_time"] = utc_iso(tags["commit_time"])
-    sha = tags.get("commit_sha")
-    if not row.get("label") and sha:
-        row = {**row, "label": _sql_text(commits.Commit(str(sha), "").label)}
-    return row, {k: _sql_text(tags.get(k)) for k in TAG_COLUMNS}
-
 
 _SQL = """
 SELECT r.id, r.bundle_path, t.source, t.flow, t.operator, t.test, t.subtest, t.commit_sha, t.commit_time,
@@ -69,8 +46,6 @@ def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
     results differed between runs, and those whose verdict flipped), its ERROR / TIMEOUT counts and
     its first failing output with that output's failed criteria (JSON) and how many outputs failed:
     what the HUD adds to RunRecord."""
-    from bundlerun.runner.history.store import _retrying, connect
-
     if not Path(db_path).exists():
         return {}
     conn = connect(db_path)
@@ -87,8 +62,6 @@ def load_reports(db_path: str | Path, run_ids: list[int], chunk: int = 500,
     shown run: one connection each would cost a write-lock round trip per run), each read by the
     history's one strict reader (history.stored_report). With `errors`, a run whose stored report
     cannot be read goes there (id -> the one-line reason) instead of stopping every other run."""
-    from bundlerun.runner.history.store import HistoryError, read_rows, stored_report
-
     out: dict[int, Report] = {}
     ids = sorted(set(int(i) for i in run_ids))
     for start in range(0, len(ids), chunk):

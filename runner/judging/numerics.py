@@ -26,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
+# The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1); sqnr_db is read from here too
+from bundlerun.runner.judging.rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: F401
 
 # Slack for outputs decoded from 6-decimal `Output[i][j]` text, defined once where that text
 # is decoded: 6-decimal rounding plus float32 re-rounding, at most 1e-6.
@@ -400,14 +403,6 @@ def _nonfinite_statistics(stats, a_flat, r_flat, shape, atol, rtol, elementwise,
 
 
 @dataclass
-class FailedCriterion:
-    criterion: str
-    measured: Any
-    limit: Any
-    detail: str = ""
-
-
-@dataclass
 class OutputVerdict:
     verdict: str  # PASS | FAIL
     failed: list[FailedCriterion] = field(default_factory=list)
@@ -559,7 +554,3 @@ def quantization_steps(stats: OutputStats, scale: float | None) -> None:
         stats.error_max_steps = stats.error_max / scale
     if stats.error_mae is not None:
         stats.error_mae_steps = stats.error_mae / scale
-
-
-# The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/judging/rules.py.
-from bundlerun.runner.judging.rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: E402,F401

@@ -27,15 +27,7 @@ import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
-
-if TYPE_CHECKING:
-    from bundlerun.runner.report.model import Report
-
-if TYPE_CHECKING:
-    from bundlerun.runner.report.model import Report
-
-if TYPE_CHECKING:
-    from bundlerun.runner.report.model import Report
+from bundlerun.runner.report.safe_text import markdown_text as _md, visible  # the writers' own escapes
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -184,8 +176,6 @@ def markdown_lines(report: "Report") -> list[str]:
     section = report.replay
     if not section:
         return []
-    from bundlerun.runner.writers.markdown import _md
-
     icon = "⚠️" if section.get("findings") else "✅"
     lines = [f"### {icon} Determinism replay: {section.get('runs')} runs per case ({_md(section.get('mode'))})", "",
              _md(section.get("how") or ""), ""]
@@ -227,8 +217,6 @@ def junit_suite(root: Any, report: "Report", model: str, target: str) -> tuple[i
     nondeterministic-output) when its results differ. Returns (tests, failures) for the totals."""
     import xml.etree.ElementTree as ET
 
-    from bundlerun.runner.writers.junit import _clean
-
     section = report.replay
     if not section:
         return 0, 0
@@ -241,13 +229,13 @@ def junit_suite(root: Any, report: "Report", model: str, target: str) -> tuple[i
             if not entry:
                 continue
             tests += 1
-            tc = ET.SubElement(suite, "testcase", name=_clean(f"case[{case.case}].{out.name} x{entry['runs']}"),
+            tc = ET.SubElement(suite, "testcase", name=visible(f"case[{case.case}].{out.name} x{entry['runs']}"),
                                classname=f"{model}/{target}/replay", time="0.000000")
             f = found.get((case.method, case.case, out.name))
             if f is not None:
                 failures += 1
-                ET.SubElement(tc, "failure", message=_clean(finding_text(f)), type=f["finding"]).text = \
-                    _clean(finding_text(f))
+                ET.SubElement(tc, "failure", message=visible(finding_text(f)), type=f["finding"]).text = \
+                    visible(finding_text(f))
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     return tests, failures
@@ -271,13 +259,3 @@ def history_rows(run_id: int, report: Report) -> list[tuple]:
                          float(spread) if isinstance(spread, (int, float)) else None, int(bool(entry.get("flips"))),
                          entry.get("finding"), json.dumps(entry.get("verdicts") or {})))
     return rows
-
-
-def flaky_outputs(db_path: str | Path, run_id: int) -> list[dict[str, Any]]:
-    """The replay findings the history holds for one run (what a HUD shows as flaky vs wrong)."""
-    from bundlerun.runner.history.store import read_rows
-
-    rows = read_rows(db_path, "SELECT * FROM replay_outputs WHERE run_id = ? AND finding IS NOT NULL "
-                              "ORDER BY method, case_index, output_index", (int(run_id),),
-                     types={"runs": "int", "distinct_results": "int", "spread": "real", "flips": "int"})
-    return [dict(r) for r in rows]

@@ -1,7 +1,8 @@
 """The rules some backends' tests judge by, beyond atol/rtol/qtol and the signal floors
 (docs/tolerances.md "Rules"): SQNR as the source measures it (whose norm is the signal, strict
 or not), Arm's output analysis of the Frobenius / cosine checks, and the top-1 comparison.
-numpy only, like runner/judging/numerics.py, which calls these from judge_output.
+numpy only, like runner/judging/numerics.py, which calls these from judge_output (the record of a
+failed check is runner/judging/failed_criterion.py's, so neither module imports the other back).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import numpy as np
 
 from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 
 
 def _fmt(x) -> str:
@@ -50,7 +52,6 @@ def sqnr_db(actual: np.ndarray, expected: np.ndarray, signal: str = "actual") ->
 
 
 def _sqnr_check(actual, expected, stats, criteria: Criteria) -> list:
-    from bundlerun.runner.judging.numerics import FailedCriterion
 
     floor = criteria.sqnr_min_db
     measured = stats.sqnr_actual if criteria.sqnr_reference == "actual" else stats.sqnr
@@ -71,7 +72,6 @@ def top_k_check(actual: np.ndarray, expected: np.ndarray, k: int) -> list:
     the output's k largest values (bundlerun's rule, for outputs a user marks with top_k: a float
     output whose values only rank classes). Ties count against the class: its rank is how many
     values are >= its own, so an all-zero output never passes; a NaN ranks last."""
-    from bundlerun.runner.judging.numerics import FailedCriterion
 
     a, r = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     if a.size == 0 or a.shape != r.shape:
@@ -119,7 +119,6 @@ def arm_output_analysis(actual: np.ndarray, expected: np.ndarray, criteria: Crit
 
     `qrange` bounds the Inf replacement; the manifest does not record the quantized dtype, so the
     int8 range of Arm's default quantization config is used (an Inf reference is rare)."""
-    from bundlerun.runner.judging.numerics import FailedCriterion
 
     ref = np.asarray(expected, dtype=np.float32).reshape(-1)
     test = np.asarray(actual, dtype=np.float32).reshape(-1)

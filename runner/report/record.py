@@ -29,7 +29,7 @@ def tool_version() -> str:
 
 def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = None) -> dict[str, Any]:
     build = (manifest or {}).get("build", {})
-    from bundlerun.runner.history.regression import inputs_digest, program_sha256
+    from bundlerun.bundles.integrity import inputs_digest, program_sha256
 
     return {
         "program_sha256": program_sha256(manifest, bundle),  # what `compare` tells builds apart by

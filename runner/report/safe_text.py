@@ -54,3 +54,12 @@ def one_line(text: Any, limit: int | None = None) -> str:
     if limit is not None and len(shown) > limit:
         return shown[: max(limit - 1, 0)] + "…"
     return shown
+
+
+_MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
+
+
+def markdown_text(text: Any) -> str:
+    """Text from a bundle, a device or the user, inert in Markdown: controls (terminal escapes
+    included) blanked, markup characters escaped."""
+    return visible(text).translate(_MD_SPECIAL)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA
 from bundlerun.runner.suite.flows import FlowNumbers, numbers_for
+from bundlerun.runner.suite.item_messages import error_message, failure_message
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -325,7 +326,6 @@ class _DeviceArtifact:
              report_dir: Path) -> DeviceRecord:
         from bundlerun.bundles.errors import BundlerunError
         from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program
-        from bundlerun.runner.pytest_plugin import error_message, failure_message
 
         base = dict(name=self.spec.name, target=self.runner.url, backend=numbers.backend, dtype=numbers.dtype,
                     reference=numbers.reference)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.runner.judging.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
@@ -171,7 +172,6 @@ def build_junit(report: Report) -> ET.Element:
                                                               f"{_fmt(r.get('current'))} limit {_fmt(r.get('limit'))}")
         totals["tests"] += len(regressions)
         totals["failures"] += len(regressions)
-    from bundlerun.runner.judging.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
 
     replayed, flaky = junit_suite(root, report, model, target)
     totals["tests"] += replayed

@@ -13,7 +13,9 @@ from typing import Any
 
 from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.runner.judging.outcome import VERDICTS
+from bundlerun.runner.judging.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
+from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
 
 _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
@@ -21,15 +23,6 @@ _ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "
 
 # C0, DEL, C1 (0x9b is a terminal CSI) and lone surrogates (valid in JSON, not writable as UTF-8)
 _CONTROL = {c: " " for c in [*range(0x00, 0x20), *range(0x7f, 0xa0), *range(0xD800, 0xE000)]}
-_MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\`*_{}[]<>()#+!|~"})
-
-
-def _md(text: Any) -> str:
-    """Text from a bundle, a device or the user, inert in Markdown: controls (terminal escapes
-    included) blanked, markup characters escaped."""
-    from bundlerun.runner.report.safe_text import visible  # controls, bidi, invisible characters: escapes
-
-    return visible(text).translate(_MD_SPECIAL)
 
 
 def _cell(v: Any, fmt: str = "{:.4g}") -> str:
@@ -201,7 +194,6 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         lines += _delta_table(base["outputs"], base.get("label") or base.get("ref"))
     lines += _perf_section(report)
     from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
-    from bundlerun.runner.judging.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
 
     lines += markdown_lines(report)
     rows: list[tuple[CaseRecord, OutputRecord | None]] = []

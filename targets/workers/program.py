@@ -55,7 +55,7 @@ def _load(bundle_path: str, delegates: str = "tosa"):
 
 
 def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
-    from bundlerun.bundles.builder import package_versions
+    from bundlerun.bundles.versions import package_versions
 
     return package_versions((*dists, "executorch", "torch"))
 
