@@ -1,5 +1,5 @@
-"""Room debug: from a failing output to the layer (debug) or delegated node (bisect) that
-went wrong, and their reports.
+"""Room debug: from a failing output to the layer (`bundlerun debug`) or the delegated node
+(`bundlerun bisect`) that went wrong, and their reports.
 
-May import bundles/, targets/, judging/, history/ (read only), pictures/ and report/.
-See docs/architecture.md."""
+Imports bundles/, targets/, judging/, history/ (read only), report/, pictures/, writers/html and the
+front door's session. See docs/architecture.md."""

@@ -1,4 +1,4 @@
-"""Room judging: raw outputs -> verdicts (statistics, rules, criteria, exit codes).
+"""Room judging: raw outputs -> verdicts (error statistics, backend rules, criteria, exit codes).
 
-May import bundles/, targets/ (records only) and runner/report/; never history/, debug/,
-pictures/, writers/ or the front door. See docs/architecture.md."""
+Imports bundles/, targets/' records and runner/report/'s model; `calibrate.py` (tolerance suggest)
+also reads a saved run (history/) and opens a session. See docs/architecture.md."""

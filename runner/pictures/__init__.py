@@ -1,4 +1,5 @@
-"""Room pictures: the HUD site (hud, hud_grid, hud_page) and the PNG plots of the HTML
-report, the debug report and `trend`.
+"""Room pictures: the HUD site (hud, hud_grid, hud_page) and the PNG plots of the HTML report,
+the debug report and `trend`.
 
-May import bundles/, judging/, history/ and report/. See docs/architecture.md."""
+Imports bundles/, judging/, history/, report/ and writers/html (a HUD page renders a run's report).
+See docs/architecture.md."""
