@@ -83,7 +83,7 @@ def _lower(small, target, dtype):
     from bundlerun.bundles.backends.base import LoweringRequest
 
     model, examples, calibration = small
-    return arm.lower(LoweringRequest(model, examples, calibration, dtype, "arm", target))
+    return arm.lower(LoweringRequest(model, examples, calibration, dtype, "arm", target, target_info=lowering_info(target)))
 
 
 @pytest.fixture(scope="module")
@@ -163,4 +163,5 @@ def test_cortex_m_backend_needs_a_cortex_m_target(small):
         from bundlerun.bundles.backends.base import LoweringRequest
 
         model, examples, calibration = small
-        arm.lower(LoweringRequest(model, examples, calibration, "int8", "cortex-m", "tosa://int"))
+        arm.lower(LoweringRequest(model, examples, calibration, "int8", "cortex-m", "tosa://int",
+                                  target_info=lowering_info("tosa://int")))

@@ -15,7 +15,7 @@ import pytest
 
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, read_bundle, write_bundle
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import open_target
+from bundlerun.targets import lowering_info, open_target
 from bundlerun.targets.base import CaseStatus, RunOptions, expected_layout
 
 
@@ -112,7 +112,7 @@ def _custom_op_bundle(tmp_path: Path) -> Path:
 
     torch.manual_seed(0)
     x = torch.randn(1, 4)
-    result = arm.lower(LoweringRequest(Net().eval(), (x,), [], "fp32", "arm", "tosa://fp"))
+    result = arm.lower(LoweringRequest(Net().eval(), (x,), [], "fp32", "arm", "tosa://fp", target_info=lowering_info("tosa://fp")))
     case = BundledTestCase([BundledValue.from_array(x.numpy())], [BundledValue.from_array(np.zeros((1, 3), np.float32))])
     bundle = Bundle(program=bytes(result.program.buffer), method_test_suites=[MethodTestSuite("forward", [case, case])])
     return write_bundle(bundle, tmp_path / "custom-op.bpte")
