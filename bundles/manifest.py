@@ -51,6 +51,10 @@ class Criteria:
     cast_float: bool = False  # outputs of different dtypes are compared as float32, not failed (MLX)
     arm_analysis: bool = False  # Frobenius/cosine as Arm's compare_rel_frobenius_and_cosine_similarity
     reference_nonzero: bool = False  # an all-zero reference fails (NXP: "contains only zeros")
+    # Token-level rules of LLM logits (runner/token_metrics.py), per row of the last axis' last row:
+    argmax_match: bool = False  # the greedy token must be the reference's: "argmax: expected 17 -> got 212"
+    kl_max: float | None = None  # ceiling on KL(reference || target) of the softmax, in nats
+    top_k_overlap_min: float | None = None  # floor on the share of the reference's top-5 tokens in the output's
 
     @property
     def elementwise(self) -> bool:
@@ -74,8 +78,9 @@ class Criteria:
     @property
     def has_any(self) -> bool:
         """False when nothing would be checked: such an output must not be judged at all."""
-        return self.elementwise or self.exact or self.top1 or self.top_k is not None or any(
-            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max"))
+        return self.elementwise or self.exact or self.top1 or self.argmax_match or self.top_k is not None or any(
+            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max",
+                                                   "kl_max", "top_k_overlap_min"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Criteria":

@@ -439,7 +439,8 @@ def judge_output(
     """Statistics + verdict of one output against its criteria (all set must hold).
 
     The rules some backends judge by (criteria.nan, cast_float, top1, mse_max, sqnr_reference,
-    sqnr_strict, arm_analysis, reference_nonzero) are applied here, each failing as its own
+    sqnr_strict, arm_analysis, reference_nonzero) and the token rules of LLM logits (argmax_match,
+    kl_max, top_k_overlap_min: runner/token_metrics.py) are applied here, each failing as its own
     named criterion with the measured value and the limit; at their defaults nothing changes."""
     exact = criteria.exact or expected_dtype == "bool"
     atol, rtol, elementwise = elementwise_bound(criteria, expected_dtype, lossy)
@@ -517,6 +518,11 @@ def judge_output(
                                           f"mean squared error {_fmt(mse)} > ceiling {_fmt(criteria.mse_max)}"))
     if criteria.top_k is not None:
         failed.extend(top_k_check(actual, expected, criteria.top_k))
+    if criteria.argmax_match or criteria.kl_max is not None or criteria.top_k_overlap_min is not None:
+        from bundlerun.runner.token_metrics import token_checks  # LLM logits: docs/tolerances.md "Token rules"
+
+        failed.extend(token_checks(actual, expected, criteria.argmax_match, criteria.kl_max,
+                                   criteria.top_k_overlap_min, stats=stats))
     if criteria.top1:
         a_arg, r_arg = _argmax(actual), _argmax(expected)
         if a_arg != r_arg:
