@@ -156,7 +156,7 @@ class Manifest:
     sequences: list[SequenceSpec] = field(default_factory=list)  # LLM steps (bundles/sequence.py); [] = none
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "schema": self.schema,
             "model": self.model,
             "build": self.build,

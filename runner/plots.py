@@ -359,6 +359,9 @@ def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Seque
     bottom.axhline(0, color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.0)
     bottom.set_ylabel("margin (log-prob)", fontsize=8)
     bottom.set_xlabel("position (input_pos of the step)")
+    from matplotlib.ticker import MaxNLocator
+
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if divergence is not None and 0 <= divergence < len(x):
         for ax in (top, bottom):
             ax.axvline(x[divergence], color=_verdict_colour("FAIL"), linestyle=":", linewidth=1.2)

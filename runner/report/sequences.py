@@ -53,7 +53,7 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "StepRecord":
-        kw = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
+        kw: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
         for key in cls._NUMBERS:
             kw[key] = _number(kw.get(key))
         return cls(**kw)
@@ -81,7 +81,7 @@ class SequenceRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SequenceRecord":
-        kw = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
+        kw: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
         kw["steps"] = [StepRecord.from_json(s) for s in data.get("steps") or []]
         for key in ("perplexity_target", "perplexity_reference", "perplexity_ratio"):
             kw[key] = _number(kw.get(key))
@@ -166,7 +166,7 @@ def headline(seq: SequenceRecord) -> str:
         parts.append(f"first divergence at step {seq.first_divergence} (case {case})")
     parts.append(f"greedy agreement {seq.greedy_agreement}/{n}")
     if seq.perplexity_target is not None and seq.perplexity_reference is not None:
-        ratio = f" (x{seq.perplexity_ratio:.4g})" if seq.perplexity_ratio is not None else ""
+        ratio = f" (x{seq.perplexity_ratio:.3f})" if seq.perplexity_ratio is not None else ""
         parts.append(f"perplexity {_g(seq.perplexity_target)} under the target vs {_g(seq.perplexity_reference)} "
                      f"eager{ratio}")
     return "; ".join(parts)
