@@ -254,3 +254,21 @@ def test_history_records_sequence_figures_for_trend(tmp_path):
     ratio, _ = history.perf_trend(db, "llm:llama3", "sequence_perplexity_ratio")
     assert ratio[0].high > 1.0
     assert history.load_report(db, 1).sequences[1].first_divergence == 1  # the stored report keeps them
+
+
+def test_sequence_section_renders_in_headless_chromium(tmp_path):
+    """The HTML's sequence plots load as real images in a browser (tests/browser.py)."""
+    from tests import browser
+    from tests.test_html_report import _need_chromium
+
+    _need_chromium()
+    from bundlerun.runner.writers import write_reports
+
+    report, bundle, _ = _report()
+    files = write_reports(report, tmp_path, bundle=bundle, formats=["html"])
+    check = browser.check_page(files["html"].resolve().as_uri(), tmp_path / "page.png")
+    assert check.console_errors == []
+    seq_images = [i for i in check.images if str(i["alt"]).startswith("sequence ")]
+    assert [i["alt"] for i in seq_images] == ["sequence seq0", "sequence seq1"]
+    for img in seq_images:
+        assert img["complete"] and img["naturalWidth"] > 100 and img["naturalHeight"] > 100, img
