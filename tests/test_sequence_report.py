@@ -5,6 +5,7 @@ reader on hostile `sequences` JSON (generated, as tests/security_fuzz.py does)."
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -272,3 +273,36 @@ def test_sequence_section_renders_in_headless_chromium(tmp_path):
     assert [i["alt"] for i in seq_images] == ["sequence seq0", "sequence seq1"]
     for img in seq_images:
         assert img["complete"] and img["naturalWidth"] > 100 and img["naturalHeight"] > 100, img
+
+
+def test_seeded_mutations_of_sequences_read_or_refuse_and_render():
+    """tests/security_fuzz.py's mutations (hostile values, deleted keys, cut lists) of the `sequences`
+    section: a one-line ReportError, or records that Markdown, JUnit and the console render."""
+    import random
+
+    from rich.console import Console
+
+    from bundlerun.runner.report.console import print_sequences
+    from bundlerun.runner.writers.junit import junit_bytes
+    from bundlerun.runner.writers.markdown import render_markdown
+    from tests.security_fuzz import mutate_json
+
+    if not BASE:
+        BASE.update(_base())
+    refused = read = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        sequences, done = mutate_json(BASE["sequences"], rng, edits=1 + seed % 3)
+        data = copy.deepcopy(BASE)
+        data["sequences"] = sequences
+        try:
+            report = Report.from_json(data)
+        except ReportError as exc:
+            assert "\n" not in str(exc), done
+            refused += 1
+            continue
+        read += 1
+        render_markdown(report)
+        ET.fromstring(junit_bytes(report))
+        print_sequences(report, Console(file=io.StringIO(), width=200))
+    assert refused > 50 and read > 50  # both sides of the reader are exercised
