@@ -138,8 +138,13 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
             from bundlerun.runner.token_metrics import step_metrics
 
-            ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
-                                                                                stats=verdict.stats)
+            m = ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
+                                                                                    stats=verdict.stats)
+            if m.reference_argmax is not None and m.reference_argmax != token:
+                note = (f"{result.method}[{result.case_index}]: the manifest's reference_next {token} is not the "
+                        f"expected logits' argmax {m.reference_argmax}: the step is judged by reference_next")
+                if note not in ctx.warnings:
+                    ctx.warnings.append(note)
         if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/vacuity.py)
             from bundlerun.runner.vacuity import CRITERION, vacuous_reason
 

@@ -105,6 +105,17 @@ def test_judge_fills_sequences_and_fails_the_flipped_step():
     assert seq0.steps[0].sqnr > 100 and seq0.prompt_text == "a prompt <b>&"
 
 
+def test_a_reference_token_that_is_not_the_argmax_is_named():
+    bundle, manifest, logits = _sequence_bundle()
+    wrong = (manifest.sequences[0].steps[2].reference_next + 1) % VOCAB
+    manifest.sequences[0].steps[2].reference_next = wrong
+    ctx = JudgeContext(manifest)
+    cases, warnings = judge_run(bundle, _target(logits), ctx)
+    assert any("forward[2]: the manifest's reference_next" in w for w in warnings)
+    step = judge_sequences(ctx, cases)[0].steps[2]
+    assert step.reference_token == wrong and step.argmax_match is False
+
+
 def test_a_step_that_did_not_run_is_where_the_sequence_stops():
     report, _, _ = _report(missing=1)
     seq0 = report.sequences[0]

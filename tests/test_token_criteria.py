@@ -63,6 +63,9 @@ def test_registry_llm_rules_with_their_origin():
     assert q.argmax_match and q.kl_max == 5e-2
     other = resolve_criteria(ToleranceContext("xnnpack", "host://xnnpack", "fp32", model="mlp"))
     assert not other.argmax_match and other.kl_max is None and other.top_k_overlap_min is None
+    second = resolve_criteria(ToleranceContext("xnnpack", "host://xnnpack", "fp32", model="llm:llama3",
+                                               output_index=1, output_name="out1"))
+    assert not second.argmax_match and second.kl_max is None  # the logits are output 0 (LLM_CONTRACT)
     near = resolve_criteria(ToleranceContext("xnnpack", "host://xnnpack", "fp32", model="llmx"))
     assert not near.argmax_match  # `llm:*` is a pattern on the id, not a prefix of any name
 
