@@ -14,6 +14,7 @@ from typing import Any
 
 from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
                                                validate_manifest)
+from bundlerun.bundles.sequence import SequenceSpec
 
 __all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "RULE_DEFAULTS", "RULE_FIELDS", "Criteria", "Manifest",
            "MethodManifest", "OutputSpec", "TensorSpec", "validate_manifest"]
@@ -50,6 +51,10 @@ class Criteria:
     cast_float: bool = False  # outputs of different dtypes are compared as float32, not failed (MLX)
     arm_analysis: bool = False  # Frobenius/cosine as Arm's compare_rel_frobenius_and_cosine_similarity
     reference_nonzero: bool = False  # an all-zero reference fails (NXP: "contains only zeros")
+    # Token-level rules of LLM logits (runner/judging/token_metrics.py), per row of the last axis' last row:
+    argmax_match: bool = False  # the greedy token must be the reference's: "argmax: expected 17 -> got 212"
+    kl_max: float | None = None  # ceiling on KL(reference || target) of the softmax, in nats
+    top_k_overlap_min: float | None = None  # floor on the share of the reference's top-5 tokens in the output's
 
     @property
     def elementwise(self) -> bool:
@@ -73,8 +78,9 @@ class Criteria:
     @property
     def has_any(self) -> bool:
         """False when nothing would be checked: such an output must not be judged at all."""
-        return self.elementwise or self.exact or self.top1 or self.top_k is not None or any(
-            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max"))
+        return self.elementwise or self.exact or self.top1 or self.argmax_match or self.top_k is not None or any(
+            getattr(self, k) is not None for k in ("sqnr_min_db", "cosine_min", "rel_frobenius_max", "mse_max",
+                                                   "kl_max", "top_k_overlap_min"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Criteria":
@@ -147,9 +153,10 @@ class Manifest:
     schema: str = MANIFEST_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
     integrity: dict[str, Any] | None = None  # sha256 of program, cases, manifest (bundles/integrity.py)
+    sequences: list[SequenceSpec] = field(default_factory=list)  # LLM steps (bundles/sequence.py); [] = none
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "schema": self.schema,
             "model": self.model,
             "build": self.build,
@@ -161,6 +168,8 @@ class Manifest:
         }
         if self.integrity is not None:
             out["integrity"] = self.integrity
+        if self.sequences:  # written only when there are some: every other manifest stays byte-identical
+            out["sequences"] = [s.to_dict() for s in self.sequences]
         return out
 
     @classmethod
@@ -178,6 +187,7 @@ class Manifest:
             created=data.get("created", ""),
             extra=data.get("extra", {}),
             integrity=data.get("integrity"),
+            sequences=[SequenceSpec.from_dict(s) for s in data.get("sequences") or []],
         )
 
     def output_spec(self, method: str, index: int) -> OutputSpec | None:

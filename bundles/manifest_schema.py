@@ -24,8 +24,11 @@ CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_fro
 RULE_DEFAULTS: dict[str, object] = {"mse_max": None, "top1": False, "top_k": None, "nan": "match",
                                     "sqnr_reference": "actual",
                                     "sqnr_strict": False, "cast_float": False, "arm_analysis": False,
-                                    "reference_nonzero": False}
+                                    "reference_nonzero": False,
+                                    # token-level rules of LLM logits (runner/judging/token_metrics.py)
+                                    "argmax_match": False, "kl_max": None, "top_k_overlap_min": None}
 RULE_FIELDS = tuple(RULE_DEFAULTS)
+RULE_NUMBERS = ("mse_max", "kl_max", "top_k_overlap_min")  # rules that hold a limit (a number or null)
 RULE_CHOICES = {"nan": ("match", "fail"), "sqnr_reference": ("actual", "reference")}
 RULE_INTEGERS = {"top_k": (1, 2**31 - 1)}  # rules that hold a whole number: (lowest, highest)
 
@@ -274,9 +277,10 @@ def _criteria(chk: _Checker, path: str, crit: Any) -> None:
     chk.integer(f"{path}.zero_point", crit.get("zero_point"), -(2**31), 2**32 - 1, optional=True)
     if not isinstance(crit.get("exact", False), bool):
         raise chk.fail(f"{path}.exact", f"expected a boolean, got {_kind(crit['exact'])}")
-    chk.number(f"{path}.mse_max", crit.get("mse_max"))
+    for key in RULE_NUMBERS:
+        chk.number(f"{path}.{key}", crit.get(key), at_most=1.0 if key == "top_k_overlap_min" else None)
     for key, default in RULE_DEFAULTS.items():
-        if key == "mse_max" or key not in crit:
+        if key in RULE_NUMBERS or key not in crit:
             continue
         value = crit[key]
         if key in RULE_INTEGERS:
@@ -286,7 +290,8 @@ def _criteria(chk: _Checker, path: str, crit: Any) -> None:
                 raise chk.fail(f"{path}.{key}", f"expected a boolean, got {_kind(value)}")
         elif value not in RULE_CHOICES[key]:
             raise chk.fail(f"{path}.{key}", f"expected one of {', '.join(RULE_CHOICES[key])}, got {_kind(value)}")
-    if not crit.get("exact") and not crit.get("top1") and crit.get("top_k") is None and all(crit.get(k) is None for k in (*CRITERIA_FIELDS, "mse_max")):
+    if not crit.get("exact") and not crit.get("top1") and not crit.get("argmax_match") and crit.get("top_k") is None \
+            and all(crit.get(k) is None for k in (*CRITERIA_FIELDS, *RULE_NUMBERS)):
         raise chk.fail(path, "no criterion is set (" + ", ".join(CRITERIA_FIELDS)
                        + " are all null and exact is false): the output would pass unchecked")
     trail = crit.get("trail", {})

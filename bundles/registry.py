@@ -99,6 +99,12 @@ def normalize_model(name: str | None) -> str:
     return (name or "").strip().lower().replace("-", "_")
 
 
+def _model_matches(model: str, pattern: str) -> bool:
+    """A model override's `models` entry: a name, or a pattern with `*` (`llm:*`: every LLM bundle)."""
+    wanted = normalize_model(pattern)
+    return fnmatch.fnmatchcase(model, wanted) if "*" in wanted else model == wanted
+
+
 def _match(value: str | None, allowed: list[str] | None) -> bool:
     if allowed is None or "*" in allowed:
         return True
@@ -547,7 +553,7 @@ class _Resolver:
             return
         for layer in self.reg.layers:
             for i, mo in enumerate(layer.data.get("model_overrides", [])):
-                if model not in {normalize_model(m) for m in mo["models"]}:
+                if not any(_model_matches(model, m) for m in mo["models"]):
                     continue
                 if mo.get("backend", "*") not in ("*", ctx.backend):
                     continue

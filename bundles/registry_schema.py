@@ -24,14 +24,15 @@ import re
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.bundles.manifest_schema import RULE_CHOICES, RULE_DEFAULTS, RULE_INTEGERS
+from bundlerun.bundles.manifest_schema import RULE_CHOICES, RULE_DEFAULTS, RULE_INTEGERS, RULE_NUMBERS
 
 SCHEMA = "bundlerun.tolerances/1"
 CRITERIA = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
-NUMERIC = CRITERIA + ("mse_max",)  # every number an entry may set (mse_max: NXP's MSE ceiling)
-RULES = tuple(k for k in RULE_DEFAULTS if k != "mse_max")  # nan, sqnr_reference, sqnr_strict, top1, ...
-CEILINGS = frozenset({"atol", "rtol", "qtol", "rel_frobenius_max", "mse_max"})  # looser = larger
-FLOORS = frozenset({"sqnr_min_db", "cosine_min"})  # looser = smaller
+# every number an entry may set (mse_max: NXP's MSE ceiling; kl_max, top_k_overlap_min: LLM token rules)
+NUMERIC = CRITERIA + RULE_NUMBERS
+RULES = tuple(k for k in RULE_DEFAULTS if k not in RULE_NUMBERS)  # nan, sqnr_reference, sqnr_strict, top1, ...
+CEILINGS = frozenset({"atol", "rtol", "qtol", "rel_frobenius_max", "mse_max", "kl_max"})  # looser = larger
+FLOORS = frozenset({"sqnr_min_db", "cosine_min", "top_k_overlap_min"})  # looser = smaller
 BASE_DTYPES = ("fp32", "fp16", "bf16", "int8", "int16")
 QUANTIZED_DTYPES = ("int8", "int16")
 TIERS = BASE_DTYPES + tuple(f"{d}.vs-float" for d in QUANTIZED_DTYPES)
@@ -56,6 +57,7 @@ RULE_EVIDENCE: dict[tuple[str, Any], tuple[str, ...]] = {
     ("sqnr_strict", True): (r"[^>=<!]>[^>=]|assertGreater\(",),
     ("sqnr_strict", False): (r">=|GreaterEqual",),
     ("top1", True): (r"argmax",),
+    ("argmax_match", True): (r"argmax", r"assertEqual\("),  # greedy tokens taken by argmax, then compared
     ("cast_float", True): (r"\.float\(\)|float32",),
     ("arm_analysis", True): (r"compare_rel_frobenius_and_cosine_similarity",),
     ("reference_nonzero", True): (r"np\.any\(|count_nonzero",),
@@ -108,8 +110,8 @@ def check_number(where: str, key: str, value: Any) -> None:
         _fail(where, f"{key} must be finite, got {value!r}")
     if value < 0:
         _fail(where, f"{key} must not be negative, got {value!r}")
-    if key == "cosine_min" and value > 1:
-        _fail(where, f"cosine_min must be at most 1, got {value!r}")
+    if key in ("cosine_min", "top_k_overlap_min") and value > 1:
+        _fail(where, f"{key} must be at most 1, got {value!r}")
 
 
 def check_list(where: str, key: str, value: Any, choices: Any = None) -> None:

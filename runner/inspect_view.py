@@ -22,6 +22,9 @@ RULE_TEXT = {
     "arm_analysis": lambda v: ("Frobenius/cosine as Arm's analysis: reference below one step zeroed, Frobenius skipped "
                                "at noise-scale norm, -0.02 when cosine >= 0.98, all-zero reference passes"),
     "reference_nonzero": lambda v: "an all-zero reference fails",
+    "argmax_match": lambda v: "the greedy token (argmax of the last logits row) must be the reference's",
+    "kl_max": lambda v: f"KL(reference || output) of the softmax <= {v:g} nats",
+    "top_k_overlap_min": lambda v: f"at least {v:.0%} of the reference's top-5 tokens among the output's top-5",
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
-from bundlerun.runner.judging.judge import JudgeContext, judge_run, load_context, summarize
+from bundlerun.runner.judging.judge import JudgeContext, judge_run, judge_sequences, load_context, summarize
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
 from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs, target_section, tool_version, write_record
@@ -247,6 +247,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         perf_info=perf_conditions(req, run, load_before, warnings),
     )
     elapsed_figures(report.cases, req.target)  # each finished case's elapsed_s as a labelled figure
+    report.sequences = judge_sequences(ctx, cases)  # LLM bundles: per-step token verdicts ([] otherwise)
     from bundlerun.runner.history.series import criteria_digest  # which criteria judged it: part of the run's series
 
     report.bundle["criteria_sha256"] = criteria_digest(report.cases)

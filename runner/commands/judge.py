@@ -59,7 +59,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     import datetime as _dt
     import shutil
 
-    from bundlerun.runner.judging.judge import judge_run, load_context, summarize
+    from bundlerun.runner.judging.judge import judge_run, judge_sequences, load_context, summarize
     from bundlerun.runner.judging.overrides import apply_overrides
     from bundlerun.runner.report.model import elapsed_figures
     from bundlerun.runner.report.record import OUTPUTS_FILE
@@ -76,6 +76,7 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     report = copy.deepcopy(old)
     report.cases = cases
     report.summary = summarize(cases)
+    report.sequences = judge_sequences(ctx, cases)
     elapsed_figures(report.cases, report.target.get("url", ""))  # as a run's report has them
     report.overrides = records
     from bundlerun.runner.history.series import criteria_digest  # an --override is other criteria: another series

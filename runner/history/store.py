@@ -517,6 +517,11 @@ def record_reports(db_path: str | Path, items: list[tuple[Report, str | Path | N
 
             conn.executemany("INSERT OR REPLACE INTO replay_outputs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                              history_rows(run_id, report))
+            if report.sequences:  # LLM bundles: per-sequence figures, trended like perf figures
+                from bundlerun.runner.report.sequences import history_rows as sequence_rows
+
+                conn.executemany("INSERT OR REPLACE INTO perf_figures VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                                 sequence_rows(run_id, report))
         conn.execute(f"INSERT OR REPLACE INTO run_tags (run_id, {', '.join(tagged)}) "
                      f"VALUES (?{', ?' * len(tagged)})", (run_id, *tagged.values()))
         if dataset:

@@ -38,6 +38,18 @@ class JudgeContext:
     manifest: Manifest | None
     warnings: list[str] = field(default_factory=list)
     criteria_override: dict[tuple[str, int], Criteria] = field(default_factory=dict)
+    # LLM sequences (bundles/sequence.py): each step case's token figures, filled by judge_case
+    step_metrics: dict[tuple[str, int], Any] = field(default_factory=dict)
+    _steps: dict[tuple[str, int], int] | None = field(default=None, init=False, repr=False)
+
+    def step_token(self, method: str, case: int) -> int | None:
+        """The teacher-forced reference token of the step at (method, case), or None: not a step."""
+        if self.manifest is None or not self.manifest.sequences:
+            return None
+        if self._steps is None:
+            self._steps = {(spec.method, st.case): st.reference_next
+                           for spec in self.manifest.sequences for st in spec.steps}
+        return self._steps.get((method, case))
 
     def criteria(self, method: str, index: int) -> tuple[str, Criteria]:
         if (method, index) in self.criteria_override:
@@ -122,6 +134,17 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         entry.verdict = verdict.verdict
         entry.failed = [asdict(f) for f in verdict.failed]
         entry.stats = verdict.stats.to_dict() if verdict.stats else None
+        token = ctx.step_token(result.method, result.case_index) if j == 0 else None
+        if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
+            from bundlerun.runner.judging.token_metrics import step_metrics
+
+            m = ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
+                                                                                    stats=verdict.stats)
+            if m.reference_argmax is not None and m.reference_argmax != token:
+                note = (f"{result.method}[{result.case_index}]: the manifest's reference_next {token} is not the "
+                        f"expected logits' argmax {m.reference_argmax}: the step is judged by reference_next")
+                if note not in ctx.warnings:
+                    ctx.warnings.append(note)
         if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
             from bundlerun.runner.judging.vacuity import CRITERION, vacuous_reason
 
@@ -167,3 +190,13 @@ def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None) -
     """Case records for every CaseResult, plus warnings."""
     ctx = ctx or load_context(bundle)
     return [judge_case(bundle, r, ctx) for r in run.cases], list(ctx.warnings)
+
+
+def judge_sequences(ctx: JudgeContext, cases: list[CaseRecord]) -> list[Any]:
+    """The report's per-sequence records (runner/report/sequences.py) of a judged run: [] when the
+    manifest has no sequences."""
+    if ctx.manifest is None or not ctx.manifest.sequences:
+        return []
+    from bundlerun.runner.report.sequences import sequence_records
+
+    return sequence_records(ctx.manifest.sequences, {(c.method, c.case): c.verdict for c in cases}, ctx.step_metrics)

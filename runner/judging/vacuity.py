@@ -23,12 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from bundlerun.bundles.manifest import CRITERIA_FIELDS, Criteria
+from bundlerun.bundles.manifest_schema import RULE_NUMBERS
 
 CRITERION = "vacuous"
 
 
 def _shown(criteria: Criteria) -> str:
-    parts = [f"{k} {getattr(criteria, k):g}" for k in (*CRITERIA_FIELDS, "mse_max")
+    parts = [f"{k} {getattr(criteria, k):g}" for k in (*CRITERIA_FIELDS, *RULE_NUMBERS)
              if isinstance(getattr(criteria, k, None), (int, float)) and not isinstance(getattr(criteria, k), bool)]
     if criteria.qtol and criteria.scale is not None:
         parts.append(f"scale {criteria.scale:g}")

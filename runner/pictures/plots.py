@@ -322,3 +322,48 @@ def confusion(labels: Sequence[int], predictions: Sequence[int], num_classes: in
     ax.set_ylabel("label")
     ax.set_title(_text(title), fontsize=10)
     return _png(fig)
+
+
+def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Sequence[Any], verdicts: Sequence[str],
+                  title: str, divergence: int | None = None) -> bytes:
+    """An LLM sequence against position: SQNR of each step's logits (top; an exact match, inf, is a ▲
+    at the top) and the reference token's margin under the target (bottom; below 0 the greedy token
+    flipped). Points in their step's verdict colour; the first diverging step is a dashed line."""
+    fig = _figure(6.0, 4.6)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    x = np.asarray(positions, np.float64)
+    colours = [_verdict_colour(v) for v in verdicts]
+
+    def values(raw: Sequence[Any]) -> np.ndarray:
+        return np.array([np.nan if v is None or isinstance(v, str) else float(v) for v in raw], np.float64)
+
+    s, m = values(sqnrs), values(margins)
+    finite = np.isfinite(s)
+    if finite.any():
+        top.scatter(x[finite], s[finite], c=[c for c, f in zip(colours, finite) if f], s=18, zorder=2)
+        top.plot(x[finite], s[finite], color="#999", linewidth=0.7, zorder=1)
+    exact = np.isposinf(s)
+    if exact.any():
+        from matplotlib.transforms import blended_transform_factory
+
+        top.scatter(x[exact], np.full(exact.sum(), 0.97), marker="^", s=30, zorder=3,
+                    c=[c for c, f in zip(colours, exact) if f], transform=blended_transform_factory(top.transData,
+                                                                                                 top.transAxes),
+                    label="exact match (inf dB)")
+        top.legend(fontsize=7, loc="lower left")
+    top.set_ylabel(_text(SQNR_LABEL), fontsize=8)
+    known = np.isfinite(m)
+    if known.any():
+        bottom.scatter(x[known], m[known], c=[c for c, f in zip(colours, known) if f], s=18, zorder=2)
+        bottom.plot(x[known], m[known], color="#999", linewidth=0.7, zorder=1)
+    bottom.axhline(0, color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.0)
+    bottom.set_ylabel("margin (log-prob)", fontsize=8)
+    bottom.set_xlabel("position (input_pos of the step)")
+    from matplotlib.ticker import MaxNLocator
+
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if divergence is not None and 0 <= divergence < len(x):
+        for ax in (top, bottom):
+            ax.axvline(x[divergence], color=_verdict_colour("FAIL"), linestyle=":", linewidth=1.2)
+    top.set_title(_text(title), fontsize=10)
+    return _png(fig)

@@ -347,6 +347,52 @@ def _dataset(value: Any, path: str) -> None:
                       **{k: _opt_int for k in ("evaluated", "errored", "num_classes", "samples")}})
 
 
+def _required(data: dict, path: str, spec: dict[str, Callable[[Any, str], None]]) -> None:
+    """Every key of `spec` present (and checked), for records built with required fields."""
+    for key in spec:
+        if key not in data:
+            raise ReportCheckError(f"{path}: no {key!r}")
+    fields(data, path, spec)
+
+
+_STEP_REQUIRED: dict[str, Callable[[Any, str], None]] = {
+    "step": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
+    "case": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
+    "kind": lambda v, p: text(v, p, optional=False),
+    "start_pos": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
+    "tokens": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
+    "verdict": lambda v, p: choice(v, p, VERDICTS),
+    "reference_token": lambda v, p: integer(v, p, -1, MAX_INDEX, optional=False),
+}
+_STEP = {"target_token": lambda v, p: integer(v, p, 0, MAX_INDEX), "argmax_match": _opt_bool,
+         "top_k": lambda v, p: integer(v, p, 0, MAX_INDEX),
+         **{k: _opt_num for k in ("sqnr", "cosine_similarity", "error_max", "top_k_overlap", "kl", "margin",
+                                  "logprob_target", "logprob_reference")}}
+_SEQUENCE_REQUIRED: dict[str, Callable[[Any, str], None]] = {
+    "name": lambda v, p: text(v, p, optional=False), "method": lambda v, p: text(v, p, optional=False),
+    "mode": lambda v, p: text(v, p, optional=False), "stateful": lambda v, p: boolean(v, p, optional=False),
+    "verdict": lambda v, p: choice(v, p, VERDICTS),
+}
+_SEQUENCE = {"first_divergence": lambda v, p: integer(v, p, 0, MAX_INDEX),
+             "greedy_agreement": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
+             "prompt_text": _opt_text,
+             **{k: _opt_num for k in ("perplexity_target", "perplexity_reference", "perplexity_ratio")}}
+
+
+def _sequences(value: Any, path: str) -> None:
+    """`sequences`: LLM bundles' per-sequence records (runner/report/sequences.py)."""
+    for i, seq in enumerate(lst(value, path)):
+        where = f"{path}[{i}]"
+        seq = obj(seq, where, optional=False)
+        _required(seq, where, _SEQUENCE_REQUIRED)
+        fields(seq, where, _SEQUENCE)
+        for j, step in enumerate(lst(seq.get("steps"), f"{where}.steps")):
+            at = f"{where}.steps[{j}]"
+            step = obj(step, at, optional=False)
+            _required(step, at, _STEP_REQUIRED)
+            fields(step, at, _STEP)
+
+
 _TOP = {
     "tool": lambda v, p: fields(obj(v, p), p, {"name": _opt_text, "version": _opt_text}),
     "run": lambda v, p: fields(obj(v, p), p, {"id": _opt_text, "label": _opt_text, "started": _opt_text,
@@ -373,6 +419,7 @@ _TOP = {
     "outputs_sha256": _sha,
     "judged": _opt_obj,
     "shard": _shard,
+    "sequences": _sequences,
     "merged": _opt_obj,
     "jobs": _jobs,
     "farm": _farm,

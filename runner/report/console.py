@@ -257,7 +257,8 @@ def print_summary(report: Report, console=None) -> None:
         crit = out.criteria or {}
         crit_text = ", ".join(criteria_items(  # 4 significant digits, as every view prints criteria
             crit, ("atol", "rtol", "qtol", "scale" if crit.get("qtol") else "", "sqnr_min_db", "cosine_min",
-                   "rel_frobenius_max"))) or ("exact" if crit.get("exact") else "-")
+                   "rel_frobenius_max", "argmax_match", "kl_max", "top_k_overlap_min"))) or (
+            "exact" if crit.get("exact") else "-")
         counts = " ".join(f"{k}:{v}" for k, v in sorted(row.counts.items()))
         mism = stats.get("mismatch_count")
         # An exact output (class ids, indices, masks) is equal or not: distances and SQNR say nothing.
@@ -276,6 +277,7 @@ def print_summary(report: Report, console=None) -> None:
             plain(crit_text),  # criteria come from the report file: their text is inert here
         )
     console.print(table)
+    print_sequences(report, console)
     for line in agreement_lines(report):
         console.print(plain(line), highlight=False)
     shown = 0
@@ -312,6 +314,26 @@ def print_summary(report: Report, console=None) -> None:
         f"[bold]{s.verdict}[/] ({', '.join(f'{k} {v}' for k, v in s.counts.items() if v)}) "
         f"in {report.run.get('duration_s') or 0:.1f} s — exit code {s.exit_code}"
     )
+
+
+def print_sequences(report: Report, console) -> None:
+    """LLM bundles: one table per sequence, a row per step (runner/report/sequences.py)."""
+    from rich.table import Table
+
+    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+
+    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
+    for seq in report.sequences:
+        table = Table(title=plain(headline(seq)), title_justify="left")
+        for col in STEP_COLUMNS:
+            table.add_column(col, justify="left" if col in ("kind", "verdict") else "right")
+        for step in seq.steps[:MAX_STEPS_SHOWN]:
+            cells = [plain(c) for c in step_cells(step)]
+            cells[-1] = f"[{style.get(step.verdict, '')}]{cells[-1]}[/]"
+            table.add_row(*cells)
+        if len(seq.steps) > MAX_STEPS_SHOWN:
+            table.caption = f"{len(seq.steps) - MAX_STEPS_SHOWN} more steps in the JSON report"
+        console.print(table)
 
 
 def say_report(report: Report, report_dir: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 SIGNIFICANT_DIGITS = 4
 
 # Criteria that are floors (the measured value must be at least the limit); every other is a ceiling.
-FLOORS = ("sqnr_min_db", "cosine_min")
+FLOORS = ("sqnr_min_db", "cosine_min", "top_k_overlap_min")
 
 
 def number(value: Any, against: Any = None) -> str:

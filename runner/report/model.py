@@ -248,6 +248,7 @@ class Report:
     extras: dict[str, Any] = field(default_factory=dict)  # sections of merged/farm/shard reports, kept as read
     schema: str = SCHEMA
     perf_info: dict[str, Any] = field(default_factory=dict)  # `perf` beside its derived summary: repeat, warmup, load, ...
+    sequences: list[Any] = field(default_factory=list)  # LLM sequences: SequenceRecord (runner/report/sequences.py)
 
     # The top-level sections written only when they hold something (older readers saw them absent).
     _OPTIONAL = ("regressions", "baseline", "files", "outputs_file", "outputs_sha256", "judged", "replay", "unwritten")
@@ -280,6 +281,7 @@ class Report:
                 extras={k: v for k, v in data.items() if k not in known},
                 perf_info={k: v for k, v in data["perf"].items() if k != "summary"}
                 if isinstance(data.get("perf"), dict) else {},
+                sequences=_sequences(data.get("sequences")),
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise ReportError(f"malformed report: {type(exc).__name__}: {exc}") from None
@@ -317,8 +319,18 @@ class Report:
             value = getattr(self, key)
             if value is not None and (value or key not in ("files", "unwritten")):  # regressions [] = none found
                 out[key] = value
+        if self.sequences:  # LLM bundles only: every other report stays byte-identical
+            out["sequences"] = [s.to_json() for s in self.sequences]
         out.update(self.extras)
         return out
+
+
+def _sequences(data: Any) -> list[Any]:
+    if not data:
+        return []
+    from bundlerun.runner.report.sequences import SequenceRecord
+
+    return [SequenceRecord.from_json(s) for s in data]
 
 
 def read_report(path: str | Path) -> Report:

@@ -511,6 +511,38 @@ def _replay_section(report: Report) -> str:
     return html_section(report)
 
 
+def _sequence_section(report: Report) -> str:
+    """LLM bundles: per sequence its headline, SQNR and margin against position, and the per-step
+    table (runner/report/sequences.py)."""
+    if not report.sequences:
+        return ""
+    from bundlerun.runner.pictures import plots
+    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+
+    parts = ["<h2 id='sequences'>Sequences</h2>"]
+    for seq in report.sequences:
+        parts.append(f"<h3>{_e(headline(seq))}</h3>")
+        if seq.prompt_text:
+            parts.append(f"<p class='meta'>prompt: {_e(seq.prompt_text)}</p>")
+        if seq.steps:
+            png = plots.sequence_plot([st.start_pos for st in seq.steps], [st.sqnr for st in seq.steps],
+                                      [st.margin for st in seq.steps], [st.verdict for st in seq.steps],
+                                      f"{seq.name}: SQNR and margin per step", seq.first_divergence)
+            parts.append("<div class='plots'>" + _img(png, f"sequence {seq.name}", "SQNR of the step's logits and the "
+                         "reference token's log-prob margin under the target (below 0: the greedy token flipped), "
+                         "against position; dotted: the first diverging step") + "</div>")
+        head = "".join(f"<th{' class=l' if c in ('kind', 'verdict') else ''}>{_e(c)}</th>" for c in STEP_COLUMNS)
+        rows = []
+        for step in seq.steps[:MAX_STEPS_SHOWN]:
+            cells = step_cells(step)
+            rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells[:-1])
+                        + f"<td class='l'><span class='badge {_e(step.verdict)}'>{_e(step.verdict)}</span></td></tr>")
+        more = (f"<p class='note'>{len(seq.steps) - MAX_STEPS_SHOWN} more steps in report.json</p>"
+                if len(seq.steps) > MAX_STEPS_SHOWN else "")
+        parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}")
+    return "".join(parts)
+
+
 def render_html(
     report: Report,
     bundle: Any = None,
@@ -550,6 +582,7 @@ def render_html(
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")
         + _regression_section(regressions, report.baseline)
         + _replay_section(report)
+        + _sequence_section(report)
         + _output_sections(report.cases, arrays, case_plots)
         + (_dataset_section(report.dataset) if report.dataset else "")
         + _perf_section(report)

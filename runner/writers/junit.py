@@ -149,6 +149,7 @@ def build_junit(report: Report) -> ET.Element:
         host = (run.get("host") or {}).get("machine")
         if host:
             suite.set("hostname", _clean(host))
+        _sequences(report, method, suite, props)
         if not len(props):
             suite.remove(props)
     regressions = report.regressions or []
@@ -185,6 +186,21 @@ def build_junit(report: Report) -> ET.Element:
         root.set(key, str(totals[key]))
     root.set("time", f"{totals['time']:.6f}")
     return root
+
+
+def _sequences(report: Report, method: str, suite: ET.Element, props: ET.Element) -> None:
+    """LLM bundles: each sequence of this method as properties (its figures) and the per-step
+    table as the suite's system-out (runner/report/sequences.py)."""
+    from bundlerun.runner.report.sequences import figures, text_lines
+
+    seqs = [s for s in report.sequences if _clean(s.method) == method]
+    for seq in seqs:
+        for key, value in figures(seq).items():
+            ET.SubElement(props, "property", name=_clean(f"sequence.{seq.name}.{key}"),
+                          value="" if value is None else _clean(_fmt(value)))
+    if seqs:
+        ET.SubElement(suite, "system-out").text = "\n\n".join(
+            "\n".join(_clean(line) for line in text_lines(seq)) for seq in seqs)
 
 
 def junit_bytes(report: Report) -> bytes:

@@ -196,6 +196,7 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
     from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
 
     lines += markdown_lines(report)
+    lines += _sequence_lines(report)
     rows: list[tuple[CaseRecord, OutputRecord | None]] = []
     for case in report.cases:
         if not case.outputs:
@@ -227,6 +228,23 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
     text = "\n".join(lines).rstrip() + "\n"
     farm = report.extras.get("farm") or {}
     return _farm_section(farm) + "\n\n" + text if farm.get("jobs") and "makespan_s" in farm else text
+
+
+def _sequence_lines(report: Report) -> list[str]:
+    """LLM bundles: each sequence's headline and per-step table (runner/report/sequences.py)."""
+    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+
+    lines: list[str] = []
+    for seq in report.sequences:
+        lines += [f"### {_ICON.get(seq.verdict, '')} Sequence {_md(headline(seq))}", ""]
+        if seq.prompt_text:
+            lines += [f"Prompt: {_cell(seq.prompt_text)}", ""]
+        lines += ["| " + " | ".join(STEP_COLUMNS) + " |", "|" + "---:|" * 3 + "---:|" * 6 + "---|"]
+        lines += ["| " + " | ".join(_md(c) for c in step_cells(step)) + " |" for step in seq.steps[:MAX_STEPS_SHOWN]]
+        if len(seq.steps) > MAX_STEPS_SHOWN:
+            lines.append(f"| … | {len(seq.steps) - MAX_STEPS_SHOWN} more steps |" + " |" * (len(STEP_COLUMNS) - 2))
+        lines.append("")
+    return lines
 
 
 def _farm_section(farm: dict[str, Any]) -> str:

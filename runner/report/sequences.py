@@ -1,0 +1,211 @@
+"""The report's per-sequence records of an LLM bundle: `Report.sequences` (docs/report-schema.md).
+
+One `SequenceRecord` per `SequenceSpec` of the manifest (bundles/sequence.py), one `StepRecord`
+per step with its case's verdict and token figures (runner/judging/token_metrics.py), plus the sequence's
+figures: first diverging step, greedy agreement length and the perplexity of the teacher-forced
+continuation under the target and the eager reference. Typed in memory; JSON only in
+`to_json`/`from_json` (non-finite numbers as "inf"/"-inf"/"nan", as every report number).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Sequence
+
+from bundlerun.runner.judging.numerics import _clean
+from bundlerun.runner.judging.token_metrics import StepMetrics, sequence_figures
+
+_SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    return _SPECIAL[value] if isinstance(value, str) else float(value)
+
+
+@dataclass
+class StepRecord:
+    """One step: which case it is, what it fed, its verdict and token figures (None: no logits)."""
+
+    step: int
+    case: int
+    kind: str  # prompt | decode
+    start_pos: int
+    tokens: int  # how many tokens the step fed
+    verdict: str  # the case's verdict
+    reference_token: int
+    target_token: int | None = None
+    argmax_match: bool | None = None
+    sqnr: float | None = None
+    cosine_similarity: float | None = None
+    error_max: float | None = None
+    top_k: int | None = None
+    top_k_overlap: float | None = None
+    kl: float | None = None
+    margin: float | None = None
+    logprob_target: float | None = None
+    logprob_reference: float | None = None
+
+    _NUMBERS = ("sqnr", "cosine_similarity", "error_max", "top_k_overlap", "kl", "margin", "logprob_target",
+                "logprob_reference")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StepRecord":
+        kw: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
+        for key in cls._NUMBERS:
+            kw[key] = _number(kw.get(key))
+        return cls(**kw)
+
+    def to_json(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+
+@dataclass
+class SequenceRecord:
+    """One sequence of the manifest, judged."""
+
+    name: str
+    method: str
+    mode: str  # teacher-forced | greedy
+    stateful: bool
+    verdict: str  # PASS when every step passed; else the worst step verdict
+    steps: list[StepRecord] = field(default_factory=list)
+    first_divergence: int | None = None  # step index; None: every step agreed and passed
+    greedy_agreement: int = 0  # leading steps whose target token is the reference token
+    perplexity_target: float | None = None
+    perplexity_reference: float | None = None
+    perplexity_ratio: float | None = None
+    prompt_text: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SequenceRecord":
+        kw: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name in data}
+        kw["steps"] = [StepRecord.from_json(s) for s in data.get("steps") or []]
+        for key in ("perplexity_target", "perplexity_reference", "perplexity_ratio"):
+            kw[key] = _number(kw.get(key))
+        return cls(**kw)
+
+    def to_json(self) -> dict[str, Any]:
+        out = _clean(asdict(self))
+        out["steps"] = [s.to_json() for s in self.steps]
+        if self.prompt_text is None:
+            del out["prompt_text"]
+        return out
+
+
+_ORDER = ("PASS", "SKIP", "FAIL", "TIMEOUT", "ERROR")  # worse to the right, as the summary reads them
+
+
+def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
+                     metrics: dict[tuple[str, int], StepMetrics]) -> list[SequenceRecord]:
+    """The records of the manifest's sequences (`SequenceSpec`s), from each step case's verdict
+    and token figures. A step whose case is absent from the run (not selected, never reached)
+    is ERROR: a sequence is judged whole or shows where it stopped."""
+    records = []
+    for spec in specs:
+        steps: list[StepRecord] = []
+        step_metrics: list[StepMetrics | None] = []
+        for i, st in enumerate(spec.steps):
+            key = (spec.method, st.case)
+            m = metrics.get(key)
+            step_metrics.append(m)
+            rec = StepRecord(i, st.case, st.kind, st.start_pos, len(st.tokens), verdicts.get(key, "ERROR"),
+                             st.reference_next)
+            if m is not None:
+                rec.target_token, rec.argmax_match = m.target_token, m.argmax_match
+                rec.sqnr, rec.cosine_similarity, rec.error_max = m.sqnr, m.cosine_similarity, m.error_max
+                rec.top_k, rec.top_k_overlap, rec.kl, rec.margin = m.top_k, m.top_k_overlap, m.kl, m.margin
+                rec.logprob_target, rec.logprob_reference = m.logprob_target, m.logprob_reference
+            steps.append(rec)
+        figures = sequence_figures(step_metrics, [s.verdict for s in steps])
+        worst = max((s.verdict for s in steps), key=lambda v: _ORDER.index(v) if v in _ORDER else len(_ORDER),
+                    default="PASS")
+        records.append(SequenceRecord(
+            spec.name, spec.method, spec.mode, spec.stateful, worst, steps, figures.first_divergence,
+            figures.greedy_agreement, figures.perplexity_target, figures.perplexity_reference,
+            figures.perplexity_ratio, spec.prompt_text))
+    return records
+
+
+# ---------------------------------------------------------------- display (every report format)
+
+STEP_COLUMNS = ("step", "kind", "pos", "SQNR dB", "cosine", "argmax ref->tgt", "top-k overlap", "KL", "margin",
+                "verdict")
+MAX_STEPS_SHOWN = 200  # rows of one sequence's table in a view (bundlerun's: a 64-step bench sequence fits whole)
+
+
+def _g(value: Any, fmt: str = "{:.4g}") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return fmt.format(value)
+
+
+def step_cells(step: StepRecord) -> list[str]:
+    """One step as the text cells of STEP_COLUMNS (each view escapes them for its format)."""
+    target = "–" if step.target_token is None else str(step.target_token)
+    mark = "" if step.argmax_match is None else (" ✓" if step.argmax_match else " ✗")
+    overlap = "–" if step.top_k_overlap is None else f"{step.top_k_overlap:.2f} (k={step.top_k})"
+    return [str(step.step), step.kind, str(step.start_pos), _g(step.sqnr, "{:.1f}"), _g(step.cosine_similarity, "{:.6f}"),
+            f"{step.reference_token}->{target}{mark}", overlap, _g(step.kl, "{:.3g}"), _g(step.margin, "{:+.3g}"),
+            step.verdict]
+
+
+def headline(seq: SequenceRecord) -> str:
+    """`seq0 (teacher-forced, stateful, 6 steps): FAIL; first divergence at step 4 (case 4); greedy
+    agreement 4/6; perplexity 12.3 under the target vs 12.1 eager (x1.017)`."""
+    n = len(seq.steps)
+    parts = [f"{seq.name} ({seq.mode}, {'stateful' if seq.stateful else 'stateless'}, {n} steps): {seq.verdict}"]
+    if seq.first_divergence is None:
+        parts.append("no divergence")
+    else:
+        case = seq.steps[seq.first_divergence].case if seq.first_divergence < n else "?"
+        parts.append(f"first divergence at step {seq.first_divergence} (case {case})")
+    parts.append(f"greedy agreement {seq.greedy_agreement}/{n}")
+    if seq.perplexity_target is not None and seq.perplexity_reference is not None:
+        ratio = f" (x{seq.perplexity_ratio:.3f})" if seq.perplexity_ratio is not None else ""
+        parts.append(f"perplexity {_g(seq.perplexity_target)} under the target vs {_g(seq.perplexity_reference)} "
+                     f"eager{ratio}")
+    return "; ".join(parts)
+
+
+def text_lines(seq: SequenceRecord) -> list[str]:
+    """The headline and a fixed-width per-step table: plain text views (JUnit's system-out)."""
+    rows = [list(STEP_COLUMNS)] + [step_cells(s) for s in seq.steps[:MAX_STEPS_SHOWN]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(STEP_COLUMNS))]
+    lines = [headline(seq)] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if len(seq.steps) > MAX_STEPS_SHOWN:
+        lines.append(f"... {len(seq.steps) - MAX_STEPS_SHOWN} more steps in report.json")
+    return lines
+
+
+def figures(seq: SequenceRecord) -> dict[str, Any]:
+    """The per-sequence figures a run keeps (JUnit properties, history metrics): None when not known."""
+    return {"steps": len(seq.steps), "first_divergence": seq.first_divergence,
+            "greedy_agreement": seq.greedy_agreement, "perplexity_target": seq.perplexity_target,
+            "perplexity_reference": seq.perplexity_reference, "perplexity_ratio": seq.perplexity_ratio}
+
+
+# The per-sequence figures a run records in the history (runner/history/store.py, table perf_figures, one
+# row per sequence: case_index = the sequence's index), so `bundlerun trend MODEL --metric NAME` draws
+# them like any recorded figure: median over the run's sequences with the min..max band.
+HISTORY_FIGURES = (("sequence_first_divergence", "steps"), ("sequence_greedy_agreement", "steps"),
+                   ("sequence_perplexity_ratio", "ratio"))
+
+
+def history_rows(run_id: int, report: Any) -> list[tuple]:
+    """perf_figures rows (run_id, method, case_index, name, phase, value, unit, kind, per_inference,
+    samples, spread) of each sequence. A sequence that never diverged records its step count as its
+    first divergence (agreement through the end), so the figure is higher-is-better throughout."""
+    rows = []
+    for i, seq in enumerate(report.sequences):
+        first = seq.first_divergence if seq.first_divergence is not None else len(seq.steps)
+        values = (first, seq.greedy_agreement, seq.perplexity_ratio)
+        for (name, unit), value in zip(HISTORY_FIGURES, values):
+            if value is None or not math.isfinite(float(value)):
+                continue
+            rows.append((run_id, seq.method, i, name, "", float(value), unit, "accuracy", None, None, None))
+    return rows
