@@ -409,7 +409,7 @@ class FailedCriterion:
 
 @dataclass
 class OutputVerdict:
-    verdict: str  # PASS | FAIL
+    verdict: Verdict  # PASS | FAIL
     failed: list[FailedCriterion] = field(default_factory=list)
     stats: OutputStats | None = None
 
@@ -455,7 +455,7 @@ def judge_output(
             "shape", list(np.shape(actual)), list(np.shape(expected)),
             f"actual shape {list(np.shape(actual))} != expected shape {list(np.shape(expected))}",
         ))
-        return OutputVerdict("FAIL", failed, stats)
+        return OutputVerdict(Verdict.FAIL, failed, stats)
     if actual_dtype != expected_dtype and not cast:
         failed.append(FailedCriterion("dtype", actual_dtype, expected_dtype,
                                       f"actual dtype {actual_dtype} != expected dtype {expected_dtype}"))
@@ -522,7 +522,7 @@ def judge_output(
         if a_arg != r_arg:
             failed.append(FailedCriterion("top1", a_arg, r_arg,
                                           f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
-    return OutputVerdict("FAIL" if failed else "PASS", failed, stats)
+    return OutputVerdict(Verdict.FAIL if failed else Verdict.PASS, failed, stats)
 
 
 def _is_integer_valued(expected: np.ndarray) -> bool:
@@ -563,3 +563,4 @@ def quantization_steps(stats: OutputStats, scale: float | None) -> None:
 
 # The backends' own rules (nan, SQNR as measured upstream, Arm's analysis, top-1): runner/compare_rules.py.
 from bundlerun.runner.compare_rules import _argmax, _sqnr_check, arm_output_analysis, sqnr_db, top_k_check  # noqa: E402,F401
+from bundlerun.targets.base import Verdict

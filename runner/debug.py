@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -195,7 +196,7 @@ def worst_failing_case(report: "Report", method: str = "forward", output: str | 
         for out in case.outputs:
             if output is not None and out.name != output:
                 continue
-            if out.verdict != "FAIL":
+            if out.verdict != Verdict.FAIL:
                 continue
             stats = out.stats or {}
             sqnr = stats.get("sqnr")

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 import numpy as np
+from bundlerun.targets.base import Verdict
 
 DEFAULT_FLOOR_DB = 100.0
 # ops whose values are uninitialized memory or random draws (eager_ops.op_name spelling): never compared
@@ -416,7 +417,7 @@ def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, qua
         return None
     dtype = str(expected.dtype)
     verdict = judge_output(runtime_output.reshape(expected.shape), expected, criteria, dtype, dtype)
-    if verdict.verdict == "PASS":
+    if verdict.verdict == Verdict.PASS:
         return None
     import torch
 
@@ -427,7 +428,7 @@ def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, qua
                              "exported_vs_eager": _stats(ep_out, expected)}
     ep_verdict = judge_output(ep_out.reshape(expected.shape), expected, criteria, dtype, dtype) \
         if ep_out is not None and ep_out.size == expected.size else None
-    if quantized or ep_verdict is None or ep_verdict.verdict == "PASS":
+    if quantized or ep_verdict is None or ep_verdict.verdict == Verdict.PASS:
         return None  # the exported program meets the criteria: the gap is the runtime's (or quantization's)
     found["finding"] = ("the runtime matches the exported program, but the output fails against eager: the exported "
                         "program already differs from the eager model (divergence at export, not at run time)")

@@ -48,6 +48,7 @@ import pytest
 
 from bundlerun.runner.farm.plan import BuildSpec
 from bundlerun.runner.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
@@ -313,7 +314,7 @@ class BundlerunCollector(pytest.Collector):
 
 def _worst(report: Report) -> tuple[CaseRecord, OutputRecord] | None:
     """The failing output with the largest max error (the case and the output)."""
-    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == "FAIL"]
+    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == Verdict.FAIL]
     if not failing:
         return None
 
@@ -329,7 +330,7 @@ def failure_message(report: Report, report_dir: Path) -> str:
     from bundlerun.runner.writers.junit import failure_text
 
     s = report.summary
-    fail_cases = sum(1 for c in report.cases if c.verdict == "FAIL")
+    fail_cases = sum(1 for c in report.cases if c.verdict == Verdict.FAIL)
     lines = [f"bundlerun FAIL: {fail_cases} of {s.cases} cases failed "
              f"({s.counts.get('FAIL', 0)} of {s.outputs} outputs)"]
     worst = _worst(report)
@@ -353,7 +354,7 @@ def _kind(case: CaseRecord) -> str:
 
 
 def error_message(report: Report, report_dir: Path) -> str:
-    bad = [c for c in report.cases if c.verdict in ("ERROR", "TIMEOUT")]
+    bad = [c for c in report.cases if c.verdict in (Verdict.ERROR, Verdict.TIMEOUT)]
     lines = [f"bundlerun ERROR (infrastructure, exit code {EXIT_INFRA}): {len(bad)} of {len(report.cases)} cases "
              f"could not run"]
     for case in bad[:5]:
@@ -388,7 +389,7 @@ class BundleItem(pytest.Item):
             bundle = self.spec.bundle or plugin.build(self.spec.build, leased.url)
             self.report = plugin.run_bundle(Path(bundle), leased.url, report_dir, options=leased.options)
         except BundlerunError as exc:  # bad bundle, failed build, bad target URL: could not run
-            self.user_properties.append(("bundlerun_verdict", "ERROR"))
+            self.user_properties.append(("bundlerun_verdict", Verdict.ERROR))
             pytest.fail(f"bundlerun ERROR: {exc}", pytrace=False)
         summary = self.report.summary
         self.user_properties.append(("bundlerun_verdict", summary.verdict))
@@ -420,13 +421,13 @@ class BundleItem(pytest.Item):
         for case in self.report.cases if self.report else []:
             verdict = case.verdict
             outcome, longrepr = "passed", None
-            if verdict == "FAIL":
+            if verdict == Verdict.FAIL:
                 outcome = "failed"
-                longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == "FAIL")
-            elif verdict in ("ERROR", "TIMEOUT"):
+                longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == Verdict.FAIL)
+            elif verdict in (Verdict.ERROR, Verdict.TIMEOUT):
                 outcome = "failed"
                 longrepr = f"{verdict} ({_kind(case)}): {case.error}"
-            elif verdict == "SKIP":
+            elif verdict == Verdict.SKIP:
                 outcome, longrepr = "skipped", (str(self.path), 0, f"Skipped: {case.error or 'skipped'}")
             elapsed = float(case.elapsed_s or 0.0)
             base = TestReport(self.nodeid, self.location, {}, outcome, longrepr, "call", duration=elapsed,

@@ -17,6 +17,7 @@ import numpy as np
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun
+from bundlerun.targets.base import Verdict
 
 OUTPUTS_FILE = "outputs.npz"
 
@@ -131,7 +132,7 @@ def build_failure_report(model: str, target: str, message: str, label: str | Non
     from bundlerun.runner.report.model import Summary
 
     now = datetime.now(timezone.utc).isoformat()
-    return Report(summary=Summary("ERROR", 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
+    return Report(summary=Summary(Verdict.ERROR, 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
                   run={"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
                        "host": host_section()},
                   bundle={"path": None, "model": model, "built_for": target, "has_manifest": False},

@@ -490,7 +490,7 @@ SPEC = TargetSpec(
 def _board_core(url: TargetURL) -> tuple[str, str]:
     parts = url.rest.lower().split("/")
     if len(parts) != 2:
-        raise TargetError(f"FVP target {url.raw!r} must look like fvp://corstone-300/ethos-u55-128", kind="bad-config")
+        raise TargetError(f"FVP target {url.raw!r} must look like fvp://corstone-300/ethos-u55-128", kind=FailureKind.BAD_CONFIG)
     return parts[0], parts[1]
 
 
@@ -500,7 +500,7 @@ def platform_lowering(url: str, board: str, core: str) -> dict[str, Any]:
     try:
         platform = parse_platform(board, core)
     except ValueError as exc:
-        raise TargetError(f"{exc} ({url})", kind="bad-config") from None
+        raise TargetError(f"{exc} ({url})", kind=FailureKind.BAD_CONFIG) from None
     if platform.has_npu:
         return {"arm": "ethos-u", "integer": True, "accelerator": platform.accelerator}
     return {"arm": "cortex-m", "integer": True, "cpu": platform.cpu}
