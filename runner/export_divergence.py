@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.manifest import Manifest
 
 DEFAULT_FLOOR_DB = 100.0
 # ops whose values are uninitialized memory or random draws (eager_ops.op_name spelling): never compared
@@ -380,10 +381,10 @@ def _f(v: Any, fmt: str = ".1f") -> str:
 # ------------------------------------------------------------------ callers
 
 
-def eager_model_of(manifest: dict[str, Any] | None) -> tuple[Any, str]:
+def eager_model_of(manifest: Manifest | None) -> tuple[Any, str]:
     """The bundle's eager model, reloaded from its recorded source (zoo name or factory file), or
     (None, why not)."""
-    model = (manifest or {}).get("model") or {}
+    model = (manifest.model if manifest else None) or {}
     source, ident = str(model.get("source") or ""), model.get("id")
     ref = None
     if source.startswith("factory:"):
@@ -401,7 +402,7 @@ def eager_model_of(manifest: dict[str, Any] | None) -> tuple[Any, str]:
         return None, f"the eager model {ref} could not be reloaded: {exc}"
 
 
-def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, quantized: bool,
+def check_debug(manifest: Manifest | None, record: Any, inputs: tuple, quantized: bool,
                 runtime_output: np.ndarray | None, expected: np.ndarray, criteria: Any,
                 budget_db: float | None, output_index: int) -> dict[str, Any] | None:
     """For `debug` when no layer exceeds: does the runtime output fail against eager while it matches

@@ -7,6 +7,7 @@ judged with the foundation defaults for fp32, with a warning saying so.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,7 +57,8 @@ def load_context(bundle: Bundle) -> JudgeContext:
     warnings = list(getattr(bundle, "warnings", []) or [])
     if bundle.manifest is None:
         return JudgeContext(None, [NO_MANIFEST_WARNING, *warnings])
-    return JudgeContext(Manifest.from_dict(bundle.manifest), warnings)
+    # A copy: --override changes the context's criteria in place, never the bundle's own manifest.
+    return JudgeContext(copy.deepcopy(bundle.manifest), warnings)
 
 
 def _error_verdict(result: CaseResult) -> Verdict:

@@ -43,6 +43,7 @@ from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.base import PerfKind, Verdict
+from bundlerun.bundles.manifest import Manifest
 
 
 @dataclass
@@ -216,9 +217,9 @@ def inputs_digest(bundle: Any) -> str | None:
     return h.hexdigest()
 
 
-def program_sha256(manifest: dict[str, Any] | None, bundle: Any = None) -> str | None:
+def program_sha256(manifest: Manifest | None, bundle: Any = None) -> str | None:
     """The program's sha256: the sealed one from the manifest, else computed from the bundle."""
-    sealed = ((manifest or {}).get("integrity") or {}).get("program") if isinstance(manifest, dict) else None
+    sealed = (manifest.integrity or {}).get("program") if manifest is not None else None
     if sealed:
         return str(sealed)
     program = getattr(bundle, "program", None)

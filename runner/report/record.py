@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun
 from bundlerun.targets.base import Verdict
@@ -28,8 +29,8 @@ def tool_version() -> str:
     return __version__
 
 
-def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = None) -> dict[str, Any]:
-    build = (manifest or {}).get("build", {})
+def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) -> dict[str, Any]:
+    build = manifest.build if manifest else {}
     from bundlerun.runner.regression import inputs_digest, program_sha256
 
     return {
@@ -39,14 +40,14 @@ def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = No
         "sha256": file_sha256(path),
         "size": path.stat().st_size,
         "has_manifest": manifest is not None,
-        "model": (manifest or {}).get("model", {}).get("id"),
+        "model": manifest.model.get("id") if manifest else None,
         "backend": build.get("backend"),
         "dtype": build.get("dtype"),
         "built_for": build.get("target"),
         "reference": build.get("reference"),
         "quantization": build.get("quantization"),
         "seed": build.get("seed"),
-        "versions": (manifest or {}).get("versions", {}),
+        "versions": manifest.versions if manifest else {},
     }
 
 
