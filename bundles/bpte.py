@@ -28,6 +28,7 @@ from bundlerun.bundles.errors import BundleFormatError, ManifestError
 from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.bundles.flatbuf import FlatReader, FlatTable
 from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
+from bundlerun.bundles.manifest import Manifest
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
@@ -92,13 +93,28 @@ class MethodTestSuite:
 
 @dataclass
 class Bundle:
-    """A parsed `.bpte`: the program bytes, the test suites and bundlerun's manifest."""
+    """A parsed `.bpte`: the program bytes, the test suites and bundlerun's manifest.
+
+    `manifest_json` is the manifest as stored (the JSON object the seal hashes and `write_bundle`
+    writes, read only by the checkers in bundles/integrity.py and bundles/consistency.py);
+    `manifest` is the typed `Manifest` every other reader uses, parsed once from it."""
 
     program: bytes
     method_test_suites: list[MethodTestSuite]
-    manifest: dict[str, Any] | None = None
+    manifest_json: dict[str, Any] | None = None
     version: int = SCHEMA_VERSION
     warnings: list[str] = field(default_factory=list)  # set by load_bundle (e.g. an unsealed bundle)
+    _parsed: tuple[dict[str, Any], Manifest] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The typed manifest (None: a bundle made by ExecuTorch's own BundledProgram API), parsed and
+        validated on first use and kept while `manifest_json` is the same object."""
+        if self.manifest_json is None:
+            return None
+        if self._parsed is None or self._parsed[0] is not self.manifest_json:
+            self._parsed = (self.manifest_json, Manifest.from_dict(self.manifest_json))
+        return self._parsed[1]
 
     def suite(self, method_name: str) -> MethodTestSuite:
         for suite in self.method_test_suites:
@@ -119,12 +135,12 @@ class Bundle:
         suite = self.suite(method_name)
         case = suite.test_cases[case_index]
         single = replace(self, method_test_suites=[MethodTestSuite(method_name, [case])])
-        if isinstance(self.manifest, dict) and isinstance(self.manifest.get("methods"), dict):
+        if isinstance(self.manifest_json, dict) and isinstance(self.manifest_json.get("methods"), dict):
             from bundlerun.bundles.integrity import seal
 
-            manifest = dict(self.manifest)
+            manifest = dict(self.manifest_json)
             manifest["methods"] = {k: v for k, v in manifest["methods"].items() if k == method_name}
-            single = replace(single, manifest=manifest)
+            single = replace(single, manifest_json=manifest)
             if manifest.get("integrity") is not None:
                 single = seal(single)
         return single
@@ -254,7 +270,7 @@ def _parse(reader: FlatReader, source: str, in_memory: bool = False) -> Bundle:
     if not in_memory and (len(trailing) >= TRAILING_SLACK or trailing.strip(b"\0")):
         raise BundleFormatError(f"{source}: {len(trailing)} bytes follow the end of the bundle data "
                                 "(appended or corrupted); rebuild the bundle")
-    return Bundle(program=program, method_test_suites=suites, manifest=manifest, version=version)
+    return Bundle(program=program, method_test_suites=suites, manifest_json=manifest, version=version)
 
 
 def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) -> Bundle:
@@ -378,8 +394,8 @@ def serialize_bundle(bundle: Bundle) -> bytes:
     )
     builder = flatbuffers.Builder(size_hint)
     manifest_off = 0
-    if bundle.manifest is not None:
-        manifest_off = builder.CreateString(json.dumps(bundle.manifest, sort_keys=True, separators=(",", ":")))
+    if bundle.manifest_json is not None:
+        manifest_off = builder.CreateString(json.dumps(bundle.manifest_json, sort_keys=True, separators=(",", ":")))
     program_off = _aligned_bytes(builder, bytes(bundle.program), PROGRAM_ALIGN)
     suite_offs = []
     for suite in bundle.method_test_suites:

@@ -172,10 +172,10 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     try:
         data = path.read_bytes()
         bundle = load_bundle(data, str(path))  # schema, consistency and integrity checks
-        recorded = ((bundle.manifest or {}).get("build") or {}).get("cache_key")
+        recorded = bundle.manifest.build.get("cache_key") if bundle.manifest else None
         if recorded != key:
             raise BundlerunError(f"{path}: records cache key {str(recorded)[:16]}..., not {key[:16]}...")
-        if (bundle.manifest or {}).get("integrity") is None:
+        if bundle.manifest is None or bundle.manifest.integrity is None:
             raise BundlerunError(f"{path}: not sealed")
     except Exception as exc:  # noqa: BLE001 - whatever is wrong with an entry, it is not used
         shutil.rmtree(folder, ignore_errors=True)

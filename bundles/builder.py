@@ -130,7 +130,8 @@ def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> Buil
         path = atomic_write_bytes(req.output, data)
     except OSError as exc:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
-    manifest = Manifest.from_dict(bundle.manifest, str(path))
+    manifest = bundle.manifest
+    assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
     info = dict(manifest.build.get("lowering") or {})
     info.update({"cache": "hit", "cache_key": key})
     return BuildResult(path=path, manifest=manifest, info=info)
@@ -326,7 +327,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     bundle = Bundle(
         program=bytes(lowering.program.buffer),
         method_test_suites=[MethodTestSuite("forward", test_cases)],
-        manifest=manifest.to_dict(),
+        manifest_json=manifest.to_dict(),
     )
     say(f"writing {req.output}")
     try:

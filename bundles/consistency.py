@@ -42,7 +42,7 @@ def check_consistency(bundle: "Bundle", source: str) -> list[str]:
     except BundleError as exc:
         declared = None
         warnings.append(f"{exc}; expected outputs were not checked against the program's declarations")
-    methods = (bundle.manifest or {}).get("methods")
+    methods = (bundle.manifest_json or {}).get("methods")  # a checker: the stored JSON, before it is typed
     if methods is not None:
         _methods_match(source, names, methods)
     for suite in bundle.method_test_suites:

@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterator
 
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.fileio import file_sha256
+from bundlerun.bundles.manifest import Manifest
 
 SUFFIX = ".etrecord"
 DELEGATES_SUFFIX = ".delegates.json"
@@ -458,9 +459,9 @@ class EtrecordMissing(Exception):
     """The bundle has no usable ETRecord; the message says how to rebuild with one."""
 
 
-def rebuild_hint(manifest: dict | None, bundle_path: str | Path) -> str:
-    build = (manifest or {}).get("build") or {}
-    model = ((manifest or {}).get("model") or {}).get("id") or "MODEL"
+def rebuild_hint(manifest: Manifest | None, bundle_path: str | Path) -> str:
+    build = manifest.build if manifest else {}
+    model = (manifest.model.get("id") if manifest else None) or "MODEL"
     parts = [f"bundlerun build {model}"]
     for flag, key in (("--target", "target"), ("--backend", "backend"), ("--dtype", "dtype"),
                       ("--cases", "cases"), ("--seed", "seed"), ("--reference", "reference")):
@@ -470,10 +471,10 @@ def rebuild_hint(manifest: dict | None, bundle_path: str | Path) -> str:
     return " ".join(parts)
 
 
-def locate(manifest: dict | None, bundle_path: str | Path) -> Path:
+def locate(manifest: Manifest | None, bundle_path: str | Path) -> Path:
     """The bundle's ETRecord, checked against the sha256 its manifest records.
     Raises EtrecordMissing naming the rebuild command otherwise."""
-    entry = ((manifest or {}).get("build") or {}).get("etrecord")
+    entry = manifest.build.get("etrecord") if manifest else None
     hint = rebuild_hint(manifest, bundle_path)
     if not isinstance(entry, dict) or not entry.get("path"):
         raise EtrecordMissing(f"{bundle_path} was built without an ETRecord, which debug needs to map runtime "
@@ -488,10 +489,10 @@ def locate(manifest: dict | None, bundle_path: str | Path) -> Path:
     return path
 
 
-def load_delegate_graphs(manifest: dict | None, bundle_path: str | Path) -> tuple[dict | None, str]:
+def load_delegate_graphs(manifest: Manifest | None, bundle_path: str | Path) -> tuple[dict | None, str]:
     """(the bundle's delegate graphs, "") or (None, why they are not there) - checked against the
     sha256 the manifest records."""
-    entry = (((manifest or {}).get("build") or {}).get("etrecord") or {}).get("delegate_graphs")
+    entry = ((manifest.build.get("etrecord") if manifest else None) or {}).get("delegate_graphs")
     if not isinstance(entry, dict) or not entry.get("path"):
         return None, ("the bundle records no delegate graphs (built before bundlerun recorded them, or the lowering "
                       f"had none); rebuild with: {rebuild_hint(manifest, bundle_path)}")

@@ -195,7 +195,7 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         extra=dict(req.extra),
     )
-    bundle = Bundle(program=program, method_test_suites=suites, manifest=manifest.to_dict())
+    bundle = Bundle(program=program, method_test_suites=suites, manifest_json=manifest.to_dict())
     try:
         path = write_bundle(bundle, output)
     except OSError as exc:

@@ -22,6 +22,7 @@ from bundlerun.bundles.errors import IntegrityError
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue
+    from bundlerun.bundles.manifest import Manifest
 
 ALGORITHM = "sha256"
 UNSEALED_WARNING = ("bundle predates integrity hashes (its manifest records no sha256 of the program and test "
@@ -67,16 +68,16 @@ def is_bundlerun_manifest(manifest: Any) -> bool:
 
 def seal(bundle: "Bundle") -> "Bundle":
     """A copy whose manifest records the digests of this bundle's program, cases and manifest."""
-    if not is_bundlerun_manifest(bundle.manifest):
+    if not is_bundlerun_manifest(bundle.manifest_json):
         return bundle
-    manifest = copy.deepcopy(bundle.manifest)
+    manifest = copy.deepcopy(bundle.manifest_json)
     manifest["integrity"] = {
         "algorithm": ALGORITHM,
         "program": program_digest(bundle.program),
         "cases": {s.method_name: [case_digest(c) for c in s.test_cases] for s in bundle.method_test_suites},
     }
     manifest["integrity"]["manifest"] = manifest_digest(manifest)
-    return replace(bundle, manifest=manifest)
+    return replace(bundle, manifest_json=manifest)
 
 
 SEAL_REQUIRED = ("--require-seal (on by default when $CI is set) refuses it; rebuild it with `bundlerun build` "
@@ -88,10 +89,10 @@ def require_sealed(bundle: "Bundle", source: str) -> None:
     An unsealed bundle (no `integrity` section, or no bundlerun manifest at all: ExecuTorch's own
     BundledProgram API) cannot show that its expected outputs and criteria are the ones it was
     built with: an `"integrity": {...}` section overwritten with spaces reads as unsealed."""
-    if bundle.manifest is None:
+    if bundle.manifest_json is None:
         raise IntegrityError(f"{source}: the bundle has no bundlerun manifest, so no seal: its expected outputs and "
                              f"criteria cannot be checked against tampering; {SEAL_REQUIRED}")
-    if bundle.manifest.get("integrity") is None:
+    if bundle.manifest_json.get("integrity") is None:
         raise IntegrityError(f"{source}: the bundle is not sealed (its manifest records no sha256 of the program, "
                              f"test cases and criteria): changes to it cannot be detected; {SEAL_REQUIRED}")
 
@@ -101,9 +102,9 @@ def verify(bundle: "Bundle", source: str, require_seal: bool = False) -> list[st
     seal); warnings (an unsealed bundle) otherwise."""
     if require_seal:
         require_sealed(bundle, source)
-    if bundle.manifest is None:
+    if bundle.manifest_json is None:
         return []
-    integrity = bundle.manifest.get("integrity")
+    integrity = bundle.manifest_json.get("integrity")
     if integrity is None:
         return [f"{source}: {UNSEALED_WARNING}"]
     got = program_digest(bundle.program)
@@ -124,7 +125,7 @@ def verify(bundle: "Bundle", source: str, require_seal: bool = False) -> list[st
             if case_digest(case) != recorded[i]:
                 raise IntegrityError(f"{source}: method {suite.method_name!r} case {i} (inputs or expected outputs) "
                                      "was changed after the bundle was built")
-    if manifest_digest(bundle.manifest) != integrity["manifest"]:
+    if manifest_digest(bundle.manifest_json) != integrity["manifest"]:
         raise IntegrityError(f"{source}: the manifest (criteria or provenance) was changed after the bundle was built")
     return []
 
@@ -136,8 +137,8 @@ def validate_bundle(bundle: "Bundle", source: str, require_seal: bool = False) -
     from bundlerun.bundles.consistency import check_consistency
     from bundlerun.bundles.manifest_schema import validate_manifest
 
-    if bundle.manifest is not None:
-        validate_manifest(bundle.manifest, source)
+    if bundle.manifest_json is not None:
+        validate_manifest(bundle.manifest_json, source)
     warnings = check_consistency(bundle, source)
     return replace(bundle, warnings=list(bundle.warnings) + warnings + verify(bundle, source, require_seal))
 
@@ -160,9 +161,9 @@ def inputs_digest(bundle: Any) -> str | None:
     return h.hexdigest()
 
 
-def program_sha256(manifest: dict[str, Any] | None, bundle: Any = None) -> str | None:
+def program_sha256(manifest: Manifest | None, bundle: Any = None) -> str | None:
     """The program's sha256: the sealed one from the manifest, else computed from the bundle."""
-    sealed = ((manifest or {}).get("integrity") or {}).get("program") if isinstance(manifest, dict) else None
+    sealed = (manifest.integrity or {}).get("program") if manifest is not None else None
     if sealed:
         return str(sealed)
     program = getattr(bundle, "program", None)

@@ -20,6 +20,7 @@ from bundlerun.bundles.backends.base import BACKENDS  # a plain name table: no t
 from bundlerun.bundles.limits import MAX_CASES, MAX_REPEAT, MAX_REPLAY  # bundlerun's bounds (docs/security.md)
 from bundlerun.runner import seal  # --require-seal: click only
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, combine_exit_codes  # every exit code is defined in runner/judging/outcome.py
+from bundlerun.targets.base import Verdict
 
 # Subcommands living in their own modules (each exposes `command`), loaded on use.
 LAZY_COMMANDS: dict[str, str] = {
@@ -541,7 +542,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
                 click.echo(f"{slug}: build failed: {exc}", err=True)
                 written = write_record(build_failure_report(model, target, str(exc), label), out)
-                results.append((slug, "ERROR", 2, str(written) if written else str(exc)))
+                results.append((slug, Verdict.ERROR, 2, str(written) if written else str(exc)))
                 continue
             report = _do_run(session, bundle_path, out, target, case_timeout, setup_timeout, save_outputs, overrides,
                              label, quiet=as_json, amend=None if mine is None else (
@@ -585,7 +586,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     for col in ("model-dtype", "verdict", "report"):
         table.add_column(col)
     for slug, verdict, _code, where in results:
-        color = {"PASS": "green", "FAIL": "red"}.get(verdict, "yellow")
+        color = {Verdict.PASS: "green", Verdict.FAIL: "red"}.get(verdict, "yellow")
         table.add_row(plain(slug), f"[{color}]{verdict}[/]", plain(where))
     wide_console().print(table)
     sys.exit(code)

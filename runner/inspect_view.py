@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
-from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS, Manifest
+from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS
 
 # How each rule reads in `inspect` (what the judge will do differently from the default rule).
 RULE_TEXT = {
@@ -50,7 +50,7 @@ def bundle_summary(bundle: Bundle, path: Path) -> dict[str, Any]:
         "program_size": len(bundle.program),
         "program_identifier": bytes(bundle.program[4:8]).decode(errors="replace"),
         "methods": methods,
-        "manifest": bundle.manifest,
+        "manifest": bundle.manifest_json,  # as stored: `inspect --json` shows the bundle's own JSON
     }
 
 
@@ -86,7 +86,7 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
         console.print("[yellow]no bundlerun manifest[/]: made by ExecuTorch's BundledProgram API; "
                       "`bundlerun run` judges it with default tolerances (atol=1e-3, rtol=1e-3)")
         return
-    manifest = Manifest.from_dict(bundle.manifest)
+    manifest = bundle.manifest
     b = manifest.build
     console.print(
         f"model [bold]{plain(manifest.model.get('id'))}[/] ("

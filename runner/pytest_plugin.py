@@ -49,6 +49,7 @@ import pytest
 from bundlerun.runner.farm.plan import BuildSpec
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 from bundlerun.runner.suite.item_messages import error_kind_text, error_message, failure_message
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -337,7 +338,7 @@ class BundleItem(pytest.Item):
             bundle = self.spec.bundle or plugin.build(self.spec.build, leased.url)
             self.report = plugin.run_bundle(Path(bundle), leased.url, report_dir, options=leased.options)
         except BundlerunError as exc:  # bad bundle, failed build, bad target URL: could not run
-            self.user_properties.append(("bundlerun_verdict", "ERROR"))
+            self.user_properties.append(("bundlerun_verdict", Verdict.ERROR))
             pytest.fail(f"bundlerun ERROR: {exc}", pytrace=False)
         summary = self.report.summary
         self.user_properties.append(("bundlerun_verdict", summary.verdict))
@@ -369,13 +370,13 @@ class BundleItem(pytest.Item):
         for case in self.report.cases if self.report else []:
             verdict = case.verdict
             outcome, longrepr = "passed", None
-            if verdict == "FAIL":
+            if verdict == Verdict.FAIL:
                 outcome = "failed"
-                longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == "FAIL")
-            elif verdict in ("ERROR", "TIMEOUT"):
+                longrepr = "\n".join(f"{o.name}: {failure_text(o)[1]}" for o in case.outputs if o.verdict == Verdict.FAIL)
+            elif verdict in (Verdict.ERROR, Verdict.TIMEOUT):
                 outcome = "failed"
                 longrepr = f"{verdict} ({error_kind_text(case)}): {case.error}"
-            elif verdict == "SKIP":
+            elif verdict == Verdict.SKIP:
                 outcome, longrepr = "skipped", (str(self.path), 0, f"Skipped: {case.error or 'skipped'}")
             elapsed = float(case.elapsed_s or 0.0)
             base = TestReport(self.nodeid, self.location, {}, outcome, longrepr, "call", duration=elapsed,

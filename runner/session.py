@@ -259,7 +259,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         from bundlerun.runner.report.profile import method_profiles
 
         report.perf_info["profile"] = method_profiles(cases)
-    if bundle.manifest and bundle.manifest.get("dataset"):
+    if bundle.manifest and bundle.manifest.dataset:
         from bundlerun.runner.judging.accuracy import dataset_from_outputs
 
         report.dataset = dataset_from_outputs(bundle, {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -177,7 +178,7 @@ def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, lab
 
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     return Report(
-        summary=Summary("SKIP", EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
+        summary=Summary(Verdict.SKIP, EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
         tool={"name": "bundlerun", "version": tool_version()},
         run={"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
              "command": sys.argv, "host": host_section()},

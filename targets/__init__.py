@@ -21,6 +21,8 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.base import PerfKind
+from bundlerun.targets.failures import FailureKind
 
 BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.host",
@@ -75,14 +77,14 @@ class ElapsedClock:
     """How a case's `elapsed_s` reads on a target, as the perf figure the report labels it with."""
 
     name: str  # figure name, e.g. "execution_wall_time"
-    kind: str  # one of targets.base.PERF_KINDS
+    kind: PerfKind
     source: str  # what measured it, in words
     phased: bool = False  # one warm process runs every case: a method's first case is "first", the rest "warm"
 
 
 # Where a target declares nothing: the whole runner session on the host's wall clock (tool start-up,
 # transfers and simulator boot included), which is never device latency.
-SESSION_CLOCK = ElapsedClock("session_wall_time", "host-wall",
+SESSION_CLOCK = ElapsedClock("session_wall_time", PerfKind.HOST_WALL,
                              "host wall clock of the whole runner session (elapsed_s)")
 
 # `capture(url, config, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb) -> IntermediateRun`
@@ -178,7 +180,7 @@ def families() -> list[TargetSpec]:
 def parse_target_url(url: str) -> TargetURL:
     examples = ", ".join(s.examples[0] for s in families() if s.examples)
     if "://" not in url:
-        raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}", kind="bad-config")
+        raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}", kind=FailureKind.BAD_CONFIG)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     specs = target_specs()
@@ -186,7 +188,7 @@ def parse_target_url(url: str) -> TargetURL:
         from bundlerun.targets.settings import did_you_mean
 
         raise TargetError(f"unknown target scheme {scheme!r} in {url!r}{did_you_mean(scheme, specs)}; "
-                          f"known: {', '.join(sorted(specs))}", kind="bad-config")
+                          f"known: {', '.join(sorted(specs))}", kind=FailureKind.BAD_CONFIG)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     return TargetURL(raw=url, scheme=scheme, netloc=parts.netloc, path=parts.path, query=query)
 

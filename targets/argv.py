@@ -27,6 +27,7 @@ import os
 import re
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.failures import FailureKind
 
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})\Z")  # DNS name, ssh config alias or IPv4
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?\Z")  # literal (brackets removed), zone id
@@ -39,7 +40,7 @@ def _fail(value: object, what: str, where: str, why: str) -> TargetError:
     shown = repr(value)  # repr escapes every non-printable character (controls, bidi, separators)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     prefix = f"{where}: " if where else ""
-    return TargetError(f"{prefix}{what} {shown} {why}", kind="bad-config")
+    return TargetError(f"{prefix}{what} {shown} {why}", kind=FailureKind.BAD_CONFIG)
 
 
 def _text(value: object, what: str, where: str) -> str:

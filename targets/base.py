@@ -22,10 +22,30 @@ if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
 
 
 class CaseStatus(str, enum.Enum):
+    """How a target ended a case; the value is what the report stores (`status`)."""
+
     OK = "ok"
     ERROR = "error"
     TIMEOUT = "timeout"
     SKIP = "skip"
+
+    def __str__(self) -> str:  # the report value, also in f-strings
+        return self.value
+
+
+class Verdict(str, enum.Enum):
+    """The verdict of an output, a case or a run (docs/report-schema.md), decided on the host by
+    runner/ (a target only relays a device's own PASS/FAIL, `DeviceVerdict`). A str, so it equals,
+    hashes and serialises as the report's string; the order is severity for display only."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+    SKIP = "SKIP"
+
+    def __str__(self) -> str:  # the report value, also in f-strings and XML attributes
+        return self.value
 
 
 @dataclass
@@ -49,7 +69,7 @@ class DeviceVerdict:
     information only: its tolerances are compiled in and its rtol scales the
     actual value; bundlerun's verdict is decided on the host."""
 
-    verdict: str | None  # "PASS" | "FAIL" | None
+    verdict: Verdict | None  # PASS | FAIL | None
     source: str  # which runner said it
     tolerances: dict[str, float] = field(default_factory=dict)
     status: int | None = None  # e.g. `Bundle verification failed with status 0x..`
@@ -66,19 +86,25 @@ class DeviceVerdict:
         return out
 
 
-# What a performance figure measures and on which clock (docs/report-schema.md, "perf").
-PERF_KINDS = (
-    "device-latency",      # time measured by the runtime on the real device
-    "device-cycles",       # cycle counters of the real device (CPU PMU, NPU PMU)
-    "device-counter",      # other hardware event counters of the real device (bus beats, idle cycles)
-    "simulation-time",     # time under a simulator, emulator or interpreter: never device latency
-    "simulation-cycles",   # cycle counters of a simulator model (FVP, QEMU): not cycle accurate
-    "simulation-counter",  # event counters of a simulator model
-    "host-wall",           # the host's wall clock (process start-up, transfers included where said)
-    "memory",              # bytes (program size, allocator use and capacity)
-    "count",               # inferences, delegate calls
-    "ratio",               # percent
-)
+class PerfKind(str, enum.Enum):
+    """What a performance figure measures and on which clock (docs/report-schema.md, "perf")."""
+
+    DEVICE_LATENCY = "device-latency"          # time measured by the runtime on the real device
+    DEVICE_CYCLES = "device-cycles"            # cycle counters of the real device (CPU PMU, NPU PMU)
+    DEVICE_COUNTER = "device-counter"          # other hardware event counters of the real device (bus beats, idle cycles)
+    SIMULATION_TIME = "simulation-time"        # time under a simulator, emulator or interpreter: never device latency
+    SIMULATION_CYCLES = "simulation-cycles"    # cycle counters of a simulator model (FVP, QEMU): not cycle accurate
+    SIMULATION_COUNTER = "simulation-counter"  # event counters of a simulator model
+    HOST_WALL = "host-wall"                    # the host's wall clock (process start-up, transfers included where said)
+    MEMORY = "memory"                          # bytes (program size, allocator use and capacity)
+    COUNT = "count"                            # inferences, delegate calls
+    RATIO = "ratio"                            # percent
+
+    def __str__(self) -> str:  # the report value, also in f-strings
+        return self.value
+
+
+PERF_KINDS = tuple(k.value for k in PerfKind)
 
 
 @dataclass
@@ -89,12 +115,15 @@ class PerfFigure:
     name: str  # e.g. "inference_cpu_cycles", "method_allocator_used", "execution_time"
     value: float | int  # the total over the run's inferences where the runner sums them
     unit: str  # "cycles" | "instructions" | "events" | "ms" | "s" | "bytes" | "count" | "%"
-    kind: str
+    kind: PerfKind
     source: str  # e.g. "arm_executor_runner log (arm_perf_monitor.cpp)"
     per_inference: float | None = None  # as the runner printed it, when it ran several inferences
     phase: str | None = None  # "first" (cold: the method's first execution) | "warm"
     samples: list[float] | None = None  # the individual measurements behind a median
     note: str | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = PerfKind(self.kind)  # a kind given as its report string becomes the member; another fails
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit, "kind": self.kind,

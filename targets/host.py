@@ -19,6 +19,8 @@ from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.supervisor import run_in_worker
+from bundlerun.targets.base import PerfKind
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -43,7 +45,7 @@ class HostTarget(TargetBase):
         if getattr(options, "replay", 1) > 1:  # --replay N: each case N times in the loaded program
             args += ["--replay", str(options.replay)]
         warnings = []
-        built = (bundle.manifest or {}).get("build", {}).get("backend")
+        built = bundle.manifest.build.get("backend") if bundle.manifest else None
         if self.variant == "portable" and built not in (None, "portable"):
             warnings.append(f"{self.url}: this bundle was lowered for {built}; the runtime runs its {built} "
                             "delegate, not portable kernels (build with --backend portable to test those)")
@@ -83,7 +85,7 @@ SPEC = TargetSpec(
     settings=HostSettings,
     doctor=_doctor,
     capture=_capture,
-    elapsed=ElapsedClock("execution_wall_time", "host-wall",
+    elapsed=ElapsedClock("execution_wall_time", PerfKind.HOST_WALL,
                          "host worker: wall time of the program's run_method (elapsed_s)", phased=True),
     repeat=True,
     replay=True,  # --replay: the host worker runs each case N times in one loaded program
@@ -94,6 +96,6 @@ def create(url: TargetURL, config: dict) -> HostTarget:
     variant = (url.rest or "xnnpack").lower()
     if variant not in VARIANTS:
         raise TargetError(f"unknown host variant {variant!r} in {url.raw}{did_you_mean(variant, VARIANTS)}; "
-                          "use host://xnnpack or host://portable", kind="bad-config")
+                          "use host://xnnpack or host://portable", kind=FailureKind.BAD_CONFIG)
     settings = parse_settings(HostSettings, {**config, **url.query}, "targets.host")
     return HostTarget(url.raw, variant, settings.threads)

@@ -27,6 +27,8 @@ from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.workers.supervisor import run_in_worker
+from bundlerun.targets.base import PerfKind
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -53,10 +55,10 @@ class MlxSettings:
     def validate(self) -> None:
         if self.runtime not in RUNTIMES:
             raise TargetError(f"[targets.mlx] runtime must be one of {', '.join(RUNTIMES)}, not {self.runtime!r}",
-                              kind="bad-config")
+                              kind=FailureKind.BAD_CONFIG)
         if self.print_output not in ("none", "summary", "all"):
             raise TargetError(f"[targets.mlx] print_output must be none, summary or all, not {self.print_output!r}",
-                              kind="bad-config")
+                              kind=FailureKind.BAD_CONFIG)
 
 
 def delegate_host() -> bool:
@@ -104,7 +106,7 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("runner",),  # a host executor_runner binary
     capture=lazy("bundlerun.targets.mlx_intermediates:capture"),
-    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+    elapsed=ElapsedClock("runner_case_wall_time", PerfKind.HOST_WALL,
                          "host wall clock of a case on executor_runner: one --server_mode trigger (input files read, "
                          "execute, outputs written), or where a case runs alone its whole process (libmlx load, program "
                          "load, MLX init, execute, output files); runtime=interpreter: interpreter wall time of the case"),
@@ -129,7 +131,7 @@ class MlxTarget(TargetBase):
         foreign = [i for i in ids if i != "MLXBackend"]
         if foreign:  # said once, before any process starts
             raise TargetError(f"{self.url} cannot run this bundle: it has {', '.join(foreign)} delegates; "
-                              "build it with --backend mlx", kind="unsupported")
+                              "build it with --backend mlx", kind=FailureKind.UNSUPPORTED)
         if self.runtime == "delegate":
             from bundlerun.targets import mlx_runner
 
@@ -145,11 +147,11 @@ def create(url: TargetURL, config: dict) -> MlxTarget:
     settings = parse_settings(MlxSettings, {**config, **url.query}, "targets.mlx")
     device = url.rest.lower() or "cpu"
     if device not in DEVICES:
-        raise TargetError(f"unknown MLX device {device!r} in {url.raw}; use mlx://cpu or mlx://gpu", kind="bad-config")
+        raise TargetError(f"unknown MLX device {device!r} in {url.raw}; use mlx://cpu or mlx://gpu", kind=FailureKind.BAD_CONFIG)
     if device == "gpu" and platform.system() != "Darwin":
         raise TargetError("mlx://gpu needs a Mac (Metal); on this machine use mlx://cpu")
     runtime = runtime_for(device, settings)
     if runtime == "delegate" and (device != "cpu" or not delegate_host()):
         raise TargetError(f"{url.raw}: runtime=delegate is ExecuTorch's C++ MLX delegate built for mlx://cpu on Linux "
-                          "x86_64; on a Mac host:// runs it (the macOS wheel registers MLXBackend)", kind="bad-config")
+                          "x86_64; on a Mac host:// runs it (the macOS wheel registers MLXBackend)", kind=FailureKind.BAD_CONFIG)
     return MlxTarget(url.raw, device, settings, runtime)

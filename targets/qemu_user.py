@@ -37,6 +37,8 @@ from bundlerun.targets.base import (
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
 from bundlerun.targets.runner_cache import cached_runners, read_record, runner_binary
 from bundlerun.targets.settings import parse_settings
+from bundlerun.targets.base import PerfKind
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -115,7 +117,7 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine
     capture=lazy("bundlerun.targets.android.intermediates:capture"),
-    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+    elapsed=ElapsedClock("runner_case_wall_time", PerfKind.HOST_WALL,
                          "host wall clock of a case on the emulated executor_runner: one --server_mode trigger (input "
                          "files read, execute, outputs written), or where a case runs alone its whole qemu-aarch64 "
                          "process (emulator start-up, program load, execute, output files)"),
@@ -222,6 +224,6 @@ def create(url: TargetURL, config: dict) -> QemuUserTarget:
     arch = url.rest.lower()
     if arch not in ARCHES:
         raise TargetError(f"unknown architecture {arch!r} in {url.raw}; known: "
-                          + ", ".join(f"qemu-user://{a}" for a in ARCHES), kind="bad-config")
+                          + ", ".join(f"qemu-user://{a}" for a in ARCHES), kind=FailureKind.BAD_CONFIG)
     settings = parse_settings(QemuUserSettings, {**config, **url.query}, "targets.qemu-user")
     return QemuUserTarget(url.raw, arch, settings)

@@ -35,6 +35,7 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBas
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.supervisor import run_in_worker
+from bundlerun.targets.base import PerfKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
 VARIANTS = ("htp-sim",)
 QNN_BACKEND_ID = "QnnBackend"
 _CHILD_FLAG = "BUNDLERUN_QNN_WORKER"  # set in the re-executed worker's environment
-CLOCK = ElapsedClock("execution_wall_time", "simulation-time",
+CLOCK = ElapsedClock("execution_wall_time", PerfKind.SIMULATION_TIME,
                      "host wall time of run_method on the HTP simulator (x86 emulation of the DSP), not device latency",
                      phased=True)
 
@@ -290,7 +291,7 @@ class QnnTarget(TargetBase):
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         lib, version = self.libraries()
         info, warnings = self.preflight(bundle)
-        lowering = (bundle.manifest or {}).get("build", {}).get("lowering") or {}
+        lowering = (bundle.manifest.build.get("lowering") if bundle.manifest else None) or {}
         built_version = lowering.get("qnn_version") if isinstance(lowering, dict) else None
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "qnn-outputs"), "--qnn-libs", str(lib)]
         run_info = {"runtime": "executorch pybindings + QNN HTP simulator", "qnn_libraries": str(lib),
@@ -305,7 +306,7 @@ class QnnTarget(TargetBase):
         for case in run.cases:
             _refine(case, version, built_version, causes)
             for fig in case.perf:  # the worker's timing figures are simulator time here
-                if fig.kind == "host-wall":
+                if fig.kind == PerfKind.HOST_WALL:
                     fig.kind, fig.source = CLOCK.kind, f"{fig.source}, on the HTP simulator"
         return run
 
@@ -314,7 +315,7 @@ def create(url: TargetURL, config: dict) -> QnnTarget:
     variant = (url.rest or "htp-sim").lower()
     if variant not in VARIANTS:
         raise TargetError(f"unknown qnn target {variant!r} in {url.raw}{did_you_mean(variant, VARIANTS)}; "
-                          "use qnn://htp-sim", kind="bad-config")
+                          "use qnn://htp-sim", kind=FailureKind.BAD_CONFIG)
     settings = parse_settings(QnnSettings, {**config, **url.query}, "targets.qnn")
     from bundlerun.bundles.backends.qnn import SOCS
     from bundlerun.bundles.errors import ConfigError

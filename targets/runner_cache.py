@@ -24,6 +24,7 @@ from bundlerun.bundles.cache_dirs import cache_root  # the one cache root (bundl
 from bundlerun.bundles.errors import TargetError
 from bundlerun.bundles.limits import MAX_RECORD_BYTES
 from bundlerun.bundles.safe_read import UnsafeFileError, inside, load_json_bounded
+from bundlerun.targets.failures import FailureKind
 
 # the files a target executes or loads, by their dotted key: they must lie inside the entry
 EXECUTED = ("binary", "debug_runner", "elf", "mlx.library")
@@ -62,7 +63,7 @@ class RunnerEntryError(TargetError):
         kind = record.get("kind") if isinstance(record.get("kind"), str) else None
         self.runner_kind = kind
         super().__init__(f"runner entry damaged: {path}: {reason}; rebuild with {rebuild_command(record)}",
-                         kind="tool-failed")
+                         kind=FailureKind.TOOL_FAILED)
 
 
 def rebuild_command(record: dict[str, Any]) -> str:

@@ -91,7 +91,7 @@ def split_url(url: TargetURL) -> tuple[str | None, str, int | None, str, dict[st
     elif ":" in hostport:
         host, port = hostport.rsplit(":", 1)
     if not host:
-        raise TargetError(f"{url.raw}: no host; expected ssh://[user@]host[:port]/<inner target URL>", kind="bad-config")
+        raise TargetError(f"{url.raw}: no host; expected ssh://[user@]host[:port]/<inner target URL>", kind=FailureKind.BAD_CONFIG)
     from bundlerun.targets import argv
 
     # host and user reach ssh's argv: `ssh://-oProxyCommand=.../...` must never be an ssh option
@@ -102,7 +102,7 @@ def split_url(url: TargetURL) -> tuple[str | None, str, int | None, str, dict[st
     inner = url.path.lstrip("/")
     if "://" not in inner:
         raise TargetError(f"{url.raw}: no inner target; expected ssh://[user@]host[:port]/<inner URL>, "
-                          "e.g. ssh://mac.local/host://xnnpack", kind="bad-config")
+                          "e.g. ssh://mac.local/host://xnnpack", kind=FailureKind.BAD_CONFIG)
     ssh_q = {k: v for k, v in url.query.items() if k.replace("-", "_") in SSH_KEYS}
     inner_q = {k: v for k, v in url.query.items() if k.replace("-", "_") not in SSH_KEYS}
     return (unquote(user) or None), host, port_n, inner, ssh_q, inner_q
@@ -113,7 +113,7 @@ def _check_inner(inner: str, inner_q: dict[str, str], raw: str) -> str:
     from bundlerun.targets import parse_target_url, target_specs
 
     if inner.lower().startswith("ssh://"):
-        raise TargetError(f"{raw}: ssh:// inside ssh:// is not supported", kind="bad-config")
+        raise TargetError(f"{raw}: ssh:// inside ssh:// is not supported", kind=FailureKind.BAD_CONFIG)
     parsed = parse_target_url(inner)
     spec = target_specs()[parsed.scheme]
     known = set(f.name for f in fields(spec.settings)) if spec.settings else set()
@@ -220,15 +220,15 @@ class SshTarget(TargetBase):
         if res.returncode == 127 or "not found" in text.lower() and res.returncode != 0:
             raise TargetError(f"{t.description}: remote bundlerun not found: `{cmd}` failed "
                               f"({text.splitlines()[-1] if text else f'exit {res.returncode}'}); install bundlerun "
-                              f"{__version__} there or set ?bundlerun=/path/to/bundlerun", kind="tool-missing")
+                              f"{__version__} there or set ?bundlerun=/path/to/bundlerun", kind=FailureKind.TOOL_MISSING)
         version = parse_version(res.stdout)
         if res.returncode != 0 or version is None:
             raise TargetError(f"{t.description}: `{cmd}` did not print a version (exit {res.returncode}: "
-                              f"{text.splitlines()[-1] if text else 'no output'})", kind="tool-missing")
+                              f"{text.splitlines()[-1] if text else 'no output'})", kind=FailureKind.TOOL_MISSING)
         if version != __version__:
             raise TargetError(f"{t.description}: remote bundlerun is {version}, local is {__version__}; "
                               f"install bundlerun {__version__} there (`{self.settings.bundlerun}`)",
-                              kind="version-mismatch")
+                              kind=FailureKind.VERSION_MISMATCH)
         return version
 
     def _workspace(self, t) -> str:
@@ -241,7 +241,7 @@ class SshTarget(TargetBase):
         lines = [ln for ln in out.splitlines() if ln.startswith("/")]
         if not lines:
             raise TargetError(f"{t.description}: could not resolve the workspace {self.settings.workspace} "
-                              f"(got {out.strip()[:200]!r})", kind="transport")
+                              f"(got {out.strip()[:200]!r})", kind=FailureKind.TRANSPORT)
         return lines[-1]
 
     # ---- the worker session -----------------------------------------------------------------

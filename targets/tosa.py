@@ -22,6 +22,8 @@ from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, parse_
 from bundlerun.targets.settings import check_keys
 from bundlerun.targets.base import RunOptions, TargetBase, TargetRun
 from bundlerun.targets.workers.supervisor import run_in_worker
+from bundlerun.targets.base import PerfKind
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -48,7 +50,7 @@ class TosaTarget(TargetBase):
             raise TargetError(
                 f"{self.url} cannot run this bundle: it was lowered for Ethos-U (EthosUBackend carries a Vela "
                 "command stream, not a TOSA graph); rebuild it with --target tosa://int to run it on the TOSA "
-                "reference model, or run it on its fvp:// target", kind="unsupported"
+                "reference model, or run it on its fvp:// target", kind=FailureKind.UNSUPPORTED
             )
         # Other backends (XNNPACK, ...) are reported per case by the worker as
         # error_kind "missing-backend", naming the backend.
@@ -95,7 +97,7 @@ def _lowering(url: TargetURL) -> dict:
     """tosa://int -> the TOSA-1.0+INT profile (TOSAQuantizer + TOSAPartitioner), tosa://fp -> +FP."""
     profile = url.rest.lower()
     if profile not in PROFILES:
-        raise TargetError(f"unknown TOSA target {url.raw!r}; use tosa://int or tosa://fp", kind="bad-config")
+        raise TargetError(f"unknown TOSA target {url.raw!r}; use tosa://int or tosa://fp", kind=FailureKind.BAD_CONFIG)
     return {"arm": "tosa", "integer": profile == "int", "tosa_spec": PROFILES[profile]}
 
 
@@ -109,7 +111,7 @@ SPEC = TargetSpec(
     replay=True,  # --replay: the program walker runs each case N times in one process
     capture=_capture,
     lowering=_lowering,
-    elapsed=ElapsedClock("interpreter_time", "simulation-time",
+    elapsed=ElapsedClock("interpreter_time", PerfKind.SIMULATION_TIME,
                          "program walker: TOSA reference model delegate calls and torch kernels, wall time (elapsed_s)",
                          phased=True),
 )
@@ -120,5 +122,5 @@ def create(url: TargetURL, config: dict) -> TosaTarget:
     profile = url.rest.lower()
     if profile not in PROFILES:
         raise TargetError(f"unknown TOSA profile {profile!r} in {url.raw}; use tosa://int or tosa://fp",
-                          kind="bad-config")
+                          kind=FailureKind.BAD_CONFIG)
     return TosaTarget(url.raw, profile)

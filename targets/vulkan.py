@@ -56,6 +56,7 @@ from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
 from bundlerun.targets.runner_cache import cached_runners, find_runner, runner_binary
 from bundlerun.targets.settings import parse_settings
+from bundlerun.targets.base import PerfKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -262,7 +263,7 @@ SPEC = TargetSpec(
     command_settings=("icd", "runner", "debug_runner"),  # the ICD json names a driver library loaded here
     folder_settings=("shader_cache",),  # created and written by Mesa: a plan cannot place it (docs/security.md)
     capture=lambda *args: capture(*args),  # `capture` is defined at the end of this module
-    elapsed=ElapsedClock("runner_case_wall_time", "host-wall",
+    elapsed=ElapsedClock("runner_case_wall_time", PerfKind.HOST_WALL,
                          "host wall clock of a case on executor_runner: one --server_mode trigger (input files read, "
                          "execute, outputs written), or where a case runs alone its whole process (Vulkan instance and "
                          "device creation, program load, execution, output files)"),
@@ -421,7 +422,7 @@ def create(url: TargetURL, config: dict) -> VulkanTarget:
     if driver not in DRIVERS:
         raise TargetError(f"unknown Vulkan driver {driver!r} in {url.raw}; known: "
                           + ", ".join(f"vulkan://{d}" for d in DRIVERS) + " (another driver build: ?icd=PATH)",
-                          kind="bad-config")
+                          kind=FailureKind.BAD_CONFIG)
     settings = parse_settings(VulkanSettings, {**config, **url.query}, "targets.vulkan")
     return VulkanTarget(url.raw, driver, settings)
 

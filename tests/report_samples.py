@@ -42,7 +42,7 @@ def make_bundle(cases: int = 4, shape=(1, 10), seed: int = 0, model: str = "mlp"
                                            [OutputSpec("out0", "float32", list(shape), crit)])},
         dataset=dataset,
     )
-    return Bundle(program=STUB_PROGRAM, method_test_suites=[MethodTestSuite("forward", tcs)], manifest=manifest.to_dict())
+    return Bundle(program=STUB_PROGRAM, method_test_suites=[MethodTestSuite("forward", tcs)], manifest_json=manifest.to_dict())
 
 
 def target_run(bundle: Bundle, noise: float = 1e-5, seed: int = 1, errors: dict[int, str] | None = None,
@@ -69,7 +69,7 @@ def target_run(bundle: Bundle, noise: float = 1e-5, seed: int = 1, errors: dict[
 def make_report(bundle: Bundle, run: TargetRun, bundle_path: Path | None = None, label: str | None = None,
                 dataset: dict | None = None, started: str | None = None) -> dict[str, Any]:
     cases, warnings = judge_run(bundle, run)
-    m = bundle.manifest or {}
+    m = bundle.manifest_json or {}
     now = started or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return {
         "schema": "bundlerun.report/1",

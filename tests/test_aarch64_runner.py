@@ -216,7 +216,7 @@ def test_failed_verification_exits_1_and_still_writes_outputs(runner, bundle_cac
     suite = bundle.method_test_suites[0]
     case = suite.test_cases[0]
     wrong = dataclasses.replace(case.expected_outputs[0], data=(case.expected_outputs[0].to_array() + 1.0).tobytes())
-    bad = dataclasses.replace(bundle, manifest=None, method_test_suites=[
+    bad = dataclasses.replace(bundle, manifest_json=None, method_test_suites=[
         dataclasses.replace(suite, test_cases=[dataclasses.replace(case, expected_outputs=[wrong])])])
     res, outs = _run_case(runner, bad, 0, tmp_path)
     assert res.returncode == 1

@@ -47,10 +47,10 @@ def test_roundtrip_adds_manifest_and_stock_runtime_still_verifies(stock_bundle_b
     from executorch.extension.pybindings.portable_lib import _load_bundled_program_from_buffer
 
     bundle = parse_bundle(stock_bundle_bytes)
-    bundle.manifest = {"schema": "bundlerun.manifest/1", "probe": [1, 2, 3]}
+    bundle.manifest_json = {"schema": "bundlerun.manifest/1", "probe": [1, 2, 3]}
     data = serialize_bundle(bundle)
     again = parse_bundle(data)
-    assert again.manifest == bundle.manifest
+    assert again.manifest_json == bundle.manifest_json
     assert again.program == bundle.program
     for a, b in zip(again.suite("forward").test_cases, bundle.suite("forward").test_cases):
         assert a.inputs[0].data == b.inputs[0].data

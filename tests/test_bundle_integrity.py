@@ -32,15 +32,15 @@ def _tampered(bundle, reseal: bool = False) -> bytes:
 
 
 def _criteria(bundle) -> dict:
-    return bundle.manifest["methods"]["forward"]["outputs"][0]["criteria"]
+    return bundle.manifest_json["methods"]["forward"]["outputs"][0]["criteria"]
 
 
 def test_built_bundle_is_sealed_and_reads_without_warning(mlp, bundle_cache):
-    integrity = mlp.manifest["integrity"]
+    integrity = mlp.manifest_json["integrity"]
     assert integrity["program"] == hashlib.sha256(mlp.program).hexdigest()
     assert integrity["cases"]["forward"] == [case_digest(c) for c in mlp.suite("forward").test_cases]
     assert mlp.warnings == []
-    assert Manifest.from_dict(mlp.manifest).integrity == integrity
+    assert mlp.manifest.integrity == integrity
 
 
 def test_program_spliced_from_another_build_is_refused(mlp, bundle_cache):
@@ -71,7 +71,7 @@ def test_scalar_in_place_of_expected_tensor_is_a_named_bundle_error(mlp, reseal)
 
 def test_scalar_expected_output_is_caught_without_a_manifest_too(mlp):
     """A stock-made bundle has no manifest: the program's own output declaration is the reference."""
-    bundle = replace(copy.deepcopy(mlp), manifest=None)
+    bundle = replace(copy.deepcopy(mlp), manifest_json=None)
     assert load_bundle(serialize_bundle(bundle)).manifest is None
     bundle.suite("forward").test_cases[0].expected_outputs[0] = BundledValue(kind="double", scalar=0.5)
     with pytest.raises(BundleError, match="expected output 0 is a double"):
@@ -127,7 +127,7 @@ def test_output_with_no_criterion_is_an_error(mlp):
     with pytest.raises(ManifestError, match="no criterion is set"):
         load_bundle(_tampered(bundle, reseal=True))
     crit["exact"] = True  # exact alone is a criterion
-    assert load_bundle(_tampered(bundle, reseal=True)).manifest["methods"]["forward"]["outputs"][0]["criteria"]["exact"]
+    assert load_bundle(_tampered(bundle, reseal=True)).manifest_json["methods"]["forward"]["outputs"][0]["criteria"]["exact"]
 
 
 def test_loosened_criterion_without_reseal_is_detected(mlp):
@@ -153,7 +153,7 @@ def test_loosened_criterion_without_reseal_is_detected(mlp):
 ])
 def test_malformed_manifests_give_one_line_errors(mlp, mutate, message):
     bundle = copy.deepcopy(mlp)
-    mutate(bundle.manifest)
+    mutate(bundle.manifest_json)
     with pytest.raises(ManifestError, match=message) as err:
         load_bundle(_tampered(bundle, reseal="integrity" not in message), "m.bpte")
     assert "\n" not in str(err.value) and len(str(err.value)) < 600
@@ -175,7 +175,7 @@ def test_raw_manifest_json_problems(mlp):
 
 def test_unsealed_old_bundle_reads_with_warning(mlp):
     bundle = copy.deepcopy(mlp)
-    del bundle.manifest["integrity"]
+    del bundle.manifest_json["integrity"]
     again = load_bundle(serialize_bundle(bundle), "old.bpte")
     assert again.warnings == [f"old.bpte: {UNSEALED_WARNING}"]
     # ...and is still strictly validated
@@ -229,7 +229,7 @@ def test_unsupported_schema_version(mlp):
 def test_single_case_bundles_stay_valid(mlp):
     single = load_bundle(serialize_bundle(mlp.single_case("forward", 1)))
     assert single.warnings == [] and len(single.suite("forward").test_cases) == 1
-    assert single.manifest["integrity"]["program"] == mlp.manifest["integrity"]["program"]
+    assert single.manifest_json["integrity"]["program"] == mlp.manifest_json["integrity"]["program"]
 
 
 def test_write_bundle_reseals_edits_made_through_the_api(mlp, tmp_path):
@@ -237,11 +237,11 @@ def test_write_bundle_reseals_edits_made_through_the_api(mlp, tmp_path):
     _criteria(bundle)["atol"] = 0.5
     back = read_bundle(write_bundle(bundle, tmp_path / "edited.bpte"))
     assert _criteria(back)["atol"] == 0.5 and back.warnings == []
-    assert back.manifest["integrity"]["manifest"] != mlp.manifest["integrity"]["manifest"]
+    assert back.manifest_json["integrity"]["manifest"] != mlp.manifest_json["integrity"]["manifest"]
 
 
 def test_criteria_of_a_valid_bundle_are_finite(mlp):
-    crit = Manifest.from_dict(mlp.manifest).methods["forward"].outputs[0].criteria
+    crit = mlp.manifest.methods["forward"].outputs[0].criteria
     assert crit.has_any
     assert all(math.isfinite(getattr(crit, k)) for k in ("atol", "rtol") if getattr(crit, k) is not None)
 

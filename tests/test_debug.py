@@ -118,7 +118,7 @@ def test_build_etrecord_is_written_and_recorded(fp32_bundles):
     from bundlerun.bundles.fileio import file_sha256
 
     manifest = read_bundle(fp32_bundles / "good.bpte").manifest
-    entry = manifest["build"]["etrecord"]
+    entry = manifest.build["etrecord"]
     path = fp32_bundles / entry["path"]
     assert path.name == "good.etrecord" and path.is_file()
     assert entry["sha256"] == file_sha256(path) and entry["bytes"] == path.stat().st_size
@@ -129,9 +129,9 @@ def test_debug_without_etrecord_says_how_to_rebuild(tmp_path, fp32_bundles):
     from dataclasses import replace
 
     bundle = read_bundle(fp32_bundles / "good.bpte")
-    manifest = json.loads(json.dumps(bundle.manifest))
+    manifest = json.loads(json.dumps(bundle.manifest_json))
     del manifest["build"]["etrecord"]
-    write_bundle(replace(bundle, manifest=manifest), tmp_path / "plain.bpte")
+    write_bundle(replace(bundle, manifest_json=manifest), tmp_path / "plain.bpte")
     proc = _cli("debug", tmp_path / "plain.bpte", "--target", "host://portable", "--case", "0")
     assert proc.returncode == 2
     assert "built without an ETRecord" in proc.stderr
@@ -298,7 +298,7 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = out / "tiny-cnn-fp32"
     manifest = read_bundle(folder / "tiny-cnn-fp32.bpte").manifest
-    assert manifest["build"]["etrecord"]["path"] == "tiny-cnn-fp32.etrecord"
+    assert manifest.build["etrecord"]["path"] == "tiny-cnn-fp32.etrecord"
     assert (folder / "tiny-cnn-fp32.etrecord").is_file()
     report = json.loads((folder / "report.json").read_text())
     from bundlerun.runner.debug.localize import worst_failing_case
@@ -317,15 +317,18 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
 def test_output_budget_takes_the_strictest_criterion():
     from bundlerun.runner.debug.localize import output_budget
 
-    manifest = {"methods": {"forward": {"outputs": [{"name": "out0", "criteria": {
-        "atol": None, "rtol": None, "rel_frobenius_max": 0.15, "cosine_min": 0.9, "sqnr_min_db": None}}]}}}
+    from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec
+
+    out0 = OutputSpec("out0", "float32", [4], Criteria(rel_frobenius_max=0.15, cosine_min=0.9))
+    manifest = Manifest(model={}, build={}, versions={}, methods={"forward": MethodManifest("forward", [], [out0])})
     budget, source = output_budget(manifest, "forward", "out0", np.ones(4, np.float32))
     assert budget == pytest.approx(-20 * np.log10(0.15)) and "rel_frobenius_max=0.15" in source  # 16.5 > 7.0 dB
-    manifest["methods"]["forward"]["outputs"][0]["criteria"].update(atol=1e-3, rtol=1e-3)
+    out0.criteria.atol, out0.criteria.rtol = 1e-3, 1e-3
     budget, source = output_budget(manifest, "forward", "out0", np.full(4, 2.0, np.float32))
     assert budget == pytest.approx(20 * np.log10(2.0 / (1e-3 + 2e-3))) and "atol=0.001" in source
-    manifest["methods"]["forward"]["outputs"][0]["criteria"] = {"atol": 0.0, "rtol": 0.0}
+    out0.criteria = Criteria(atol=0.0, rtol=0.0)
     assert output_budget(manifest, "forward", "out0", np.ones(4, np.float32))[0] is None
+    assert output_budget(None, "forward", "out0", np.full(4, 2.0, np.float32))[0] is not None  # the 1e-3 default
 
 
 def test_etrecord_recording_restores_the_lowering_entry_point():

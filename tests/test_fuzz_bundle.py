@@ -55,17 +55,17 @@ def _check(data: bytes, original, outcome: Outcome, resealed: bool = False) -> N
     outcome.accepted += 1
     if original.manifest is not None:
         assert bundle.manifest is not None, "a mutation stripped the manifest unnoticed"
-        assert bundle.manifest["integrity"]["program"] == program_digest(bundle.program)
+        assert bundle.manifest_json["integrity"]["program"] == program_digest(bundle.program)
         for suite in bundle.method_test_suites:
-            assert [case_digest(c) for c in suite.test_cases] == bundle.manifest["integrity"]["cases"][suite.method_name]
-        for method in bundle.manifest["methods"].values():
+            assert [case_digest(c) for c in suite.test_cases] == bundle.manifest_json["integrity"]["cases"][suite.method_name]
+        for method in bundle.manifest_json["methods"].values():
             for out in method["outputs"]:
                 crit = out["criteria"]
                 values = [crit.get(k) for k in CRITERIA_FIELDS]
                 assert all(v is None or (math.isfinite(v) and v >= 0) for v in values), crit
                 assert crit.get("exact") or any(v is not None for v in values), crit
         if not resealed:  # an outside edit that still reads must have changed nothing that matters
-            assert bundle.program == original.program and bundle.manifest == original.manifest
+            assert bundle.program == original.program and bundle.manifest_json == original.manifest_json
             for a, b in zip(bundle.method_test_suites, original.method_test_suites):
                 assert [case_digest(c) for c in a.test_cases] == [case_digest(c) for c in b.test_cases]
 
@@ -86,7 +86,7 @@ def test_bit_flips_in_a_stock_bundle_without_manifest(sealed):
     """No integrity to lean on here: only the parser's and the program check's robustness."""
     _, original = sealed
     stock = copy.deepcopy(original)
-    stock.manifest = None
+    stock.manifest_json = None
     data = serialize_bundle(stock)
     rng, out = random.Random(1402), Outcome()
     for _ in range(N):
@@ -241,7 +241,7 @@ def test_manifest_mutations(sealed, reseal):
     rng, out = random.Random(1407 + reseal), Outcome()
     for _ in range(N):
         bundle = copy.copy(original)
-        bundle.manifest = _mutate_manifest(original.manifest, rng)
+        bundle.manifest_json = _mutate_manifest(original.manifest_json, rng)
         if reseal:
             bundle = seal(bundle)
         _check(serialize_bundle(bundle), original, out, resealed=reseal)
@@ -255,7 +255,7 @@ def test_manifest_mutations(sealed, reseal):
 def test_manifest_text_byte_flips(sealed):
     """Flips inside the manifest's JSON text: bad JSON, bad schema or a digest mismatch, never a new criterion."""
     data, original = sealed
-    text = json.dumps(original.manifest, sort_keys=True, separators=(",", ":")).encode()
+    text = json.dumps(original.manifest_json, sort_keys=True, separators=(",", ":")).encode()
     start = data.find(text)
     assert start > 0
     rng, out = random.Random(1408), Outcome()

@@ -49,7 +49,7 @@ def test_import_and_replay_on_qemu_user_and_qemu(goldens, tmp_path, cli):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "imported 3 of 3 golden(s)" in res.stdout
     add = read_bundle(out / "portable" / "add_f32_bcast_first.bpte")
-    m = add.manifest
+    m = add.manifest_json
     assert m["model"]["id"] == "portable/add_f32_bcast_first" and m["build"]["backend"] == "portable"
     assert m["extra"]["suite"]["flow"] == "portable"
     crit = m["methods"]["forward"]["outputs"][0]["criteria"]

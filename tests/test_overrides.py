@@ -106,7 +106,7 @@ def test_override_can_add_a_signal_criterion_that_fails():
 
 def test_unset_override_removes_a_criterion():
     bundle = _bundle([np.ones(3, np.float32)], [_crit(atol=0.1, rtol=0.1)])
-    m = Manifest.from_dict(bundle.manifest)
+    m = bundle.manifest
     apply_to_manifest(m, parse_overrides(["out0.rtol=none"]))
     c = m.output_spec("forward", 0).criteria
     assert c.rtol is None and c.trail["rtol"][-1]["value"] is None

@@ -198,12 +198,12 @@ def fault_bundles(tmp_path_factory, bundle_cache):
     suite = fp16.method_test_suites[0]
     case = suite.test_cases[0]
     as_fp32 = [BundledValue.from_array(v.to_array().astype(np.float32)) for v in case.inputs]
-    write_bundle(dataclasses.replace(fp16, manifest=None, method_test_suites=[
+    write_bundle(dataclasses.replace(fp16, manifest_json=None, method_test_suites=[
         dataclasses.replace(suite, test_cases=[dataclasses.replace(case, inputs=as_fp32)])]), d / "dtype.bpte")
     # bytes flipped inside the XNNPACK delegate's own flatbuffer (after its "XH00" header), in a bundle without
     # bundlerun's manifest (as ExecuTorch's BundledProgram API writes them): a sealed one is refused before it
     # runs ("the program was changed after the bundle was built"), this one reaches the runtime
-    data = bytearray(serialize_bundle(dataclasses.replace(fp16, manifest=None)))
+    data = bytearray(serialize_bundle(dataclasses.replace(fp16, manifest_json=None)))
     at = data.index(b"XH00") - 4
     fb_offset, fb_size = int.from_bytes(data[at + 10:at + 14], "little"), int.from_bytes(data[at + 14:at + 18], "little")
     for k in range(at + fb_offset + 16, at + fb_offset + fb_size - 16, 7):

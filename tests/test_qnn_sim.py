@@ -44,7 +44,7 @@ def _report(folder: Path) -> dict:
 def _manifest(path: Path) -> dict:
     from bundlerun.bundles.bpte import read_bundle
 
-    return read_bundle(path).manifest
+    return read_bundle(path).manifest_json
 
 
 def test_build_records_the_qnn_lowering_in_the_manifest(built):

@@ -62,7 +62,7 @@ def _one_error_line(stderr: str, needle: str) -> None:
 
 def test_blanked_seal_passes_only_without_require_seal(mlp, tmp_path):
     bad = blank_seal_and_loosen(mlp, tmp_path / "blanked.bpte")
-    assert read_bundle(bad).manifest.get("integrity") is None  # it reads as an unsealed bundle
+    assert read_bundle(bad).manifest.integrity is None  # it reads as an unsealed bundle
     # outside CI, as documented: a warning and the loosened verdict
     r = run_cli("run", str(bad), "--report", str(tmp_path / "lax"), "--no-history", env={"CI": ""})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -82,7 +82,7 @@ def test_blanked_seal_passes_only_without_require_seal(mlp, tmp_path):
 
 def test_stock_bundle_without_manifest_has_no_seal(mlp, tmp_path):
     stock = tmp_path / "stock.bpte"
-    stock.write_bytes(serialize_bundle(replace(read_bundle(mlp), manifest=None)))
+    stock.write_bytes(serialize_bundle(replace(read_bundle(mlp), manifest_json=None)))
     r = run_cli("run", str(stock), "--report", str(tmp_path / "r"), "--no-history", "--require-seal")
     assert r.returncode == 2
     _one_error_line(r.stderr, "has no bundlerun manifest, so no seal")
@@ -114,7 +114,7 @@ def _resealed(mlp: Path, path: Path, expected_shift: float = 0.0, **criteria) ->
     """Criteria changed through bundlerun's own API, which re-seals (docs/security.md: the seal is
     not a signature), so only the schema and the vacuity rule stand between them and a verdict."""
     bundle = copy.deepcopy(read_bundle(mlp))
-    bundle.manifest["methods"]["forward"]["outputs"][0]["criteria"].update(criteria)
+    bundle.manifest_json["methods"]["forward"]["outputs"][0]["criteria"].update(criteria)
     if expected_shift:
         for case in bundle.method_test_suites[0].test_cases:
             value = case.expected_outputs[0]

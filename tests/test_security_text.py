@@ -35,8 +35,8 @@ VERDICT_LINE = re.compile(r"^\s*(PASS|FAIL|ERROR) \(.*\) in [0-9.]+ s — exit c
 @pytest.fixture(scope="module")
 def hostile(bundle_cache, tmp_path_factory) -> Path:
     bundle = copy.deepcopy(read_bundle(bundle_cache("mlp", cases=2)))
-    bundle.manifest["model"]["id"] = HOSTILE_ID
-    bundle.manifest["methods"]["forward"]["outputs"][0]["name"] = f"out\n{FORGED}\u202e"
+    bundle.manifest_json["model"]["id"] = HOSTILE_ID
+    bundle.manifest_json["methods"]["forward"]["outputs"][0]["name"] = f"out\n{FORGED}\u202e"
     value = bundle.method_test_suites[0].test_cases[0].expected_outputs[0]
     value.data = (value.to_array() + np.float32(1.0)).tobytes()  # case 0 fails
     path = tmp_path_factory.mktemp("hostile") / "hostile.bpte"

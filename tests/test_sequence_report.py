@@ -52,7 +52,7 @@ def _sequence_bundle(seed: int = 0) -> tuple[Bundle, Manifest, list[np.ndarray]]
         sequences=list(specs.values()),
     )
     bundle = Bundle(program=STUB_PROGRAM, method_test_suites=[MethodTestSuite("forward", cases)],
-                    manifest=manifest.to_dict())
+                    manifest_json=manifest.to_dict())
     return bundle, manifest, logits
 
 

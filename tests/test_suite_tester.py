@@ -47,7 +47,7 @@ def test_xnnpack_tester_compares_on_the_host_target(tmp_path):
     assert record.backend == "xnnpack" and record.dtype == "fp32" and record.reference == "eager-fp32"
     assert [o["name"] for o in record.outputs] == ["out0", "out1"]  # every output judged
     bundle = read_bundle(tmp_path / "bundle.bpte")
-    crit = bundle.manifest["methods"]["forward"]["outputs"][0]["criteria"]
+    crit = bundle.manifest_json["methods"]["forward"]["outputs"][0]["criteria"]
     # the registry's numbers for XNNPACK, with their trail (linear has an XNNPACK op rule)
     assert crit["atol"] == 1e-3 and "xnnpack" in crit["trail"]["atol"][-1]["source"]
     assert any("backends.xnnpack" in t["source"] for t in crit["trail"]["atol"])

@@ -52,7 +52,7 @@ def _data_copy(tmp_path: Path, edits: dict[str, list[tuple[str, str]]]) -> Path:
 
 
 def _manifest(path: Path) -> Manifest:
-    return Manifest.from_dict(read_bundle(path).manifest)
+    return read_bundle(path).manifest
 
 
 def _expected0(path: Path) -> np.ndarray:

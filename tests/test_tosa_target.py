@@ -59,7 +59,7 @@ def test_int_matches_quantized_reference_and_float_model(bundle_cache, tmp_path,
     bundle, run = _run("tosa://int", path, tmp_path)
     _assert_all_ok(bundle, run)
     assert run.info["tosa_specs"] == ["TOSA-1.0+INT"]
-    scale = bundle.manifest["methods"]["forward"]["outputs"][0]["criteria"]["scale"]
+    scale = bundle.manifest.methods["forward"].outputs[0].criteria.scale
     assert scale and scale > 0
     for case in run.cases:
         actual = case.outputs[0].to_array().astype(np.float64)

@@ -217,7 +217,7 @@ def test_explain_with_a_model_shows_what_build_embeds(bundle_cache):
     from bundlerun.bundles.bpte import read_bundle
 
     bundle = bundle_cache("tiny-cnn", dtype="fp16", cases=8)  # the request explain makes: a cache hit
-    embedded = read_bundle(bundle).manifest["methods"]["forward"]["outputs"][0]["criteria"]
+    embedded = read_bundle(bundle).manifest_json["methods"]["forward"]["outputs"][0]["criteria"]
     r = run_cli("tolerance", "explain", "--backend", "xnnpack", "--model", "tiny-cnn", "--dtype", "fp16", "--json")
     assert r.returncode == 0, r.stderr
     explained = json.loads(r.stdout)["criteria"]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -181,7 +182,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     s = report.summary
     # Accuracy runs judge by the dataset numbers; an element-wise FAIL (e.g. int8 vs float)
     # is expected there and is reported, but only infrastructure errors and regressions set the code.
-    code = EXIT_INFRA if s.verdict == "ERROR" and report.dataset["evaluated"] == 0 else (
+    code = EXIT_INFRA if s.verdict == Verdict.ERROR and report.dataset["evaluated"] == 0 else (
         EXIT_FAIL if report.regressions else EXIT_PASS)
     if code == EXIT_PASS and any(Path(u["file"]).name == "report.json" for u in report.unwritten):
         code = EXIT_INFRA  # no command says success when its record was not written

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from bundlerun.runner import seal
+from bundlerun.targets.base import Verdict
 
 
 def _print_jobs(plan, jobs, as_json: bool) -> None:
@@ -108,7 +109,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
                       title_justify="left")
         for col in ("job", "verdict", "attempts", "devices", "flaky"):
             table.add_column(col)
-        color = {"PASS": "green", "FAIL": "red"}
+        color = {Verdict.PASS: "green", Verdict.FAIL: "red"}
         for job in result.jobs:
             devs = ", ".join(dict.fromkeys(a["url"] for a in job["attempts"])) or "-"
             table.add_row(plain(job["job"]), f"[{color.get(job['verdict'], 'yellow')}]{job['verdict']}[/]",

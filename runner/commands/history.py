@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from bundlerun.targets.base import Verdict
 
 
 def _fmt(v, spec: str = ".1f") -> str:
@@ -92,7 +93,7 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     for col in ("id", "started", "model", "target", "dtype", "series", "label", "verdict", "pass/fail", "min SQNR",
                 "max MAE", "top-1", "agree"):
         table.add_column(col, justify="right" if col in ("id", "min SQNR", "max MAE", "top-1", "agree") else "left")
-    color = {"PASS": "green", "FAIL": "red"}
+    color = {Verdict.PASS: "green", Verdict.FAIL: "red"}
     for r in runs:
         # an interrupted run has no verdict or figures over the cases that happened to finish
         verdict = ("[yellow]interrupted[/]" if r.interrupted

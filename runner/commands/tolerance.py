@@ -343,12 +343,11 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
     import re
 
     from bundlerun.bundles.errors import BundleFormatError
-    from bundlerun.bundles.manifest import Manifest
     from bundlerun.bundles.tolerances import ToleranceContext
 
-    if bundle.manifest is None:
+    m = bundle.manifest
+    if m is None:
         raise BundleFormatError("bundle has no bundlerun manifest: nothing was resolved at build time")
-    m = Manifest.from_dict(bundle.manifest)
     b = m.build
     inputs = b.get("inputs") or [{}]
     out = []
@@ -397,7 +396,7 @@ def check(bundle_path, ops, no_project, as_json):
     bundle = read_bundle(bundle_path)
     registry = Registry.builtin() if no_project else default_registry()
     rows, drift = [], False
-    build = (bundle.manifest or {}).get("build", {})
+    build = bundle.manifest.build if bundle.manifest else {}
     for method, j, ctx, embedded in contexts_from_bundle(bundle, ops):
         now = resolve_criteria(ctx, build.get("overrides") or None, registry)
         for key in (*CRITERIA, "scale", "exact"):

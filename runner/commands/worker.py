@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import click
+from bundlerun.targets.failures import FailureKind
 
 _OUT = None  # the protocol stream (the real stdout); sys.stdout goes to stderr
 _LOCK = threading.Lock()
@@ -163,14 +164,14 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         _shutdown("stdin closed before the request")
     threading.Thread(target=_watch_stdin, daemon=True).start()
     if expect_version and expect_version != __version__:
-        _emit(event="fatal", kind="version-mismatch", version=__version__,
+        _emit(event="fatal", kind=FailureKind.VERSION_MISMATCH, version=__version__,
               error=f"remote bundlerun is {__version__}, the local one is {expect_version}")
         _shutdown("version mismatch", 3)
     try:
         pairs = [(str(m), int(c)) for m, c in json.loads(request_line)["cases"]]
         config = json.loads(config_json)
     except (ValueError, KeyError, TypeError) as exc:
-        _emit(event="fatal", kind="bad-config", error=f"bad worker request: {exc}")
+        _emit(event="fatal", kind=FailureKind.BAD_CONFIG, error=f"bad worker request: {exc}")
         _shutdown("bad request", 3)
 
     from bundlerun.bundles.errors import BundleError, BundlerunError, ConfigError
@@ -182,7 +183,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         bundle_obj = read_bundle(bundle)
         target = open_target(inner, config)
     except BundleError as exc:
-        _emit(event="fatal", kind="bad-bundle", error=str(exc))
+        _emit(event="fatal", kind=FailureKind.BAD_BUNDLE, error=str(exc))
         _shutdown("bad bundle", 3)
     except BundlerunError as exc:
         kind = "bad-config" if isinstance(exc, ConfigError) else str(getattr(exc, "kind", "tool-missing"))
@@ -236,7 +237,7 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
             import traceback
 
             traceback.print_exc()
-            _emit(event="fatal", kind="runner-error", error=f"remote worker internal error: {type(exc).__name__}: {exc}")
+            _emit(event="fatal", kind=FailureKind.RUNNER_ERROR, error=f"remote worker internal error: {type(exc).__name__}: {exc}")
             _shutdown("internal error", 3)
         for result in run.cases:
             progress(result)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets import lowering_info
+from bundlerun.targets.base import Verdict
 
 SCHEMA = "bundlerun.bisect/1"
 # Failure kinds (targets/failures.py) that say the case could not be run at all - not a crash of the
@@ -271,7 +272,7 @@ class Bisector:
                          "failed": [f.get("detail") or f.get("criterion") for f in o.failed]}
                         for o in outs]
         verdicts = [o.verdict for o in outs] or [case.verdict]
-        step.verdict = next((v for v in ("FAIL", "ERROR", "TIMEOUT") if v in verdicts), verdicts[0])
+        step.verdict = next((v for v in (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT) if v in verdicts), verdicts[0])
         step.error = str(case.error) if case.error else None
         step.error_kind = case.error_kind.value if case.error_kind else None
 
@@ -303,7 +304,7 @@ class Bisector:
             self.order = {u["key"]: i for i, u in enumerate(self.result.units)}
             step.delegated = [u["key"] for u in self.result.units]
         self._run(step, built.path, folder)
-        if (allowed == frozenset() and step.verdict == "ERROR" and step.error_kind == "unsupported"
+        if (allowed == frozenset() and step.verdict == Verdict.ERROR and step.error_kind == "unsupported"
                 and self.req.undelegated_target and self.req.undelegated_target != self.req.target):
             self.result.notes.append(f"{self.req.target} refuses a program with nothing delegated ({step.error}); "
                                      f"that build ran on {self.req.undelegated_target} (the same ExecuTorch portable "
@@ -317,9 +318,9 @@ class Bisector:
 
     def _is_failing(self, step: Step) -> bool:
         assert self.result is not None
-        if step.verdict == "FAIL":
+        if step.verdict == Verdict.FAIL:
             return True
-        if step.verdict == "PASS":
+        if step.verdict == Verdict.PASS:
             return False
         if self.result.failure_mode == "crash" or self.result.failure_mode is None:
             return True
@@ -345,9 +346,9 @@ class Bisector:
             self.model = resolve_model(req.model, req.distribution)
             full = self.evaluate("all", None)
             n = len(result.units)
-            if full.verdict not in ("FAIL", "PASS") and (full.error_kind in NOT_BISECTABLE or not full.error_kind):
+            if full.verdict not in (Verdict.FAIL, Verdict.PASS) and (full.error_kind in NOT_BISECTABLE or not full.error_kind):
                 raise BisectStopped(f"the full build could not run on {full.target}: {full.error or full.verdict}")
-            result.failure_mode = "numerics" if full.verdict in ("FAIL", "PASS") else "crash"
+            result.failure_mode = "numerics" if full.verdict in (Verdict.FAIL, Verdict.PASS) else "crash"
             result.bound = search_bound(n)
             result.budget = req.max_lowerings or search_bound(n, 4)
             if not full.failing:

@@ -28,6 +28,8 @@ import math
 from typing import Any
 
 import numpy as np
+from bundlerun.targets.base import Verdict
+from bundlerun.bundles.manifest import Manifest
 
 DEFAULT_FLOOR_DB = 100.0
 # ops whose values are uninitialized memory or random draws (eager_ops.op_name spelling): never compared
@@ -379,10 +381,10 @@ def _f(v: Any, fmt: str = ".1f") -> str:
 # ------------------------------------------------------------------ callers
 
 
-def eager_model_of(manifest: dict[str, Any] | None) -> tuple[Any, str]:
+def eager_model_of(manifest: Manifest | None) -> tuple[Any, str]:
     """The bundle's eager model, reloaded from its recorded source (zoo name or factory file), or
     (None, why not)."""
-    model = (manifest or {}).get("model") or {}
+    model = (manifest.model if manifest else None) or {}
     source, ident = str(model.get("source") or ""), model.get("id")
     ref = None
     if source.startswith("factory:"):
@@ -400,7 +402,7 @@ def eager_model_of(manifest: dict[str, Any] | None) -> tuple[Any, str]:
         return None, f"the eager model {ref} could not be reloaded: {exc}"
 
 
-def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, quantized: bool,
+def check_debug(manifest: Manifest | None, record: Any, inputs: tuple, quantized: bool,
                 runtime_output: np.ndarray | None, expected: np.ndarray, criteria: Any,
                 budget_db: float | None, output_index: int) -> dict[str, Any] | None:
     """For `debug` when no layer exceeds: does the runtime output fail against eager while it matches
@@ -416,7 +418,7 @@ def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, qua
         return None
     dtype = str(expected.dtype)
     verdict = judge_output(runtime_output.reshape(expected.shape), expected, criteria, dtype, dtype)
-    if verdict.verdict == "PASS":
+    if verdict.verdict == Verdict.PASS:
         return None
     import torch
 
@@ -427,7 +429,7 @@ def check_debug(manifest: dict[str, Any] | None, record: Any, inputs: tuple, qua
                              "exported_vs_eager": _stats(ep_out, expected)}
     ep_verdict = judge_output(ep_out.reshape(expected.shape), expected, criteria, dtype, dtype) \
         if ep_out is not None and ep_out.size == expected.size else None
-    if quantized or ep_verdict is None or ep_verdict.verdict == "PASS":
+    if quantized or ep_verdict is None or ep_verdict.verdict == Verdict.PASS:
         return None  # the exported program meets the criteria: the gap is the runtime's (or quantization's)
     found["finding"] = ("the runtime matches the exported program, but the output fails against eager: the exported "
                         "program already differs from the eager model (divergence at export, not at run time)")

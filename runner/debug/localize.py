@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets.base import Verdict
+from bundlerun.bundles.manifest import Manifest
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -195,7 +197,7 @@ def worst_failing_case(report: "Report", method: str = "forward", output: str | 
         for out in case.outputs:
             if output is not None and out.name != output:
                 continue
-            if out.verdict != "FAIL":
+            if out.verdict != Verdict.FAIL:
                 continue
             stats = out.stats or {}
             sqnr = stats.get("sqnr")
@@ -211,15 +213,13 @@ def worst_failing_case(report: "Report", method: str = "forward", output: str | 
 # ------------------------------------------------------------------ budget
 
 
-def output_budget(manifest: dict | None, method: str, output: str, expected: np.ndarray) -> tuple[float | None, str]:
+def output_budget(manifest: Manifest | None, method: str, output: str, expected: np.ndarray) -> tuple[float | None, str]:
     """The output's error budget as an SQNR in dB: the strictest of what its criteria allow -
     sqnr_min_db itself; rel_frobenius_max f: -20*log10(f); cosine_min c: -10*log10(2*(1-c)) (small
     errors); atol/rtol (+ qtol steps): 20*log10(rms / (atol + rtol*rms)) at the expected output's rms."""
-    outs = (((manifest or {}).get("methods") or {}).get(method) or {}).get("outputs") or []
-    spec = next((o for o in outs if o.get("name") == output), None)
-    crit = dict((spec or {}).get("criteria") or {})
-    if not spec:
-        crit = {"atol": 1e-3, "rtol": 1e-3}
+    outs = manifest.methods[method].outputs if manifest and method in manifest.methods else []
+    spec = next((o for o in outs if o.name == output), None)
+    crit = spec.criteria.to_dict() if spec else {"atol": 1e-3, "rtol": 1e-3}
     num = lambda k: crit.get(k) if isinstance(crit.get(k), (int, float)) else None  # noqa: E731
     found: list[tuple[float, str]] = []
     if num("sqnr_min_db") is not None:
@@ -608,7 +608,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
 
     bundle_path = Path(bundle_path)
     bundle = read_bundle(bundle_path)
-    manifest = bundle.manifest or {}
+    manifest = bundle.manifest
     from bundlerun.targets.intermediates import IntermediatesUnsupported, supports_capture, unsupported_message
 
     if not supports_capture(target):  # say so (and point to `bisect`) before asking for an ETRecord
@@ -621,8 +621,8 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         suite = bundle.suite(method)
     except KeyError:
         raise DebugError(f"{bundle_path} has no method {method!r}") from None
-    out_specs = (((manifest.get("methods") or {}).get(method) or {}).get("outputs") or [])
-    out_names = [o.get("name") for o in out_specs] or [f"out{j}" for j in range(len(suite.test_cases[0].expected_outputs))]
+    out_specs = manifest.methods[method].outputs if manifest and method in manifest.methods else []
+    out_names = [o.name for o in out_specs] or [f"out{j}" for j in range(len(suite.test_cases[0].expected_outputs))]
     if output is not None and output not in out_names:
         raise DebugError(f"{bundle_path} has no output {output!r}; it has {', '.join(out_names)}")
     if case is None:
@@ -650,7 +650,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     record = parse_etrecord(str(et_path))
     test_case = suite.test_cases[case]
     inputs = tuple(_to_torch(v.to_array()) if v.kind == "tensor" else v.scalar for v in test_case.inputs)
-    build = manifest.get("build") or {}
+    build = manifest.build if manifest else {}
     quantized = bool(build.get("quantization")) or build.get("dtype") in ("int8", "int16")
     names = _program_ops(bundle.program, method)
     for item in run.intermediates:
@@ -687,7 +687,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         bundle=str(bundle_path), target=target, method=method, case=case, case_source=case_source, output=output,
         granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
         budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
-        model=(manifest.get("model") or {}).get("id"), dtype=build.get("dtype"), backend=build.get("backend"),
+        model=manifest.model.get("id") if manifest else None, dtype=build.get("dtype"), backend=build.get("backend"),
         export_divergence=_runtime_row(rows, _export_divergence(first, manifest, record, inputs, quantized, actual,
                                                                 expected, method, j, budget)),
     )
@@ -705,16 +705,15 @@ def _runtime_row(rows: list[LayerRow], found: dict[str, Any] | None) -> dict[str
     return found
 
 
-def _export_divergence(first: int | None, manifest: dict, record: Any, inputs: tuple, quantized: bool,
+def _export_divergence(first: int | None, manifest: Manifest | None, record: Any, inputs: tuple, quantized: bool,
                        actual: np.ndarray | None, expected: np.ndarray, method: str, j: int,
                        budget: float | None) -> dict[str, Any] | None:
     """No layer exceeds but the output fails against eager: is the exported program already off?"""
     if first is not None or actual is None:
         return None
-    from bundlerun.bundles.manifest import Manifest
     from bundlerun.runner.debug.export_divergence import check_debug
 
-    spec = Manifest.from_dict(manifest).output_spec(method, j) if manifest else None
+    spec = manifest.output_spec(method, j) if manifest else None
     if spec is None:
         return None
     import torch

@@ -25,6 +25,7 @@ from typing import Any
 from bundlerun.runner.judging.outcome import EXIT_INFRA, VERDICTS
 from bundlerun.runner.report.model import CaseRecord, Report, Summary
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import CaseStatus, Verdict
 
 _SESSION: Any = None
 _SESSION_KEY: str | None = None
@@ -90,8 +91,8 @@ def _bad_report(payload: dict[str, Any], error: str, kind: FailureKind) -> Repor
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     return Report(
-        summary=Summary("ERROR", EXIT_INFRA, {**{v: 0 for v in VERDICTS}, "ERROR": 1}, 1, 0),
-        cases=[CaseRecord(method="-", case=0, status="error", verdict="ERROR", error=error,
+        summary=Summary(Verdict.ERROR, EXIT_INFRA, {**{v: 0 for v in VERDICTS}, Verdict.ERROR: 1}, 1, 0),
+        cases=[CaseRecord(method="-", case=0, status=CaseStatus.ERROR, verdict=Verdict.ERROR, error=error,
                           error_kind=FailureKind.parse(kind))],
         tool={"name": "bundlerun", "version": tool_version()},
         run={"id": os.urandom(16).hex(), "label": payload.get("label"), "started": now, "finished": now,

@@ -33,6 +33,7 @@ from bundlerun.runner.farm.scheduler import Attempt, Scheduler
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, combine_exit_codes
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import Verdict
 
 
 @dataclass
@@ -200,7 +201,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
                 final.run["history_id"] = run_id
                 history.record_farm_attempts(history_db, farm_id, job.id, [
                     {**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries
-                ] or [{"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": "ERROR",
+                ] or [{"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": Verdict.ERROR,
                        "error_kinds": [], "final": True, "flaky": False}], run_id=run_id)
                 record["history_id"] = run_id
             except Exception as exc:  # noqa: BLE001 - history never changes a verdict
@@ -226,7 +227,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
     exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
     merged.summary.exit_code = exit_code
-    merged.summary.verdict = {EXIT_PASS: "PASS", EXIT_FAIL: "FAIL"}.get(exit_code, "ERROR")
+    merged.summary.verdict = {EXIT_PASS: Verdict.PASS, EXIT_FAIL: Verdict.FAIL}.get(exit_code, Verdict.ERROR)
     if interrupted:
         merged.summary.interrupted = True
     merged.run.update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
@@ -257,7 +258,7 @@ def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: 
     from bundlerun.runner.writers import write_reports
 
     report = Report(
-        summary=Summary("SKIP", EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
+        summary=Summary(Verdict.SKIP, EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],
         tool={"name": "bundlerun", "version": tool_version()},
         run={"id": farm_id, "label": plan.label, "started": started, "finished": _now(), "duration_s": 0.0,
              "command": ["bundlerun", "farm", str(plan.path)]},

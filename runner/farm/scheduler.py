@@ -22,6 +22,7 @@ from typing import Any, Callable
 from bundlerun.runner.farm.plan import Device, Job
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import Verdict
 
 # Failure kinds a second try cannot fix: never retried.
 FINAL_KINDS = frozenset({
@@ -52,7 +53,7 @@ class Attempt:
     @property
     def kinds(self) -> list[str]:
         return sorted({c.error_kind.value for c in self.report.cases
-                       if c.verdict in ("ERROR", "TIMEOUT") and c.error_kind})
+                       if c.verdict in (Verdict.ERROR, Verdict.TIMEOUT) and c.error_kind})
 
     @property
     def node(self) -> dict[str, Any]:

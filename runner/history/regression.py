@@ -42,6 +42,7 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.history.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
+from bundlerun.targets.base import PerfKind, Verdict
 
 
 @dataclass
@@ -136,10 +137,10 @@ def find_regressions(
         where = f"{method}[{ci}].{out.name or f'out{oi}'}"
         loc = {"method": method, "case": ci, "output": oi}
         bv, cv = bout.verdict, out.verdict
-        if rules.verdict_flip and bv == "PASS" and cv == "FAIL":
+        if rules.verdict_flip and bv == Verdict.PASS and cv == Verdict.FAIL:
             failed = "; ".join(f"{f.get('criterion')} {f.get('measured')} (limit {f.get('limit')})" for f in out.failed)
             found.append(
-                Regression("verdict-flip", where, bv, cv, "PASS", f"{where}: PASS -> FAIL" + (f" ({failed})" if failed else ""), **loc)
+                Regression("verdict-flip", where, bv, cv, Verdict.PASS, f"{where}: PASS -> FAIL" + (f" ({failed})" if failed else ""), **loc)
             )
         bs, cs = bout.stats or {}, out.stats or {}
         b_sqnr, c_sqnr = _num(bs.get("sqnr")), _num(cs.get("sqnr"))
@@ -361,7 +362,7 @@ def comparison_notes(baseline_report: Report, current_report: Report,
         notes.append(f"{len(only_c)} case-output(s) only in the current run were not compared")
     for key in sorted(set(b_idx) & set(c_idx)):  # in case order: a set's order changes with the hash seed
         bv, cv = b_idx[key].verdict, c_idx[key].verdict
-        if bv == "PASS" and cv in ("ERROR", "TIMEOUT"):
+        if bv == Verdict.PASS and cv in (Verdict.ERROR, Verdict.TIMEOUT):
             notes.append(f"{key[0]}[{key[1]}] output {key[2]}: PASS -> {cv} (infrastructure, not judged)")
     notes += perf_deltas(baseline_report, current_report, perf_rules)[2]
     return notes
@@ -487,23 +488,23 @@ def perf_gate(fig: PerfFigure, rules: "PerfRules") -> tuple[str | None, str | No
     """(gate, why not): which gate a figure goes through (cycles | memory | latency), or None with
     the reason it is shown but not gated."""
     kind, unit, name = fig.kind, fig.unit, str(fig.name)  # a report may carry a figure without a name
-    if unit in ("cycles", "instructions") and kind in ("device-cycles", "simulation-cycles", "device-counter",
-                                                       "simulation-counter"):
+    if unit in ("cycles", "instructions") and kind in (PerfKind.DEVICE_CYCLES, PerfKind.SIMULATION_CYCLES, PerfKind.DEVICE_COUNTER,
+                                                       PerfKind.SIMULATION_COUNTER):
         return ("cycles", None) if rules.gate_cycles else (None, "[perf] gate_cycles = false")
-    if kind == "memory":
+    if kind == PerfKind.MEMORY:
         if _capacity(name):
             return None, "a pool's capacity (runner configuration), not use"
         if name in _BUNDLE_FILE:
             return None, "the bundle file as loaded (bundlerun's manifest and test data included), not the model"
         return ("memory", None) if rules.gate_memory else (None, "[perf] gate_memory = false")
-    if kind in ("device-latency", "host-wall"):
-        if kind == "host-wall" and not rules.gate_host_latency:
+    if kind in (PerfKind.DEVICE_LATENCY, PerfKind.HOST_WALL):
+        if kind == PerfKind.HOST_WALL and not rules.gate_host_latency:
             return None, "host wall time: not gated unless [perf] gate_host_latency = true"
         if fig.phase != "warm":
             return None, ("the first (cold) execution: reported, not gated" if fig.phase == "first"
                           else "not a warm per-execution figure: reported, not gated")
         return "latency", None
-    if kind == "simulation-time":
+    if kind == PerfKind.SIMULATION_TIME:
         return None, "simulation time: never gated as latency"
     return None, f"{kind}: reported, not gated"
 

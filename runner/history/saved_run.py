@@ -42,7 +42,7 @@ def _expectations(report: Report, bundle: Bundle, where: str) -> dict[str, Any]:
     for i, case in enumerate(report.cases):
         method, index = case.method, case.case
         at = f"{where}: cases[{i}]"
-        if case.status != "ok":
+        if case.status != CaseStatus.OK:
             continue
         try:
             suite = bundle.suite(method)

@@ -40,6 +40,7 @@ from bundlerun.runner.history import commits
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.judging.replay import history_rows  # --replay: flaky vs wrong numerics per output
 from bundlerun.runner.report.model import Report
+from bundlerun.targets.base import Verdict
 
 ENV_VAR = "BUNDLERUN_HISTORY"
 DISABLED = ("off", "none", "false", "0", "")
@@ -383,11 +384,11 @@ def _run_row(report: Report, report_path: str | None) -> dict[str, Any]:
         "report_path": report_path or run.get("report_path"),
         "cases": summary.cases,
         "outputs": summary.outputs,
-        "n_pass": counts.get("PASS"),
-        "n_fail": counts.get("FAIL"),
-        "n_error": counts.get("ERROR"),
-        "n_timeout": counts.get("TIMEOUT"),
-        "n_skip": counts.get("SKIP"),
+        "n_pass": counts.get(Verdict.PASS),
+        "n_fail": counts.get(Verdict.FAIL),
+        "n_error": counts.get(Verdict.ERROR),
+        "n_timeout": counts.get(Verdict.TIMEOUT),
+        "n_skip": counts.get(Verdict.SKIP),
         "report_json": json.dumps(report.to_json(), allow_nan=True, default=str),
         **_series_fields(report),
     }

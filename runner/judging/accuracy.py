@@ -184,7 +184,7 @@ def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float
     """
     from bundlerun.bundles.errors import BundlerunError
 
-    ds = (bundle.manifest or {}).get("dataset") or {}
+    ds = (bundle.manifest.dataset if bundle.manifest else None) or {}
     suites = bundle.method_test_suites
     suite = next((s for s in suites if s.method_name == "forward"), suites[0] if suites else None)
     labels = ds.get("labels")

@@ -7,6 +7,7 @@ judged with the foundation defaults for fp32, with a warning saying so.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, V
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Summary
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import Verdict
 
 NO_MANIFEST_WARNING = (
     "bundle has no bundlerun manifest (made by ExecuTorch's BundledProgram API?): "
@@ -67,11 +69,12 @@ def load_context(bundle: Bundle) -> JudgeContext:
     warnings = list(getattr(bundle, "warnings", []) or [])
     if bundle.manifest is None:
         return JudgeContext(None, [NO_MANIFEST_WARNING, *warnings])
-    return JudgeContext(Manifest.from_dict(bundle.manifest), warnings)
+    # A copy: --override changes the context's criteria in place, never the bundle's own manifest.
+    return JudgeContext(copy.deepcopy(bundle.manifest), warnings)
 
 
-def _error_verdict(result: CaseResult) -> str:
-    return "TIMEOUT" if result.status == CaseStatus.TIMEOUT else ("SKIP" if result.status == CaseStatus.SKIP else "ERROR")
+def _error_verdict(result: CaseResult) -> Verdict:
+    return Verdict.TIMEOUT if result.status == CaseStatus.TIMEOUT else (Verdict.SKIP if result.status == CaseStatus.SKIP else Verdict.ERROR)
 
 
 def _failed(detail: str, criterion: str = "missing") -> list[dict[str, Any]]:
@@ -85,7 +88,7 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
     test_case = bundle.suite(result.method).test_cases[result.case_index]
     expected_values = [v for v in test_case.expected_outputs]
     record = CaseRecord(
-        method=result.method, case=result.case_index, status=result.status.value, verdict="PASS",
+        method=result.method, case=result.case_index, status=result.status, verdict=Verdict.PASS,
         elapsed_s=result.elapsed_s, error=result.error, error_kind=result.error_kind,
         log_excerpt=list(result.log_excerpt or []), log_path=result.log_path, device_verdict=result.device_verdict,
         extra=dict(result.extra or {}),  # how the target got the outputs, attempts, transport detail
@@ -102,21 +105,21 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         record.error_kind = FailureKind.OUTPUT_COUNT
     for j, expected in enumerate(expected_values):
         name, criteria = ctx.criteria(result.method, j)
-        entry = OutputRecord(j, name, "PASS", criteria=criteria.to_dict())
+        entry = OutputRecord(j, name, Verdict.PASS, criteria=criteria.to_dict())
         record.outputs.append(entry)
         if expected.kind != "tensor":
-            entry.verdict, entry.note = "SKIP", f"non-tensor output ({expected.kind})"
+            entry.verdict, entry.note = Verdict.SKIP, f"non-tensor output ({expected.kind})"
             continue
         entry.expected = {"dtype": st.name(expected.scalar_type), "shape": list(expected.sizes)}
         if j >= len(result.outputs):
-            entry.verdict, entry.failed = "ERROR", _failed("target returned no data for this output")
+            entry.verdict, entry.failed = Verdict.ERROR, _failed("target returned no data for this output")
             continue
         raw = result.outputs[j]
         try:  # raw outputs are device data: an unknown dtype or bytes that do not fit the shape is an ERROR
             actual_info = {"dtype": st.name(raw.scalar_type), "shape": [int(s) for s in raw.shape][:64]}
             raw_array = raw.to_array()
         except (ValueError, TypeError, OverflowError) as exc:
-            entry.verdict, entry.failed = "ERROR", _failed(f"the target's output is malformed: {exc}"[:300])
+            entry.verdict, entry.failed = Verdict.ERROR, _failed(f"the target's output is malformed: {exc}"[:300])
             record.error = record.error or f"output {j}: the target's output is malformed: {exc}"[:300]
             record.error_kind = record.error_kind or FailureKind.WRONG_OUTPUT_SIZE
             continue
@@ -145,12 +148,12 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
                         f"expected logits' argmax {m.reference_argmax}: the step is judged by reference_next")
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
-        if verdict.verdict == "PASS":  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
+        if verdict.verdict == Verdict.PASS:  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
             from bundlerun.runner.judging.vacuity import CRITERION, vacuous_reason
 
             why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
             if why:
-                entry.verdict, entry.failed = "ERROR", _failed(why, CRITERION)
+                entry.verdict, entry.failed = Verdict.ERROR, _failed(why, CRITERION)
                 record.error = record.error or f"{name}: vacuous criteria: {why}"
                 record.error_kind = record.error_kind or FailureKind.BAD_BUNDLE
                 note = (f"{result.method}.{name}: vacuous criteria ({why.split(' would ')[0]} would also pass an "
@@ -158,14 +161,14 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
     verdicts = {o.verdict for o in record.outputs}
-    record.verdict = "ERROR" if "ERROR" in verdicts or record.error_kind == FailureKind.OUTPUT_COUNT else (
-        "FAIL" if "FAIL" in verdicts else "PASS")
+    record.verdict = Verdict.ERROR if Verdict.ERROR in verdicts or record.error_kind == FailureKind.OUTPUT_COUNT else (
+        Verdict.FAIL if Verdict.FAIL in verdicts else Verdict.PASS)
     return record
 
 
 def summarize(cases: list[CaseRecord]) -> Summary:
     """Counts per case-output, overall verdict and exit code (runner/judging/outcome.py)."""
-    counts = {v: 0 for v in VERDICTS}
+    counts: dict[str, int] = {v: 0 for v in VERDICTS}
     outputs = 0
     for case in cases:
         for out in case.outputs:
@@ -176,13 +179,13 @@ def summarize(cases: list[CaseRecord]) -> Summary:
     # A numerical failure wins over infrastructure errors: a real regression seen on
     # the cases that did run must not be mistaken for a flaky board.
     if not cases:
-        verdict, code = "ERROR", EXIT_INFRA
-    elif counts["FAIL"]:
-        verdict, code = "FAIL", EXIT_FAIL
-    elif counts["ERROR"] or counts["TIMEOUT"]:
-        verdict, code = "ERROR", EXIT_INFRA
+        verdict, code = Verdict.ERROR, EXIT_INFRA
+    elif counts[Verdict.FAIL]:
+        verdict, code = Verdict.FAIL, EXIT_FAIL
+    elif counts[Verdict.ERROR] or counts[Verdict.TIMEOUT]:
+        verdict, code = Verdict.ERROR, EXIT_INFRA
     else:
-        verdict, code = "PASS", EXIT_PASS
+        verdict, code = Verdict.PASS, EXIT_PASS
     return Summary(verdict, code, counts, len(cases), outputs)
 
 

@@ -32,6 +32,7 @@ from bundlerun.runner.judging.rules import _argmax, _sqnr_check, arm_output_anal
 
 # Slack for outputs decoded from 6-decimal `Output[i][j]` text, defined once where that text
 # is decoded: 6-decimal rounding plus float32 re-rounding, at most 1e-6.
+from bundlerun.targets.base import Verdict
 from bundlerun.targets.et_runner.outputs import LOSSY_ROUNDING_ATOL as LOSSY_TEXT_ATOL
 
 from bundlerun.runner.judging.error_stats import (CHUNK, OutputStats, TensorStats, _clean, _db,  # noqa: F401
@@ -40,7 +41,7 @@ from bundlerun.runner.judging.error_stats import (CHUNK, OutputStats, TensorStat
 
 @dataclass
 class OutputVerdict:
-    verdict: str  # PASS | FAIL
+    verdict: Verdict  # PASS | FAIL
     failed: list[FailedCriterion] = field(default_factory=list)
     stats: OutputStats | None = None
 
@@ -87,7 +88,7 @@ def judge_output(
             "shape", list(np.shape(actual)), list(np.shape(expected)),
             f"actual shape {list(np.shape(actual))} != expected shape {list(np.shape(expected))}",
         ))
-        return OutputVerdict("FAIL", failed, stats)
+        return OutputVerdict(Verdict.FAIL, failed, stats)
     if actual_dtype != expected_dtype and not cast:
         failed.append(FailedCriterion("dtype", actual_dtype, expected_dtype,
                                       f"actual dtype {actual_dtype} != expected dtype {expected_dtype}"))
@@ -159,7 +160,7 @@ def judge_output(
         if a_arg != r_arg:
             failed.append(FailedCriterion("top1", a_arg, r_arg,
                                           f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
-    return OutputVerdict("FAIL" if failed else "PASS", failed, stats)
+    return OutputVerdict(Verdict.FAIL if failed else Verdict.PASS, failed, stats)
 
 
 def _is_integer_valued(expected: np.ndarray) -> bool:

@@ -7,9 +7,11 @@ as shells report it).
 
 from __future__ import annotations
 
+from bundlerun.targets.base import Verdict  # defined beside CaseStatus: targets relay a device's PASS/FAIL
+
 # Per output and per case (docs/report-schema.md). Order is severity for display only.
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
-RUN_VERDICTS = ("PASS", "FAIL", "ERROR")  # a whole run
+VERDICTS = tuple(Verdict)
+RUN_VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.ERROR)  # a whole run
 
 EXIT_PASS = 0
 EXIT_FAIL = 1  # a numerical failure, or a regression against --baseline
@@ -39,11 +41,11 @@ def combine_exit_codes(codes: list[int]) -> int:
 # plot points; light: a cell's background; text: a cell's text on its light background.)
 # bundlerun's own palette (Material Design shades), one colour per verdict, nothing from ExecuTorch.
 VERDICT_COLOURS: dict[str, tuple[str, str, str]] = {
-    "PASS": ("#2e7d32", "#e8f5e9", "#1b5e20"),
-    "FAIL": ("#c62828", "#ffebee", "#b71c1c"),
-    "ERROR": ("#ef6c00", "#fff3e0", "#e65100"),
-    "TIMEOUT": ("#6a1b9a", "#f3e5f5", "#4a148c"),
-    "SKIP": ("#757575", "#f5f5f5", "#555555"),
+    Verdict.PASS: ("#2e7d32", "#e8f5e9", "#1b5e20"),
+    Verdict.FAIL: ("#c62828", "#ffebee", "#b71c1c"),
+    Verdict.ERROR: ("#ef6c00", "#fff3e0", "#e65100"),
+    Verdict.TIMEOUT: ("#6a1b9a", "#f3e5f5", "#4a148c"),
+    Verdict.SKIP: ("#757575", "#f5f5f5", "#555555"),
     "STOPPED": ("#37474f", "#eceff1", "#263238"),  # a run stopped by Ctrl-C / SIGTERM (exit 130 / 143)
 }
 STOPPED = "STOPPED"  # not a verdict: how a run that was stopped before it finished is shown
@@ -57,7 +59,7 @@ def run_status(verdict: str | None, exit_code: int | None, timeouts: int | None 
 
     if exit_code in STOPPED_CODES:
         return STOPPED
-    if verdict == "ERROR" and count(timeouts) > 0 and not count(errors):
-        return "TIMEOUT"
-    return verdict if verdict in VERDICTS else "ERROR"
+    if verdict == Verdict.ERROR and count(timeouts) > 0 and not count(errors):
+        return Verdict.TIMEOUT
+    return verdict if verdict in VERDICTS else Verdict.ERROR
 

@@ -28,6 +28,10 @@ import numpy as np
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.safe_text import markdown_text as _md, visible  # the writers' own escapes
+from bundlerun.targets.base import CaseStatus, Verdict
+
+if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -50,7 +54,7 @@ def complete(target: Any, url: str, bundle: Any, bundle_path: Path, options: Any
     replay, else n-1 more whole runs. Returns how it was done (the report's replay.mode/how)."""
     if n <= 1:
         return {}
-    ok = [c for c in run.cases if getattr(c.status, "value", c.status) == "ok"]
+    ok = [c for c in run.cases if c.status == CaseStatus.OK]
     if _declared(url) and all(len(c.replays) >= n - 1 for c in ok):
         return {"mode": "in-process", "how": f"{url}: the target ran each case {n} times in one loaded program "
                                               "(one process)"}
@@ -71,7 +75,7 @@ def complete(target: Any, url: str, bundle: Any, bundle_path: Path, options: Any
         got = {(c.method, c.case_index): c for c in repeat.cases}
         for key, case in by_key.items():
             other = got.get(key)
-            if other is not None and getattr(other.status, "value", other.status) == "ok":
+            if other is not None and other.status == CaseStatus.OK:
                 case.replays.append(list(other.outputs))
             else:
                 case.extra.setdefault("replay_errors", []).append(
@@ -114,18 +118,18 @@ def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how
     checked = 0
     for result in run.cases:
         record = records.get((result.method, result.case_index))
-        if record is None or getattr(result.status, "value", result.status) != "ok" or not result.replays:
+        if record is None or result.status != CaseStatus.OK or not result.replays:
             continue
         replay_records = [judge_case(bundle, CaseResult(result.method, result.case_index, CaseStatus.OK, outputs=outs),
                                      ctx) for outs in result.replays]
         for j, out in enumerate(record.outputs):
-            if out.verdict not in ("PASS", "FAIL") or j >= len(result.outputs):
+            if out.verdict not in (Verdict.PASS, Verdict.FAIL) or j >= len(result.outputs):
                 continue
             runs = [result.outputs[j]] + [outs[j] for outs in result.replays if j < len(outs)]
-            verdicts = [out.verdict] + [r.outputs[j].verdict if j < len(r.outputs) else "ERROR" for r in replay_records]
+            verdicts = [out.verdict] + [r.outputs[j].verdict if j < len(r.outputs) else Verdict.ERROR for r in replay_records]
             distinct = len({(raw.scalar_type, tuple(raw.shape), bytes(raw.data)) for raw in runs})
             counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
-            entry = {"runs": len(runs), "distinct": distinct, "spread": _spread([_values(r) for r in runs]),
+            entry: dict[str, Any] = {"runs": len(runs), "distinct": distinct, "spread": _spread([_values(r) for r in runs]),
                      "verdicts": counts, "flips": len(counts) > 1, "deterministic": distinct == 1}
             if entry["flips"]:
                 entry["finding"] = FLAKY

@@ -32,6 +32,7 @@ import numpy as np
 
 from bundlerun.runner.judging.error_stats import OutputStats, error_statistics
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
+from bundlerun.targets.base import Verdict
 
 TOP_K = 5  # bundlerun's own: the top-5 of classification accuracy, applied to next-token candidates
 
@@ -177,7 +178,7 @@ def sequence_figures(metrics: Sequence[StepMetrics | None], verdicts: Iterable[s
     `metrics[i]` is None when step i gave no logits (an error, a skip)."""
     verdicts = list(verdicts)
     first = next((i for i, (m, v) in enumerate(zip(metrics, verdicts))
-                  if m is None or not m.argmax_match or v != "PASS"), None)
+                  if m is None or not m.argmax_match or v != Verdict.PASS), None)
     agree = next((i for i, m in enumerate(metrics) if m is None or not m.argmax_match), len(metrics))
     ppl_t = perplexity([m.logprob_target if m else None for m in metrics])
     ppl_r = perplexity([m.logprob_reference if m else None for m in metrics])

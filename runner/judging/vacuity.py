@@ -24,6 +24,7 @@ import numpy as np
 
 from bundlerun.bundles.manifest import CRITERIA_FIELDS, Criteria
 from bundlerun.bundles.manifest_schema import RULE_NUMBERS
+from bundlerun.targets.base import Verdict
 
 CRITERION = "vacuous"
 
@@ -54,7 +55,7 @@ def vacuous_reason(reference: np.ndarray, criteria: Criteria, expected_dtype: st
         return None  # the reference is all zeros (or not finite): zeros are the right answer
     probe = judge_output(np.zeros_like(ref), ref, criteria, actual_dtype=expected_dtype,
                          expected_dtype=expected_dtype, lossy=lossy)
-    if probe.verdict != "PASS":
+    if probe.verdict != Verdict.PASS:
         return None
     return (f"{_shown(criteria)} would also pass an all-zero output (expected values up to "
             f"{float(np.max(np.abs(finite))):.4g}): the criteria cannot tell a working program from a broken one")

@@ -31,6 +31,7 @@ from bundlerun.runner.history.regression import RegressionRules
 # names stay importable from here.
 from bundlerun.runner.pictures.hud_grid import Cell, Column, Grid, Row, build_grid  # noqa: F401
 from bundlerun.runner.pictures.hud_page import href as _href, render, status
+from bundlerun.targets.base import Verdict
 
 __all__ = ["Cell", "Column", "Grid", "Row", "build_grid", "render", "write_site"]
 
@@ -75,7 +76,7 @@ def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None
             nav += f" &middot; <a href='{_e(_href(Path(originals[rid]), out / 'runs'))}'>original report</a>"
         if rid in reports:
             # the per-case plots for the runs people open to see what went wrong; not for every passing run
-            page = render_html(reports[rid], case_plots=status(cell) != "PASS").replace("<body>", "<body>" + nav + "</p>", 1)
+            page = render_html(reports[rid], case_plots=status(cell) != Verdict.PASS).replace("<body>", "<body>" + nav + "</p>", 1)
         else:
             page = (f"<!doctype html><html><head><meta charset='utf-8'><title>run {rid}</title></head><body>{nav}</p>"
                     f"<p>The stored report of this run cannot be read: {_e(one_line(unreadable.get(rid), 2000))}</p>"

@@ -28,8 +28,9 @@ from typing import Any
 from bundlerun.runner.history import store as history
 from bundlerun.runner.history.regression import RegressionRules
 from bundlerun.runner.history.series import Series, tags
+from bundlerun.targets.base import Verdict
 
-SEVERITY = {"PASS": 0, "SKIP": 1, "TIMEOUT": 2, "ERROR": 3, "FAIL": 4}
+SEVERITY: dict[str, int] = {Verdict.PASS: 0, Verdict.SKIP: 1, Verdict.TIMEOUT: 2, Verdict.ERROR: 3, Verdict.FAIL: 4}
 MODELS = "models"  # the operator group of bundlerun's own (model) runs
 
 
@@ -65,7 +66,7 @@ class Cell:
 
     @property
     def failing(self) -> bool:
-        return self.run.verdict == "FAIL"
+        return self.run.verdict == Verdict.FAIL
 
 
 @dataclass
@@ -119,9 +120,9 @@ def _metric(r: history.RunRecord) -> tuple[str, float | None]:
 
 
 def _regressed(cur: Cell, base: Cell, rules: RegressionRules) -> tuple[bool, str]:
-    if cur.run.verdict in ("ERROR", "TIMEOUT"):
+    if cur.run.verdict in (Verdict.ERROR, Verdict.TIMEOUT):
         return False, ""
-    if base.run.verdict == "PASS" and cur.run.verdict == "FAIL":
+    if base.run.verdict == Verdict.PASS and cur.run.verdict == Verdict.FAIL:
         return True, "PASS -> FAIL"
     if cur.value is None or base.value is None or cur.metric != base.metric:
         return False, ""
@@ -225,7 +226,7 @@ def _judge_row(row: Row, columns: list[Column], order: dict[str, int], baseline:
     culprit = None
     for key in reversed([k for k in present if order[k] > order[row.baseline]]):
         cell = row.cells[key]
-        if cell.run.verdict in ("ERROR", "TIMEOUT") and not cell.regressed:
+        if cell.run.verdict in (Verdict.ERROR, Verdict.TIMEOUT) and not cell.regressed:
             continue
         if not cell.regressed:
             break

@@ -37,8 +37,9 @@ def _e(value: object) -> str:
     text = "" if value is None else str(value)
     return _escape(text if len(text) <= MAX_SHOWN else one_line(text, MAX_SHOWN))
 from bundlerun.runner.pictures.hud_grid import MODELS, SEVERITY, Cell, Column, Grid, Row
+from bundlerun.targets.base import Verdict
 
-_LEGEND = {"FAIL": "FAIL output criterion"}
+_LEGEND: dict[str, str] = {Verdict.FAIL: "FAIL output criterion"}
 COLLAPSE_ABOVE = 40  # rows: above this, operator groups with nothing failing start collapsed
 
 _CSS = """
@@ -160,7 +161,7 @@ def _count(value: object) -> int:
 def complete(cell: Cell) -> bool:
     """Whether the run judged every case (its numbers describe the run, not the cases that happened to run)."""
     x = cell.extra
-    return status(cell) in ("PASS", "FAIL") and not _count(x.get("n_timeout")) and not _count(x.get("n_error"))
+    return status(cell) in (Verdict.PASS, Verdict.FAIL) and not _count(x.get("n_timeout")) and not _count(x.get("n_error"))
 
 
 def failure(cell: Cell) -> str:
@@ -187,11 +188,11 @@ def cell_text(cell: Cell) -> str:
     (`FAIL out0 sqnr`); for a run that did not complete its status alone, never a number over the
     cases that happened to run."""
     shown = status(cell)
-    if shown == "PASS":
+    if shown == Verdict.PASS:
         return fmt(cell)
-    if shown == "FAIL":
+    if shown == Verdict.FAIL:
         why = failure(cell)
-        return f"FAIL {why}" if why else "FAIL"
+        return f"FAIL {why}" if why else Verdict.FAIL
     return shown
 
 
@@ -264,7 +265,7 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
     else:
         tip.append(f"did not complete ({_count(x.get('n_timeout'))} timed out, {_count(x.get('n_error'))} errors): "
                    "no metric shown for the cases that happened to run")
-    if shown == "FAIL" and failure(cell):
+    if shown == Verdict.FAIL and failure(cell):
         tip.append(f"failed: {failure(cell)}")
     if x.get("max_error") is not None:
         tip.append(f"max error {x['max_error']:.4g}")
@@ -308,10 +309,10 @@ def _group_cells(rows: list[Row], cols: list[Column]) -> str:
             out.append("<td class='g'></td>")
             continue
         reg = sum(1 for x in cells if x.regressed)
-        failing = sum(1 for x in cells if x.run.verdict == "FAIL")
+        failing = sum(1 for x in cells if x.run.verdict == Verdict.FAIL)
         worst = status(max(cells, key=lambda x: SEVERITY.get(x.run.verdict or "", 3)))
         kind = "greg" if reg else f"g{worst if worst in VERDICT_COLOURS else 'ERROR'}"
-        text = f"{reg}&#9660;" if reg else (str(failing) if failing else "ok" if worst == "PASS" else _e(worst[:3]))
+        text = f"{reg}&#9660;" if reg else (str(failing) if failing else "ok" if worst == Verdict.PASS else _e(worst[:3]))
         tip = f"{len(cells)} row(s): {reg} regressed, {failing} failing, worst {worst}"
         out.append(f"<td class='g {kind}' title='{_e(tip)}'>{text}</td>")
     return "".join(out)
@@ -409,7 +410,7 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
         shown = row.culprit[:8] if looks_like_sha(row.culprit) else row.culprit
         status_html = (f"<span class='bad' title='regressed since {_e(row.culprit)}'>regressed since "
                        f"<a href='#r{ri}c{ci}'>{_e(shown)}</a></span>")
-    elif latest is not None and status(latest) != "PASS":
+    elif latest is not None and status(latest) != Verdict.PASS:
         status_html = f"<span class='meta'>latest: {_e(status(latest))}</span>"
     else:
         status_html = "<span class='ok'>ok</span>"

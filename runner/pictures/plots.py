@@ -10,6 +10,7 @@ import io
 from typing import Any, Sequence
 
 import numpy as np
+from bundlerun.targets.base import Verdict
 
 MAX_SCATTER_POINTS = 20_000
 
@@ -43,7 +44,7 @@ def _png(fig) -> bytes:
 def _verdict_colour(verdict: str) -> str:
     from bundlerun.runner.judging.outcome import VERDICT_COLOURS  # the one palette of verdicts
 
-    return VERDICT_COLOURS.get(verdict, VERDICT_COLOURS["ERROR"])[0]
+    return VERDICT_COLOURS.get(verdict, VERDICT_COLOURS[Verdict.ERROR])[0]
 
 
 def within_bound(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
@@ -89,10 +90,10 @@ def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str,
                 lo, hi = min(lo, -bound[0] * 1.1), max(hi, bound[0] * 1.1)
             edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
             ax.hist([err[ok], err[~ok]], bins=edges, stacked=True, edgecolor="white", linewidth=0.3,
-                    color=[_verdict_colour("PASS"), _verdict_colour("FAIL")],
+                    color=[_verdict_colour(Verdict.PASS), _verdict_colour(Verdict.FAIL)],
                     label=[f"within bound: {int(ok.sum())}", f"over bound: {int((~ok).sum())}"])
             for sign in (-1, 1):
-                ax.axvline(sign * bound[0], color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.2,
+                ax.axvline(sign * bound[0], color=_verdict_colour(Verdict.FAIL), linestyle="--", linewidth=1.2,
                            label=bound_text(*bound) if sign > 0 else None)
             fig.legend(fontsize=7, loc="outside lower center", ncols=2)  # below the plot: never over a bar
         ax.axvline(0, color="#444", linewidth=0.8)
@@ -106,7 +107,7 @@ def error_histogram(actual: np.ndarray, expected: np.ndarray, title: str,
 
 
 def scatter(actual: np.ndarray, expected: np.ndarray, title: str, passed: np.ndarray | None = None,
-            passed_label: tuple[str, str] = ("PASS", "FAIL")) -> bytes:
+            passed_label: tuple[str, str] = (Verdict.PASS, Verdict.FAIL)) -> bytes:
     """Actual vs expected, with the identity line; subsampled deterministically. Each point is
     coloured by its own verdict, `passed` (per element), when given."""
     a = np.asarray(actual, np.float64).ravel()
@@ -128,7 +129,7 @@ def scatter(actual: np.ndarray, expected: np.ndarray, title: str, passed: np.nda
         if passed is None:
             ax.scatter(e, a, s=size, alpha=0.6, color="#3b6ea5", linewidths=0, zorder=2)
         else:
-            for mask, verdict, name, z in ((p, "PASS", passed_label[0], 2), (~p, "FAIL", passed_label[1], 3)):
+            for mask, verdict, name, z in ((p, Verdict.PASS, passed_label[0], 2), (~p, Verdict.FAIL, passed_label[1], 3)):
                 if mask.any():
                     ax.scatter(e[mask], a[mask], s=size, alpha=0.7, color=_verdict_colour(verdict), linewidths=0,
                                zorder=z, label=f"{name}: {int(mask.sum())}")
@@ -180,7 +181,7 @@ def case_strip(values: Sequence[Any], verdicts: Sequence[str], title: str, ylabe
     if drawn_floor:
         from bundlerun.runner.report.criteria_text import number
 
-        ax.axhline(float(floor), color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.4, zorder=2,
+        ax.axhline(float(floor), color=_verdict_colour(Verdict.FAIL), linestyle="--", linewidth=1.4, zorder=2,
                    label=_text(floor_label.format(number(float(floor)))))
         finite.append(float(floor))
     if finite:
@@ -356,7 +357,7 @@ def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Seque
     if known.any():
         bottom.scatter(x[known], m[known], c=[c for c, f in zip(colours, known) if f], s=18, zorder=2)
         bottom.plot(x[known], m[known], color="#999", linewidth=0.7, zorder=1)
-    bottom.axhline(0, color=_verdict_colour("FAIL"), linestyle="--", linewidth=1.0)
+    bottom.axhline(0, color=_verdict_colour(Verdict.FAIL), linestyle="--", linewidth=1.0)
     bottom.set_ylabel("margin (log-prob)", fontsize=8)
     bottom.set_xlabel("position (input_pos of the step)")
     from matplotlib.ticker import MaxNLocator
@@ -364,6 +365,6 @@ def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Seque
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if divergence is not None and 0 <= divergence < len(x):
         for ax in (top, bottom):
-            ax.axvline(x[divergence], color=_verdict_colour("FAIL"), linestyle=":", linewidth=1.2)
+            ax.axvline(x[divergence], color=_verdict_colour(Verdict.FAIL), linestyle=":", linewidth=1.2)
     top.set_title(_text(title), fontsize=10)
     return _png(fig)

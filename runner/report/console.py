@@ -12,6 +12,7 @@ from typing import Any
 
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import REPORT_FILE, CaseRecord, OutputRecord, Report, format_amount
+from bundlerun.targets.base import Verdict
 
 # C0 controls but tab and newline, DEL, the C1 controls (0x9b is a one-byte CSI) and lone
 # surrogates (from surrogateescape'd bytes): shown as escapes, never sent to the terminal
@@ -53,7 +54,7 @@ class OutputRow:
     min_sqnr: Any  # a number, "inf" (an exact match, as the report writes it) or None
 
 
-_RANK = {"ERROR": 0, "TIMEOUT": 0, "FAIL": 1, "SKIP": 3, "PASS": 2}
+_RANK: dict[str, int] = {Verdict.ERROR: 0, Verdict.TIMEOUT: 0, Verdict.FAIL: 1, Verdict.SKIP: 3, Verdict.PASS: 2}
 
 
 def output_rows(report: Report) -> list[OutputRow]:
@@ -125,7 +126,7 @@ def agreement(report: Report) -> list[Agreement]:
     found: dict[tuple[str, int], Agreement] = {}
     for case in report.cases:
         for out in case.outputs:
-            if not (out.criteria or {}).get("exact") or out.verdict not in ("PASS", "FAIL"):
+            if not (out.criteria or {}).get("exact") or out.verdict not in (Verdict.PASS, Verdict.FAIL):
                 continue
             entry = found.setdefault((case.method, out.index), Agreement(case.method, out.name, 0, 0, {}))
             entry.judged += 1
@@ -250,7 +251,7 @@ def print_summary(report: Report, console=None) -> None:
     for col in ("output", "verdict", "cases", "worst case", "max |err|", "MAE", "min SQNR dB", "cosine", "mismatches",
                 "criteria"):
         table.add_column(col, justify="right" if col not in ("output", "verdict", "criteria") else "left")
-    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
+    style: dict[str, str] = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold yellow", Verdict.TIMEOUT: "bold yellow", Verdict.SKIP: "dim"}
     for row in output_rows(report):
         out = row.worst
         stats = out.stats or {}
@@ -282,20 +283,20 @@ def print_summary(report: Report, console=None) -> None:
         console.print(plain(line), highlight=False)
     shown = 0
     for case in report.cases:
-        if case.verdict == "PASS":
+        if case.verdict == Verdict.PASS:
             continue
         if shown >= 8:
             console.print("[dim]... more failing cases in the JSON report[/]")
             break
         shown += 1
-        if case.verdict in ("ERROR", "TIMEOUT") and case.error:
+        if case.verdict in (Verdict.ERROR, Verdict.TIMEOUT) and case.error:
             console.print(f"[yellow]{case.verdict}[/] {plain(case.method)}[{case.case}]: {plain(case.error)}",
                           highlight=False)
             for line in case.log_excerpt[-3:]:
                 console.print(f"    [dim]{plain(line)}[/]", highlight=False)
         for out in case.outputs:
             for failure in out.failed:
-                label = "[red]FAIL[/]" if out.verdict == "FAIL" else f"[yellow]{plain(out.verdict)}[/]"
+                label = "[red]FAIL[/]" if out.verdict == Verdict.FAIL else f"[yellow]{plain(out.verdict)}[/]"
                 console.print(
                     f"{label} {plain(case.method)}[{case.case}].{plain(out.name)} "
                     f"{plain(failure.get('criterion'))}: {plain(failure.get('detail'))}", highlight=False
@@ -322,7 +323,7 @@ def print_sequences(report: Report, console) -> None:
 
     from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
 
-    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold yellow", "TIMEOUT": "bold yellow", "SKIP": "dim"}
+    style = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold yellow", Verdict.TIMEOUT: "bold yellow", Verdict.SKIP: "dim"}
     for seq in report.sequences:
         table = Table(title=plain(headline(seq)), title_justify="left")
         for col in STEP_COLUMNS:

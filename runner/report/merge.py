@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
+from bundlerun.targets.base import CaseStatus, Verdict
 
 
 class MergeError(ReportError):
@@ -168,9 +169,9 @@ def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict
     summary = summarize([CaseRecord.from_json(c) for c in cases]).to_json()
     codes = [(r.get("summary") or {}).get("exit_code") for r in reports]
     if summary["exit_code"] != 1 and 1 in codes:
-        summary.update(verdict="FAIL", exit_code=1)  # a regression against a baseline in one input
+        summary.update(verdict=Verdict.FAIL, exit_code=1)  # a regression against a baseline in one input
     elif summary["exit_code"] == 0 and 2 in codes:
-        summary.update(verdict="ERROR", exit_code=2)  # an input that could not run, with no case saying so
+        summary.update(verdict=Verdict.ERROR, exit_code=2)  # an input that could not run, with no case saying so
     stopped = [(r.get("summary") or {}).get("exit_code") for r in reports if (r.get("summary") or {}).get("interrupted")]
     if stopped:  # 130 Ctrl-C, 143 SIGTERM (runner/judging/outcome.py)
         summary.update(interrupted=True, exit_code=combine_exit_codes([c for c in stopped if c in STOPPED_CODES]
@@ -180,7 +181,7 @@ def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict
 
 def _missing_case(method: str, index: int, shard: int | None, count: int | None) -> dict[str, Any]:
     where = f"shard {shard}/{count}" if shard else "a shard"
-    return {"method": method, "case": index, "status": "error", "verdict": "ERROR", "outputs": [],
+    return {"method": method, "case": index, "status": CaseStatus.ERROR, "verdict": Verdict.ERROR, "outputs": [],
             "elapsed_s": None, "error": f"not run: the report of {where} was not given to merge",
             "error_kind": "not-run", "log_excerpt": [], "log_path": None, "device_verdict": None, "perf": []}
 
@@ -280,7 +281,7 @@ def _missing_units(docs: list[dict], axis: str, opts: MergeOptions, notes: list[
         case = _missing_case("missing", 0, shard_of[k], count)
         case["error"] = f"not run: no report for {k} (shard {shard_of[k]}/{count}) was given to merge"
         out.append((k, case, {"name": k, "missing": True, "shard": f"{shard_of[k]}/{count}",
-                              "summary": {"verdict": "ERROR", "exit_code": 2}}))
+                              "summary": {"verdict": Verdict.ERROR, "exit_code": 2}}))
     return universe, out
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.targets.base import PerfFigure
+from bundlerun.targets.base import CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"
@@ -43,7 +44,7 @@ class OutputRecord:
 
     index: int
     name: str
-    verdict: str
+    verdict: Verdict
     criteria: dict[str, Any] | None = None
     failed: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] | None = None
@@ -52,6 +53,9 @@ class OutputRecord:
     lossy: bool | None = None
     note: str | None = None
     replay: dict[str, Any] | None = None  # --replay N: runs, distinct, spread, verdicts, flips (runner/judging/replay.py)
+
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)  # given as its report string, it becomes the member
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "OutputRecord":
@@ -75,8 +79,8 @@ class CaseRecord:
 
     method: str
     case: int
-    status: str  # ok | error | timeout | skip
-    verdict: str
+    status: CaseStatus
+    verdict: Verdict
     outputs: list[OutputRecord] = field(default_factory=list)
     elapsed_s: float | None = None
     error: str | None = None
@@ -86,6 +90,9 @@ class CaseRecord:
     device_verdict: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     perf: list[PerfFigure] = field(default_factory=list)  # docs/report-schema.md "perf"; absent = not given
+
+    def __post_init__(self) -> None:  # given as their report strings, they become the members
+        self.status, self.verdict = CaseStatus(self.status), Verdict(self.verdict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CaseRecord":
@@ -120,12 +127,15 @@ class CaseRecord:
 
 @dataclass
 class Summary:
-    verdict: str  # PASS | FAIL | ERROR
+    verdict: Verdict  # PASS | FAIL | ERROR (SKIP: a shard or suite entry with nothing to run)
     exit_code: int  # 0 all passed, 1 numerical failure (or regression), 2 could not run
     counts: dict[str, int]
     cases: int
     outputs: int
     interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)  # given as its report string, it becomes the member
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Summary":
@@ -178,7 +188,7 @@ def elapsed_figures(cases: list["CaseRecord"], target_url: str) -> None:
     for case in cases:
         first = case.method not in seen
         seen.add(case.method)
-        if case.status != "ok" or not isinstance(case.elapsed_s, (int, float)) or isinstance(case.elapsed_s, bool):
+        if case.status != CaseStatus.OK or not isinstance(case.elapsed_s, (int, float)) or isinstance(case.elapsed_s, bool):
             continue
         if any(f.name in elapsed_names for f in case.perf):
             continue  # already read (a merged report mixes targets)
@@ -298,13 +308,13 @@ class Report:
         lines = []
         for case in self.cases:
             for out in case.outputs:
-                if out.verdict == "PASS":
+                if out.verdict == Verdict.PASS:
                     continue
                 why = "; ".join(f"{f.get('criterion')} {f.get('measured')} vs {f.get('limit')}" for f in out.failed)
                 lines.append(f"{case.method}[{case.case}].{out.name}: {out.verdict}"
                              + (f" ({why or case.error or case.error_kind and case.error_kind.value})"
                                 if why or case.error or case.error_kind else ""))
-            if not case.outputs and case.verdict != "PASS":
+            if not case.outputs and case.verdict != Verdict.PASS:
                 lines.append(f"{case.method}[{case.case}]: {case.verdict} ({case.error})")
         return lines
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from statistics import median
 from typing import TYPE_CHECKING, Any, Iterable
+from bundlerun.targets.base import PerfKind
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import CaseRecord
@@ -100,7 +101,7 @@ def method_profiles(cases: Iterable["CaseRecord"], kind_of=None) -> list[dict[st
                      key=lambda o: -o["time"])
         out.append({"method": method, "cases": len(items), "executions": items[0][1]["executions"],
                     "phase": items[0][1]["phase"], "unit": "ms",
-                    "kind": kinds[0] if kinds else (kind_of or "device-latency"),
+                    "kind": kinds[0] if kinds else (kind_of or PerfKind.DEVICE_LATENCY),
                     "total": median(p["total"] for _, p in items), "source": SOURCE, "operators": ops,
                     "note": ("median over the warm executions (the first excluded), then over the cases"
                              if items[0][1]["phase"] == "warm" else "one execution per case, cold")})

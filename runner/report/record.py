@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun
+from bundlerun.targets.base import Verdict
 
 OUTPUTS_FILE = "outputs.npz"
 
@@ -27,8 +29,8 @@ def tool_version() -> str:
     return __version__
 
 
-def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = None) -> dict[str, Any]:
-    build = (manifest or {}).get("build", {})
+def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) -> dict[str, Any]:
+    build = manifest.build if manifest else {}
     from bundlerun.bundles.integrity import inputs_digest, program_sha256
 
     return {
@@ -38,14 +40,14 @@ def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = No
         "sha256": file_sha256(path),
         "size": path.stat().st_size,
         "has_manifest": manifest is not None,
-        "model": (manifest or {}).get("model", {}).get("id"),
+        "model": manifest.model.get("id") if manifest else None,
         "backend": build.get("backend"),
         "dtype": build.get("dtype"),
         "built_for": build.get("target"),
         "reference": build.get("reference"),
         "quantization": build.get("quantization"),
         "seed": build.get("seed"),
-        "versions": (manifest or {}).get("versions", {}),
+        "versions": manifest.versions if manifest else {},
     }
 
 
@@ -131,7 +133,7 @@ def build_failure_report(model: str, target: str, message: str, label: str | Non
     from bundlerun.runner.report.model import Summary
 
     now = datetime.now(timezone.utc).isoformat()
-    return Report(summary=Summary("ERROR", 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
+    return Report(summary=Summary(Verdict.ERROR, 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
                   run={"id": uuid.uuid4().hex, "label": label, "started": now, "finished": now, "duration_s": 0.0,
                        "host": host_section()},
                   bundle={"path": None, "model": model, "built_for": target, "has_manifest": False},

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from bundlerun.runner.judging.numerics import _clean
 from bundlerun.runner.judging.token_metrics import StepMetrics, sequence_figures
+from bundlerun.targets.base import Verdict
 
 _SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
@@ -95,7 +96,7 @@ class SequenceRecord:
         return out
 
 
-_ORDER = ("PASS", "SKIP", "FAIL", "TIMEOUT", "ERROR")  # worse to the right, as the summary reads them
+_ORDER = (Verdict.PASS, Verdict.SKIP, Verdict.FAIL, Verdict.TIMEOUT, Verdict.ERROR)  # worse to the right, as the summary reads them
 
 
 def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
@@ -111,7 +112,7 @@ def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
             key = (spec.method, st.case)
             m = metrics.get(key)
             step_metrics.append(m)
-            rec = StepRecord(i, st.case, st.kind, st.start_pos, len(st.tokens), verdicts.get(key, "ERROR"),
+            rec = StepRecord(i, st.case, st.kind, st.start_pos, len(st.tokens), verdicts.get(key, Verdict.ERROR),
                              st.reference_next)
             if m is not None:
                 rec.target_token, rec.argmax_match = m.target_token, m.argmax_match
@@ -121,7 +122,7 @@ def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
             steps.append(rec)
         figures = sequence_figures(step_metrics, [s.verdict for s in steps])
         worst = max((s.verdict for s in steps), key=lambda v: _ORDER.index(v) if v in _ORDER else len(_ORDER),
-                    default="PASS")
+                    default=Verdict.PASS)
         records.append(SequenceRecord(
             spec.name, spec.method, spec.mode, spec.stateful, worst, steps, figures.first_divergence,
             figures.greedy_agreement, figures.perplexity_target, figures.perplexity_reference,

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA
 from bundlerun.runner.suite.flows import FlowNumbers, numbers_for
 from bundlerun.runner.suite.item_messages import error_message, failure_message
+from bundlerun.targets.base import Verdict
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -283,7 +285,7 @@ def attach(tester: Any, runner: TargetRunner, spec: CompareSpec) -> Any:
             result = original(stage, inputs, *args, **kwargs)
         finally:
             stage_obj.__dict__.pop("run_artifact", None)
-        failed = [r for r in device.records if r.verdict == "FAIL"]
+        failed = [r for r in device.records if r.verdict == Verdict.FAIL]
         if runner.strict and failed:
             raise AssertionError(failed[0].message)
         return result
@@ -330,7 +332,7 @@ class _DeviceArtifact:
         base = dict(name=self.spec.name, target=self.runner.url, backend=numbers.backend, dtype=numbers.dtype,
                     reference=numbers.reference)
         if numbers.problem:
-            return DeviceRecord(**base, verdict="ERROR", exit_code=2, failure_kind="bad-config", error=numbers.problem,
+            return DeviceRecord(**base, verdict=Verdict.ERROR, exit_code=2, failure_kind=FailureKind.BAD_CONFIG, error=numbers.problem,
                                 message=f"bundlerun ERROR: {numbers.problem}")
         StageType = _stage_type()
         exported = self.tester.stages[StageType.EXPORT].artifact
@@ -348,7 +350,7 @@ class _DeviceArtifact:
                 extra=dict(self.spec.extra)), report_dir / "bundle.bpte")
             report = self.runner.run(built.path, report_dir)
         except BundlerunError as exc:
-            return DeviceRecord(**base, verdict="ERROR", exit_code=2, failure_kind="bad-bundle", error=str(exc),
+            return DeviceRecord(**base, verdict=Verdict.ERROR, exit_code=2, failure_kind=FailureKind.BAD_BUNDLE, error=str(exc),
                                 report_dir=report_dir, message=f"bundlerun ERROR: {exc}")
         summary = report.summary
         case = report.cases[0] if report.cases else None

@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES, MAX_TIMEOUT_S
+from bundlerun.targets.base import CaseStatus, Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
 
 SUITE_TARGET = "host (suite)"
-RESULTS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+RESULTS = {"pass": Verdict.PASS, "fail": Verdict.FAIL, "skip": Verdict.SKIP}
 _OUTPUT = re.compile(r"^Output (\d+) (Error Max|Error MAE|SNR)$")
-VERDICTS = ("PASS", "FAIL", "ERROR", "TIMEOUT", "SKIP")
+VERDICTS = tuple(Verdict)
 # bundlerun's own bounds on what one suite report may hold (no ExecuTorch source sets them; each is
 # far above what the suite writes and low enough that every later `hud`/`history` reads it back):
 MAX_NAME_CHARS = 4096  # a test id, node id, flow, target, column name, report path (PATH_MAX is 4096)
@@ -373,12 +374,12 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
     from bundlerun.runner.report.record import tool_version
     from bundlerun.targets.failures import FailureKind
 
-    result = RESULTS.get(str(row.columns.get("Result") or "").strip().lower(), "FAIL")
+    result = RESULTS.get(str(row.columns.get("Result") or "").strip().lower(), Verdict.FAIL)
     bundlerun_verdict = str(row.columns.get("bundlerun Verdict") or "")
-    if result == "FAIL" and bundlerun_verdict in ("ERROR", "TIMEOUT"):
-        result = bundlerun_verdict  # the device run did not happen: infrastructure, not numerics
-    elif result == "PASS" and bundlerun_verdict in ("FAIL", "ERROR", "TIMEOUT"):
-        result = bundlerun_verdict  # PASS only when every verdict the row carries says PASS
+    if result == Verdict.FAIL and bundlerun_verdict in (Verdict.ERROR, Verdict.TIMEOUT):
+        result = Verdict(bundlerun_verdict)  # the device run did not happen: infrastructure, not numerics
+    elif result == Verdict.PASS and bundlerun_verdict in (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT):
+        result = Verdict(bundlerun_verdict)  # PASS only when every verdict the row carries says PASS
     detail = str(row.columns.get("Result Detail") or "")
     error = str(row.columns.get("Error") or "") or None
     outputs = [OutputRecord(j, f"out{j}", result, criteria=None,
@@ -388,14 +389,14 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
                for j, stats in enumerate(row.outputs())]
     kind = row.columns.get("bundlerun Failure Kind") or None
     try:  # a column of the suite's file: an unknown kind is the file's problem, said as a warning
-        error_kind = FailureKind.read(kind) if result in ("ERROR", "TIMEOUT") else None
+        error_kind = FailureKind.read(kind) if result in (Verdict.ERROR, Verdict.TIMEOUT) else None
         kind_warning = None
     except ValueError as exc:
         error_kind, kind_warning = FailureKind.RUNNER_ERROR, f"suite column 'bundlerun Failure Kind': {exc}"
-    case = CaseRecord(method="forward", case=0, status={"PASS": "ok", "FAIL": "ok", "SKIP": "skip",
-                                                        "TIMEOUT": "timeout"}.get(result, "error"),
+    case = CaseRecord(method="forward", case=0, status={Verdict.PASS: CaseStatus.OK, Verdict.FAIL: CaseStatus.OK, Verdict.SKIP: CaseStatus.SKIP,
+                                                        Verdict.TIMEOUT: CaseStatus.TIMEOUT}.get(result, CaseStatus.ERROR),
                       verdict=result, outputs=outputs, elapsed_s=row.duration_s,
-                      error=error if result != "PASS" else None, error_kind=error_kind)
+                      error=error if result != Verdict.PASS else None, error_kind=error_kind)
     backend, dtype = _dtype(row, flow)
     report = Report(
         summary=summarize([case]), cases=[case],
@@ -407,8 +408,8 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
         target={"url": target, "info": {"source": "ExecuTorch backend test suite", "flow": flow}},
         extras={"suite": {k: v for k, v in row.columns.items() if v not in (None, "")}},
     )
-    if result == "SKIP":  # the suite skipped it (not a backend failure): no verdict of bundlerun's to give
-        report.summary.verdict, report.summary.exit_code = "SKIP", EXIT_PASS
+    if result == Verdict.SKIP:  # the suite skipped it (not a backend failure): no verdict of bundlerun's to give
+        report.summary.verdict, report.summary.exit_code = Verdict.SKIP, EXIT_PASS
     if detail:
         report.warnings.append(f"suite result: {row.columns.get('Result')} ({detail})")
     if kind_warning:

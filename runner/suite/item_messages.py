@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.runner.judging.outcome import EXIT_INFRA
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 def worst_output(report: Report) -> tuple[CaseRecord, OutputRecord] | None:
     """The failing output with the largest max error (the case and the output)."""
-    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == "FAIL"]
+    failing = [(c, o) for c in report.cases for o in c.outputs if o.verdict == Verdict.FAIL]
     if not failing:
         return None
 
@@ -32,7 +33,7 @@ def failure_message(report: Report, report_dir: Path) -> str:
     from bundlerun.runner.writers.junit import failure_text
 
     s = report.summary
-    fail_cases = sum(1 for c in report.cases if c.verdict == "FAIL")
+    fail_cases = sum(1 for c in report.cases if c.verdict == Verdict.FAIL)
     lines = [f"bundlerun FAIL: {fail_cases} of {s.cases} cases failed "
              f"({s.counts.get('FAIL', 0)} of {s.outputs} outputs)"]
     worst = worst_output(report)
@@ -56,7 +57,7 @@ def error_kind_text(case: CaseRecord) -> str:
 
 
 def error_message(report: Report, report_dir: Path) -> str:
-    bad = [c for c in report.cases if c.verdict in ("ERROR", "TIMEOUT")]
+    bad = [c for c in report.cases if c.verdict in (Verdict.ERROR, Verdict.TIMEOUT)]
     lines = [f"bundlerun ERROR (infrastructure, exit code {EXIT_INFRA}): {len(bad)} of {len(report.cases)} cases "
              f"could not run"]
     for case in bad[:5]:

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from bundlerun.runner.suite import compat
+from bundlerun.targets.base import Verdict
 
-VERDICT_ORDER = {"PASS": 0, "SKIP": 1, "TIMEOUT": 2, "ERROR": 3, "FAIL": 4}
+VERDICT_ORDER = {Verdict.PASS: 0, Verdict.SKIP: 1, Verdict.TIMEOUT: 2, Verdict.ERROR: 3, Verdict.FAIL: 4}
 
 
 class SuitePlugin:

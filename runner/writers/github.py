@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bundlerun.runner.report.safe_text import visible  # stdlib only
 from bundlerun.runner.writers import Inputs, writer
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -84,14 +85,14 @@ def annotations(report: "Report", report_path: str | Path | None = None,
     for case in report.cases:
         where = f"{case.method}[{case.case}]"
         for out in case.outputs:
-            if out.verdict == "FAIL":
+            if out.verdict == Verdict.FAIL:
                 failed = "; ".join(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}"
                                    for f in out.failed) or "output did not meet its criteria"
                 worst = (out.stats or {}).get("worst_index")
                 errors.append((f"bundlerun FAIL: {what} {where}.{out.name}",
                                failed + (f" (worst element {worst})" if worst is not None else "")))
-        if case.verdict in ("ERROR", "TIMEOUT"):
-            kind = case.error_kind.value if case.error_kind else ("timeout" if case.verdict == "TIMEOUT" else "error")
+        if case.verdict in (Verdict.ERROR, Verdict.TIMEOUT):
+            kind = case.error_kind.value if case.error_kind else ("timeout" if case.verdict == Verdict.TIMEOUT else "error")
             warnings.append((f"bundlerun {case.verdict} ({kind}): {what} {where}",
                              case.error or "the case could not run"))
     for reg in report.regressions or []:

@@ -26,6 +26,7 @@ from bundlerun.runner.judging.outcome import VERDICT_COLOURS, VERDICTS, run_stat
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
+from bundlerun.targets.base import Verdict
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -172,7 +173,7 @@ def _case_row(case: CaseRecord, out: OutputRecord | None) -> str:
         f"{f.get('criterion')}: {number(f.get('measured'), f.get('limit'))} (limit {number(f.get('limit'), f.get('measured'))})"
         for f in (out.failed if out else [])
     ) or (case.error or "")
-    cls = "" if v == "PASS" else " class='bad'"
+    cls = "" if v == Verdict.PASS else " class='bad'"
     return (
         f"<tr{cls}><td class='l'>{_e(case.method)}[{_e(case.case)}]</td><td class='l'>{_e(out.name if out else '–')}</td>"
         f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
@@ -190,7 +191,7 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
     for case in cases:
         outs: list[OutputRecord | None] = list(case.outputs) or [None]
         for out in outs:
-            if (out.verdict if out else case.verdict) == "PASS":
+            if (out.verdict if out else case.verdict) == Verdict.PASS:
                 shown_pass += 1
                 if shown_pass > max_pass_rows:
                     hidden += 1
@@ -232,7 +233,7 @@ def _failed_section(report: Report, max_rows: int = 12) -> str:
     groups: dict[tuple[str, str, str], list[tuple[int, dict[str, Any]]]] = {}
     for case in report.cases:
         for out in case.outputs:
-            for f in out.failed if out.verdict == "FAIL" else []:
+            for f in out.failed if out.verdict == Verdict.FAIL else []:
                 key = (case.method, out.name or f"out{out.index}", str(f.get("criterion")))
                 groups.setdefault(key, []).append((case.case, f))
     rows = []
@@ -255,7 +256,7 @@ def _failed_section(report: Report, max_rows: int = 12) -> str:
             parts.append(f"<p class='note'>{len(groups) - max_rows} more failing output criteria below</p>")
     not_run: dict[str, list[CaseRecord]] = {}
     for case in report.cases:
-        if case.verdict not in ("PASS", "FAIL"):  # ERROR, TIMEOUT, SKIP: no numbers from this case
+        if case.verdict not in (Verdict.PASS, Verdict.FAIL):  # ERROR, TIMEOUT, SKIP: no numbers from this case
             not_run.setdefault(case.verdict, []).append(case)
     for verdict, cases in not_run.items():
         first = cases[0]
@@ -273,7 +274,8 @@ def _failed_section(report: Report, max_rows: int = 12) -> str:
 def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[list[Any], list[str]]:
     """One value of stats[`key`] per case of `method` for output `oi` and the case's verdict for it
     (a case that produced no output: no value, the case's verdict)."""
-    values, verdicts = [], []
+    values: list[Any] = []
+    verdicts: list[str] = []
     for case in cases:
         if case.method != method:
             continue
@@ -328,7 +330,7 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
                 passed, labels = plots.within_bound(a, e, *bound), ("within bound", "over bound")
                 how = f"each element in its own verdict's colour ({plots.bound_text(*bound)})"
             else:  # it failed by another criterion (SQNR, cosine, ...): each point is its case's verdict
-                passed = np.concatenate([np.full(x.size, v == "PASS") for x, v in zip(act, case_verdicts)])
+                passed = np.concatenate([np.full(x.size, v == Verdict.PASS) for x, v in zip(act, case_verdicts)])
                 labels, how = ("cases that passed", "cases that failed"), "each point in its case's verdict's colour"
             figs.append(_img(plots.error_histogram(a, e, title, bound), f"error histogram {method}/{name}",
                              "error histogram (actual − expected)" + ("; dashed: the bound" if bound else "")))
@@ -559,7 +561,7 @@ def render_html(
     bundle_info, run = report.bundle, report.run
     verdict = report.summary.verdict
     counts = report.summary.counts
-    shown = run_status(verdict, report.summary.exit_code, counts.get("TIMEOUT"), counts.get("ERROR"))  # as the HUD
+    shown = run_status(verdict, report.summary.exit_code, counts.get(Verdict.TIMEOUT), counts.get(Verdict.ERROR))  # as the HUD
     model = bundle_info.get("model") or Path(str(bundle_info.get("path") or "bundle")).stem
     target = report.target.get("url") or "?"
     versions = bundle_info.get("versions") or {}

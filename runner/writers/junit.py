@@ -23,6 +23,7 @@ from bundlerun.runner.judging.replay import junit_suite  # --replay: a non-deter
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
+from bundlerun.targets.base import Verdict
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
 # Also made visible: DEL and the C1 controls (0x9b is a terminal CSI), and lone surrogates (valid
@@ -121,22 +122,22 @@ def build_junit(report: Report) -> ET.Element:
                 )
                 verdict = out.verdict if out is not None else case.verdict
                 log = "\n".join(_clean(line) for line in case.log_excerpt)
-                if verdict == "FAIL":
+                if verdict == Verdict.FAIL:
                     counts["failures"] += 1
                     message, body = failure_text(out)
                     el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
                     el.text = body  # made of lines each passed through _clean
-                elif verdict in ("ERROR", "TIMEOUT"):
+                elif verdict in (Verdict.ERROR, Verdict.TIMEOUT):
                     counts["errors"] += 1
-                    kind = "timeout" if verdict == "TIMEOUT" else (case.error_kind.value if case.error_kind else "error")
-                    msg = case.error or ("case timed out" if verdict == "TIMEOUT" else "case could not run")
+                    kind = "timeout" if verdict == Verdict.TIMEOUT else (case.error_kind.value if case.error_kind else "error")
+                    msg = case.error or ("case timed out" if verdict == Verdict.TIMEOUT else "case could not run")
                     el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
                     el.text = _clean(msg) + (f"\nlog: {_clean(case.log_path)}" if case.log_path else "")
-                elif verdict == "SKIP":
+                elif verdict == Verdict.SKIP:
                     counts["skipped"] += 1
                     el = ET.SubElement(tc, "skipped")
                     el.text = _clean(case.error or "skipped")
-                if log and verdict != "PASS":
+                if log and verdict != Verdict.PASS:
                     ET.SubElement(tc, "system-out").text = log
         counts["time"] = sum(float(c.elapsed_s or 0.0) for c in cases)
         for key in ("tests", "failures", "errors", "skipped"):

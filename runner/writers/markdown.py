@@ -17,8 +17,9 @@ from bundlerun.runner.judging.replay import markdown_lines  # --replay findings 
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
+from bundlerun.targets.base import Verdict
 
-_ICON = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️", "TIMEOUT": "⏱️", "SKIP": "⏭️"}
+_ICON = {Verdict.PASS: "✅", Verdict.FAIL: "❌", Verdict.ERROR: "⚠️", Verdict.TIMEOUT: "⏱️", Verdict.SKIP: "⏭️"}
 
 
 # C0, DEL, C1 (0x9b is a terminal CSI) and lone surrogates (valid in JSON, not writable as UTF-8)
@@ -202,7 +203,7 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         if not case.outputs:
             rows.append((case, None))
         rows.extend((case, o) for o in case.outputs)
-    bad = [(case, out) for case, out in rows if (out.verdict if out is not None else case.verdict) != "PASS"]
+    bad = [(case, out) for case, out in rows if (out.verdict if out is not None else case.verdict) != Verdict.PASS]
     shown = bad or rows
     title = "Failing outputs" if bad else "Outputs"
     if shown:

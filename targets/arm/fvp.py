@@ -40,6 +40,7 @@ from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
+    from bundlerun.bundles.manifest import Manifest
 
 __all__ = ["FVP_300_U55", "FVP_300_U65", "FVP_320", "FVP_BINARIES", "fvp_command", "parse_variant", "find_fvp",
            "fvp_version", "find_runner_elf", "firmware_tolerance", "create"]
@@ -199,7 +200,7 @@ def fvp_command(
 STOCK_ET_TOL = 0.01  # arm_executor_runner's ET_ATOL/ET_RTOL default
 
 
-def firmware_tolerance(manifest: dict[str, Any] | None, method: str | None = None) -> tuple[float, float, list[str]]:
+def firmware_tolerance(manifest: "Manifest | None", method: str | None = None) -> tuple[float, float, list[str]]:
     """The loosest (atol, rtol) over a bundle's floating outputs, for compiling
     ET_ATOL/ET_RTOL into a UART runner. atol includes qtol*scale.
 
@@ -207,15 +208,10 @@ def firmware_tolerance(manifest: dict[str, Any] | None, method: str | None = Non
     non-float outputs must be byte-identical whatever ET_ATOL says), so notes
     say what the firmware cannot express. Without a manifest the stock 0.01
     defaults are returned with a note."""
-    from bundlerun.bundles.manifest import Manifest
-
     notes: list[str] = []
-    if not manifest:
+    if manifest is None:
         return STOCK_ET_TOL, STOCK_ET_TOL, ["bundle has no bundlerun manifest; using the runner's default 0.01/0.01"]
-    try:
-        parsed = Manifest.from_dict(manifest)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"bundle manifest is unreadable: {exc}") from None
+    parsed = manifest  # parsed and validated when the bundle was read (bundles/bpte.py)
     atols: list[float] = []
     rtols: list[float] = []
     for name, meth in parsed.methods.items():
@@ -490,7 +486,7 @@ SPEC = TargetSpec(
 def _board_core(url: TargetURL) -> tuple[str, str]:
     parts = url.rest.lower().split("/")
     if len(parts) != 2:
-        raise TargetError(f"FVP target {url.raw!r} must look like fvp://corstone-300/ethos-u55-128", kind="bad-config")
+        raise TargetError(f"FVP target {url.raw!r} must look like fvp://corstone-300/ethos-u55-128", kind=FailureKind.BAD_CONFIG)
     return parts[0], parts[1]
 
 
@@ -500,7 +496,7 @@ def platform_lowering(url: str, board: str, core: str) -> dict[str, Any]:
     try:
         platform = parse_platform(board, core)
     except ValueError as exc:
-        raise TargetError(f"{exc} ({url})", kind="bad-config") from None
+        raise TargetError(f"{exc} ({url})", kind=FailureKind.BAD_CONFIG) from None
     if platform.has_npu:
         return {"arm": "ethos-u", "integer": True, "accelerator": platform.accelerator}
     return {"arm": "cortex-m", "integer": True, "cpu": platform.cpu}

@@ -38,6 +38,7 @@ import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError, TargetError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, IntermediatesUnsupported, parse_etdump
+from bundlerun.targets.base import Verdict
 
 GRANULARITY = ("every kernel call and every delegate call (arm_executor_runner's ETDump + debug buffer, "
                "ET_DUMP_INTERMEDIATE_OUTPUTS)")
@@ -262,7 +263,7 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
     if used:
         notes.append(f"debug buffer use: {' '.join(used.split())}")
     verdict = (result.device_verdict or {}).get("verdict")
-    if verdict == "FAIL":
+    if verdict == Verdict.FAIL:
         notes.append("the runner's own BundleIO check of this case failed (its compiled-in atol/rtol); it wrote the "
                      "ETDump first, then aborted as it does after a failed check")
     if result.status is not CaseStatus.OK:

@@ -31,6 +31,7 @@ from typing import Iterable
 
 from bundlerun.targets.et_runner.log import LogLine, RunnerLog, parse_runner_log
 from bundlerun.targets.base import PerfFigure
+from bundlerun.targets.base import PerfKind
 
 SIMULATORS = ("FVP", "QEMU")  # SessionEnd.tool values that mean "not a real device"
 _PER = r"(?:\s*\((?P<per>[-+0-9.eEnaif]+) per inference\))?"
@@ -97,8 +98,8 @@ def arm_runner_figures(log: RunnerLog | Iterable[LogLine] | str | bytes, simulat
     if isinstance(log, (str, bytes)):
         log = parse_runner_log(log)
     lines = log.lines if isinstance(log, RunnerLog) else list(log)
-    cycles_kind = "simulation-cycles" if simulated else "device-cycles"
-    counter_kind = "simulation-counter" if simulated else "device-counter"
+    cycles_kind = PerfKind.SIMULATION_CYCLES if simulated else PerfKind.DEVICE_CYCLES
+    counter_kind = PerfKind.SIMULATION_COUNTER if simulated else PerfKind.DEVICE_COUNTER
     cycles_note = "simulator model: not cycle accurate" if simulated else None
     found: dict[str, PerfFigure] = {}
     npu_counters: dict[int, tuple[int, float | None, str]] = {}
@@ -132,29 +133,29 @@ def arm_runner_figures(log: RunnerLog | Iterable[LogLine] | str | bytes, simulat
                 if m.group("v") == "?.??":
                     cpu_counter_dead = True
                 else:
-                    put(PerfFigure(f"inference_{m.group('unit').lower()}_ratio", float(m.group("v")), "%", "ratio", src))
+                    put(PerfFigure(f"inference_{m.group('unit').lower()}_ratio", float(m.group("v")), "%", PerfKind.RATIO, src))
             elif m := _NPU_INFERENCES_RE.match(msg):
-                npu_inferences = PerfFigure("inferences", int(m.group("v")), "count", "count", src)
+                npu_inferences = PerfFigure("inferences", int(m.group("v")), "count", PerfKind.COUNT, src)
             elif m := _DELEGATIONS_RE.match(msg):
-                put(PerfFigure("npu_delegations", int(m.group("v")), "count", "count", src, _per(m)))
+                put(PerfFigure("npu_delegations", int(m.group("v")), "count", PerfKind.COUNT, src, _per(m)))
             elif m := _STARTING_RE.match(msg):
-                put(PerfFigure("inferences", int(m.group("v")), "count", "count", src))
+                put(PerfFigure("inferences", int(m.group("v")), "count", PerfKind.COUNT, src))
             elif m := _PTE_LOADED_RE.match(msg):
-                put(PerfFigure("pte_program_size", int(m.group("v")), "bytes", "memory", src))
+                put(PerfFigure("pte_program_size", int(m.group("v")), "bytes", PerfKind.MEMORY, src))
             elif m := _POOL_RE.match(msg):
-                put(PerfFigure(_POOL_NAMES[m.group("what")], int(m.group("v")), "bytes", "memory", src))
+                put(PerfFigure(_POOL_NAMES[m.group("what")], int(m.group("v")), "bytes", PerfKind.MEMORY, src))
             elif pb := planned_buffer(msg):
-                put(PerfFigure(f"planned_buffer{pb[0]}_size", pb[1], "bytes", "memory", src))
+                put(PerfFigure(f"planned_buffer{pb[0]}_size", pb[1], "bytes", PerfKind.MEMORY, src))
             elif m := _USED_OF_RE.match(msg):
                 base = m.group("name").lower()
-                put(PerfFigure(f"{base}_used", int(m.group("used")), "bytes", "memory", src))
-                put(PerfFigure(f"{base}_size", int(m.group("total")), "bytes", "memory", src))
+                put(PerfFigure(f"{base}_used", int(m.group("used")), "bytes", PerfKind.MEMORY, src))
+                put(PerfFigure(f"{base}_size", int(m.group("total")), "bytes", PerfKind.MEMORY, src))
             elif m := _BYTES_RE.match(msg):
                 note = "the runner says the size is unknown (bundle not baked into the ELF)" if "unknown" in m.group("rest") else None
-                put(PerfFigure(_BYTES_NAMES.get(m.group("name"), m.group("name")), int(m.group("v")), "bytes", "memory",
+                put(PerfFigure(_BYTES_NAMES.get(m.group("name"), m.group("name")), int(m.group("v")), "bytes", PerfKind.MEMORY,
                                src, note=note))
             elif m := _TEMP_RE.match(msg):
-                put(PerfFigure("temp_allocator_size", int(m.group("v")), "bytes", "memory", src,
+                put(PerfFigure("temp_allocator_size", int(m.group("v")), "bytes", PerfKind.MEMORY, src,
                                note="capacity of the temp pool (the runner prints its size, not its use)"))
     if npu_inferences is not None:  # the count StopMeasurements() divided by: what actually ran
         put(npu_inferences)

@@ -39,6 +39,7 @@ from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun, expected_layout, safe_name, selected_cases
 from bundlerun.targets.runner_cache import cached_runners, read_record, run_build
 from bundlerun.targets.settings import parse_settings
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -122,7 +123,7 @@ def _lowering(url: TargetURL) -> dict:
     machine = url.rest.lower()
     if machine not in QEMU_MACHINES:
         raise TargetError(f"unknown QEMU machine {machine!r} in {url.raw!r}; known: {', '.join(QEMU_MACHINES)}",
-                          kind="bad-config")
+                          kind=FailureKind.BAD_CONFIG)
     return platform_lowering(url.raw, *QEMU_MACHINES[machine])
 
 
@@ -152,7 +153,7 @@ class QemuTarget(TargetBase):
         if record is None:
             raise TargetError(f"no cached {s.mode} runner has every operator of this bundle (the closest lacks "
                               f"{', '.join(lacking or [])}); build one with firmware_scripts/arm/build_qemu_runner.sh "
-                              f"--ops-from BUNDLE" + (" --mode uart" if s.mode == "uart" else ""), kind="tool-missing")
+                              f"--ops-from BUNDLE" + (" --mode uart" if s.mode == "uart" else ""), kind=FailureKind.TOOL_MISSING)
         return Path(str(record["elf"]))
 
     def _qemu(self) -> str:
@@ -286,17 +287,17 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
         return Path(str(record["elf"])), record
     if not BUILD_SCRIPT.is_file():
         raise TargetError(f"no cached --etdump runner covers this bundle and {BUILD_SCRIPT} is not there to build one",
-                          kind="tool-missing")
+                          kind=FailureKind.TOOL_MISSING)
     log = log_dir / "build_qemu_runner.log"
     cmd = ["bash", str(BUILD_SCRIPT), "--etdump", "--debug-buffer-size", str(debug_buffer_size), "--mode", mode,
            "--ops-from", str(Path(bundle_path).resolve())]
     print(f"qemu://: building the ETDump runner ({' '.join(cmd[1:])}); log: {log}", file=sys.stderr, flush=True)
     folder, why = run_build(cmd, log, timeout_s, "build_qemu_runner.sh")
     if folder is None:
-        raise TargetError(f"building the ETDump runner failed: {why} (log: {log})", kind="tool-failed")
+        raise TargetError(f"building the ETDump runner failed: {why} (log: {log})", kind=FailureKind.TOOL_FAILED)
     meta = read_record(folder)
     if meta is None or not Path(str(meta.get("elf"))).is_file():
-        raise TargetError(f"{folder}/runner.json does not describe a built ETDump runner", kind="tool-failed")
+        raise TargetError(f"{folder}/runner.json does not describe a built ETDump runner", kind=FailureKind.TOOL_FAILED)
     return Path(str(meta["elf"])), meta
 
 
@@ -304,5 +305,5 @@ def create(url: TargetURL, config: dict) -> QemuTarget:
     machine = url.rest.lower()
     if machine not in MACHINES:
         raise TargetError(f"unknown QEMU machine {machine!r} in {url.raw}; known: "
-                          + ", ".join(f"qemu://{m} ({d})" for m, d in MACHINES.items()), kind="bad-config")
+                          + ", ".join(f"qemu://{m} ({d})" for m, d in MACHINES.items()), kind=FailureKind.BAD_CONFIG)
     return QemuTarget(url.raw, machine, parse_settings(QemuSettings, {**config, **url.query}, "targets.qemu"))

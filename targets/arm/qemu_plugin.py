@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.targets.base import PerfFigure
+from bundlerun.targets.base import PerfKind
 
 PLUGIN_LINE = re.compile(rb"^bundlerun-insn-count: insns=(\d+)\s*$", re.MULTILINE)
 FIGURE = "session_instructions"
@@ -78,6 +79,6 @@ def read_count(log_path: Path) -> PerfFigure | None:
     found = PLUGIN_LINE.findall(data)
     if len(found) != 1:
         return None
-    return PerfFigure(FIGURE, int(found[0]), "instructions", "simulation-counter", SOURCE,
+    return PerfFigure(FIGURE, int(found[0]), "instructions", PerfKind.SIMULATION_COUNTER, SOURCE,
                       note="boot, bundle load, inference and exit; deterministic per runner and bundle; "
                            "not a cycle count")

@@ -24,6 +24,7 @@ from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure, cause_of
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import PerfKind, Verdict
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -103,7 +104,7 @@ def classify(output: str, exit_status: int | None) -> Failure | None:
         return Failure(FailureKind.TOOL_FAILED, f"the runner does not know --{m.group(1)}: it was built without that "
                        "feature (rebuild with firmware_scripts/android/build_executor_runner.sh, or drop the option)",
                        evidence)
-    if exit_status == 1 and log.bundle_verdict == "FAIL":
+    if exit_status == 1 and log.bundle_verdict == Verdict.FAIL:
         return None
     specific = _runtime_cause(log)
     if specific is not None:
@@ -140,7 +141,7 @@ def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
 
     from bundlerun.targets.arm.perf import planned_buffer
 
-    kind = "simulation-time" if simulated else "device-latency"
+    kind = PerfKind.SIMULATION_TIME if simulated else PerfKind.DEVICE_LATENCY
     src = "executor_runner log (executor_runner.cpp)"
     figures: list[PerfFigure] = []
     iterations: dict[int, float] = {}
@@ -156,9 +157,9 @@ def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
         elif m := _EXECUTED_RE.match(msg):
             n, total = int(m.group("n")), float(m.group("ms"))
             figures.append(PerfFigure("execution_time_total", total, "ms", kind, src, total / n if n else None))
-            figures.append(PerfFigure("executions", n, "count", "count", src))
+            figures.append(PerfFigure("executions", n, "count", PerfKind.COUNT, src))
         elif pb := planned_buffer(msg):
-            figures.append(PerfFigure(f"planned_buffer{pb[0]}_size", pb[1], "bytes", "memory", src))
+            figures.append(PerfFigure(f"planned_buffer{pb[0]}_size", pb[1], "bytes", PerfKind.MEMORY, src))
     if 1 in iterations:
         figures.append(PerfFigure("execution_time", iterations[1], "ms", kind, src, phase="first"))
     warm = [ms for i, ms in sorted(iterations.items()) if i > 1]

@@ -18,6 +18,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass, field
+from bundlerun.targets.base import Verdict
 
 EOT = 0x04
 _EOL_RE = re.compile(rb"\r\n|\r|\n")
@@ -92,7 +93,7 @@ class RunnerLog:
     lines: list[LogLine] = field(default_factory=list)
     errors: list[LogLine] = field(default_factory=list)  # E/F lines
     fatal: list[str] = field(default_factory=list)  # hard fault, assertion, CPU time exceeded
-    bundle_verdict: str | None = None  # 'PASS' | 'FAIL' | None
+    bundle_verdict: Verdict | None = None  # PASS | FAIL | None
     verdict_tolerances: dict[str, float] = field(default_factory=dict)  # rtol/atol of a mismatch
     verification_status: int | None = None
     error_stats: dict[str, float] = field(default_factory=dict)
@@ -275,11 +276,11 @@ class _State:
                 log.boots += 1
         verdict = _RESULT_RE.search(msg)
         if verdict:
-            log.bundle_verdict = verdict.group("verdict")
+            log.bundle_verdict = Verdict(verdict.group("verdict"))
         elif "Model output match expected BundleIO bpte ref data" in msg:
-            log.bundle_verdict = log.bundle_verdict or "PASS"
+            log.bundle_verdict = log.bundle_verdict or Verdict.PASS
         elif "don't match expected BundleIO bpte ref data" in msg:
-            log.bundle_verdict = "FAIL"
+            log.bundle_verdict = Verdict.FAIL
             tol = _TOL_RE.search(msg)
             if tol:
                 log.verdict_tolerances = {"rtol": _number(tol.group("rtol")), "atol": _number(tol.group("atol"))}
@@ -287,7 +288,7 @@ class _State:
         if status:
             text = status.group("status")
             log.verification_status = int(text, 16) if text.lower().startswith("0x") else int(text)
-            log.bundle_verdict = "FAIL"
+            log.bundle_verdict = Verdict.FAIL
         stat = _STAT_RE.match(msg)
         if stat:
             log.error_stats[stat.group("name")] = _number(stat.group("value"))

@@ -34,6 +34,7 @@ from typing import Any
 from bundlerun.targets.et_runner.log import FAULT_RE, LogLine, RunnerLog
 from bundlerun.targets.base import CaseResult, CaseStatus, DeviceVerdict, RawTensor, raw_outputs_from_files
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.base import Verdict
 
 # What a failed BundleIO check of case 0 prints on its own (the device's verdict).
 VERIFY_FAIL_MARKERS = (
@@ -189,7 +190,7 @@ def classify(log: RunnerLog, end: SessionEnd) -> Failure | None:
         return Failure(FailureKind.NO_RUNNER_OUTPUT,
                        f"no arm_executor_runner log lines in {end.tool} output ({len(log.lines)} other lines; "
                        f"exit code {end.returncode})", tail)
-    if not complete and log.bundle_verdict != "FAIL":
+    if not complete and log.bundle_verdict != Verdict.FAIL:
         return Failure(FailureKind.INCOMPLETE, "runner stopped before 'Program complete, exiting.'"
                        + (f" ({end.tool}: {log.simulation_stopped})" if log.simulation_stopped else ""), evidence)
     return None
@@ -297,7 +298,7 @@ def collect_outputs(
             kind = FailureKind.WRONG_OUTPUT_SIZE if "printed values" in str(exc) else FailureKind.MISSING_OUTPUT
             return Failure(kind, "; ".join(problems + [f"printed: {exc}"]), _tail(log))
         problems.append("no Output[i][j] lines (build with ET_LOG_DUMP_OUTPUT or ETDump)")
-    if log.bundle_verdict == "FAIL":
+    if log.bundle_verdict == Verdict.FAIL:
         return Failure(FailureKind.DEVICE_MISMATCH, "the runner's BundleIO check failed and no outputs came back: "
                        + "; ".join(problems), log.excerpt() or _tail(log))
     return Failure(FailureKind.MISSING_OUTPUT, "; ".join(problems) or "no outputs in the log", _tail(log))
