@@ -91,3 +91,12 @@ def test_after_a_server_stops_only_the_first_step_may_run_alone_the_rest_is_not_
     assert "fresh method" in (rest[0].error or "")
     run, served, alone = _run(_bundle(), tmp_path, left=2)  # it died mid-sequence: nothing runs alone
     assert alone == [] and [c.case_index for c in run.cases] == [3, 4]
+
+
+def test_adb_runs_a_process_per_case_so_it_refuses_a_stateful_sequence(tmp_path):
+    from bundlerun.targets import open_target
+
+    target = open_target("adb+tcp://127.0.0.1:9")  # refused before any connection is tried
+    with pytest.raises(TargetError) as exc:
+        target.run(_bundle(), tmp_path / "b.bpte", RunOptions(work_dir=tmp_path))
+    assert exc.value.kind == "bad-config" and "one runner process per case" in str(exc.value)
