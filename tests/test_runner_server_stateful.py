@@ -100,3 +100,25 @@ def test_adb_runs_a_process_per_case_so_it_refuses_a_stateful_sequence(tmp_path)
     with pytest.raises(TargetError) as exc:
         target.run(_bundle(), tmp_path / "b.bpte", RunOptions(work_dir=tmp_path))
     assert exc.value.kind == "bad-config" and "one runner process per case" in str(exc.value)
+
+
+def test_hostile_sequences_never_raise_and_name_only_text_methods(tmp_path):
+    """Seeded mutations (tests/security_fuzz.py) of a manifest's `sequences`: stateful_methods is total,
+    and run_cases either serves, runs, or refuses with a one-line bad-config, never another error."""
+    import random
+
+    from tests.security_fuzz import mutate_json
+
+    rng = random.Random(35)
+    good = {"sequences": [{"name": "seq0", "method": "forward", "stateful": True, "mode": "teacher-forced",
+                           "steps": [{"case": 0, "kind": "prompt", "start_pos": 0, "tokens": [1], "reference_next": 2}]}]}
+    for _ in range(300):
+        manifest, _edits = mutate_json(good, rng, edits=rng.randint(1, 3))
+        bundle = _bundle()
+        bundle.manifest = manifest if isinstance(manifest, dict) else None
+        names = server.stateful_methods(bundle)
+        assert all(isinstance(n, str) for n in names)
+        try:
+            _run(bundle, tmp_path, one_case="server=false")
+        except TargetError as exc:
+            assert exc.kind == "bad-config" and "\n" not in str(exc)
