@@ -111,3 +111,31 @@ def test_8da4w_loads_and_runs_every_step(llm_runner, tmp_path):
     print("8da4w per-step SQNR (dB):", [round(s, 1) for s in sqnr], "verdict rc", rc)
     # the same quantized program on x86 and aarch64 XNNPACK: a dynamic-quant rounding flip at most, not noise
     assert all(s > 20.0 for s in sqnr), sqnr
+
+
+def test_a_prompt_past_the_dynamic_bound_is_a_one_line_error(llm_runner, tmp_path):
+    """A 64-token prompt for a method whose tokens go up to [1, 63] (max_seq_len 64, dynamic shape):
+    refused before it reaches the runtime, not an abort of the runner."""
+    import dataclasses
+
+    import numpy as np
+
+    from bundlerun.bundles.bpte import BundledValue, read_bundle, write_bundle
+    from bundlerun.targets.et_runner import server
+
+    bundle = read_bundle(cached_llama_bundle("fp32") / "llama.bpte")
+    suite = bundle.method_test_suites[0]
+    long = BundledValue.from_array(np.zeros((1, 64), dtype=np.int64))
+    cases = [dataclasses.replace(suite.test_cases[0], inputs=[long, *suite.test_cases[0].inputs[1:]]),
+             *suite.test_cases[1:]]
+    bad = dataclasses.replace(bundle, method_test_suites=[dataclasses.replace(suite, test_cases=cases)])
+    assert server.out_of_bounds(bundle, "forward") is None
+    write_bundle(bad, tmp_path / "long.bpte")
+    rc, report, out = _run(tmp_path / "long.bpte", tmp_path, "long")
+    assert rc == 2, out[-2000:]
+    assert "Traceback" not in out and "internal error" not in out
+    errors = {c["error"] for c in report["cases"]}
+    assert len(errors) == 1 and "\n" not in next(iter(errors))
+    assert "case 0 input 0 has sizes [1, 64], past the dynamic upper bound [1, 63]" in next(iter(errors))
+    assert {c["error_kind"] for c in report["cases"]} == {"bad-bundle"}
+    assert not (tmp_path / "long" / "work" / "qemu-user").exists()  # no runner started

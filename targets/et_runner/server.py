@@ -205,6 +205,33 @@ def unservable(bundle: Bundle, method: str) -> str | None:
     return None
 
 
+def out_of_bounds(bundle: Bundle, method: str) -> str | None:
+    """Why a case of `method` cannot be given to the runtime (None: every one can): a tensor input
+    larger than the program declares (past a static size, or past a dynamic input's upper bound).
+    Checked before bundled serving, where BundleIO would try to resize the input past what the method
+    planned. A dtype or rank the program does not take is left to the runtime, which names it."""
+    from bundlerun.bundles.errors import BundleError
+    from bundlerun.bundles.program_meta import method_inputs
+
+    try:
+        declared = method_inputs(bundle.program, "bundle")
+    except BundleError:
+        return None  # unreadable metadata: the runner's own load says why
+    wants = (declared or {}).get(method)
+    if wants is None:
+        return None
+    for index, case in enumerate(bundle.suite(method).test_cases):
+        for j, (value, want) in enumerate(zip(case.inputs, wants)):
+            bound = list(want.sizes or [])
+            sizes = list(value.sizes)
+            if want.kind != "tensor" or value.kind != "tensor" or len(sizes) != len(bound):
+                continue
+            if any(a > b for a, b in zip(sizes, bound)):
+                kind = "the static size" if want.static else "the dynamic upper bound"
+                return f"case {index} input {j} has sizes {sizes}, past {kind} {bound} the program's {method} declares"
+    return None
+
+
 def input_bytes(value: BundledValue) -> bytes:
     """The --inputs file of one input: a tensor's bytes, or a scalar as prepare_input_tensors reads it."""
     if value.kind == "tensor":
@@ -363,6 +390,9 @@ def run_cases(bundle: Bundle, options: RunOptions, run: TargetRun, one_case: str
         refusal = stateful_refusal(bundle, method, indices, whys[method])
         if refusal:
             raise TargetError(refusal, kind="bad-config")
+        bad = out_of_bounds(bundle, method) if bundled and whys[method] is None else None
+        if bad:
+            raise TargetError(f"{bad}: refused before it reaches the runtime", kind="bad-bundle")
     modes: dict[str, str] = {}
     run.info["runner_mode"] = modes
     for method, indices in by_method.items():
