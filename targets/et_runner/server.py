@@ -286,7 +286,7 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
             while pending:
                 index = pending[0]
                 feed(index)
-                served = server.trigger(timeout_s, index if bundled else None)
+                served = server.trigger(timeout_s, index) if bundled else server.trigger(timeout_s)
                 log_path = folder / f"case-{index}.log"
                 log_path.write_text(served.log)
                 if served.status == "exited":
