@@ -6,7 +6,10 @@ ones host://xnnpack runs - without a phone or adb: a cross-architecture check of
 
 The cases of a method run on one emulated executor_runner in `--server_mode`
 (targets/et_runner/server.py): qemu and the runner start and load the program once, each case's
-inputs go in as `--inputs` files, its outputs come back bit exact from `--output_file`. Where a case
+inputs go in as `--inputs` files (or, on bundlerun's aarch64 build, whose runner.json says
+`server_testset`, each trigger names the bundled case: any input shape, and the method - an LLM's KV
+cache with it - kept from case to case), its outputs come back bit exact from `--output_file`. A
+program calling ExecuTorch's LLM custom ops (`llama::`) needs a runner built with them (kernels "llm"). Where a case
 needs a process of its own (an ETDump, `--repeat`, printed outputs, inputs the files cannot carry,
 the case a server died on, or `server=false`) it runs as its own one-case bundle (the runner checks
 case 0 only) in its own folder, the ETDump beside the outputs. The runner's contract (flags, log,
