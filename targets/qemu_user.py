@@ -6,7 +6,10 @@ ones host://xnnpack runs - without a phone or adb: a cross-architecture check of
 
 The cases of a method run on one emulated executor_runner in `--server_mode`
 (targets/et_runner/server.py): qemu and the runner start and load the program once, each case's
-inputs go in as `--inputs` files, its outputs come back bit exact from `--output_file`. Where a case
+inputs go in as `--inputs` files (or, on bundlerun's aarch64 build, whose runner.json says
+`server_testset`, each trigger names the bundled case: any input shape, and the method - an LLM's KV
+cache with it - kept from case to case), its outputs come back bit exact from `--output_file`. A
+program calling ExecuTorch's LLM custom ops (`llama::`) needs a runner built with them (kernels "llm"). Where a case
 needs a process of its own (an ETDump, `--repeat`, printed outputs, inputs the files cannot carry,
 the case a server died on, or `server=false`) it runs as its own one-case bundle (the runner checks
 case 0 only) in its own folder, the ETDump beside the outputs. The runner's contract (flags, log,
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.bundles.program_meta import program_operators
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL, lazy
 from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.base import (
@@ -94,10 +98,13 @@ def _doctor(section: dict) -> list[Check]:
 
 
 def cached_runner(arch: str) -> dict | None:
-    """The cached executor_runner build for `arch` to use: the one with the most delegates (an XNNPACK
-    build runs portable bundles too, a portable-only one cannot run XNNPACK bundles), then the newest."""
+    """The cached executor_runner build for `arch` to use: one with ExecuTorch's LLM custom ops and
+    bundled serving (kernels "llm": it runs everything an older build runs, and llama exports), then
+    the one with the most delegates (an XNNPACK build runs portable bundles too, a portable-only one
+    cannot run XNNPACK bundles), then the newest."""
     runners = [r for r in cached_runners(RUNNER_KIND) if r.get("arch") == arch and Path(str(r.get("binary"))).is_file()]
-    runners.sort(key=lambda r: len(r.get("backends") or []), reverse=True)  # stable: newest first within a tie
+    runners.sort(key=lambda r: ("llm" in (r.get("kernels") or []), len(r.get("backends") or [])),
+                 reverse=True)  # stable: newest first within a tie
     return runners[0] if runners else None
 
 
@@ -180,6 +187,11 @@ class QemuUserTarget(TargetBase):
             "timing": "emulated CPU time, not device latency"})
         if meta.get("xnnpack"):
             run.info["xnnpack"] = meta["xnnpack"]
+        llm_ops = sorted(op for op in program_operators(bundle.program, "bundle") if op.startswith("llama::"))
+        if llm_ops and meta and "llm" not in (meta.get("kernels") or []):
+            raise TargetError(f"the program calls ExecuTorch's LLM custom ops ({', '.join(llm_ops)}), which runner "
+                              f"{runner} was built without; {BUILD_HINT}", kind="unsupported")
+        bundled = meta.get("server_testset") is True  # the patched server mode: a case index per trigger
         executions = executor_runner.executions_for(getattr(options, "repeat", 1))
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
@@ -193,9 +205,12 @@ class QemuUserTarget(TargetBase):
             lambda method, indices: server.serve(
                 bundle, method, indices, [argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner")],
                 work, options.case_timeout_s, executor_runner.classify, "the runner", lambda r: run.record(r, options),
-                extra_args=threads),
+                extra_args=threads, bundled=bundled),
             lambda method, index: self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s,
-                                             executions))
+                                             executions),
+            bundled=bundled)
+        if bundled:
+            run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,

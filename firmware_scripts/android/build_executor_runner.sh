@@ -163,6 +163,17 @@ build_gnu() {
     flags+=(-DEXECUTORCH_XNNPACK_ENABLE_KLEIDI=ON -DEXECUTORCH_XNNPACK_ENABLE_WEIGHT_CACHE=ON
             -DEXECUTORCH_XNNPACK_SHARED_WORKSPACE=ON -DXNNPACK_ENABLE_ARM_SME=OFF -DXNNPACK_ENABLE_ARM_SME2=OFF)
   fi
+  # aarch64 (the qemu-user / adb lane, which runs ExecuTorch's llama exports): ExecuTorch's LLM custom-op
+  # kernels linked in (llm_ops/llm_ops.cmake says which and why not EXECUTORCH_BUILD_KERNELS_LLM), and the
+  # server-mode patch (a trigger line names the bundled test set: one loaded method, its KV cache kept,
+  # across a sequence's cases of any input shape). Their files count in the cache key.
+  local llm=OFF llm_files=()
+  if [ "$ARCH" = aarch64 ]; then
+    llm=ON
+    llm_files=("$HERE/llm_ops/llm_ops.cmake" "$HERE/llm_ops/shim/torchao/csrc/cpu/torch_free_kernels/interface/quantized_matmul.h"
+               "$HERE/patches/executor_runner-server-testset.patch")
+    flags+=(-DBUNDLERUN_LLM_OPS=ON)
+  fi
   if [ "$vulkan" = OFF ]; then
     flags+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
     # XNNPACK's CMakeLists.txt find_library(LIBM m)s the shared libm.so, which a static link refuses
@@ -174,9 +185,11 @@ build_gnu() {
   # One configure and one build tree make both products (they link the same libraries): a cold call
   # builds both and caches each under its own key; a debug-runner edit rebuilds only the debug runner.
   local key_er key_dr key lock kind="executor_runner" target="executor_runner" product="executor_runner"
-  key_er="$(et_cache_key executor_runner "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${kai_fix:+"$kai_fix"})"
+  key_er="$(et_cache_key executor_runner "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${kai_fix:+"$kai_fix"} \
+            ${llm_files[@]+"${llm_files[@]}"})"
   key_dr="$(et_cache_key debug_runner "$ARCH" "$fp" "${flags[*]}" "$compiler_version" ${tcfile:+"$tcfile"} ${kai_fix:+"$kai_fix"} \
-            "$HERE/debug_runner/inject.cmake" "$HERE/debug_runner/debug_runner.cmake" "$HERE/debug_runner/debug_runner.cpp")"
+            "$HERE/debug_runner/inject.cmake" "$HERE/debug_runner/debug_runner.cmake" "$HERE/debug_runner/debug_runner.cpp" \
+            ${llm_files[@]+"${llm_files[@]}"})"
   key="$key_er"
   [ "$DEBUG_RUNNER" = 0 ] || { kind="debug_runner"; target="bundlerun_debug_runner"; product="debug_runner"; key="$key_dr"; }
   [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
@@ -225,6 +238,8 @@ build_gnu() {
         rm -rf "$build" "$dest"
         mkdir -p "$build"
         tree="$(et_build_tree "$et" "$build/src")"  # flatcc writes into its source folder
+        [ "$llm" = OFF ] || gnu_patch "$tree" "$HERE/patches/executor_runner-server-testset.patch" \
+          examples/portable/executor_runner/executor_runner.cpp
       fi
       echo "building ${products[*]} ($ARCH) in $build; log: $logf" >&2
       if ! { cmake -S "$tree" -B "$build/out" -G Ninja "${all_flags[@]}" \
@@ -243,6 +258,14 @@ build_gnu() {
   echo "$dest"
 }
 
+# Apply patch $2 to file $3 of the private source view $1 (its files are links into the shared tree:
+# the one patched becomes a copy first, so the shared tree is never changed).
+gnu_patch() {
+  local file="$1/$3"
+  cp --remove-destination "$(readlink -f "$file")" "$file"
+  patch --quiet --forward -p1 -d "$1" < "$2" >&2 || die "patch $2 does not apply to $3 of these sources"
+}
+
 gnu_key_of() { if [ "$1" = debug_runner ]; then echo "$key_dr"; else echo "$key_er"; fi; }
 gnu_target_of() { if [ "$1" = debug_runner ]; then echo bundlerun_debug_runner; else echo executor_runner; fi; }
 
@@ -259,7 +282,7 @@ gnu_publish() {
   [ "$xnnpack" = OFF ] || backends="${backends:+$backends,}xnnpack"
   BR_DEST="$to" BR_ARCH="$ARCH" BR_FP="$fp" BR_ET="$et" BR_CV="$compiler_version" BR_TC="$tcfile" \
   BR_SECS="$5" BR_VULKAN="$vulkan" BR_JOBS="${JOBS:-2}" BR_KIND="$kind" BR_PRODUCT="$kind" \
-  BR_BACKENDS="$backends" BR_KLEIDIAI="$kleidiai" \
+  BR_BACKENDS="$backends" BR_KLEIDIAI="$kleidiai" BR_LLM="$llm" \
     "$PYTHON_BIN" - "${flags[@]}" > "$to.partial/runner.json" <<'PY'
 import json, os, sys, time
 e = os.environ
@@ -267,6 +290,15 @@ extra = {}
 if "xnnpack" in e["BR_BACKENDS"].split(","):  # what the XNNPACK delegate was built with (see the flags)
     extra["xnnpack"] = {"kleidiai": True, "kleidiai_source": e["BR_KLEIDIAI"] or "downloaded by XNNPACK's CMake",
                         "arm_sme": False, "arm_sme2": False, "threadpool": "pthreadpool (--cpu_threads)"}
+llm = e["BR_LLM"] == "ON"
+if llm:  # llm_ops/llm_ops.cmake; the patch: patches/
+    extra["llm_ops"] = ["llama::custom_sdpa.out", "llama::sdpa_with_kv_cache.out", "llama::update_cache.out",
+                        "llama::update_cache_with_indices.out", "llama::fallback.out",
+                        "llama::fast_hadamard_transform.out"]
+    extra["llm_ops_missing"] = {"llama::custom_quantized_sdpa.out": "aborts: torchao is not in the source set",
+                                "llama::quantized_moe_ffn": "not built (op_moe.cpp needs torchao)"}
+    extra["patches"] = ["executor_runner-server-testset"]
+    extra["server_testset"] = True
 if e["BR_KIND"] == "debug_runner":  # its command line (firmware_scripts/android/README.md)
     extra["cli"] = {"flags": ["--model_path", "--method_name", "--testset_idx", "--etdump_path",
                               "--dump_intermediate_outputs", "--debug_output_path", "--debug_buffer_size",
@@ -278,7 +310,7 @@ print(json.dumps({
     "binary": os.path.join(e["BR_DEST"], e["BR_PRODUCT"]),
     "static": e["BR_VULKAN"] == "OFF",
     "flags": sys.argv[1:],
-    "kernels": ["portable", "quantized"],
+    "kernels": ["portable", "quantized"] + (["llm"] if llm else []),
     "backends": [b for b in e["BR_BACKENDS"].split(",") if b],
     "bundle_io": True,
     "etdump": True,

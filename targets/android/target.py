@@ -132,6 +132,14 @@ class AndroidTarget(TargetBase):
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         t0 = time.monotonic()
         pairs = selected_cases(bundle, options)
+        from bundlerun.targets.et_runner.server import stateful_methods
+
+        stateful = sorted(stateful_methods(bundle) & {m for m, _ in pairs})
+        if stateful:  # the LLM contract: a decode step is never run on a fresh method
+            raise TargetError(f"method {stateful[0]!r} holds a stateful sequence (its KV cache carries from case to "
+                              "case) and adb:// runs one runner process per case: refused, a step is never run on a "
+                              "fresh method (run it on qemu-user://aarch64, which serves the sequence on one method)",
+                              kind="bad-config")
         retries = self.cfg.retries if self.cfg.retries is not None else options.retries
         cache = DeviceCache(self.transport, self.cfg.workspace, self.cfg.command_timeout_s, self.cfg.transfer_timeout_s)
         info = {"transport": self.transport.description, "profile": self.cfg.profile, "workspace": self.cfg.workspace}

@@ -16,6 +16,20 @@ The contract, read from examples/portable/executor_runner/executor_runner.cpp at
   DONE`, and the case it was running is told apart by running that case alone (the lane's one-case
   path, whose classification reads the whole log of one process).
 
+Bundled serving (a runner built with bundlerun's patch, firmware_scripts/android/patches/
+executor_runner-server-testset.patch; its runner.json says `"server_testset": true`): the runner
+is given the whole `.bpte` and each trigger line names the test case to run
+(`load_bundled_input(method, bundle, index)`, which sets each input from the case, resizing it
+within the method's dynamic bounds). Any input shape is served that way (an LLM's prompt and its
+decode steps), and the method stays loaded from case to case, so its mutable buffers (an LLM's KV
+cache) carry state through a sequence exactly as on one loaded pybindings module.
+
+A method that holds a stateful sequence (the manifest's `sequences`, LLM contract) runs only that
+way: in suite order, every case, on one loaded method. A lane that would run its cases one process
+each (server=false, --repeat, an ETDump, inputs the files cannot carry), or a --select that drops
+part of the sequence, is refused with one line (bad-config) before anything runs; a server that dies
+mid-sequence leaves the rest of it not run, never run on a fresh cache.
+
 What this buys: the program load, the delegate's init and the runtime's start-up are paid once per
 bundle instead of once per case (on `mlx://cpu` about 12 ms a case; see bench/bench_mlx.py).
 """
@@ -83,12 +97,13 @@ class RunnerServer:
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         return self._until(READY, t0, timeout_s)
 
-    def trigger(self, timeout_s: float) -> Served:
-        """One inference on the inputs now in the --inputs files."""
+    def trigger(self, timeout_s: float, case: int | None = None) -> Served:
+        """One inference: on the inputs now in the --inputs files, or (bundled serving) on bundled
+        test case `case`."""
         t0 = time.monotonic()
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write(b"\n")
+            self.proc.stdin.write(b"\n" if case is None else f"{int(case)}\n".encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it has ended: _until reads what it said and its exit status
@@ -190,6 +205,33 @@ def unservable(bundle: Bundle, method: str) -> str | None:
     return None
 
 
+def out_of_bounds(bundle: Bundle, method: str) -> str | None:
+    """Why a case of `method` cannot be given to the runtime (None: every one can): a tensor input
+    larger than the program declares (past a static size, or past a dynamic input's upper bound).
+    Checked before bundled serving, where BundleIO would try to resize the input past what the method
+    planned. A dtype or rank the program does not take is left to the runtime, which names it."""
+    from bundlerun.bundles.errors import BundleError
+    from bundlerun.bundles.program_meta import method_inputs
+
+    try:
+        declared = method_inputs(bundle.program, "bundle")
+    except BundleError:
+        return None  # unreadable metadata: the runner's own load says why
+    wants = (declared or {}).get(method)
+    if wants is None:
+        return None
+    for index, case in enumerate(bundle.suite(method).test_cases):
+        for j, (value, want) in enumerate(zip(case.inputs, wants)):
+            bound = list(want.sizes or [])
+            sizes = list(value.sizes)
+            if want.kind != "tensor" or value.kind != "tensor" or len(sizes) != len(bound):
+                continue
+            if any(a > b for a, b in zip(sizes, bound)):
+                kind = "the static size" if want.static else "the dynamic upper bound"
+                return f"case {index} input {j} has sizes {sizes}, past {kind} {bound} the program's {method} declares"
+    return None
+
+
 def input_bytes(value: BundledValue) -> bytes:
     """The --inputs file of one input: a tensor's bytes, or a scalar as prepare_input_tensors reads it."""
     if value.kind == "tensor":
@@ -199,23 +241,33 @@ def input_bytes(value: BundledValue) -> bytes:
 
 def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], work: Path, timeout_s: float,
           classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None], *,
-          env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> list[int]:
+          env: dict[str, str] | None = None, extra_args: list[str] | None = None, bundled: bool = False) -> list[int]:
     """Run cases `indices` of `method` (unservable() said None) on one executor_runner --server_mode
     process (`command`: the runner, or an emulator and the runner; `extra_args`: the lane's own flags),
     `record`ing each result as it finishes. A case that runs past `timeout_s` is a timeout
     (its process group killed) and a new server takes the rest. Returns the cases left for the
     lane's one-case path: all of them when the server does not reach its loop (the program does not
-    load: that path says why), else from the case it died on."""
+    load: that path says why), else from the case it died on. `bundled`: the runner takes the whole
+    bundle and a case index per trigger (module docstring), not --inputs files."""
     from bundlerun.targets.base import safe_name
     from bundlerun.targets.et_runner.executor_runner import case_result
 
     folder = work / f"{safe_name(method)}-served"
     (folder / "out").mkdir(parents=True, exist_ok=True)
-    (folder / "model.pte").write_bytes(bundle.program)
     cases = bundle.suite(method).test_cases
-    names = [f"input-{j}.bin" for j in range(len(cases[indices[0]].inputs))] if indices else []
-    args = [*command, "--model_path", "model.pte", "--method_name", method, "--output_file", "out/output",
+    if bundled:
+        from bundlerun.bundles.bpte import serialize_bundle
+
+        model = "model.bpte"
+        (folder / model).write_bytes(serialize_bundle(bundle))
+        names: list[str] = []
+    else:
+        model = "model.pte"
+        (folder / model).write_bytes(bundle.program)
+        names = [f"input-{j}.bin" for j in range(len(cases[indices[0]].inputs))] if indices else []
+    args = [*command, "--model_path", model, "--method_name", method, "--output_file", "out/output",
             "--print_output", "none", *(extra_args or [])] + (["--inputs", ",".join(names)] if names else [])
+    stateful = method in stateful_methods(bundle)
 
     def feed(index: int) -> None:
         for name, value in zip(names, cases[index].inputs):
@@ -234,10 +286,18 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
             while pending:
                 index = pending[0]
                 feed(index)
-                served = server.trigger(timeout_s)
+                served = server.trigger(timeout_s, index) if bundled else server.trigger(timeout_s)
                 log_path = folder / f"case-{index}.log"
                 log_path.write_text(served.log)
                 if served.status == "exited":
+                    if stateful and index != indices[0]:  # mid-sequence: classified from the served log
+                        base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
+                        status = served.exit_status if served.exit_status is not None else 1
+                        record(case_result(bundle, method, index, folder, status, served.log, timeout_s, classify_fn,
+                                           base, who))
+                        for result in not_run(method, pending[1:], who):
+                            record(result)
+                        return []
                     return pending
                 base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
                 rc = 0 if served.status == "done" else None
@@ -246,8 +306,51 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
                 record(result)
                 pending.pop(0)
                 if rc is None:
+                    if stateful:
+                        for result in not_run(method, pending, who):
+                            record(result)
+                        return []
                     break  # the killed server's successor takes the rest
     return []
+
+
+def not_run(method: str, indices: list[int], who: str) -> list[CaseResult]:
+    """The cases of a stateful sequence left after its server stopped: not run, since running one on a
+    fresh method would judge it on an empty KV cache."""
+    from bundlerun.targets.base import CaseResult, CaseStatus
+    from bundlerun.targets.failures import FailureKind
+
+    return [CaseResult(method=method, case_index=index, status=CaseStatus.ERROR, error_kind=FailureKind.NOT_RUN,
+                       error=f"not run: {who} stopped before this step of a stateful sequence, and a step is never "
+                             "run on a fresh method (its KV cache would be empty)")
+            for index in indices]
+
+
+def stateful_methods(bundle: Bundle) -> set[str]:
+    """The methods that hold a stateful sequence: the manifest's `sequences` with `stateful` true
+    (the LLM contract: their cases run in suite order on one loaded method)."""
+    manifest = bundle.manifest if isinstance(bundle.manifest, dict) else {}
+    sequences = manifest.get("sequences")
+    if not isinstance(sequences, list):
+        return set()
+    return {seq["method"] for seq in sequences
+            if isinstance(seq, dict) and seq.get("stateful") is True and isinstance(seq.get("method"), str)}
+
+
+def stateful_refusal(bundle: Bundle, method: str, indices: list[int], why_alone: str | None) -> str | None:
+    """Why this lane cannot run the stateful sequence of `method` (None: it can, or there is none):
+    it would run the cases one process each (`why_alone`), or the selection is not the whole suite
+    in order (a decode step would run without the steps before it)."""
+    if method not in stateful_methods(bundle):
+        return None
+    if why_alone is not None:
+        return (f"method {method!r} holds a stateful sequence (its KV cache carries from case to case) and this "
+                f"lane would run its cases one process each ({why_alone}): refused, a step is never run on a fresh "
+                "method")
+    if indices != list(range(len(bundle.suite(method).test_cases))):
+        return (f"method {method!r} holds a stateful sequence: its cases run all, in order, on one loaded method; "
+                f"a selection of {len(indices)} of them would run a step without the steps before it")
+    return None
 
 
 def own_process_reason(served: bool, executions: int, etdump: bool, print_output: str) -> str | None:
@@ -267,21 +370,33 @@ def own_process_reason(served: bool, executions: int, etdump: bool, print_output
 
 
 def run_cases(bundle: Bundle, options: RunOptions, run: TargetRun, one_case: str | None,
-              serve_fn: Callable[[str, list[int]], list[int]], alone_fn: Callable[[str, int], CaseResult]) -> None:
+              serve_fn: Callable[[str, list[int]], list[int]], alone_fn: Callable[[str, int], CaseResult], *,
+              bundled: bool = False) -> None:
     """Every selected case, recorded into `run` as it finishes: a method's cases on one server
     (`serve_fn(method, indices)` -> the indices it left), unless `one_case` names why every case needs
     a process of its own (an ETDump, printed outputs, --repeat's per-execution timing) or unservable()
     says why this method's cannot be served; what is left runs one process a case (`alone_fn`).
-    `run.info["runner_mode"]` says which, per method."""
+    `bundled`: the server takes the bundle and a case index per trigger (any input shape is servable).
+    A stateful sequence the lane cannot run on one loaded method is refused (TargetError, bad-config)
+    before any case runs. `run.info["runner_mode"]` says which, per method."""
+    from bundlerun.bundles.errors import TargetError
     from bundlerun.targets.base import selected_cases
 
     by_method: dict[str, list[int]] = {}
     for method, index in selected_cases(bundle, options):
         by_method.setdefault(method, []).append(index)
+    whys = {method: one_case or (None if bundled else unservable(bundle, method)) for method in by_method}
+    for method, indices in by_method.items():
+        refusal = stateful_refusal(bundle, method, indices, whys[method])
+        if refusal:
+            raise TargetError(refusal, kind="bad-config")
+        bad = out_of_bounds(bundle, method) if bundled and whys[method] is None else None
+        if bad:
+            raise TargetError(f"{bad}: refused before it reaches the runtime", kind="bad-bundle")
     modes: dict[str, str] = {}
     run.info["runner_mode"] = modes
     for method, indices in by_method.items():
-        why = one_case or unservable(bundle, method)
+        why = whys[method]
         left = serve_fn(method, indices) if why is None else indices
         if why is not None:
             modes[method] = f"one executor_runner process per case ({why})"
@@ -289,5 +404,13 @@ def run_cases(bundle: Bundle, options: RunOptions, run: TargetRun, one_case: str
             modes[method] = f"executor_runner --server_mode: one process for {len(indices)} case(s)"
             if left:
                 modes[method] += f"; {len(left)} case(s) from case {left[0]} on, one process each (the server stopped)"
+        if left and method in stateful_methods(bundle):
+            # only the sequence's first step may run alone (a fresh method is its right start) to say why
+            first = [left[0]] if left[0] == indices[0] else []
+            for index in first:
+                run.record(alone_fn(method, index), options)
+            for result in not_run(method, left[len(first):], "the server"):
+                run.record(result, options)
+            continue
         for index in left:
             run.record(alone_fn(method, index), options)

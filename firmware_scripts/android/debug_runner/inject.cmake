@@ -9,5 +9,10 @@ cmake_minimum_required(VERSION 3.19) # cmake_language(DEFER)
 # (a deferred call's arguments are expanded when it runs, in ExecuTorch's top-level directory scope,
 # where this variable is still set)
 set(BUNDLERUN_DEBUG_RUNNER_DIR "${CMAKE_CURRENT_LIST_DIR}")
+set(BUNDLERUN_LLM_OPS_DIR "${CMAKE_CURRENT_LIST_DIR}/../llm_ops")
+# first the LLM custom ops (only with -DBUNDLERUN_LLM_OPS=ON; they add to the runners' link list), then
+# the debug runner, which links that list
+cmake_language(DEFER DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}" CALL include
+               "${BUNDLERUN_LLM_OPS_DIR}/llm_ops.cmake")
 cmake_language(DEFER DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}" CALL include
                "${BUNDLERUN_DEBUG_RUNNER_DIR}/debug_runner.cmake")
