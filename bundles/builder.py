@@ -49,6 +49,7 @@ class BuildRequest:
     registry: Any = None  # tolerance registry (the session's); None: built-in + the cwd's project config
     cache: bool = False  # reuse/record the build in the content-addressed build cache (bundles/build_cache.py)
     etrecord: bool = False  # write <output stem>.etrecord beside the bundle for `bundlerun debug` (bundles/etrecord.py)
+    llm: Any = None  # bundles/llm_build.LlmOptions for model `llm:ARCH` (size, params, checkpoint, tokenizer)
 
 
 @dataclass
@@ -149,6 +150,10 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError. With `req.cache`,
     a build already in the build cache is copied instead (result.info["cache"] == "hit")."""
     say = req.progress or (lambda _msg: None)
+    from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
+
+    if is_llm(req.model):  # ExecuTorch's export_llama, with stateful sequences (bundles/llm_build.py)
+        return build_llm_bundle(req, say)
     if not req.backend:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
     backend = req.backend

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bundlerun.bundles.sequence import SequenceSpec
 from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
                                                validate_manifest)
 
@@ -147,6 +148,7 @@ class Manifest:
     schema: str = MANIFEST_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
     integrity: dict[str, Any] | None = None  # sha256 of program, cases, manifest (bundles/integrity.py)
+    sequences: list[SequenceSpec] = field(default_factory=list)  # stateful LLM sequences (bundles/sequence.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -161,6 +163,8 @@ class Manifest:
         }
         if self.integrity is not None:
             out["integrity"] = self.integrity
+        if self.sequences:  # written only when there are some: every other manifest stays byte-identical
+            out["sequences"] = [s.to_dict() for s in self.sequences]
         return out
 
     @classmethod
@@ -178,6 +182,7 @@ class Manifest:
             created=data.get("created", ""),
             extra=data.get("extra", {}),
             integrity=data.get("integrity"),
+            sequences=[SequenceSpec.from_dict(s) for s in data.get("sequences") or []],
         )
 
     def output_spec(self, method: str, index: int) -> OutputSpec | None:
