@@ -144,6 +144,7 @@ class Exported:
     quantization: str
     export_s: float
     model_class: str
+    manager: Any = None  # export_llama's LLMEdgeManager (its export_program: ExecuTorch's program manager)
 
 
 def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) -> Exported:
@@ -203,7 +204,7 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) 
         export_s = time.perf_counter() - start
         program = (folder / "model.pte").read_bytes()
     described = ", ".join(f"{k}={v}" for k, v in quant.items()) or "none (fp32)"
-    return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class)
+    return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager)
 
 
 # --------------------------------------------------------------------------- sequences

@@ -156,6 +156,11 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     warnings = list(ctx.warnings)
     load_before = _loadavg()
     try:
+        from bundlerun.runner.stateful import refusal
+
+        refused = refusal(req.target, bundle, pairs)  # a stateful sequence this lane would misjudge
+        if refused is not None:
+            raise refused
         if open_error is not None:
             raise open_error
         run = target.run(bundle, Path(req.bundle_path), options)
