@@ -533,10 +533,12 @@ def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> s
               help="On a numerical failure, drill into that model's worst failing case (`bundlerun debug`, report in "
                    "REPORT/<model>-<dtype>/debug); implies --etrecord.")
 @_apply(run_options)
+@_apply(llm_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False):
-    """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
+             config_path, target_opts, runner_elf, as_json, no_cache, shard, size, params, checkpoint, tokenizer,
+             prompts, decode_steps, max_seq_len, etrecord=False, debug_on_fail=False):
+    """Build and run MODELS (zoo names, path.py:factory, llm:ARCH, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ (a factory path.py:fn is named `path.fn`) with its
     bundle and report (and with --etrecord its ETRecord; with --debug-on-fail a failing one's debug
@@ -576,7 +578,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
                                overrides=parse_tolerances(tolerances), registry=session.registry,
-                               cache=not no_cache and not record, etrecord=record)
+                               cache=not no_cache and not record, etrecord=record,
+                               llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps,
+                                               max_seq_len))
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)
