@@ -132,10 +132,12 @@ def test_8da4w_llama3_runs_every_step_on_host_and_tracks_the_quantized_eager_mod
 def test_a_selection_that_drops_a_prefix_is_refused_in_one_line(llm_bundle, tmp_path):
     path, _ = llm_bundle("llama3", "fp32")
     code, report, text = _run(path, tmp_path / "cut", "--select", "1-4")
-    assert code == 2
-    kinds = {c.get("error_kind") for c in report["cases"]} if report and "cases" in report else set()
-    assert "step 0 (case 0) is not selected" in text
-    assert kinds <= {"bad-config"}
+    assert code == 2, text
+    errors = {(c["error_kind"], c["error"]) for c in report["cases"]}
+    assert len(errors) == 1 and len(report["cases"]) == 4  # one reason, nothing ran
+    kind, error = errors.pop()
+    assert kind == "bad-config" and "step 0 (case 0) is not selected" in error and "\n" not in error
+    assert report["warnings"] == [f"refused: {error}"]
     code, report, text = _run(path, tmp_path / "whole", "--select", "5-9")  # one whole sequence: its own prompt first
     assert code == 0, text
 
@@ -152,8 +154,10 @@ def test_a_lane_that_cannot_keep_the_method_across_cases_is_refused(llm_bundle, 
     lane = "fvp://corstone-300"  # one boot per case: no method kept across cases
     assert not spec_for(parse_target_url(lane)).stateful
     assert "cannot keep one loaded method" in str(refusal(lane, bundle, pairs))
-    code, _report, text = _run(path, tmp_path / "fvp", "--target", lane)
-    assert code == 2 and "cannot keep one loaded method across test cases" in text
+    code, report, text = _run(path, tmp_path / "fvp", "--target", lane)
+    assert code == 2, text
+    assert {c["error_kind"] for c in report["cases"]} == {"bad-config"}
+    assert all("cannot keep one loaded method across test cases" in c["error"] for c in report["cases"])
 
 
 def test_a_prompt_past_the_bound_is_a_one_line_error(llm_bundle, tmp_path):
