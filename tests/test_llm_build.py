@@ -207,3 +207,20 @@ def test_executorch_bundled_program_from_its_llama_export_is_read_and_run(tmp_pa
     code, report, text = _run(path, tmp_path / "r")
     assert code == 0, text
     assert report["summary"]["verdict"] == "PASS" and report["summary"]["counts"]["PASS"] == len(cases)
+
+
+def test_an_input_larger_than_a_static_program_input_is_refused_before_the_runtime(bundle_cache, tmp_path):
+    """A static program (zoo mlp, [1, 32]) handed a [1, 40] input: refused when the bundle is read, in
+    one line, instead of reaching run_method (a static [1, 1] llama given [1, 5] segfaults there)."""
+    from bundlerun.bundles.bpte import BundledValue, read_bundle, write_bundle
+
+    bundle = read_bundle(bundle_cache("mlp"))
+    bundle.method_test_suites[0].test_cases[1].inputs[0] = BundledValue.from_array(np.zeros((1, 40), np.float32), 6)
+    bundle.manifest["methods"]["forward"]["inputs"] = []  # only the program's declaration is left to catch it
+    bundle.manifest.pop("integrity", None)
+    bad = tmp_path / "wide.bpte"
+    write_bundle(bundle, bad)
+    proc = run_cli("run", str(bad), "--no-history", "--report", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "program's input 0 is static [1, 32]" in lines[0], proc.stderr
