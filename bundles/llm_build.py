@@ -31,6 +31,12 @@ from bundlerun.bundles.llm_arch import ARCHS, DTYPES, SIZES, params_for, quantiz
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
 
 PREFIX = "llm:"
+# A user's params.json sizes the model bundlerun builds in memory (seeded weights, the eager reference and
+# the export): bundlerun's own bounds, far above the 8B-class models export_llama exports
+# (examples/models/llama/README.md) and below what a hostile file could make it allocate.
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "head_dim")
+MAX_SHAPE = 1 << 20
+MAX_PARAMETERS = 20_000_000_000
 # export_llama's dynamic token dimension: Dim("token_dim", max=max_seq_len - 1)
 # (extension/llm/export/builder.py:139-151).
 REFERENCE = "eager source-transformed model (export_llama's LLMEdgeManager.model, its own KV cache)"
@@ -130,6 +136,16 @@ def _read_params(path: Path) -> dict[str, Any]:
         raise BuildError(f"{path}: not a readable params.json ({exc})") from None
     if not isinstance(data, dict):
         raise BuildError(f"{path}: params.json must be a JSON object of ModelArgs fields")
+    for key in SHAPE_KEYS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHAPE):
+            raise BuildError(f"{path}: {key} = {str(value)[:40]} is not a whole number from 1 to {MAX_SHAPE}")
+    dim, vocab = data.get("dim") or 4096, data.get("vocab_size") or 512  # ModelArgs' defaults where unset
+    hidden, layers = data.get("hidden_dim") or 4 * dim, data.get("n_layers") or 1
+    count = 2 * dim * vocab + layers * (4 * dim * dim + 3 * dim * hidden)
+    if count > MAX_PARAMETERS:
+        raise BuildError(f"{path}: about {count / 1e9:.1f}e9 parameters; bundlerun builds up to "
+                         f"{MAX_PARAMETERS / 1e9:g}e9 (seeded weights and the eager reference live in memory)")
     return data
 
 
@@ -172,8 +188,9 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) 
             try:
                 seeded = construct_transformer(ModelArgs(max_seq_len=p.max_seq_len, max_context_len=p.max_seq_len,
                                                          **p.params))
-            except (TypeError, ValueError, AssertionError) as exc:
-                raise BuildError(f"params {json.dumps(p.params)[:200]} do not build a Transformer: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - whatever the example's constructor says of bad params
+                raise BuildError(f"params {json.dumps(p.params)[:200]} do not build a Transformer: "
+                                 f"{type(exc).__name__}: {str(exc)[:200]}") from None
             checkpoint = folder / "seeded.pth"
             torch.save(seeded.state_dict(), checkpoint)
             weights = f"seeded (seed {seed})"
@@ -223,7 +240,8 @@ def _prompts(p: LlmPlan, opts: LlmOptions, seed: int) -> tuple[list[list[int]], 
     except Exception as exc:  # noqa: BLE001 - a file pytorch_tokenizers cannot read
         raise BuildError(f"{opts.tokenizer}: not a tokenizer pytorch_tokenizers reads ({type(exc).__name__})") from None
     texts = opts.prompts or ["Once upon a time", "The quick brown fox jumps over the lazy dog"]
-    prompts, shown = [], []
+    prompts: list[list[int]] = []
+    shown: list[str | None] = []
     for text in texts:
         ids = [int(t) for t in tok.encode(text, bos=1, eos=0)]
         if not ids or len(ids) + p.decode_steps > p.max_seq_len - 1:
@@ -247,7 +265,8 @@ def reference_steps(eager: Any, prompts: list[list[int]], decode_steps: int) -> 
     for name, buf in eager.named_buffers():  # a fresh cache, as the runtime's (masked beyond start_pos)
         if name.endswith(("k_cache", "v_cache")):
             buf.zero_()
-    cases, sequences = [], []
+    cases: list[tuple[Any, Any, Any]] = []
+    sequences: list[list[SequenceStep]] = []
     with torch.no_grad():
         for ids in prompts:
             steps: list[SequenceStep] = []

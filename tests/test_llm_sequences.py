@@ -147,3 +147,30 @@ def test_sizes_keep_the_architecture_flags_and_the_small_size_is_stories15m():
     qwen = params_for("qwen3", "tiny")
     assert qwen["use_qk_norm"] and qwen["use_hf_rope"] and qwen["n_kv_heads"] == 2
     assert set(ARCHS) >= {"llama3", "qwen3", "smollm2"} and set(SIZES) == {"tiny", "small"}
+
+
+def test_hostile_params_files_are_one_line_build_errors(tmp_path):
+    """A user's params.json from outside: seeded hostile variants each end as one BuildError line, or
+    are accepted only inside the bounds (never a crash, never a huge allocation)."""
+    from bundlerun.bundles.llm_build import MAX_PARAMETERS
+
+    base = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 512, "hidden_dim": 128}
+    rng = random.Random(7)
+    refused = 0
+    for i in range(200):
+        doc, _ = mutate_json(copy.deepcopy(base), rng, edits=rng.randint(1, 3))
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps(doc) if rng.random() < 0.9 else "{" * rng.randint(1, 5000))
+        try:
+            p = plan("llm:llama3", "fp32", LlmOptions(params=path))
+        except BuildError as exc:
+            assert "\n" not in str(exc)
+            refused += 1
+            continue
+        dim = p.params.get("dim") or 4096
+        assert 2 * dim * (p.params.get("vocab_size") or 512) <= MAX_PARAMETERS
+    assert refused > 20
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({**base, "dim": 1 << 20, "vocab_size": 1 << 20}))
+    with pytest.raises(BuildError, match="parameters; bundlerun builds up to"):
+        plan("llm:llama3", "fp32", LlmOptions(params=huge))
