@@ -174,3 +174,26 @@ def test_hostile_params_files_are_one_line_build_errors(tmp_path):
     huge.write_text(json.dumps({**base, "dim": 1 << 20, "vocab_size": 1 << 20}))
     with pytest.raises(BuildError, match="parameters; bundlerun builds up to"):
         plan("llm:llama3", "fp32", LlmOptions(params=huge))
+
+
+def test_text_prompts_go_through_the_tokenizer_and_are_shown_decoded(tmp_path):
+    """--tokenizer + --prompt: the prompt's token ids come from pytorch_tokenizers (here a small BPE
+    tokenizer.json trained on the spot with HF tokenizers) and the decoded text is what the manifest shows."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from bundlerun.bundles.llm_build import _prompts
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["Once upon a time there was a tiny llama"] * 20,
+                            trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"]))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    opts = LlmOptions(tokenizer=path, prompts=["Once upon a time", "a tiny llama"])
+    p = plan("llm:llama3", "fp32", opts)
+    ids, shown, digest = _prompts(p, opts, 0)
+    assert ids[0] == tok.encode("Once upon a time").ids and shown == ["Once upon a time", "a tiny llama"]
+    assert digest and len(digest) == 64
+    long = LlmOptions(tokenizer=path, prompts=["llama " * 80])
+    with pytest.raises(BuildError, match="must fit in max_seq_len - 1 = 63"):
+        _prompts(plan("llm:llama3", "fp32", long), long, 0)
