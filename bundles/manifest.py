@@ -151,7 +151,7 @@ class Manifest:
     sequences: list[SequenceSpec] = field(default_factory=list)  # stateful LLM sequences (bundles/sequence.py)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "schema": self.schema,
             "model": self.model,
             "build": self.build,
