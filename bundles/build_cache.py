@@ -141,6 +141,7 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
         "python": platform.python_version(),
         "machine": platform.machine(),
         "env": {name: os.environ.get(name) for name in BUILD_ENV},
+        **({"llm": req.llm.cache_material()} if getattr(req, "llm", None) is not None else {}),
         **_partition_control(),  # `bundlerun bisect` builds: which nodes the delegate may take ({} otherwise)
     }
 

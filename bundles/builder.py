@@ -19,14 +19,14 @@ import numpy as np
 
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
-from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.inputs import check_distribution, generate_cases
 from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
 from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
-from bundlerun.bundles.versions import package_versions
+from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions  # noqa: F401
 
 
 @dataclass
@@ -53,18 +53,7 @@ class BuildRequest:
     registry: Any = None  # tolerance registry (the session's); None: built-in + the cwd's project config
     cache: bool = False  # reuse/record the build in the content-addressed build cache (bundles/build_cache.py)
     etrecord: bool = False  # write <output stem>.etrecord beside the bundle for `bundlerun debug` (bundles/etrecord.py)
-
-
-@dataclass
-class BuildResult:
-    path: Path
-    manifest: Manifest
-    info: dict[str, Any]
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "host": platform.machine(),
-            **package_versions(("bundlerun", "torch", "executorch"))}
+    llm: Any = None  # bundles/llm_build.LlmOptions for model `llm:ARCH` (size, params, checkpoint, tokenizer)
 
 
 def _flatten_outputs(result: Any) -> list[Any]:
@@ -89,58 +78,14 @@ def _program_output_dtypes(program: Any) -> list[Any]:
     return [a.meta["val"].dtype if hasattr(a, "meta") and "val" in a.meta else None for a in args]
 
 
-def _torch_to_code(dtype: Any) -> int:
-    try:
-        return st.code_from_torch(dtype)
-    except KeyError:
-        raise BuildError(f"unsupported tensor dtype {dtype}") from None
-
-
-def _value_from_tensor(t: Any) -> BundledValue:
-    import torch
-
-    t = t.detach().contiguous().cpu()
-    code = _torch_to_code(t.dtype)
-    if t.dtype == torch.bfloat16:
-        array = t.view(torch.int16).numpy().view(np.uint16)
-    else:
-        array = t.numpy()
-    return BundledValue.from_array(array, code)
-
-
-def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
-    """The build-cache key of `req` (None when its model source cannot be hashed)."""
-    from bundlerun.bundles import build_cache
-
-    material = build_cache.key_material(req, backend, req.dtype, reference)
-    return build_cache.cache_key(material) if build_cache.cacheable(material) else None
-
-
-def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> BuildResult | str | None:
-    """A valid cached build of `key` written to req.output; else None (a miss) or why the
-    entry was discarded (it is rebuilt)."""
-    from bundlerun.bundles import build_cache
-    from bundlerun.bundles.fileio import atomic_write_bytes
-
-    bundle, data = build_cache.lookup(key)
-    if bundle is None:
-        return data
-    say(f"using cached build {key[:12]}")
-    try:
-        path = atomic_write_bytes(req.output, data)
-    except OSError as exc:
-        raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
-    manifest = bundle.manifest
-    assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
-    info = dict(manifest.build.get("lowering") or {})
-    info.update({"cache": "hit", "cache_key": key})
-    return BuildResult(path=path, manifest=manifest, info=info)
-
-
 def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError. With `req.cache`,
     a build already in the build cache is copied instead (result.info["cache"] == "hit")."""
     say = req.progress or (lambda _msg: None)
+    from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
+
+    if is_llm(req.model):  # ExecuTorch's export_llama, with stateful sequences (bundles/llm_build.py)
+        return build_llm_bundle(req, say)
     if not req.backend:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")
     backend = req.backend

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.errors import BundleError
-from bundlerun.bundles.program_meta import DeclaredOutput, method_outputs
+from bundlerun.bundles.program_meta import DeclaredOutput, method_inputs, method_outputs
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledValue
@@ -39,8 +39,9 @@ def check_consistency(bundle: "Bundle", source: str) -> list[str]:
     warnings: list[str] = []
     try:
         declared = method_outputs(bundle.program, source)
+        declared_inputs = method_inputs(bundle.program, source)
     except BundleError as exc:
-        declared = None
+        declared = declared_inputs = None
         warnings.append(f"{exc}; expected outputs were not checked against the program's declarations")
     methods = (bundle.manifest_json or {}).get("methods")  # a checker: the stored JSON, before it is typed
     if methods is not None:
@@ -55,6 +56,8 @@ def check_consistency(bundle: "Bundle", source: str) -> list[str]:
             where = f"{source}: method {suite.method_name!r} case {i}"
             if outs is not None:
                 _against_program(where, case.expected_outputs, outs)
+            if declared_inputs is not None:
+                _inputs_within_bounds(where, case.inputs, declared_inputs.get(suite.method_name) or [])
             if spec is not None:
                 _against_manifest(where, "expected output", case.expected_outputs, spec["outputs"])
                 if spec.get("inputs"):
@@ -87,6 +90,27 @@ def _against_program(where: str, values: list["BundledValue"], outs: list[Declar
                 len(value.sizes) == len(sizes) and math.prod(value.sizes) <= math.prod(sizes))
         if not fits:
             raise BundleError(f"{where}: expected output {j} is {_what(value)}, but {returns}")
+
+
+def _inputs_within_bounds(where: str, values: list["BundledValue"], ins: list[DeclaredOutput]) -> None:
+    """Every tensor input fits the program's declared input: the same rank, and sizes equal to a
+    static declaration or at most a bounded-dynamic one's upper bound. The runtime would otherwise
+    be handed a tensor it cannot take: a static [1, 1] program given [1, 5] segfaults through the
+    pybindings' run_method (executorch 1.5.1), a prompt past export_llama's max_seq_len - 1 is a
+    runtime error."""
+    for j, (value, decl) in enumerate(zip(values, ins)):
+        if value.kind != "tensor" or decl.kind != "tensor" or decl.sizes is None:
+            continue
+        sizes, bound = list(value.sizes), decl.sizes
+        if len(sizes) != len(bound):
+            raise BundleError(f"{where}: input {j} is {_what(value)}, but the program's input {j} has "
+                              f"{len(bound)} dimensions ({bound})")
+        if decl.static and sizes != bound:
+            raise BundleError(f"{where}: input {j} is {_what(value)}, but the program's input {j} is static "
+                              f"{bound}: the runtime cannot resize it")
+        if not decl.static and any(s > b for s, b in zip(sizes, bound)):
+            raise BundleError(f"{where}: input {j} is {_what(value)}, past the program's upper bound {bound} "
+                              "for that input (e.g. a prompt longer than export_llama's max_seq_len - 1)")
 
 
 def _against_manifest(where: str, label: str, values: list["BundledValue"], specs: list[dict[str, Any]]) -> None:

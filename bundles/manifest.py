@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bundlerun.bundles.sequence import SequenceSpec
 from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
                                                validate_manifest)
-from bundlerun.bundles.sequence import SequenceSpec
 
 __all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "RULE_DEFAULTS", "RULE_FIELDS", "Criteria", "Manifest",
            "MethodManifest", "OutputSpec", "TensorSpec", "validate_manifest"]
@@ -153,7 +153,7 @@ class Manifest:
     schema: str = MANIFEST_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
     integrity: dict[str, Any] | None = None  # sha256 of program, cases, manifest (bundles/integrity.py)
-    sequences: list[SequenceSpec] = field(default_factory=list)  # LLM steps (bundles/sequence.py); [] = none
+    sequences: list[SequenceSpec] = field(default_factory=list)  # stateful LLM sequences (bundles/sequence.py)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -39,10 +39,11 @@ MAX_TEXT = 65536  # descriptions, trail sources, file paths, free-form strings
 MAX_DIMS = 16
 MAX_DIM = 2**31 - 1
 
-_TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "created", "extra", "integrity")
+_TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "created", "extra", "integrity",
+             "sequences")
 _MODEL_KEYS = ("id", "source", "description")
 _BUILD_KEYS = ("backend", "target", "dtype", "quantization", "reference", "inputs", "seed", "cases",
-               "lowering", "ops", "overrides", "cache_key", "etrecord")
+               "lowering", "ops", "overrides", "cache_key", "etrecord", "llm")
 _BUILD_INPUT_KEYS = ("shape", "dtype", "distribution")
 _METHOD_KEYS = ("name", "inputs", "outputs")
 _TENSOR_KEYS = ("name", "dtype", "shape")
@@ -52,6 +53,17 @@ _TRAIL_KEYS = ("value", "source", "file", "origin")  # origin: ExecuTorch path:l
 _INTEGRITY_KEYS = ("algorithm", "program", "cases", "manifest")
 _DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool", "bfloat16",
            "uint16", "uint32", "uint64")
+# LLM sequences (bundles/sequence.py, docs/llm.md). Bounds are bundlerun's own: far above any
+# bundle it builds (a few prompts of up to max_seq_len - 1 tokens plus their decode steps), small
+# enough that a hostile manifest cannot make a reader build millions of records.
+MAX_SEQUENCES = 1024
+MAX_STEPS = 100_000  # steps of one sequence: at most one per test case (limits.MAX_CASES)
+MAX_TOKENS = 1 << 20  # token ids fed at one step
+MAX_TOKEN_ID = 2**31 - 1  # an int32 vocabulary index
+_SEQUENCE_KEYS = ("name", "method", "stateful", "mode", "steps", "prompt_text")
+_STEP_KEYS = ("case", "kind", "start_pos", "tokens", "reference_next")
+_LLM_KEYS = ("arch", "size", "params", "dtype", "quantization", "max_seq_len", "dynamic_shape", "use_kv_cache",
+             "weights", "tokenizer", "export_s", "model_class", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -194,6 +206,8 @@ def validate_manifest(data: Any, source: str = "bundle") -> None:
         _method(chk, f"methods.{name}", name, method)
     if data.get("integrity") is not None:
         _integrity(chk, data["integrity"])
+    if "sequences" in data:
+        _sequences(chk, data["sequences"], methods, (data.get("build") or {}).get("cases"))
 
 
 def _model(chk: _Checker, model: Any) -> None:
@@ -222,6 +236,81 @@ def _build(chk: _Checker, build: Any) -> None:
     for key in ("lowering", "overrides"):
         if key in build and not isinstance(build[key], dict):
             raise chk.fail(f"build.{key}", f"expected an object, got {_kind(build[key])}")
+    if "llm" in build:
+        _llm(chk, build["llm"])
+
+
+def _llm(chk: _Checker, llm: Any) -> None:
+    """build.llm: the LLM export config (bundles/llm_build.py); shown, never used to judge."""
+    chk.table("build.llm", llm, _LLM_KEYS, required=("arch", "dtype", "max_seq_len", "weights"))
+    for key in ("arch", "size", "dtype", "model_class", "reference"):
+        chk.text(f"build.llm.{key}", llm.get(key), optional=True)
+    for key in ("quantization", "weights", "tokenizer"):
+        chk.text(f"build.llm.{key}", llm.get(key), MAX_TEXT, optional=True)
+    chk.integer("build.llm.max_seq_len", llm["max_seq_len"], 2, MAX_DIM)
+    for key in ("dynamic_shape", "use_kv_cache"):
+        if key in llm and not isinstance(llm[key], bool):
+            raise chk.fail(f"build.llm.{key}", f"expected a boolean, got {_kind(llm[key])}")
+    if "params" in llm and not isinstance(llm["params"], dict):
+        raise chk.fail("build.llm.params", f"expected an object, got {_kind(llm['params'])}")
+    chk.number("build.llm.export_s", llm.get("export_s"))
+
+
+def _sequences(chk: _Checker, sequences: Any, methods: dict, cases: Any) -> None:
+    """Top-level `sequences` (bundles/sequence.py): written only when non-empty."""
+    if not isinstance(sequences, list) or not sequences:
+        raise chk.fail("sequences", f"expected a non-empty list, got {_kind(sequences)}")
+    if len(sequences) > MAX_SEQUENCES:
+        raise chk.fail("sequences", f"{len(sequences)} sequences (at most {MAX_SEQUENCES})")
+    limit = cases - 1 if isinstance(cases, int) and not isinstance(cases, bool) else MAX_STEPS - 1
+    names: set[str] = set()
+    used: set[tuple[str, int]] = set()
+    for i, seq in enumerate(sequences):
+        where = f"sequences[{i}]"
+        chk.table(where, seq, _SEQUENCE_KEYS, required=_SEQUENCE_KEYS[:-1])
+        chk.text(f"{where}.name", seq["name"])
+        if seq["name"] in names:
+            raise chk.fail(f"{where}.name", f"{_short(seq['name'])} names two sequences")
+        names.add(seq["name"])
+        chk.text(f"{where}.method", seq["method"])
+        if seq["method"] not in methods:
+            raise chk.fail(f"{where}.method", f"{_short(seq['method'])} is not a method of the manifest")
+        if not isinstance(seq["stateful"], bool):
+            raise chk.fail(f"{where}.stateful", f"expected a boolean, got {_kind(seq['stateful'])}")
+        if seq["mode"] not in ("teacher-forced", "greedy"):
+            raise chk.fail(f"{where}.mode", f"expected teacher-forced or greedy, got {_kind(seq['mode'])}")
+        chk.text(f"{where}.prompt_text", seq.get("prompt_text"), MAX_TEXT, optional=True)
+        steps = seq["steps"]
+        if not isinstance(steps, list) or not steps:
+            raise chk.fail(f"{where}.steps", f"expected a non-empty list, got {_kind(steps)}")
+        if len(steps) > MAX_STEPS:
+            raise chk.fail(f"{where}.steps", f"{len(steps)} steps (at most {MAX_STEPS})")
+        last = -1
+        for k, step in enumerate(steps):
+            at = f"{where}.steps[{k}]"
+            chk.table(at, step, _STEP_KEYS, required=_STEP_KEYS)
+            chk.integer(f"{at}.case", step["case"], 0, limit)
+            if step["case"] <= last:
+                raise chk.fail(f"{at}.case", f"{step['case']} does not follow case {last}: steps run in suite order")
+            last = step["case"]
+            if (seq["method"], step["case"]) in used:
+                raise chk.fail(f"{at}.case", f"case {step['case']} belongs to two sequences")
+            used.add((seq["method"], step["case"]))
+            if step["kind"] not in ("prompt", "decode"):
+                raise chk.fail(f"{at}.kind", f"expected prompt or decode, got {_kind(step['kind'])}")
+            if k == 0 and step["kind"] != "prompt":
+                raise chk.fail(f"{at}.kind", "a sequence starts with a prompt")
+            chk.integer(f"{at}.start_pos", step["start_pos"], 0, MAX_DIM)
+            tokens = step["tokens"]
+            if not isinstance(tokens, list) or not tokens:
+                raise chk.fail(f"{at}.tokens", f"expected a non-empty list of token ids, got {_kind(tokens)}")
+            if len(tokens) > MAX_TOKENS:
+                raise chk.fail(f"{at}.tokens", f"{len(tokens)} tokens (at most {MAX_TOKENS})")
+            if step["kind"] == "decode" and len(tokens) != 1:
+                raise chk.fail(f"{at}.tokens", f"a decode step feeds one token, not {len(tokens)}")
+            for t, token in enumerate(tokens):
+                chk.integer(f"{at}.tokens[{t}]", token, 0, MAX_TOKEN_ID)
+            chk.integer(f"{at}.reference_next", step["reference_next"], 0, MAX_TOKEN_ID)
 
 
 def _dataset(chk: _Checker, dataset: Any) -> None:

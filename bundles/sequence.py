@@ -1,16 +1,23 @@
-"""The cases of a stateful LLM method read as a sequence (docs: LLM_CONTRACT, issue 35).
+"""Stateful sequences of an LLM bundle (docs/llm.md; the contract in LLM_CONTRACT.md).
 
-A sequence names, in order, the test cases of one method that form a prompt and the decode steps
-after it: which case each step is, what it feeds and the eager reference's next token. Targets
-run them in suite order on one loaded method (the KV cache lives in the program); the judge reads
-the steps to give per-step and per-sequence token verdicts. Plain records: the manifest's strict
-schema checks the JSON before `from_dict` is called.
+An exported LLM keeps its KV cache in the program (mutable buffers), so its test cases are not
+independent: a decode step is only right after the prompt and the steps before it ran on the
+same loaded method. `Manifest.sequences` names, per sequence, which cases form it and in which
+order, what token ids each step feeds at which position and the eager reference's next token.
+Readers (targets/, runner/) use `stateful_prefix_problem` to refuse a run that would execute a
+decode step on a fresh cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bundlerun.bundles.manifest import Manifest
+
+KINDS = ("prompt", "decode")
+MODES = ("teacher-forced", "greedy")
 
 
 @dataclass
@@ -22,11 +29,11 @@ class SequenceStep:
     reference_next: int  # eager argmax of the step's last-token logits (the teacher-forced next token)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case": self.case, "kind": self.kind, "start_pos": self.start_pos, "tokens": list(self.tokens),
-                "reference_next": self.reference_next}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SequenceStep":
+        """From a dict already checked by `validate_manifest`."""
         return cls(case=int(data["case"]), kind=str(data["kind"]), start_pos=int(data["start_pos"]),
                    tokens=[int(t) for t in data["tokens"]], reference_next=int(data["reference_next"]))
 
@@ -41,11 +48,57 @@ class SequenceSpec:
     prompt_text: str | None = None  # decoded prompt when a tokenizer was used
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "method": self.method, "stateful": self.stateful, "mode": self.mode,
-                "steps": [s.to_dict() for s in self.steps], "prompt_text": self.prompt_text}
+        out: dict[str, Any] = {"name": self.name, "method": self.method, "stateful": self.stateful,
+                               "mode": self.mode, "steps": [s.to_dict() for s in self.steps]}
+        if self.prompt_text is not None:
+            out["prompt_text"] = self.prompt_text
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SequenceSpec":
+        """From a dict already checked by `validate_manifest`."""
         return cls(name=str(data["name"]), method=str(data["method"]), stateful=bool(data["stateful"]),
-                   mode=str(data["mode"]), steps=[SequenceStep.from_dict(s) for s in data.get("steps") or []],
+                   mode=str(data["mode"]), steps=[SequenceStep.from_dict(s) for s in data["steps"]],
                    prompt_text=data.get("prompt_text"))
+
+    @property
+    def cases(self) -> list[int]:
+        return [s.case for s in self.steps]
+
+
+def from_manifest(manifest: Manifest | dict[str, Any] | None) -> list[SequenceSpec]:
+    """The sequences of a typed manifest, or of a (validated) manifest dict; [] for every bundle
+    made without them."""
+    if manifest is None:
+        return []
+    if isinstance(manifest, dict):
+        return [SequenceSpec.from_dict(s) for s in manifest.get("sequences") or []]
+    return list(manifest.sequences)
+
+
+def stateful_methods(sequences: list[SequenceSpec]) -> set[str]:
+    return {s.method for s in sequences if s.stateful}
+
+
+def stateful_prefix_problem(sequences: list[SequenceSpec], pairs: list[tuple[str, int]]) -> str | None:
+    """Why running `pairs` (method, case) in this order would judge a step of a stateful sequence
+    on a cache its prefix did not fill, or None. Of every stateful sequence, the cases a run holds
+    must be a prefix of its steps, run in step order on one loaded method. (Sequences are
+    independent of each other: each starts with a prompt at position 0 and attends only to the
+    positions below its own, which it wrote itself.)"""
+    order = {pair: i for i, pair in enumerate(pairs)}
+    for seq in sequences:
+        if not seq.stateful:
+            continue
+        held = [(seq.method, c) in order for c in seq.cases]
+        if not any(held):
+            continue
+        if seq.steps and not held[0] or any(later and not earlier for earlier, later in zip(held, held[1:])):
+            gap = next(i for i, h in enumerate(held) if not h)
+            return (f"sequence {seq.name!r} of method {seq.method!r} carries a KV cache: its step {gap} (case "
+                    f"{seq.steps[gap].case}) is not selected, so a later step would run on a cache it did not "
+                    "fill; select whole sequences (or a prefix of one), or every case")
+        positions = [order[(seq.method, c)] for c, h in zip(seq.cases, held) if h]
+        if positions != sorted(positions):
+            return f"sequence {seq.name!r} of method {seq.method!r} carries a KV cache: its cases must run in step order"
+    return None

@@ -223,7 +223,11 @@ def _build(model: str, output: Path, **kw):
     from bundlerun.bundles.builder import BuildRequest, build_bundle
     from bundlerun.targets import lowering_info
 
-    kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
+    if model.startswith("llm:"):  # export_llama picks its own dtype tiers (bundles/llm_arch.py)
+        kw["backend"] = kw.get("backend") or "xnnpack"
+    else:
+        kw.pop("llm", None)
+        kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
     kw["target_info"] = lowering_info(kw["target"])
     console = _progress_console()
     with console.status(f"building {model}") as status:
@@ -252,6 +256,38 @@ build_options = [
 ]
 
 
+llm_options = [
+    click.option("--size", type=click.Choice(["tiny", "small"]), default="tiny", show_default=True,
+                 help="llm:ARCH: tiny (dim 64, 2 layers) or small (stories15M-class)."),
+    click.option("--params", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                 help="llm:ARCH: your params.json (ModelArgs fields) instead of --size."),
+    click.option("--checkpoint", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                 help="llm:ARCH: your checkpoint (.pth) for --params (default: seeded weights)."),
+    click.option("--tokenizer", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                 help="llm:ARCH: tokenizer.model / tokenizer.json for text prompts."),
+    click.option("--prompt", "prompts", multiple=True, help="llm:ARCH: a text prompt (repeatable; needs --tokenizer)."),
+    click.option("--decode-steps", type=click.IntRange(0, 1024), default=None,
+                 help="llm:ARCH: teacher-forced decode steps after each prompt (default: the size's, 4)."),
+    click.option("--max-seq-len", type=click.IntRange(4, 65536), default=None,
+                 help="llm:ARCH: export_llama's max_seq_length (default: the size's)."),
+]
+
+
+def llm_request(model: str, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len):
+    """bundles/llm_build.LlmOptions for an llm:ARCH model (None otherwise: the flags are refused)."""
+    given = [name for name, value in (("--params", params), ("--checkpoint", checkpoint), ("--tokenizer", tokenizer),
+                                      ("--prompt", prompts), ("--decode-steps", decode_steps),
+                                      ("--max-seq-len", max_seq_len)) if value]
+    if not model.startswith("llm:"):
+        if given or size != "tiny":
+            raise click.BadParameter(f"{(given or ['--size'])[0]} is for llm:ARCH models only", param_hint="MODEL")
+        return None
+    from bundlerun.bundles.llm_build import LlmOptions
+
+    return LlmOptions(size=size, params=params, checkpoint=checkpoint, tokenizer=tokenizer, prompts=list(prompts),
+                      decode_steps=decode_steps, max_seq_len=max_seq_len)
+
+
 def _apply(options):
     def deco(f):
         for opt in reversed(options):
@@ -269,9 +305,12 @@ def _apply(options):
 @click.option("--etrecord", is_flag=True,
               help="Also write the ETRecord beside the bundle (OUTPUT stem + .etrecord), for `bundlerun debug`.")
 @_apply(build_options)
+@_apply(llm_options)
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
-          require_delegation, no_cache, etrecord):
-    """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
+          require_delegation, no_cache, etrecord, size, params, checkpoint, tokenizer, prompts, decode_steps,
+          max_seq_len):
+    """Build MODEL (zoo name, path.py:factory, or llm:ARCH through ExecuTorch's export_llama) into a
+    .bpte with embedded tolerances."""
     from bundlerun.runner import arguments
 
     _checked(arguments.output_file, output, hint="-o")
@@ -279,6 +318,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
         require_delegation=require_delegation, cache=not no_cache and not etrecord, etrecord=etrecord,
+        llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len),
     )
     m = result.manifest
     click.echo(
@@ -286,6 +326,11 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
         f"{m.build['dtype']}, {m.build['cases']} cases, reference {m.build['reference']}"
         + (" (cached build)" if result.info.get("cache") == "hit" else "")
     )
+    if m.sequences:
+        llm = m.build.get("llm", {})
+        click.echo(f"{len(m.sequences)} stateful sequences ({', '.join(str(len(s.steps)) for s in m.sequences)} steps), "
+                   f"weights {llm.get('weights')}, max_seq_len {llm.get('max_seq_len')}"
+                   + (f", exported in {result.info['export_s']:.1f} s" if "export_s" in result.info else ""))
     if m.build.get("etrecord"):
         click.echo(f"wrote {result.path.parent / m.build['etrecord']['path']} (ETRecord for bundlerun debug)")
     for warning in result.info.get("warnings", []):
@@ -491,10 +536,12 @@ def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> s
               help="On a numerical failure, drill into that model's worst failing case (`bundlerun debug`, report in "
                    "REPORT/<model>-<dtype>/debug); implies --etrecord.")
 @_apply(run_options)
+@_apply(llm_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False):
-    """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
+             config_path, target_opts, runner_elf, as_json, no_cache, shard, size, params, checkpoint, tokenizer,
+             prompts, decode_steps, max_seq_len, etrecord=False, debug_on_fail=False):
+    """Build and run MODELS (zoo names, path.py:factory, llm:ARCH, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ (a factory path.py:fn is named `path.fn`) with its
     bundle and report (and with --etrecord its ETRecord; with --debug-on-fail a failing one's debug
@@ -534,7 +581,9 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
                                overrides=parse_tolerances(tolerances), registry=session.registry,
-                               cache=not no_cache and not record, etrecord=record)
+                               cache=not no_cache and not record, etrecord=record,
+                               llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps,
+                                               max_seq_len))
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)

@@ -116,3 +116,15 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     if manifest.dataset:
         labels = manifest.dataset.get("labels") or []
         console.print(f"dataset {plain(manifest.dataset.get('name'))}: {len(labels)} labelled samples")
+    llm = b.get("llm")
+    if llm:  # bundles/llm_build.py: how export_llama built it, and whose weights these are
+        console.print(plain(f"LLM {llm.get('arch')} ({llm.get('size')}), {llm.get('dtype')}: weights {llm.get('weights')}, "
+                            f"max_seq_len {llm.get('max_seq_len')}, dynamic shape {llm.get('dynamic_shape')}, "
+                            f"KV cache {llm.get('use_kv_cache')}, quantization {llm.get('quantization')}, "
+                            f"tokenizer {llm.get('tokenizer') or 'none (seeded token ids)'}"))
+    for seq in manifest.sequences:
+        kinds = [s.kind for s in seq.steps]
+        console.print(plain(f"sequence {seq.name} ({'stateful' if seq.stateful else 'stateless'}, {seq.mode}): "
+                            f"cases {seq.steps[0].case}-{seq.steps[-1].case}, prompt of {len(seq.steps[0].tokens)} "
+                            f"tokens + {kinds.count('decode')} decode steps"
+                            + (f", prompt {seq.prompt_text!r}" if seq.prompt_text else "")))

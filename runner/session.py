@@ -155,7 +155,13 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     interrupted = False
     warnings = list(ctx.warnings)
     load_before = _loadavg()
+    refused = None
     try:
+        from bundlerun.runner.stateful import refusal
+
+        refused = refusal(req.target, bundle, pairs)  # a stateful sequence this lane would misjudge
+        if refused is not None:
+            raise refused
         if open_error is not None:
             raise open_error
         run = target.run(bundle, Path(req.bundle_path), options)
@@ -168,7 +174,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         run = TargetRun(req.target, [
             CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind=kind) for m, c in pairs
         ])
-        warnings.append(f"target failed: {exc}")
+        warnings.append(f"{'refused' if exc is refused else 'target failed'}: {exc}")
     except OSError as exc:  # the host refused the run's own files (logs, outputs): a full disk, a folder gone
         why = f"the host could not write the run's files: {exc.strerror or exc}" + (
             f" ({exc.filename})" if getattr(exc, "filename", None) else "")

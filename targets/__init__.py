@@ -116,6 +116,10 @@ class TargetSpec:
     # honours RunOptions.replay (`--replay N`): runs each case N times in one process or boot, returning
     # CaseResult.replays; without it the runner repeats the whole run (runner/judging/replay.py)
     replay: bool = False
+    # runs a bundle's selected cases in suite order on ONE loaded method, so a program's state (an LLM's
+    # KV cache, bundles/sequence.py) carries from case to case; without it a bundle with a stateful
+    # sequence is refused (bad-config), never run step by step on fresh state (runner/stateful.py)
+    stateful: bool = False
     inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
     keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)
     # settings that name a program, command, code or tool options to run (here, on a remote host or a

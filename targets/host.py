@@ -89,6 +89,7 @@ SPEC = TargetSpec(
                          "host worker: wall time of the program's run_method (elapsed_s)", phased=True),
     repeat=True,
     replay=True,  # --replay: the host worker runs each case N times in one loaded program
+    stateful=True,  # one loaded module per bundle, cases in suite order (targets/workers/host.py)
 )
 
 

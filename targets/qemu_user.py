@@ -129,6 +129,7 @@ SPEC = TargetSpec(
                          "files read, execute, outputs written), or where a case runs alone its whole qemu-aarch64 "
                          "process (emulator start-up, program load, execute, output files)"),
     repeat=True,
+    stateful=True,  # served: one loaded method per sequence (targets/et_runner/server.py); else refused there
 )
 
 

@@ -12,17 +12,28 @@ from pathlib import Path
 import pytest
 
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite
-from bundlerun.bundles.errors import TargetError
+from bundlerun.bundles.errors import ManifestError, TargetError
+from bundlerun.bundles.manifest import Criteria, Manifest, MethodManifest, OutputSpec
+from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun
 from bundlerun.targets.et_runner import server
 from bundlerun.targets.failures import FailureKind
 
 
+def _manifest(n: int, stateful: bool) -> dict:
+    """A valid manifest whose one sequence is a prompt then n-1 decode steps of `forward`."""
+    steps = [SequenceStep(i, "prompt" if i == 0 else "decode", 0 if i == 0 else 2 + i, [1, 2, 3] if i == 0 else [1], 1)
+             for i in range(n)]
+    out = OutputSpec("out0", "float32", [1, 2], Criteria(atol=1e-3))
+    return Manifest(model={"id": "llm:llama3", "source": "test"}, build={"cases": n}, versions={},
+                    methods={"forward": MethodManifest("forward", [], [out])},
+                    sequences=[SequenceSpec("seq0", "forward", stateful, "teacher-forced", steps)]).to_dict()
+
+
 def _bundle(n: int = 5, stateful: bool = True) -> Bundle:
     case = BundledTestCase([BundledValue("int", scalar=1)], [BundledValue.from_array([[0.0, 1.0]])])
-    seq = {"name": "seq0", "method": "forward", "stateful": stateful, "mode": "teacher-forced", "steps": []}
     return Bundle(program=b"", method_test_suites=[MethodTestSuite("forward", [case] * n)],
-                  manifest={"sequences": [seq]})
+                  manifest_json=_manifest(n, stateful))
 
 
 def _run(bundle: Bundle, tmp_path: Path, one_case: str | None = None, cases: list[int] | None = None,
@@ -47,9 +58,12 @@ def _run(bundle: Bundle, tmp_path: Path, one_case: str | None = None, cases: lis
 def test_stateful_methods_come_from_the_manifest_sequences():
     assert server.stateful_methods(_bundle()) == {"forward"}
     assert server.stateful_methods(_bundle(stateful=False)) == set()
-    assert server.stateful_methods(Bundle(b"", [], manifest=None)) == set()
-    hostile = Bundle(b"", [], manifest={"sequences": [1, {"method": 3, "stateful": True}, {"stateful": "yes"}]})
-    assert server.stateful_methods(hostile) == set()
+    assert server.stateful_methods(Bundle(b"", [], manifest_json=None)) == set()
+    hostile = _manifest(5, True)
+    hostile["sequences"] = [1, {"method": 3, "stateful": True}, {"stateful": "yes"}]
+    with pytest.raises(ManifestError) as exc:  # the manifest's strict schema refuses it before any lane reads it
+        server.stateful_methods(Bundle(b"", [], manifest_json=hostile))
+    assert "\n" not in str(exc.value)
 
 
 def test_a_stateful_sequence_is_served_whole_on_one_method(tmp_path):
@@ -102,23 +116,31 @@ def test_adb_runs_a_process_per_case_so_it_refuses_a_stateful_sequence(tmp_path)
     assert exc.value.kind == "bad-config" and "one runner process per case" in str(exc.value)
 
 
-def test_hostile_sequences_never_raise_and_name_only_text_methods(tmp_path):
-    """Seeded mutations (tests/security_fuzz.py) of a manifest's `sequences`: stateful_methods is total,
-    and run_cases either serves, runs, or refuses with a one-line bad-config, never another error."""
+def test_hostile_sequences_are_refused_in_one_line_or_name_only_text_methods(tmp_path):
+    """Seeded mutations (tests/security_fuzz.py) of a manifest's `sequences`: the manifest's strict
+    schema refuses it in one line (ManifestError, as read_bundle would), or stateful_methods names
+    text methods and run_cases serves, runs, or refuses with a one-line bad-config, never another error."""
     import random
 
     from tests.security_fuzz import mutate_json
 
     rng = random.Random(35)
-    good = {"sequences": [{"name": "seq0", "method": "forward", "stateful": True, "mode": "teacher-forced",
-                           "steps": [{"case": 0, "kind": "prompt", "start_pos": 0, "tokens": [1], "reference_next": 2}]}]}
+    good = _manifest(5, True)
+    refused = 0
     for _ in range(300):
-        manifest, _edits = mutate_json(good, rng, edits=rng.randint(1, 3))
+        mutated, _edits = mutate_json(good["sequences"], rng, edits=rng.randint(1, 3))
         bundle = _bundle()
-        bundle.manifest = manifest if isinstance(manifest, dict) else None
-        names = server.stateful_methods(bundle)
+        assert bundle.manifest_json is not None
+        bundle.manifest_json = {**bundle.manifest_json, "sequences": mutated}
+        try:
+            names = server.stateful_methods(bundle)
+        except ManifestError as exc:
+            assert "\n" not in str(exc)
+            refused += 1
+            continue
         assert all(isinstance(n, str) for n in names)
         try:
             _run(bundle, tmp_path, one_case="server=false")
         except TargetError as exc:
             assert exc.kind == "bad-config" and "\n" not in str(exc)
+    assert refused > 0  # the mutations reach the schema

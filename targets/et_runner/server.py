@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
+from bundlerun.bundles import sequence
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
 
 if TYPE_CHECKING:
@@ -329,12 +330,7 @@ def not_run(method: str, indices: list[int], who: str) -> list[CaseResult]:
 def stateful_methods(bundle: Bundle) -> set[str]:
     """The methods that hold a stateful sequence: the manifest's `sequences` with `stateful` true
     (the LLM contract: their cases run in suite order on one loaded method)."""
-    manifest = bundle.manifest if isinstance(bundle.manifest, dict) else {}
-    sequences = manifest.get("sequences")
-    if not isinstance(sequences, list):
-        return set()
-    return {seq["method"] for seq in sequences
-            if isinstance(seq, dict) and seq.get("stateful") is True and isinstance(seq.get("method"), str)}
+    return sequence.stateful_methods(sequence.from_manifest(bundle.manifest))
 
 
 def stateful_refusal(bundle: Bundle, method: str, indices: list[int], why_alone: str | None) -> str | None:

@@ -94,6 +94,34 @@ def _quiet_imports():
     return torch, portable_lib
 
 
+# Kernel libraries the pybindings register only when imported (executorch 1.5.1): the LLM custom ops
+# (llama::custom_sdpa, llama::update_cache: export_llama keeps the KV cache in them) and the quantized
+# kernels (quantized_decomposed::*). Imported only for a program that calls them: the custom ops cost
+# start-up time every other bundle would pay for nothing.
+KERNEL_LIBRARIES = (("llama::", "executorch.extension.llm.custom_ops.custom_ops"),
+                    ("quantized_decomposed::", "executorch.kernels.quantized"))
+
+
+def _register_kernels(program: bytes) -> list[str]:
+    """Import the kernel libraries `program` calls operators of; the modules imported."""
+    import importlib
+
+    from bundlerun.bundles.program_meta import program_operators
+
+    ops = program_operators(program)
+    loaded = []
+    for prefix, module in KERNEL_LIBRARIES:
+        if any(op.startswith(prefix) for op in ops):
+            real_stdout = sys.stdout
+            sys.stdout = sys.stderr  # keep stdout for protocol lines only
+            try:
+                importlib.import_module(module)
+            finally:
+                sys.stdout = real_stdout
+            loaded.append(module)
+    return loaded
+
+
 def _layout_mismatch(module, suite, code_of) -> dict[int, str]:
     """Cases whose expected outputs disagree with the program's declared outputs:
     the bundle itself is inconsistent (bad input), not the runtime's numerics."""
@@ -133,6 +161,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         buf = Path(bundle_path).read_bytes()
         bundle = parse_bundle(buf, bundle_path)
         torch, portable_lib = _quiet_imports()
+        kernels = _register_kernels(bundle.program)
         bundled = portable_lib._load_bundled_program_from_buffer(buf)
         module = portable_lib._load_for_executorch_from_bundled_program(bundled)
         from bundlerun.bundles import scalar_types as st
@@ -150,7 +179,8 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             portable_lib._unsafe_reset_threadpool(threads)
         except Exception:
             pass
-    _emit(event="ready", load_s=time.perf_counter() - t0, info={"backends": portable_lib._get_registered_backend_names()})
+    _emit(event="ready", load_s=time.perf_counter() - t0, info={"backends": portable_lib._get_registered_backend_names(),
+                                                                **({"kernel_libraries": kernels} if kernels else {})})
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

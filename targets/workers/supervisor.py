@@ -224,6 +224,7 @@ class WorkerSupervisor:
         self.pool = pool
         self.reused = False  # the first process of this run was already warm
         self._warm_attempts = 0
+        self.chains: list[list[tuple[str, int]]] = []  # stateful sequences' cases (bundles/sequence.py)
 
     def run(self, pairs: list[tuple[str, int]]) -> list[CaseResult]:
         results: dict[tuple[str, int], CaseResult] = {}
@@ -233,6 +234,7 @@ class WorkerSupervisor:
             attempt += 1
             log_path = self.options.work_dir / f"{self.log_name}-{attempt}.log"
             outcome = self._one_process(remaining, log_path, results)
+            self._lost_state(remaining, results)
             remaining = [p for p in pairs if p not in results]
             if outcome == "fatal" or not remaining:
                 break
@@ -250,6 +252,22 @@ class WorkerSupervisor:
                 CaseResult(method, case, CaseStatus.ERROR, error="not run: runtime failed to start", error_kind=FailureKind.LOAD_FAILURE),
             )
         return [results[p] for p in pairs]
+
+    def _lost_state(self, pairs: list[tuple[str, int]], results: dict) -> None:
+        """After a child died mid-sequence, the rest of that sequence cannot run on a new child: its KV
+        cache died with the old one. Those steps are NOT_RUN, never judged on a fresh cache; the next
+        sequences (each starts with its prompt) run on the new child."""
+        for chain in self.chains:
+            started = [p for p in chain if p in results]
+            if not started:
+                continue
+            first = next((p for p in chain if p in results and results[p].status != CaseStatus.OK), None)
+            for p in chain:
+                if p in pairs and p not in results:
+                    why = (f"case {first[1]}" if first else "an earlier step")
+                    results[p] = CaseResult(p[0], p[1], CaseStatus.ERROR, error_kind=FailureKind.NOT_RUN,
+                                            error=f"not run: the runtime failed at {why} of this stateful sequence, "
+                                                  "and its KV cache went with the process")
 
     def _one_process(self, pairs: list[tuple[str, int]], log_path: Path, results: dict) -> str:
         if self.warm is not None:
@@ -357,6 +375,9 @@ def run_in_worker(url: str, module: str, args: list[str], bundle, options: RunOp
         spec = WarmSpec(argv=(sys.executable, "-m", module, "--serve", *args[2:]),
                         request={"bundle": str(args[0]), "out_dir": str(args[1])})
     supervisor = WorkerSupervisor(python_module_command(module, *args), options, name, warm=spec, pool=pool)
+    from bundlerun.bundles.sequence import from_manifest
+
+    supervisor.chains = [[(s.method, c) for c in s.cases] for s in from_manifest(bundle.manifest) if s.stateful]
     start = time.perf_counter()
     cases = supervisor.run(selected_cases(bundle, options))
     logs = {p.stem: str(p) for p in sorted(Path(options.work_dir).glob(f"{name}-*.log"))}

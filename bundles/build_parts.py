@@ -1,0 +1,81 @@
+"""What every model source's build shares (the zoo/user models in builder.py, LLMs in llm_build.py):
+the result record, the tool versions a manifest records, torch tensor -> BundledValue, and the
+build-cache key and lookup."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.bpte import BundledValue
+from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.versions import package_versions
+
+if TYPE_CHECKING:
+    from bundlerun.bundles.builder import BuildRequest
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: Manifest
+    info: dict[str, Any]
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "host": platform.machine(),
+            **package_versions(("bundlerun", "torch", "executorch"))}
+
+
+def _torch_to_code(dtype: Any) -> int:
+    try:
+        return st.code_from_torch(dtype)
+    except KeyError:
+        raise BuildError(f"unsupported tensor dtype {dtype}") from None
+
+
+def _value_from_tensor(t: Any) -> BundledValue:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    code = _torch_to_code(t.dtype)
+    if t.dtype == torch.bfloat16:
+        array = t.view(torch.int16).numpy().view(np.uint16)
+    else:
+        array = t.numpy()
+    return BundledValue.from_array(array, code)
+
+
+def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
+    """The build-cache key of `req` (None when its model source cannot be hashed)."""
+    from bundlerun.bundles import build_cache
+
+    material = build_cache.key_material(req, backend, req.dtype, reference)
+    return build_cache.cache_key(material) if build_cache.cacheable(material) else None
+
+
+def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> BuildResult | str | None:
+    """A valid cached build of `key` written to req.output; else None (a miss) or why the
+    entry was discarded (it is rebuilt)."""
+    from bundlerun.bundles import build_cache
+    from bundlerun.bundles.fileio import atomic_write_bytes
+
+    bundle, data = build_cache.lookup(key)
+    if bundle is None:
+        return data
+    say(f"using cached build {key[:12]}")
+    try:
+        path = atomic_write_bytes(req.output, data)
+    except OSError as exc:
+        raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
+    manifest = bundle.manifest
+    assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
+    info = dict(manifest.build.get("lowering") or {})
+    info.update({"cache": "hit", "cache_key": key})
+    return BuildResult(path=path, manifest=manifest, info=info)
