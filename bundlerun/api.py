@@ -115,11 +115,19 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
 def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: str | None):
     """An nn.Module (or an ExportedProgram's module) as the builder's model record."""
     from bundlerun.bundles.errors import ModelSourceError
-    from bundlerun.bundles.model_source import ResolvedModel, specs_from_examples
+    from bundlerun.bundles.model_source import _from_examples
 
-    if hasattr(model, "graph_module") and hasattr(model, "module"):  # torch.export.ExportedProgram
+    exported = hasattr(model, "graph_module") and hasattr(model, "module")  # torch.export.ExportedProgram
+    if exported:
         if example_inputs is None and getattr(model, "example_inputs", None):
-            example_inputs = model.example_inputs[0]
+            args, kwargs = model.example_inputs
+            if kwargs:
+                raise ModelSourceError("api.build: the ExportedProgram's example inputs have keyword arguments; "
+                                       "pass example_inputs as a tuple")
+            example_inputs = args
+        name = "ExportedProgram"
+        # ep.module() refuses .eval()/.train() (torch: "Calling eval() is not supported yet"); it
+        # already holds the mode it was exported in
         model = model.module()
     import torch
 
@@ -129,9 +137,10 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
     if example_inputs is None:
         raise ModelSourceError("api.build needs example_inputs for an nn.Module (a tuple of tensors)")
     examples = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    name = type(model).__name__
-    return ResolvedModel(name, f"python:{type(model).__module__}.{name}", "", model.eval(),
-                         specs_from_examples(examples, distribution))
+    if not exported:
+        name = type(model).__name__
+        model = model.eval()
+    return _from_examples(name, f"python:{type(model).__module__}.{name}", "", model, examples, distribution)
 
 
 def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] | Sequence[Sequence[Any]], *,

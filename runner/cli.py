@@ -248,6 +248,14 @@ build_options = [
                  help="Build even if the build cache (~/.cache/bundlerun/builds) has this exact build."),
 ]
 
+source_options = [
+    click.option("--inputs", "inputs_source", default=None, metavar="images|mnist|DIR",
+                 help="Real test inputs: the packaged photos, MNIST-5k digits, or a folder of images / .npy "
+                      "(default: generated like the model's example inputs)."),
+    click.option("--state-dict", type=click.Path(path_type=Path), default=None,
+                 help="et:NAME: load these weights (a torch state dict) instead of seeded random ones."),
+]
+
 
 def _apply(options):
     def deco(f):
@@ -266,9 +274,11 @@ def _apply(options):
 @click.option("--etrecord", is_flag=True,
               help="Also write the ETRecord beside the bundle (OUTPUT stem + .etrecord), for `bundlerun debug`.")
 @_apply(build_options)
+@_apply(source_options)
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
-          require_delegation, no_cache, etrecord):
-    """Build MODEL (zoo name or path.py:factory) into a .bpte with embedded tolerances."""
+          require_delegation, no_cache, etrecord, inputs_source=None, state_dict=None):
+    """Build MODEL (zoo name, et:NAME for ExecuTorch's example models, or path.py:factory) into a .bpte
+    with embedded tolerances."""
     from bundlerun.runner import arguments
 
     _checked(arguments.output_file, output, hint="-o")
@@ -276,6 +286,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
         require_delegation=require_delegation, cache=not no_cache and not etrecord, etrecord=etrecord,
+        inputs=inputs_source, state_dict=str(state_dict) if state_dict else None,
     )
     m = result.manifest
     click.echo(
@@ -488,9 +499,11 @@ def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> s
               help="On a numerical failure, drill into that model's worst failing case (`bundlerun debug`, report in "
                    "REPORT/<model>-<dtype>/debug); implies --etrecord.")
 @_apply(run_options)
+@_apply(source_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
-             config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False):
+             config_path, target_opts, runner_elf, as_json, no_cache, shard, etrecord=False, debug_on_fail=False,
+             inputs_source=None, state_dict=None):
     """Build and run MODELS (zoo names, path.py:factory, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ (a factory path.py:fn is named `path.fn`) with its
@@ -531,7 +544,8 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
                                overrides=parse_tolerances(tolerances), registry=session.registry,
-                               cache=not no_cache and not record, etrecord=record)
+                               cache=not no_cache and not record, etrecord=record, inputs=inputs_source,
+                               state_dict=str(state_dict) if state_dict else None)
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)
