@@ -186,8 +186,9 @@ def _read_npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
-            header = np.lib.format._read_array_header(fh, version)  # (shape, fortran, dtype), no data read
-            a_shape, _fortran, a_dtype = header
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            a_shape, _fortran, a_dtype = read_header(fh)  # the header only: no data read yet
             if a_dtype.hasobject:
                 raise ValueError("object arrays are refused")
             if int(np.prod(a_shape, dtype=np.int64)) * a_dtype.itemsize > MAX_FILE_BYTES:
