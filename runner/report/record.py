@@ -46,7 +46,17 @@ def bundle_section(path: Path, manifest: dict[str, Any] | None, bundle: Any = No
         "quantization": build.get("quantization"),
         "seed": build.get("seed"),
         "versions": (manifest or {}).get("versions", {}),
+        **({"inputs_used": used} if (used := _inputs_used(manifest)) else {}),
     }
+
+
+def _inputs_used(manifest: dict[str, Any] | None) -> list[str]:
+    """Which weights and inputs the bundle was built with (et: sources, --inputs), in words."""
+    from bundlerun.bundles.manifest import describe_inputs
+
+    if not manifest or not isinstance(manifest.get("model"), dict) or not isinstance(manifest.get("build"), dict):
+        return []
+    return describe_inputs(manifest["model"], manifest["build"])
 
 
 def target_section(run: TargetRun | None, url: str) -> dict[str, Any]:
