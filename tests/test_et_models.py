@@ -268,6 +268,11 @@ def test_et_mv2_full_size_with_real_images_passes(bundle_cache, tmp_path):
     assert m["methods"]["forward"]["inputs"][0]["shape"] == [1, 3, 224, 224]
     report = api.run(path, report_dir=tmp_path / "r")
     assert report.summary.verdict == "PASS"
+    used = report.bundle["inputs_used"]
+    assert any(line.startswith("weights: seeded random") for line in used)
+    assert any("load_sample_images" in line and "ImageNet" in line for line in used)
+    for name in ("summary.md", "report.html"):
+        assert "load_sample_images" in (tmp_path / "r" / name).read_text().replace("\\", ""), name
     shown = run_cli("inspect", str(path))
     assert "inputs: images from sklearn.datasets.load_sample_images" in shown.stdout
     assert "weights: seeded random" in shown.stdout
