@@ -46,8 +46,11 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
           backend: str | None = None, target: str = "host://xnnpack", dtype: str | None = None, cases: int = 8,
           seed: int = 0, reference: str | None = None, distribution: str | None = None,
           tolerances: Mapping[str, float] | None = None, etrecord: bool = False, config: str | Path | None = None,
-          cache: bool = True) -> Path:
+          cache: bool = True, inputs: str | Path | None = None, state_dict: str | Path | None = None) -> Path:
     """Lower `model` with bundlerun's recipe for `backend` (default: the target's) and bundle it.
+
+    `inputs`: "images", "mnist" or a folder of images / .npy, as `--inputs`; `state_dict`: the
+    weights of an `et:NAME` model (else seeded random), as `--state-dict` (docs/example-models.md).
 
     `model` is an `nn.Module` with `example_inputs`, a `torch.export.ExportedProgram` (its module
     is lowered, its example inputs are the default), or a zoo name / "path.py:factory" as on the
@@ -62,6 +65,12 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
 
     tolerances = _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances,
                               etrecord, config, cache)
+    from bundlerun.runner import arguments
+
+    if inputs is not None:
+        arguments.path(inputs, "inputs")
+    if state_dict is not None:
+        arguments.path(state_dict, "state_dict")
     backend = backend or default_backend(target)
     out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
     resolved = None
@@ -73,7 +82,8 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
                            dtype=dtype or default_dtype(backend, target), cases=cases, seed=seed, reference=reference,
                            distribution=distribution, overrides=dict(tolerances or {}), resolved_model=resolved,
                            registry=Session.load(Path(config) if config else None).registry, cache=cache,
-                           etrecord=etrecord)
+                           etrecord=etrecord, inputs=str(inputs) if inputs is not None else None,
+                           state_dict=str(state_dict) if state_dict is not None else None)
     return build_bundle(request).path
 
 
