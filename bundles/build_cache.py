@@ -90,13 +90,13 @@ def _file_digest(path: Any) -> str | None:
         return "unreadable"
 
 
-def _inputs_digest(inputs: Any) -> Any:
-    """The real-input source: a packaged set by name, a user's folder by its files' contents."""
+def _inputs_digest(inputs: Any, count: int) -> Any:
+    """The real-input source: a packaged set by name, a user's folder by the contents of the files used."""
     if inputs is None:
         return None
     from bundlerun.bundles.real_inputs import source_digest
 
-    return source_digest(str(inputs))
+    return source_digest(str(inputs), count)
 
 
 def _arrays_digest(arrays: Any) -> str | None:
@@ -155,7 +155,7 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
         "overrides": json.loads(json.dumps(req.overrides, sort_keys=True, default=str)),
         "dataset": dataset,
         "state_dict": _file_digest(getattr(req, "state_dict", None)),
-        "inputs": _inputs_digest(getattr(req, "inputs", None)),
+        "inputs": _inputs_digest(getattr(req, "inputs", None), req.cases),
         "require_delegation": bool(req.require_delegation),
         "etrecord": bool(getattr(req, "etrecord", False)),  # (such builds are not cached; recorded all the same)
         "registry": _registry_digest(req.registry),

@@ -234,13 +234,14 @@ def cases(source: str, model: Any, count: int, seed: int) -> tuple[list[list[np.
     return _folder_cases(Path(source), model, count)
 
 
-def source_digest(source: str) -> str:
-    """What the build cache keys a real-input source by ("unreadable": the build says why, uncached)."""
+def source_digest(source: str, count: int) -> str:
+    """What the build cache keys a real-input source by: a folder by the `count` files a build reads
+    ("unreadable": the build says why, uncached)."""
     if source in ("images", "mnist"):
         return source
     try:
         h = hashlib.sha256()
-        for path in folder_files(Path(source)):
+        for path in folder_files(Path(source))[:count]:
             h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
         return h.hexdigest()
     except (ConfigError, OSError):

@@ -125,6 +125,10 @@ def test_folder_of_images_and_npy_becomes_cases(tmp_path):
     assert len(cases) == 2 and cases[0][0].shape == (1, 3, 16, 16) and cases[0][0].dtype == np.float32
     assert record["files"] == ["a.png", "b.jpg"]
     assert 0.0 <= cases[0][0].min() and cases[0][0].max() <= 1.0  # rand model: pixels stay in [0,1]
+    before = real_inputs.source_digest(str(tmp_path), 8)
+    _png(tmp_path / "b.jpg", size=(21, 30))  # another picture under the same name: another cache key
+    assert real_inputs.source_digest(str(tmp_path), 8) != before
+    assert real_inputs.source_digest(str(tmp_path), 1) == real_inputs.source_digest(str(tmp_path), 1)
     npy = tmp_path / "n"
     npy.mkdir()
     np.save(npy / "x.npy", np.full((3, 16, 16), 0.25, np.float32))  # batch of 1 left out
@@ -198,7 +202,8 @@ def test_hostile_input_folders_give_one_line_errors(tmp_path):
             real_inputs.cases(str(folder), _model(), 4, 0)
         text = str(err.value)
         assert "\n" not in text and says in text, (ident, text)
-        assert real_inputs.source_digest(str(folder)) in ("unreadable",) or len(real_inputs.source_digest(str(folder))) == 64
+        digest = real_inputs.source_digest(str(folder), 4)
+        assert digest == "unreadable" or len(digest) == 64, (ident, digest)
         checked += 1
     assert checked == 11
 
