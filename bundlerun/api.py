@@ -46,8 +46,11 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
           backend: str | None = None, target: str = "host://xnnpack", dtype: str | None = None, cases: int = 8,
           seed: int = 0, reference: str | None = None, distribution: str | None = None,
           tolerances: Mapping[str, float] | None = None, etrecord: bool = False, config: str | Path | None = None,
-          cache: bool = True) -> Path:
+          cache: bool = True, inputs: str | Path | None = None, state_dict: str | Path | None = None) -> Path:
     """Lower `model` with bundlerun's recipe for `backend` (default: the target's) and bundle it.
+
+    `inputs`: "images", "mnist" or a folder of images / .npy, as `--inputs`; `state_dict`: the
+    weights of an `et:NAME` model (else seeded random), as `--state-dict` (docs/example-models.md).
 
     `model` is an `nn.Module` with `example_inputs`, a `torch.export.ExportedProgram` (its module
     is lowered, its example inputs are the default), or a zoo name / "path.py:factory" as on the
@@ -62,6 +65,12 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
 
     tolerances = _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances,
                               etrecord, config, cache)
+    from bundlerun.runner import arguments
+
+    if inputs is not None:
+        arguments.path(inputs, "inputs")
+    if state_dict is not None:
+        arguments.path(state_dict, "state_dict")
     backend = backend or default_backend(target)
     out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
     resolved = None
@@ -74,7 +83,8 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
                            dtype=dtype or default_dtype(backend, info), cases=cases, seed=seed, reference=reference,
                            distribution=distribution, overrides=dict(tolerances or {}), resolved_model=resolved,
                            registry=Session.load(Path(config) if config else None).registry, cache=cache,
-                           etrecord=etrecord)
+                           etrecord=etrecord, inputs=str(inputs) if inputs is not None else None,
+                           state_dict=str(state_dict) if state_dict is not None else None)
     return build_bundle(request).path
 
 
@@ -116,11 +126,19 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
 def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: str | None):
     """An nn.Module (or an ExportedProgram's module) as the builder's model record."""
     from bundlerun.bundles.errors import ModelSourceError
-    from bundlerun.bundles.model_source import ResolvedModel, specs_from_examples
+    from bundlerun.bundles.model_source import _from_examples
 
-    if hasattr(model, "graph_module") and hasattr(model, "module"):  # torch.export.ExportedProgram
+    exported = hasattr(model, "graph_module") and hasattr(model, "module")  # torch.export.ExportedProgram
+    if exported:
         if example_inputs is None and getattr(model, "example_inputs", None):
-            example_inputs = model.example_inputs[0]
+            args, kwargs = model.example_inputs
+            if kwargs:
+                raise ModelSourceError("api.build: the ExportedProgram's example inputs have keyword arguments; "
+                                       "pass example_inputs as a tuple")
+            example_inputs = args
+        name = "ExportedProgram"
+        # ep.module() refuses .eval()/.train() (torch: "Calling eval() is not supported yet"); it
+        # already holds the mode it was exported in
         model = model.module()
     import torch
 
@@ -130,9 +148,10 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
     if example_inputs is None:
         raise ModelSourceError("api.build needs example_inputs for an nn.Module (a tuple of tensors)")
     examples = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    name = type(model).__name__
-    return ResolvedModel(name, f"python:{type(model).__module__}.{name}", "", model.eval(),
-                         specs_from_examples(examples, distribution))
+    if not exported:
+        name = type(model).__name__
+        model = model.eval()
+    return _from_examples(name, f"python:{type(model).__module__}.{name}", "", model, examples, distribution)
 
 
 def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] | Sequence[Sequence[Any]], *,

@@ -79,6 +79,25 @@ def _model_source(ref: str) -> dict[str, Any]:
     return {"zoo": ref}
 
 
+def _file_digest(path: Any) -> str | None:
+    """sha256 of a file the build reads (a state dict); "unreadable" keeps such a build uncached."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"
+
+
+def _inputs_digest(inputs: Any, count: int) -> Any:
+    """The real-input source: a packaged set by name, a user's folder by the contents of the files used."""
+    if inputs is None:
+        return None
+    from bundlerun.bundles.real_inputs import source_digest
+
+    return source_digest(str(inputs), count)
+
+
 def _arrays_digest(arrays: Any) -> str | None:
     """sha256 over nested lists of numpy arrays (dtype, shape, bytes)."""
     import numpy as np
@@ -134,6 +153,8 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
         "calibration": {"cases": req.calibration_cases, "samples": _arrays_digest(req.calibration)},
         "overrides": json.loads(json.dumps(req.overrides, sort_keys=True, default=str)),
         "dataset": dataset,
+        "state_dict": _file_digest(getattr(req, "state_dict", None)),
+        "inputs": _inputs_digest(getattr(req, "inputs", None), req.cases),
         "require_delegation": bool(req.require_delegation),
         "etrecord": bool(getattr(req, "etrecord", False)),  # (such builds are not cached; recorded all the same)
         "registry": _registry_digest(req.registry),
@@ -158,7 +179,8 @@ def cache_key(material: dict[str, Any]) -> str:
 
 def cacheable(material: dict[str, Any]) -> bool:
     """A factory whose file cannot be read, or a model passed as an object, is not cached."""
-    return material["model"].get("sha256", True) is not None
+    return material["model"].get("sha256", True) is not None and material.get("state_dict") != "unreadable" \
+        and material.get("inputs") != "unreadable"
 
 
 def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:

@@ -54,6 +54,8 @@ class BuildRequest:
     cache: bool = False  # reuse/record the build in the content-addressed build cache (bundles/build_cache.py)
     etrecord: bool = False  # write <output stem>.etrecord beside the bundle for `bundlerun debug` (bundles/etrecord.py)
     llm: Any = None  # bundles/llm_build.LlmOptions for model `llm:ARCH` (size, params, checkpoint, tokenizer)
+    state_dict: str | None = None  # et:NAME: the user's weights (torch state dict file); else seeded random
+    inputs: str | None = None  # real test inputs: "images", "mnist" or a folder (bundles/real_inputs.py)
 
 
 def _flatten_outputs(result: Any) -> list[Any]:
@@ -129,10 +131,15 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     recipe = lowering_module(backend)
 
     say(f"loading model {req.model}")
-    model = req.resolved_model or resolve_model(req.model, req.distribution)
+    model = req.resolved_model or resolve_model(req.model, req.distribution, req.state_dict)
     specs = [(s.shape, s.dtype, s.dist) for s in model.inputs]
+    inputs_used: dict[str, Any] | None = None
     if req.dataset is not None:
         case_arrays = [list(sample) for sample in req.dataset["samples"]]
+    elif req.inputs is not None:
+        from bundlerun.bundles import real_inputs
+
+        case_arrays, inputs_used = real_inputs.cases(req.inputs, model, req.cases, req.seed)
     else:
         case_arrays = generate_cases(specs, req.cases, req.seed, "cases")
     calibration = req.calibration or generate_cases(specs, req.calibration_cases, req.seed, "calibration")
@@ -246,14 +253,18 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         TensorSpec(f"in{k}", st.name(v.scalar_type), list(v.sizes)) for k, v in enumerate(test_cases[0].inputs)
     ]
     manifest = Manifest(
-        model={"id": model.name, "source": model.source, "description": model.description},
+        model={"id": model.name, "source": model.source, "description": model.description,
+               **({"weights": model.weights} if model.weights else {})},
         build={
             "backend": backend,
             "target": req.target,
             "dtype": req.dtype,
             "quantization": lowering.quantization,
             "reference": reference,
-            "inputs": [{"shape": list(s.shape), "dtype": s.dtype, "distribution": s.distribution} for s in model.inputs],
+            "inputs": [{"shape": list(s.shape), "dtype": s.dtype, "distribution": s.distribution,
+                        **({"distribution_from": "example"} if model.inputs_inferred else {})} for s in model.inputs],
+            **({"input_source": inputs_used} if inputs_used else {}),
+            **({"input_structure": model.input_structure} if model.input_structure else {}),
             "seed": req.seed,
             "cases": len(test_cases),
             "lowering": lowering.info,

@@ -69,6 +69,35 @@ class Distribution:
 KINDS = ("randn", "rand", "uniform", "normal", "randint")
 
 
+def infer_distribution(values: np.ndarray) -> str:
+    """The distribution an example tensor was most likely drawn from, from its range and moments, so
+    generated cases look like the model's own example: ExecuTorch's MLPerf Tiny examples are
+    `torch.rand(...) * 2 - 1` (examples/models/mlperf_tiny/resnet8.py:93), not randn. Rules
+    (bundlerun's own): integers -> randint(min,max); all in [0,1) -> rand; all in [-1,1] ->
+    uniform(-1,1); else a mean within 0.25 and a std within 0.75..1.25, or under 64 values -> randn; else
+    normal(mean,std) when the tails pass 2 std, uniform(min,max) otherwise."""
+    a = np.asarray(values)
+    if a.size == 0:
+        return "randn"
+    if a.dtype == np.bool_:
+        return "randint(0,1)"
+    if np.issubdtype(a.dtype, np.integer):
+        return f"randint({int(a.min())},{int(a.max())})"
+    a = a.astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        return "randn"
+    lo, hi, mean, std = float(a.min()), float(a.max()), float(a.mean()), float(a.std())
+    if lo >= 0.0 and hi < 1.0:
+        return "rand"
+    if lo >= -1.0 and hi <= 1.0:
+        return "uniform(-1,1)"
+    if (abs(mean) <= 0.25 and 0.75 <= std <= 1.25) or a.size < 64:  # too few values to fit anything else
+        return "randn"
+    if std > 0 and max(hi - mean, mean - lo) > 2 * std:
+        return f"normal({mean:.4g},{std:.4g})"
+    return f"uniform({lo:.4g},{hi:.4g})" if lo < hi else f"normal({mean:.4g},0)"
+
+
 def check_distribution(text: Any, what: str = "--distribution") -> str:
     """A distribution given by a user (`--distribution`, `api.build(distribution=)`), parsed before
     any model is imported or built: its text, or ConfigError (one line, exit 2) naming `what`."""

@@ -322,7 +322,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     test_cases = [BundledTestCase(inputs=[_value_from_tensor(t), _value_from_tensor(pos)],
                                   expected_outputs=[_value_from_tensor(logits)]) for t, pos, logits in cases]
     bundle = Bundle(program=exported.program, method_test_suites=[MethodTestSuite("forward", test_cases)],
-                    manifest=manifest.to_dict())
+                    manifest_json=manifest.to_dict())
     say(f"writing {req.output}")
     try:
         path = write_bundle(bundle, req.output)

@@ -195,3 +195,26 @@ class Manifest:
         if m is None or index >= len(m.outputs):
             return None
         return m.outputs[index]
+
+
+def describe_inputs(model: dict[str, Any], build: dict[str, Any]) -> list[str]:
+    """Lines saying which weights and which inputs a bundle was built with (inspect and reports)."""
+    lines = []
+    weights = model.get("weights")
+    if isinstance(weights, dict):
+        if weights.get("kind") == "state-dict":
+            lines.append(f"weights: the user's state dict {weights.get('file')} (sha256 {str(weights.get('sha256'))[:12]})")
+        else:
+            lines.append(f"weights: seeded random (seed {weights.get('seed')}): {weights.get('how')}")
+    source = build.get("input_source")
+    if isinstance(source, dict):
+        files = source.get("files") or source.get("indices") or []
+        lines.append(f"inputs: {source.get('kind')} from {source.get('from')}, {len(files)} cases"
+                     + (f", normalized by {source['normalize']}" if source.get("normalize") else ""))
+    else:
+        inferred = [i for i in build.get("inputs", []) if isinstance(i, dict) and i.get("distribution_from")]
+        if inferred:
+            lines.append("inputs: generated, distribution read from the model's example inputs")
+    if build.get("input_structure"):
+        lines.append(f"inputs flattened from the nested structure {build['input_structure']}")
+    return lines

@@ -41,10 +41,10 @@ MAX_DIM = 2**31 - 1
 
 _TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "created", "extra", "integrity",
              "sequences")
-_MODEL_KEYS = ("id", "source", "description")
+_MODEL_KEYS = ("id", "source", "description", "weights")
 _BUILD_KEYS = ("backend", "target", "dtype", "quantization", "reference", "inputs", "seed", "cases",
-               "lowering", "ops", "overrides", "cache_key", "etrecord", "llm")
-_BUILD_INPUT_KEYS = ("shape", "dtype", "distribution")
+               "lowering", "ops", "overrides", "cache_key", "etrecord", "llm", "input_source", "input_structure")
+_BUILD_INPUT_KEYS = ("shape", "dtype", "distribution", "distribution_from")
 _METHOD_KEYS = ("name", "inputs", "outputs")
 _TENSOR_KEYS = ("name", "dtype", "shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape", "criteria", "quantized")
@@ -215,6 +215,12 @@ def _model(chk: _Checker, model: Any) -> None:
     chk.text("model.id", model["id"])
     chk.text("model.source", model.get("source"), MAX_TEXT, optional=True)
     chk.text("model.description", model.get("description"), MAX_TEXT, optional=True)
+    if "weights" in model:  # et: sources: {"kind": "seeded-random" | "state-dict", ...}
+        weights = chk.table("model.weights", model["weights"], ("kind", "seed", "how", "file", "sha256"),
+                            required=("kind",))
+        for key in ("kind", "how", "file", "sha256"):
+            chk.text(f"model.weights.{key}", weights.get(key), MAX_TEXT, optional=True)
+        chk.integer("model.weights.seed", weights.get("seed"), 0, 2**64 - 1, optional=True)
 
 
 def _build(chk: _Checker, build: Any) -> None:
@@ -230,6 +236,9 @@ def _build(chk: _Checker, build: Any) -> None:
             chk.shape(f"build.inputs[{i}].shape", spec["shape"])
     if not isinstance(build.get("inputs", []), list):
         raise chk.fail("build.inputs", f"expected a list, got {_kind(build['inputs'])}")
+    chk.text("build.input_structure", build.get("input_structure"), MAX_TEXT, optional=True)
+    if "input_source" in build and not isinstance(build["input_source"], dict):
+        raise chk.fail("build.input_source", f"expected an object, got {_kind(build['input_source'])}")
     ops = build.get("ops", [])
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
         raise chk.fail("build.ops", "expected a list of operator names")

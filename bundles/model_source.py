@@ -34,10 +34,57 @@ class ResolvedModel:
     description: str
     module: Any  # torch.nn.Module, eval mode
     inputs: list[InputSpec]
+    weights: dict[str, Any] | None = None  # et: sources: seeded random or the user's state dict
+    input_structure: str | None = None  # nested example inputs: the pytree spec they were flattened by
+    inputs_inferred: bool = False  # distribution read from the example tensors (bundles/inputs.infer_distribution)
+    examples: tuple | None = None  # the flat example tensors (real-input readers take their range)
+
+
+def flatten_examples(module: Any, examples: tuple) -> tuple[Any, tuple, str | None]:
+    """Flatten nested example inputs (ExecuTorch's lstm: `(x, (h0, c0))`) the way torch.export
+    does: its in_spec is the pytree of the arguments and the program takes the leaves in
+    `tree_flatten` order, as BundledProgram's cases list them. A nested module is wrapped so it
+    takes the flat leaves; returns (module, leaves, spec text or None when already flat)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(examples)
+    if all(isinstance(x, torch.Tensor) for x in examples):
+        return module, tuple(examples), None
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise ModelSourceError(f"example input leaf {i} is a {type(leaf).__name__}; only tensors (in tuples, "
+                                   "lists or dicts) are supported")
+
+    class FlatInputs(torch.nn.Module):
+        """`module` taking its nested inputs as the flat leaves (torch.export's order)."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *flat: Any) -> Any:
+            return self.inner(*pytree.tree_unflatten(list(flat), spec))
+
+    shape = repr(pytree.tree_unflatten([_Leaf(f"in{i}") for i in range(len(leaves))], spec))
+    wrapper = FlatInputs(module)
+    wrapper.training = False  # not .eval(): an ExportedProgram's module() refuses train()/eval()
+    return wrapper, tuple(leaves), shape
+
+
+class _Leaf(str):
+    """An input's name printed bare, so a structure reads `(in0, (in1, in2))`."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -> list[InputSpec]:
+    """One spec per example tensor; without a declared distribution, the one the example looks
+    drawn from (bundles/inputs.infer_distribution)."""
     import torch
+
+    from bundlerun.bundles.inputs import infer_distribution
 
     specs = []
     for i, x in enumerate(examples):
@@ -48,13 +95,31 @@ def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -
             raise ModelSourceError(f"example input {i} has unsupported dtype {x.dtype}")
         dist = distribution[i] if isinstance(distribution, list) else distribution
         if dist is None:
-            dist = "randn" if x.is_floating_point() else "randint(0,9)"
+            dist = infer_distribution(x.detach().cpu().float().numpy() if x.dtype == torch.bfloat16
+                                      else x.detach().cpu().numpy())
         specs.append(InputSpec(tuple(x.shape), dtype, dist))
     return specs
 
 
-def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
+def _from_examples(name: str, source: str, description: str, module: Any, examples: tuple,
+                   distribution: Any, weights: dict[str, Any] | None = None) -> ResolvedModel:
+    """A model record from a module and its (possibly nested) example inputs."""
+    module, flat, structure = flatten_examples(module, examples)
+    specs = specs_from_examples(flat, distribution)
+    return ResolvedModel(name, source, description, module, specs, weights=weights, input_structure=structure,
+                         inputs_inferred=distribution is None, examples=flat)
+
+
+def resolve_model(ref: str, distribution: str | None = None, state_dict: str | Path | None = None) -> ResolvedModel:
     """Instantiate the model named by `ref`; `distribution` overrides the declared one."""
+    from bundlerun.bundles import et_models
+
+    if ref.startswith(et_models.PREFIX):
+        et = et_models.load(ref[len(et_models.PREFIX):], state_dict)
+        return _from_examples(et.name, f"executorch-example:{et.name}", "ExecuTorch examples/models factory",
+                              et.module, et.examples, distribution, et.weights)
+    if state_dict is not None:
+        raise ModelSourceError("--state-dict applies to ExecuTorch example models (et:NAME) only")
     if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
         fn = load_callable(ref)
         limit = factory_timeout()
@@ -78,9 +143,9 @@ def resolve_model(ref: str, distribution: str | None = None) -> ResolvedModel:
             examples = (examples,)
         if not hasattr(module, "forward"):
             raise ModelSourceError(f"model factory {ref} returned {type(module).__name__}, not a torch.nn.Module")
-        specs = specs_from_examples(examples, distribution or options.get("distribution"))
         name = Path(ref.rpartition(":")[0]).stem + "." + ref.rpartition(":")[2]
-        return ResolvedModel(name, f"factory:{ref}", options.get("description", ""), module.eval(), specs)
+        return _from_examples(name, f"factory:{ref}", options.get("description", ""), module.eval(), examples,
+                              distribution or options.get("distribution"))
     if ref not in ZOO:
         import difflib
 

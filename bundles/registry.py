@@ -560,13 +560,19 @@ class _Resolver:
                 quant = (getattr(ctx, "quantization", None) or "").lower()
                 if "quantization" in mo and mo["quantization"].lower() not in quant:
                     continue
+                when = mo.get("when") or {}
                 if not (_match(self.variant, mo.get("variants")) and _match(self.tier, mo.get("dtypes"))
                         and _match(ctx.method, mo.get("methods"))
-                        and _output_matches(mo.get("outputs"), ctx.output_name, ctx.output_index)):
+                        and _output_matches(mo.get("outputs"), ctx.output_name, ctx.output_index)
+                        and _match(self.host_arch, when.get("host_arch"))
+                        and self.host_arch not in when.get("not_host_arch", ())):
                     continue
                 label = f"model_overrides[{i}] {mo['models'][0]} on {mo.get('backend', '*')}"
                 if mo.get("variants"):
                     label += "/" + ",".join(mo["variants"])
+                if when:
+                    label += " when " + ", ".join(f"{k.removeprefix('not_')} {'not in' if k.startswith('not_') else 'in'} "
+                                                  f"{'|'.join(v)}" for k, v in sorted(when.items()))
                 self.apply("model + target override", label, layer, mo, protected=True)
 
     def _adjustments(self) -> None:

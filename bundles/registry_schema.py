@@ -74,7 +74,10 @@ _BACKEND_KEYS = {"default", "tiers", "variants", "note", "firmware", "integer_ou
                  "origin", "reason", "lowering"}
 _VARIANT_KEYS = {"targets", "default", "tiers", "note", "backends"}
 _OP_RULE_KEYS = _ENTRY_KEYS | {"name", "backends", "variants", "dtypes", "ops", "quantization", "rule", "eps"}
-_MODEL_KEYS = _ENTRY_KEYS | {"models", "backend", "variants", "dtypes", "methods", "outputs", "quantization"}
+_MODEL_KEYS = _ENTRY_KEYS | {"models", "backend", "variants", "dtypes", "methods", "outputs", "quantization", "when"}
+# `when`: a condition the source states (ExecuTorch's `atol=6.5e-2 if common.is_aarch64_host() else 6e-2`),
+# kept as a condition of the entry instead of merged into one number
+_WHEN_KEYS = {"host_arch", "not_host_arch"}
 _ADJUST_KEYS = {"name", "backends", "variants", "dtypes", "host_arch", "distributions", "atol_scale", "rtol_scale",
                 "note", "origin", "reason"}
 _OVERRIDE_KEYS = _ENTRY_KEYS | {"methods", "outputs"}
@@ -395,6 +398,12 @@ def validate(data: dict, file: str, known_backends: set[str] | None = None,
         check_list(where, "dtypes", mo.get("dtypes", ["*"]), TIERS)
         check_list(where, "methods", mo.get("methods", ["*"]))
         check_list(where, "outputs", mo.get("outputs", ["*"]))
+        if "when" in mo:
+            if not isinstance(mo["when"], dict) or not mo["when"]:
+                _fail(where, "when must be a table such as { host_arch = [\"aarch64\", \"arm64\"] }")
+            check_keys(f"{where}.when", mo["when"], _WHEN_KEYS)
+            check_list(f"{where}.when", "host_arch", mo["when"].get("host_arch", ["*"]))
+            check_list(f"{where}.when", "not_host_arch", mo["when"].get("not_host_arch", []))
 
     for i, adj in enumerate(_list_of_tables(file, data, "adjustments")):
         where = f"{file}: adjustments[{i}]"

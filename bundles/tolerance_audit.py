@@ -473,6 +473,8 @@ class CitedValue:
     key: str
     value: Any
     citation: str
+    host_arch: tuple[str, ...] = ()  # the entry's `when.host_arch` condition (none: unconditional)
+    not_host_arch: tuple[str, ...] = ()  # its `when.not_host_arch`
 
 
 def cited_values(registry: Any) -> list[CitedValue]:
@@ -492,12 +494,14 @@ def cited_values(registry: Any) -> list[CitedValue]:
             for m in entry.get("merged", []):
                 cite, key, value = parse_merged(m)
                 out.append(CitedValue(f"{Path(layer.file).name}: {where} (merged)", key, value, cite))
+            when = entry.get("when") or {}
+            arch = tuple(when.get("host_arch", ())), tuple(when.get("not_host_arch", ()))
             for key, cites in origins_of(entry).items():
                 if key not in values:
                     continue
                 for c in cites:
                     if c != BUNDLERUN:
-                        out.append(CitedValue(f"{Path(layer.file).name}: {where}", key, values[key], c))
+                        out.append(CitedValue(f"{Path(layer.file).name}: {where}", key, values[key], c, *arch))
     return out
 
 
@@ -549,9 +553,28 @@ def check_value(root: Path, item: CitedValue, cache: dict[str, list[str]] | None
         if default is None or not math.isclose(value, default, rel_tol=1e-9) or name not in text:
             return f"{where}: not {lib}'s default {item.key} or no {name} call in the lines"
         return None
+    branch = _HOST_CONDITION.search(text)
+    if branch:  # `a if common.is_aarch64_host() else b`: a under when.host_arch, b under when.not_host_arch
+        arm = {"aarch64", "arm64"}
+        on_arm, other = float(branch.group(1)), float(branch.group(2))
+        if set(item.host_arch) == arm:
+            want, cond = on_arm, "when.host_arch = [aarch64, arm64]"
+        elif set(item.not_host_arch) == arm:
+            want, cond = other, "when.not_host_arch = [aarch64, arm64]"
+        else:
+            return (f"{where}: the source is `{branch.group(0).strip()}`: the entry needs the condition "
+                    "(when.host_arch or when.not_host_arch = [aarch64, arm64]), not one number for every host")
+        if math.isclose(value, want, rel_tol=1e-9):
+            return None
+        return f"{where}: the source is `{branch.group(0).strip()}`; under {cond} it must hold {want:g}"
     if any(math.isclose(value, n, rel_tol=1e-9, abs_tol=0.0) for n in numbers_in(lines[lo - 1:hi])):
         return None
     return f"{where}: the cited lines do not hold {value!r}: {text.strip()[:160]!r}"
+
+
+# ExecuTorch's host condition (backends/arm/test/common.py:31-32: platform.machine() in aarch64, arm64)
+_HOST_CONDITION = re.compile(r"([-+]?[\d.]+(?:[eE][-+]?\d+)?)\s+if\s+(?:\w+\.)*is_aarch64_host\(\)\s+else\s+"
+                             r"([-+]?[\d.]+(?:[eE][-+]?\d+)?)")
 
 
 def check_citations(registry: Any, root: Path) -> tuple[int, list[str]]:

@@ -255,6 +255,14 @@ build_options = [
                  help="Build even if the build cache (~/.cache/bundlerun/builds) has this exact build."),
 ]
 
+source_options = [
+    click.option("--inputs", "inputs_source", default=None, metavar="images|mnist|DIR",
+                 help="Real test inputs: the packaged photos, MNIST-5k digits, or a folder of images / .npy "
+                      "(default: generated like the model's example inputs)."),
+    click.option("--state-dict", type=click.Path(path_type=Path), default=None,
+                 help="et:NAME: load these weights (a torch state dict) instead of seeded random ones."),
+]
+
 
 llm_options = [
     click.option("--size", type=click.Choice(["tiny", "small"]), default="tiny", show_default=True,
@@ -306,11 +314,12 @@ def _apply(options):
               help="Also write the ETRecord beside the bundle (OUTPUT stem + .etrecord), for `bundlerun debug`.")
 @_apply(build_options)
 @_apply(llm_options)
+@_apply(source_options)
 def build(model, output, target, backend, dtype, num_cases, seed, reference, distribution, tolerances,
           require_delegation, no_cache, etrecord, size, params, checkpoint, tokenizer, prompts, decode_steps,
-          max_seq_len):
-    """Build MODEL (zoo name, path.py:factory, or llm:ARCH through ExecuTorch's export_llama) into a
-    .bpte with embedded tolerances."""
+          max_seq_len, inputs_source=None, state_dict=None):
+    """Build MODEL (zoo name, et:NAME for ExecuTorch's example models, path.py:factory, or llm:ARCH through
+    ExecuTorch's export_llama) into a .bpte with embedded tolerances."""
     from bundlerun.runner import arguments
 
     _checked(arguments.output_file, output, hint="-o")
@@ -319,6 +328,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
         require_delegation=require_delegation, cache=not no_cache and not etrecord, etrecord=etrecord,
         llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len),
+        inputs=inputs_source, state_dict=str(state_dict) if state_dict else None,
     )
     m = result.manifest
     click.echo(
@@ -537,11 +547,13 @@ def _validate_slug(model: str, dtype: str, models: list[str] | None = None) -> s
                    "REPORT/<model>-<dtype>/debug); implies --etrecord.")
 @_apply(run_options)
 @_apply(llm_options)
+@_apply(source_options)
 def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, distribution, tolerances, target,
              case_timeout, setup_timeout, save_outputs, overrides, label, baseline, history_db, no_history,
              config_path, target_opts, runner_elf, as_json, no_cache, shard, size, params, checkpoint, tokenizer,
-             prompts, decode_steps, max_seq_len, etrecord=False, debug_on_fail=False):
-    """Build and run MODELS (zoo names, path.py:factory, llm:ARCH, or `zoo` for all) on --target.
+             prompts, decode_steps, max_seq_len, etrecord=False, debug_on_fail=False, inputs_source=None,
+             state_dict=None):
+    """Build and run MODELS (zoo names, et:NAME, path.py:factory, llm:ARCH, or `zoo` for all) on --target.
 
     Each model x dtype gets REPORT/<model>-<dtype>/ (a factory path.py:fn is named `path.fn`) with its
     bundle and report (and with --etrecord its ETRecord; with --debug-on-fail a failing one's debug
@@ -581,7 +593,8 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
                                overrides=parse_tolerances(tolerances), registry=session.registry,
-                               cache=not no_cache and not record, etrecord=record,
+                               cache=not no_cache and not record, etrecord=record, inputs=inputs_source,
+                               state_dict=str(state_dict) if state_dict else None,
                                llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps,
                                                max_seq_len))
                 if built.info.get("cache") == "hit":

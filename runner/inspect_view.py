@@ -95,6 +95,10 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
                 f"quantization {b.get('quantization') or '-'}, seed {b.get('seed')}, inputs "
                 + ", ".join(f"{i['dtype']}{i['shape']} ~ {i['distribution']}" for i in b.get("inputs", [])))
     )
+    from bundlerun.bundles.manifest import describe_inputs
+
+    for line in describe_inputs(manifest.model, b):
+        console.print(plain(line))
     console.print(plain("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())
                         + f"; created {manifest.created}"))
     crit = Table(title="embedded criteria (judged with these, not the installed registry)", title_justify="left")

@@ -48,7 +48,7 @@ def test_fp32_llama3_builds_through_export_llama_and_passes_on_host(llm_bundle, 
 
     path, _info = llm_bundle("llama3", "fp32")
     bundle = read_bundle(path)
-    m = bundle.manifest
+    m = bundle.manifest_json
     llm = m["build"]["llm"]
     assert llm["weights"] == "seeded (seed 0)" and llm["dynamic_shape"] and llm["use_kv_cache"]
     assert llm["params"]["dim"] == 64 and llm["model_class"] == "llama3"
@@ -90,7 +90,7 @@ def test_a_decode_step_matches_eager_only_on_the_method_that_ran_its_prompt(llm_
     code, report, text = _run(path, tmp_path / "r")
     assert code == 0, text
     stats = {c["case"]: c["outputs"][0]["stats"] for c in report["cases"]}
-    decode = [s["case"] for seq in bundle.manifest["sequences"] for s in seq["steps"] if s["kind"] == "decode"]
+    decode = [s["case"] for seq in bundle.manifest_json["sequences"] for s in seq["steps"] if s["kind"] == "decode"]
     assert len(decode) == 12
     for case in decode:
         assert stats[case]["sqnr"] > 100, (case, stats[case]["sqnr"])
@@ -100,7 +100,7 @@ def test_a_decode_step_matches_eager_only_on_the_method_that_ran_its_prompt(llm_
     lib = _pybindings()
     raw = path.read_bytes()
     module = lib._load_for_executorch_from_bundled_program(lib._load_bundled_program_from_buffer(raw))
-    case = bundle.manifest["sequences"][0]["steps"][2]["case"]  # the second decode step, without its prompt
+    case = bundle.manifest_json["sequences"][0]["steps"][2]["case"]  # the second decode step, without its prompt
     inputs = [torch.from_numpy(v.to_array()) for v in suite.test_cases[case].inputs]
     fresh = module.run_method("forward", inputs)[0].numpy().astype(np.float64)
     expected = suite.test_cases[case].expected_outputs[0].to_array().astype(np.float64)
@@ -119,8 +119,8 @@ def test_8da4w_llama3_runs_every_step_on_host_and_tracks_the_quantized_eager_mod
 
     path, _ = llm_bundle("llama3", "8da4w")
     bundle = read_bundle(path)
-    assert bundle.manifest["build"]["llm"]["quantization"] == "qmode=8da4w, group_size=32"
-    assert bundle.manifest["build"]["reference"] == "quantized"  # the eager source-transformed (torchao 8da4w) model
+    assert bundle.manifest_json["build"]["llm"]["quantization"] == "qmode=8da4w, group_size=32"
+    assert bundle.manifest_json["build"]["reference"] == "quantized"  # the eager source-transformed (torchao 8da4w) model
     code, report, text = _run(path, tmp_path / "r")
     assert code in (0, 1), text
     counts = report["summary"]["counts"]
@@ -165,11 +165,11 @@ def test_a_prompt_past_the_bound_is_a_one_line_error(llm_bundle, tmp_path):
 
     path, _ = llm_bundle("llama3", "fp32")
     bundle = read_bundle(path)
-    max_seq_len = bundle.manifest["build"]["llm"]["max_seq_len"]
+    max_seq_len = bundle.manifest_json["build"]["llm"]["max_seq_len"]
     case = bundle.method_test_suites[0].test_cases[0]
     case.inputs[0] = BundledValue.from_array(np.arange(max_seq_len, dtype=np.int64).reshape(1, -1) % 512, 4)
     bad = tmp_path / "long.bpte"
-    bundle.manifest.pop("integrity", None)
+    bundle.manifest_json.pop("integrity", None)
     write_bundle(bundle, bad)
     proc = run_cli("run", str(bad), "--no-history", "--report", str(tmp_path / "r"))
     assert proc.returncode == 2
@@ -216,8 +216,8 @@ def test_an_input_larger_than_a_static_program_input_is_refused_before_the_runti
 
     bundle = read_bundle(bundle_cache("mlp"))
     bundle.method_test_suites[0].test_cases[1].inputs[0] = BundledValue.from_array(np.zeros((1, 40), np.float32), 6)
-    bundle.manifest["methods"]["forward"]["inputs"] = []  # only the program's declaration is left to catch it
-    bundle.manifest.pop("integrity", None)
+    bundle.manifest_json["methods"]["forward"]["inputs"] = []  # only the program's declaration is left to catch it
+    bundle.manifest_json.pop("integrity", None)
     bad = tmp_path / "wide.bpte"
     write_bundle(bundle, bad)
     proc = run_cli("run", str(bad), "--no-history", "--report", str(tmp_path / "r"))

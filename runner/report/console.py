@@ -245,6 +245,8 @@ def print_summary(report: Report, console=None) -> None:
     title = plain(f"{bundle.get('model') or Path(bundle['path']).name} on {report.target.get('url')}")
     if bundle.get("dtype"):
         title += plain(f" ({bundle['backend']}, {bundle['dtype']})")
+    for line in bundle.get("inputs_used") or []:
+        title += "\n" + plain(str(line))
     table = Table(title=title, title_justify="left")
     table.caption = SQNR_CAPTION
     table.caption_justify = "left"

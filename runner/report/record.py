@@ -48,7 +48,15 @@ def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) ->
         "quantization": build.get("quantization"),
         "seed": build.get("seed"),
         "versions": manifest.versions if manifest else {},
+        **({"inputs_used": used} if (used := _inputs_used(manifest)) else {}),
     }
+
+
+def _inputs_used(manifest: Manifest | None) -> list[str]:
+    """Which weights and inputs the bundle was built with (et: sources, --inputs), in words."""
+    from bundlerun.bundles.manifest import describe_inputs
+
+    return describe_inputs(manifest.model, manifest.build) if manifest is not None else []
 
 
 def target_section(run: TargetRun | None, url: str) -> dict[str, Any]:

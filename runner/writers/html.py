@@ -579,6 +579,7 @@ def render_html(
         f"bundle {_e(str(bundle_info.get('sha256') or '')[:12])} · run {_e(str(run.get('id') or '')[:12])}"
         f"{' · label ' + _e(run.get('label')) if run.get('label') else ''} · {_e(run.get('started'))} · "
         f"torch {_e(versions.get('torch'))} · executorch {_e(versions.get('executorch'))}</p>"
+        + "".join(f"<p class='meta'>{_e(line)}</p>" for line in bundle_info.get("inputs_used") or [])
         + _summary_section(report.summary)
         + _failed_section(report)
         + (f"<ul class='note'>{warnings}</ul>" if warnings else "")

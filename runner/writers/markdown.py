@@ -153,6 +153,8 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         f"dtype {_md(bundle.get('dtype') or '?')}, backend {_md(bundle.get('backend') or '?')}, "
         f"bundle {_md(str(bundle.get('sha256') or '')[:12])}" + (f", label {_md(label)}" if label else ""),
         "",
+        *[f"- {_md(str(line))}" for line in bundle.get("inputs_used") or []],
+        *([""] if bundle.get("inputs_used") else []),
     ]
     counts = summary.counts
     lines += [
