@@ -109,12 +109,22 @@ class Bundle:
     @property
     def manifest(self) -> Manifest | None:
         """The typed manifest (None: a bundle made by ExecuTorch's own BundledProgram API), parsed and
-        validated on first use and kept while `manifest_json` is the same object."""
+        validated on first use and kept while `manifest_json` is the same object (assign a new dict to
+        change it: an edit made in place after the first read is not seen)."""
         if self.manifest_json is None:
             return None
         if self._parsed is None or self._parsed[0] is not self.manifest_json:
             self._parsed = (self.manifest_json, Manifest.from_dict(self.manifest_json))
         return self._parsed[1]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "Bundle":
+        """A copy parses its own manifest: the cache is not copied (an edit to the copy's
+        manifest_json must not be answered by the original's parse)."""
+        import copy
+        import dataclasses
+
+        return dataclasses.replace(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo)
+                                            for f in dataclasses.fields(self) if f.init})
 
     def suite(self, method_name: str) -> MethodTestSuite:
         for suite in self.method_test_suites:

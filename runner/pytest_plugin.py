@@ -338,10 +338,10 @@ class BundleItem(pytest.Item):
             bundle = self.spec.bundle or plugin.build(self.spec.build, leased.url)
             self.report = plugin.run_bundle(Path(bundle), leased.url, report_dir, options=leased.options)
         except BundlerunError as exc:  # bad bundle, failed build, bad target URL: could not run
-            self.user_properties.append(("bundlerun_verdict", Verdict.ERROR))
+            self.user_properties.append(("bundlerun_verdict", Verdict.ERROR.value))  # plain str: xdist (execnet) sends it
             pytest.fail(f"bundlerun ERROR: {exc}", pytrace=False)
         summary = self.report.summary
-        self.user_properties.append(("bundlerun_verdict", summary.verdict))
+        self.user_properties.append(("bundlerun_verdict", Verdict(summary.verdict).value))
         if summary.exit_code == EXIT_INFRA:
             pytest.fail(error_message(self.report, report_dir), pytrace=False)
 
@@ -382,7 +382,7 @@ class BundleItem(pytest.Item):
             base = TestReport(self.nodeid, self.location, {}, outcome, longrepr, "call", duration=elapsed,
                               user_properties=[("bundlerun_case", f"{case.method}[{case.case}]")])
             report = SubtestReport._new(base, SubtestContext(msg=f"{case.method}[{case.case}]",
-                                                             kwargs={"verdict": verdict}), None, None)
+                                                             kwargs={"verdict": Verdict(verdict).value}), None, None)
             self.ihook.pytest_runtest_logreport(report=report)
 
 

@@ -113,9 +113,9 @@ class SuitePlugin:
                 item.user_properties.append(("bundlerun_report", str(rec.report_dir)))
         if records:
             worst = max(records.values(), key=lambda r: VERDICT_ORDER.get(r.verdict, 0))
-            item.user_properties += [("bundlerun_target", worst.target), ("bundlerun_verdict", worst.verdict)]
+            item.user_properties += [("bundlerun_target", worst.target), ("bundlerun_verdict", Verdict(worst.verdict).value)]  # plain str: xdist (execnet) sends it
             if worst.failure_kind:
-                item.user_properties.append(("bundlerun_failure_kind", worst.failure_kind))
+                item.user_properties.append(("bundlerun_failure_kind", getattr(worst.failure_kind, "value", worst.failure_kind)))
         for k, summary in enumerate(compat.results(item)):
             try:
                 row = compat.csv_row(summary)
