@@ -77,7 +77,7 @@ def test_override_changes_the_verdict_and_is_recorded_in_the_trail():
     cases, _ = judge_run(bundle, _run(actual), ctx)
     assert summarize(cases).verdict == "FAIL"
     failed = cases[0].outputs[0].failed[0]
-    assert failed["criterion"] == "elementwise" and failed["measured"] == pytest.approx(0.03, rel=1e-4)
+    assert failed.criterion == "elementwise" and failed.measured == pytest.approx(0.03, rel=1e-4)
 
     ctx = load_context(bundle)
     records = apply_overrides(ctx, bundle, ["out0.atol=0.05"])
