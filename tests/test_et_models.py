@@ -267,7 +267,7 @@ def test_et_resnet8_host_and_tosa_int(bundle_cache, tmp_path):
     # judged on the quantization step alone (qtol 1, test_resnet8.py:53): the TOSA program matches
     judged = api.run(tosa, target="tosa://int", report_dir=tmp_path / "t2", overrides=["out0.atol=0"])
     assert judged.summary.verdict == "PASS"
-    assert min(o.stats["sqnr"] for c in judged.cases for o in c.outputs) > 30
+    assert min(o.stats.sqnr for c in judged.cases for o in c.outputs) > 30
 
 
 @pytest.mark.slow

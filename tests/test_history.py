@@ -46,8 +46,8 @@ def test_record_and_list_filters(tmp_path):
                             (ids[1],)).fetchall()
     assert [r[0] for r in rows] == [0, 1, 2, 3]
     for (ci, sqnr, mae, verdict), case in zip(rows, b.cases):
-        assert sqnr == pytest.approx(case.outputs[0].stats["sqnr"])
-        assert mae == pytest.approx(case.outputs[0].stats["error_mae"])
+        assert sqnr == pytest.approx(case.outputs[0].stats.sqnr)
+        assert mae == pytest.approx(case.outputs[0].stats.error_mae)
         assert verdict == "FAIL"
 
 
@@ -254,7 +254,7 @@ def test_sqnr_trend_leaves_exact_matches_out_of_the_mean(tmp_path):
     db = tmp_path / "h.sqlite"
     mixed = _recorded(db, 1e-3, "mixed", exact_cases=(0, 2))
     _recorded(db, 1e-3, "exact", exact_cases=(0, 1, 2, 3))
-    finite = [c.outputs[0].stats["sqnr"] for c in mixed.cases]
+    finite = [c.outputs[0].stats.sqnr for c in mixed.cases]
     finite = [s for s in finite if s not in ("inf", float("inf"))]
     assert len(finite) == 2 and max(finite) < 100
     p_mixed, p_exact = history.trend(db, "mlp", None, "sqnr")

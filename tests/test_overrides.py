@@ -77,17 +77,17 @@ def test_override_changes_the_verdict_and_is_recorded_in_the_trail():
     cases, _ = judge_run(bundle, _run(actual), ctx)
     assert summarize(cases).verdict == "FAIL"
     failed = cases[0].outputs[0].failed[0]
-    assert failed["criterion"] == "elementwise" and failed["measured"] == pytest.approx(0.03, rel=1e-4)
+    assert failed.criterion == "elementwise" and failed.measured == pytest.approx(0.03, rel=1e-4)
 
     ctx = load_context(bundle)
     records = apply_overrides(ctx, bundle, ["out0.atol=0.05"])
     assert records == [{"text": "out0.atol=0.05", "method": "*", "output": "out0", "key": "atol", "value": 0.05}]
     cases, _ = judge_run(bundle, _run(actual), ctx)
     assert summarize(cases).verdict == "PASS"
-    trail = cases[0].outputs[0].criteria["trail"]["atol"]
+    trail = cases[0].outputs[0].criteria.trail["atol"]
     assert trail[0]["source"] == "backend default: test"
     assert trail[-1] == {"value": 0.05, "source": "override (CLI)", "file": None}
-    assert cases[0].outputs[1].criteria["atol"] == 1e-3  # out1 untouched
+    assert cases[0].outputs[1].criteria.atol == 1e-3  # out1 untouched
 
 
 def test_override_can_add_a_signal_criterion_that_fails():
@@ -99,9 +99,9 @@ def test_override_can_add_a_signal_criterion_that_fails():
     apply_overrides(ctx, bundle, ["*.sqnr_min_db=40", "forward.out0.cosine_min=0.99999"])
     out = judge_run(bundle, _run(actual), ctx)[0][0].outputs[0]
     assert out.verdict == "FAIL"
-    names = {f["criterion"]: f for f in out.failed}
+    names = {f.criterion: f for f in out.failed}
     assert set(names) == {"sqnr_min_db", "cosine_min"}
-    assert names["sqnr_min_db"]["limit"] == 40 and names["sqnr_min_db"]["measured"] < 40
+    assert names["sqnr_min_db"].limit == 40 and names["sqnr_min_db"].measured < 40
 
 
 def test_unset_override_removes_a_criterion():
@@ -127,7 +127,7 @@ def test_override_on_a_bundle_without_manifest():
     apply_overrides(ctx, bundle, ["out0.atol=0.5"])
     cases, warnings = judge_run(bundle, _run([expected[0] + 0.2]), ctx)
     assert cases[0].verdict == "PASS" and warnings
-    assert cases[0].outputs[0].criteria["trail"]["atol"][-1]["source"] == "override (CLI)"
+    assert cases[0].outputs[0].criteria.trail["atol"][-1]["source"] == "override (CLI)"
 
 
 def test_build_override_dict_round_trips_through_the_registry_selectors():

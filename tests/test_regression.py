@@ -242,7 +242,7 @@ def test_metric_deltas_side_by_side():
     assert out["verdicts"] == {"baseline": {"PASS": 3}, "current": {"FAIL": 2, "PASS": 1}}
 
     def stats(report, key):
-        return [c.outputs[0].stats[key] for c in report.cases]
+        return [getattr(c.outputs[0].stats, key) for c in report.cases]
 
     em = out["error_max"]
     assert em["baseline"] == max(stats(base, "error_max")) and em["current"] == max(stats(cur2, "error_max"))
@@ -329,7 +329,7 @@ def test_compare_command_refuses_unrelated_and_shows_deltas(tmp_path):
     assert proc.returncode == 1
     data = _json.loads(proc.stdout)
     [out] = data["outputs"]
-    worst = max(c.outputs[0].stats["error_max"] for c in bad.cases)
+    worst = max(c.outputs[0].stats.error_max for c in bad.cases)
     assert out["error_max"]["current"] == pytest.approx(worst)
     assert out["sqnr"]["delta"] == pytest.approx(out["sqnr"]["current"] - out["sqnr"]["baseline"]) and out["sqnr"]["delta"] < -40
     assert len(data["case_outputs"]) == 3 and data["baseline"]["label"] == "good"

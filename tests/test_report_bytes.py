@@ -55,3 +55,85 @@ def test_members_equal_hash_and_format_as_their_values(enum_type):
         assert member == member.value and hash(member) == hash(member.value)
         assert f"{member}" == str(member) == member.value
         assert json.dumps({member: [member]}) == json.dumps({member.value: [member.value]})
+
+
+def _with_output(path: Path, **changes) -> dict:
+    data = json.loads(path.read_text())
+    out = data["cases"][0]["outputs"][0]
+    out.update(changes)
+    return data
+
+
+@pytest.mark.parametrize("changes", [
+    {"criteria": {"atol": 0.001}},  # partial: the other rules absent, not written at their defaults
+    {"criteria": {"rtol": 0.01, "atol": 0.5, "top1": False, "vendor_rule": "x"}},  # order, a default, an unknown key
+    {"stats": {"error_max": "inf", "SNR": 12.5, "sqnr": None}},  # a suite import: partial stats, a foreign key
+    {"stats": {"reference_stats": {"numel": 4}, "actual_stats": None, "error_mae": 0, "extra_metric": [1, 2]}},
+    {"failed": [{"criterion": "sqnr_min_db", "detail": "too noisy"}, {"detail": "only a detail", "x": 1}]},
+])
+def test_partial_and_foreign_sub_records_round_trip_byte_identically(changes, tmp_path):
+    data = _with_output(REPORTS[1], **changes)
+    source = tmp_path / "in" / "report.json"
+    source.parent.mkdir()
+    text = write_report(Report.from_json(data), source.parent).read_text()
+    assert json.loads(text)["cases"][0]["outputs"][0] == {**data["cases"][0]["outputs"][0]}
+    assert list(json.loads(text)["cases"][0]["outputs"][0]) == list(data["cases"][0]["outputs"][0])
+    again = write_report(read_report(source), tmp_path / "again").read_text()
+    assert again == text
+
+
+def test_the_sub_records_are_typed_and_a_change_is_written(tmp_path):
+    from bundlerun.bundles.manifest import Criteria
+    from bundlerun.runner.judging.error_stats import OutputStats
+    from bundlerun.runner.judging.failed_criterion import FailedCriterion
+
+    data = _with_output(REPORTS[1], criteria={"atol": 0.001}, failed=[{"criterion": "atol", "detail": "d"}])
+    out = Report.from_json(data).cases[0].outputs[0]
+    assert isinstance(out.criteria, Criteria) and out.criteria.atol == 0.001 and out.criteria.rtol is None
+    assert isinstance(out.stats, OutputStats) and isinstance(out.failed[0], FailedCriterion)
+    assert out.failed[0].measured is None and out.failed[0].detail == "d"
+    out.criteria.rtol = 0.5  # set after reading: written after the keys read
+    assert list(out.to_json()["criteria"].items()) == [("atol", 0.001), ("rtol", 0.5)]
+
+
+_VALUES = [None, 0, -1, 2.5, True, "inf", "nan", "x\x1b[2J", [], [1, 2], {}, {"a": 1}, {"numel": "7"}]
+_KEYS = ["atol", "rtol", "exact", "trail", "sqnr", "error_max", "reference_stats", "actual_stats", "worst_index",
+         "criterion", "measured", "limit", "detail", "numel", "unknown", "SNR"]
+
+
+def test_hostile_sub_records_are_refused_in_one_line_or_round_trip(tmp_path):
+    """Generated criteria/stats/failed objects: a ReportError, or a report that reads, renders in every
+    view and writes back byte-identical (never an uncaught exception)."""
+    import io
+    import random
+
+    from rich.console import Console
+
+    from bundlerun.runner.report.console import print_summary
+    from bundlerun.runner.report.model import ReportError
+    from bundlerun.runner.writers.junit import failure_text
+    from bundlerun.runner.writers.markdown import render_markdown
+
+    rng = random.Random(34)
+    base = json.loads(REPORTS[1].read_text())
+    outcomes = {"refused": 0, "kept": 0}
+    for i in range(150):
+        data = json.loads(json.dumps(base))
+        out = data["cases"][0]["outputs"][0]
+        for field_name in rng.sample(["criteria", "stats", "failed"], rng.randint(1, 3)):
+            obj = {k: rng.choice(_VALUES) for k in rng.sample(_KEYS, rng.randint(0, 6))}
+            out[field_name] = [obj] if field_name == "failed" else obj
+        try:
+            report = Report.from_json(data)
+        except ReportError as exc:
+            assert "\n" not in str(exc)
+            outcomes["refused"] += 1
+            continue
+        outcomes["kept"] += 1
+        print_summary(report, Console(file=io.StringIO(), width=200, color_system=None))
+        render_markdown(report)
+        failure_text(report.cases[0].outputs[0])
+        written = write_report(report, tmp_path / str(i)).read_text()
+        assert json.loads(written)["cases"][0]["outputs"][0] == out
+        assert write_report(read_report(tmp_path / str(i)), tmp_path / f"{i}b").read_text() == written
+    assert outcomes["refused"] and outcomes["kept"]  # both paths ran

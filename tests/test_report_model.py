@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.report.model import SCHEMA, Report, ReportError, read_report
 from bundlerun.targets.failures import FailureKind
 from tests.report_samples import quick_report
@@ -89,6 +90,6 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     report = Report.from_json(data)
     md = render_markdown(report)
     assert "\x1b" not in md and "<b>" not in md and "\\[/x\\]" in md and "\\|x\\|" in md
-    floor = {"criterion": "sqnr_min_db", "measured": 45.35, "limit": 48.0, "detail": ""}
+    floor = FailedCriterion("sqnr_min_db", 45.35, 48.0)
     report.cases[2].outputs[0].verdict, report.cases[2].outputs[0].failed = "FAIL", [floor]
     assert "45.35 < 48" in render_markdown(report)

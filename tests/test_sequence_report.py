@@ -88,9 +88,9 @@ def test_judge_fills_sequences_and_fails_the_flipped_step():
     report, _, logits = _report()
     assert report.summary.verdict == "FAIL" and report.summary.exit_code == 1
     flipped = report.cases[FLIPPED].outputs[0]
-    by = {f["criterion"]: f for f in flipped.failed}
+    by = {f.criterion: f for f in flipped.failed}
     ref_tok = int(np.argmax(logits[FLIPPED]))
-    assert by["argmax_match"]["detail"].startswith(f"argmax: expected token {ref_tok} -> got token ")
+    assert by["argmax_match"].detail.startswith(f"argmax: expected token {ref_tok} -> got token ")
     assert [c.verdict for c in report.cases] == ["PASS"] * 4 + ["FAIL", "PASS"]
     seq0, seq1 = report.sequences
     assert (seq0.verdict, seq0.first_divergence, seq0.greedy_agreement) == ("PASS", None, 3)

@@ -169,7 +169,7 @@ def test_identity_differences_and_criteria_digest():
     trailed = copy.deepcopy(cur)
     for case in trailed.cases:
         for out in case.outputs:
-            out.criteria["trail"] = {"atol": [{"value": 1e-3, "source": "x", "file": "/elsewhere/bundlerun.toml"}]}
+            out.criteria.trail = {"atol": [{"value": 1e-3, "source": "x", "file": "/elsewhere/bundlerun.toml"}]}
     assert series.of_report(trailed) == s
     tight = _report(rs.make_bundle(cases=4, seed=0, criteria=rs.Criteria(atol=1e-9)), 1e-5, "t")
     assert series.of_report(tight).inputs == s.inputs and series.of_report(tight).criteria != s.criteria

@@ -19,6 +19,8 @@ import pytest
 from bundlerun.bundles.manifest import Criteria
 from bundlerun.bundles.registry import INTEGER_EXACT_ORIGIN
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.numerics import error_statistics, judge_output
 from bundlerun.runner.report.console import agreement, output_rows
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary
@@ -98,7 +100,8 @@ def test_one_sqnr_in_the_stats_and_the_failure_line():
 
 
 def _out(verdict: str, failed=(), **stats) -> OutputRecord:
-    return OutputRecord(0, "out0", verdict, {"sqnr_min_db": 20.0}, [dict(f) for f in failed], stats)
+    return OutputRecord(0, "out0", verdict, Criteria(sqnr_min_db=20.0), [FailedCriterion(**f) for f in failed],
+                        OutputStats(**stats))
 
 
 def test_worst_case_is_worst_on_the_deciding_criterion():
@@ -121,7 +124,8 @@ def test_worst_case_is_worst_on_the_deciding_criterion():
 def test_agreement_and_confusion_of_an_exact_output():
     def case(i: int, detail: str | None) -> CaseRecord:
         failed = [{"criterion": "exact", "measured": 1, "limit": 0, "detail": detail}] if detail else []
-        out = OutputRecord(1, "out1", "FAIL" if failed else "PASS", {"exact": True}, failed, {})
+        out = OutputRecord(1, "out1", "FAIL" if failed else "PASS", Criteria(exact=True),
+                           [FailedCriterion(**f) for f in failed], None)
         return CaseRecord("forward", i, "ok", out.verdict, [out])
 
     cases = [case(0, None), case(1, "1 of 1 elements differ (expected -> actual): 761 -> 687 at [0]"),

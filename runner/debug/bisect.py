@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.judging.error_stats import OutputStats
 from bundlerun.targets import lowering_info
 from bundlerun.targets.base import Verdict
 
@@ -269,7 +270,7 @@ class Bisector:
             raise BisectStopped(f"--output {req.output!r}: {req.method}[{req.case}] has no such output (its outputs: "
                                 f"{', '.join(o.name for o in case.outputs)})")
         step.outputs = [{"name": o.name, "verdict": o.verdict, "stats": _brief(o.stats),
-                         "failed": [f.get("detail") or f.get("criterion") for f in o.failed]}
+                         "failed": [f.detail or f.criterion for f in o.failed]}
                         for o in outs]
         verdicts = [o.verdict for o in outs] or [case.verdict]
         step.verdict = next((v for v in (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT) if v in verdicts), verdicts[0])
@@ -404,9 +405,9 @@ class Bisector:
         }
 
 
-def _brief(stats: dict[str, Any] | None) -> dict[str, Any]:
+def _brief(stats: OutputStats | None) -> dict[str, Any]:
     keys = ("sqnr", "error_max", "error_mae", "cosine_similarity", "mismatch_count", "error_max_steps", "error_mae_steps")
-    return {k: stats.get(k) for k in keys if stats and stats.get(k) is not None}
+    return {k: getattr(stats, k) for k in keys if getattr(stats, k, None) is not None}
 
 
 def _count(k: int, n: int) -> str:

@@ -199,10 +199,9 @@ def worst_failing_case(report: "Report", method: str = "forward", output: str | 
                 continue
             if out.verdict != Verdict.FAIL:
                 continue
-            stats = out.stats or {}
-            sqnr = stats.get("sqnr")
+            sqnr = out.stats.sqnr if out.stats else None
             sqnr = sqnr if isinstance(sqnr, (int, float)) else math.inf
-            err = stats.get("error_max")
+            err = out.stats.error_max if out.stats else None
             err = err if isinstance(err, (int, float)) else 0.0
             key = (sqnr, -err)
             if worst is None or key < worst[0]:

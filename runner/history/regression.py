@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.runner.judging.error_stats import OutputStats
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.history.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
@@ -109,9 +110,9 @@ def _index(report: Report) -> dict[tuple[str, int, int], OutputRecord]:
     return {(case.method, case.case, out.index): out for case in report.cases for out in case.outputs}
 
 
-def _ref_magnitude(stats: dict[str, Any]) -> float:
-    ref = stats.get("reference_stats") or {}
-    vals = [abs(v) for v in (_num(ref.get("max")), _num(ref.get("min"))) if v is not None]
+def _ref_magnitude(stats: OutputStats | None) -> float:
+    ref = stats.reference_stats if stats else None
+    vals = [abs(v) for v in (_num(ref and ref.max), _num(ref and ref.min)) if v is not None]
     return max(vals) if vals else 0.0
 
 
@@ -138,12 +139,12 @@ def find_regressions(
         loc = {"method": method, "case": ci, "output": oi}
         bv, cv = bout.verdict, out.verdict
         if rules.verdict_flip and bv == Verdict.PASS and cv == Verdict.FAIL:
-            failed = "; ".join(f"{f.get('criterion')} {f.get('measured')} (limit {f.get('limit')})" for f in out.failed)
+            failed = "; ".join(f"{f.criterion} {f.measured} (limit {f.limit})" for f in out.failed)
             found.append(
                 Regression("verdict-flip", where, bv, cv, Verdict.PASS, f"{where}: PASS -> FAIL" + (f" ({failed})" if failed else ""), **loc)
             )
-        bs, cs = bout.stats or {}, out.stats or {}
-        b_sqnr, c_sqnr = _num(bs.get("sqnr")), _num(cs.get("sqnr"))
+        bs, cs = bout.stats, out.stats
+        b_sqnr, c_sqnr = _metric(bs, "sqnr"), _metric(cs, "sqnr")
         if b_sqnr is not None and c_sqnr is not None:
             drop = min(b_sqnr, rules.sqnr_ceiling_db) - min(c_sqnr, rules.sqnr_ceiling_db)
             if drop > rules.sqnr_drop_db:
@@ -156,7 +157,7 @@ def find_regressions(
                 )
         floor = max(rules.error_floor_abs, rules.error_floor_rel * _ref_magnitude(cs or bs))
         for stat, rule in (("error_mae", "mae-growth"), ("error_max", "max-growth")):
-            b, c = _num(bs.get(stat)), _num(cs.get(stat))
+            b, c = _metric(bs, stat), _metric(cs, stat)
             if b is None or c is None or c <= floor:
                 continue
             if c > rules.error_growth * max(b, floor):
@@ -270,9 +271,9 @@ DELTA_LABELS = {"error_max": "max abs error", "sqnr": "SQNR dB", "cosine_similar
                 "mismatch_count": "mismatches"}
 
 
-def _metric(stats: dict[str, Any], key: str) -> float | None:
-    v = _num(stats.get(key))
-    return None if v is None else v
+def _metric(stats: OutputStats | None, key: str) -> float | None:
+    """A statistic by name (None when the record has no statistics or not this one): a number or None."""
+    return _num(getattr(stats, key, None))
 
 
 def _pair(b: float | None, c: float | None) -> dict[str, Any]:
@@ -313,7 +314,7 @@ def metric_deltas(baseline_report: Report, current_report: Report) -> dict[str, 
     for key in common:
         method, ci, oi = key
         bout, cout = b_idx[key], c_idx[key]
-        bs, cs = bout.stats or {}, cout.stats or {}
+        bs, cs = bout.stats, cout.stats
         bv, cv = bout.verdict, cout.verdict
         name = cout.name or f"out{oi}"
         rows.append({"method": method, "case": ci, "output": oi, "name": name, "verdict": {"baseline": bv, "current": cv},

@@ -68,8 +68,9 @@ def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> st
         if methods is not None and case.method not in methods:
             continue
         for out in case.outputs:
-            if isinstance(out.criteria, dict):
-                judged = {k: v for k, v in out.criteria.items() if k not in PROVENANCE}
+            criteria = out.criteria_json()  # as the report holds it: a digest the report file reproduces
+            if criteria is not None:
+                judged = {k: v for k, v in criteria.items() if k not in PROVENANCE}
                 seen.add(json.dumps([case.method, out.index, judged], sort_keys=True, default=str))
     if not seen:
         return None

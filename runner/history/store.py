@@ -400,7 +400,7 @@ def _run_row(report: Report, report_path: str | None) -> dict[str, Any]:
 def _output_rows(run_id: int, report: Report) -> Iterator[tuple]:
     for case in report.cases:
         for out in case.outputs:
-            stats = out.stats or {}
+            stats = out.stats
             yield (
                 run_id,
                 _sql_text(case.method),
@@ -409,15 +409,15 @@ def _output_rows(run_id: int, report: Report) -> Iterator[tuple]:
                 _sql_text(out.name),
                 case.status,
                 out.verdict,
-                _num(stats.get("sqnr")),
-                _num(stats.get("error_mae")),
-                _num(stats.get("error_max")),
-                _num(stats.get("error_l2_norm")),
-                _num(stats.get("cosine_similarity")),
-                _num(stats.get("relative_frobenius")),
-                _num(stats.get("psnr")),
-                stats.get("mismatch_count"),
-                json.dumps(out.failed, default=str),
+                _num(stats.sqnr if stats else None),
+                _num(stats.error_mae if stats else None),
+                _num(stats.error_max if stats else None),
+                _num(stats.error_l2_norm if stats else None),
+                _num(stats.cosine_similarity if stats else None),
+                _num(stats.relative_frobenius if stats else None),
+                _num(stats.psnr if stats else None),
+                stats.mismatch_count if stats else None,
+                json.dumps(out.failed_json(), default=str),
             )
 
 

@@ -20,7 +20,7 @@ reference implementation on large tensors (bench/bench_compare.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,18 +33,20 @@ CHUNK = 1 << 16  # elements per float64 chunk (512 KiB): the work buffers stay i
 
 @dataclass
 class TensorStats:
-    shape: list[int]
-    numel: int
-    median: float | None
-    mean: float | None
-    max: float | None
-    min: float | None
+    # Defaults only for reports read with a partial record (runner/report/kept_shape.py); computed ones set all.
+    shape: list[int] = field(default_factory=list)
+    numel: int | None = None
+    median: float | None = None
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
 
 
 @dataclass
 class OutputStats:
-    reference_stats: TensorStats
-    actual_stats: TensorStats
+    # Defaults (all None) only when read from a report that has none (suite imports): computed ones set them.
+    reference_stats: TensorStats = field(default_factory=TensorStats)
+    actual_stats: TensorStats = field(default_factory=TensorStats)
     error_l2_norm: float | None = None
     error_mae: float | None = None
     error_max: float | None = None
@@ -70,6 +72,12 @@ class OutputStats:
 
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
+
+    def json_safe(self) -> "OutputStats":
+        """A copy holding non-finite floats as the report's strings "inf"/"-inf"/"nan": what a report
+        record holds, so a fresh report and one read from report.json read the same."""
+        d = self.to_dict()
+        return OutputStats(**{**d, **{k: TensorStats(**d[k]) for k in ("reference_stats", "actual_stats")}})
 
 
 def _clean(obj: Any) -> Any:

@@ -11,7 +11,8 @@ from typing import Any
 
 @dataclass
 class FailedCriterion:
-    criterion: str
-    measured: Any
-    limit: Any
+    # Defaults only for report entries read with some fields absent (docs/report-schema.md: both optional).
+    criterion: str = ""
+    measured: Any = None
+    limit: Any = None
     detail: str = ""

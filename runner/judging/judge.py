@@ -8,7 +8,7 @@ judged with the foundation defaults for fp32, with a warning saying so.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.manifest import Criteria, Manifest
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, VERDICTS
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Summary
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
@@ -77,8 +78,8 @@ def _error_verdict(result: CaseResult) -> Verdict:
     return Verdict.TIMEOUT if result.status == CaseStatus.TIMEOUT else (Verdict.SKIP if result.status == CaseStatus.SKIP else Verdict.ERROR)
 
 
-def _failed(detail: str, criterion: str = "missing") -> list[dict[str, Any]]:
-    return [{"criterion": criterion, "measured": None, "limit": None, "detail": detail}]
+def _failed(detail: str, criterion: str = "missing") -> list[FailedCriterion]:
+    return [FailedCriterion(criterion, None, None, detail)]
 
 
 def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
@@ -98,14 +99,14 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         record.verdict = _error_verdict(result)
         for j in range(len(expected_values)):
             name, criteria = ctx.criteria(result.method, j)
-            record.outputs.append(OutputRecord(j, name, record.verdict, criteria=criteria.to_dict(), stats=None))
+            record.outputs.append(OutputRecord(j, name, record.verdict, criteria=replace(criteria), stats=None))
         return record
     if len(result.outputs) != len(expected_values):
         record.error = f"target returned {len(result.outputs)} outputs, bundle expects {len(expected_values)}"
         record.error_kind = FailureKind.OUTPUT_COUNT
     for j, expected in enumerate(expected_values):
         name, criteria = ctx.criteria(result.method, j)
-        entry = OutputRecord(j, name, Verdict.PASS, criteria=criteria.to_dict())
+        entry = OutputRecord(j, name, Verdict.PASS, criteria=replace(criteria))
         record.outputs.append(entry)
         if expected.kind != "tensor":
             entry.verdict, entry.note = Verdict.SKIP, f"non-tensor output ({expected.kind})"
@@ -135,8 +136,8 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
             actual_dtype=st.name(raw.scalar_type), expected_dtype=st.name(expected.scalar_type), lossy=raw.lossy,
         )
         entry.verdict = verdict.verdict
-        entry.failed = [asdict(f) for f in verdict.failed]
-        entry.stats = verdict.stats.to_dict() if verdict.stats else None
+        entry.failed = list(verdict.failed)
+        entry.stats = verdict.stats.json_safe() if verdict.stats else None
         token = ctx.step_token(result.method, result.case_index) if j == 0 else None
         if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
             from bundlerun.runner.judging.token_metrics import step_metrics

@@ -143,7 +143,7 @@ def judge_output(
                 f"relative Frobenius error {_fmt(stats.relative_frobenius)} > ceiling {_fmt(criteria.rel_frobenius_max)}",
             ))
     if criteria.mse_max is not None:
-        n = max(stats.actual_stats.numel, 1)
+        n = max(stats.actual_stats.numel or 0, 1)
         mse = (stats.error_l2_norm or 0.0) ** 2 / n if stats.error_l2_norm is not None else math.inf
         if not mse <= criteria.mse_max:
             failed.append(FailedCriterion("mse_max", mse, criteria.mse_max,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bundlerun.runner.judging.error_stats import OutputStats
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import REPORT_FILE, CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.targets.base import Verdict
@@ -71,7 +72,7 @@ def output_rows(report: Report) -> list[OutputRow]:
         counts: dict[str, int] = {}
         for _, out in items:
             counts[out.verdict] = counts.get(out.verdict, 0) + 1
-        sqnrs = [o.stats.get("sqnr") for _, o in items if o.stats]
+        sqnrs = [o.stats.sqnr for _, o in items if o.stats]
         finite = [s for s in sqnrs if isinstance(s, (int, float))]
         rows.append(OutputRow(method, index, worst.name, worst.verdict, counts, worst_case.case, worst,
                               min(finite) if finite else (sqnrs[0] if sqnrs else None)))
@@ -85,15 +86,15 @@ def deciding_criterion(outputs: list[OutputRecord]) -> str | None:
     (element-wise bounds, then the SQNR floor, then cosine). The "worst case" is worst on it."""
     tally: dict[str, int] = {}
     for out in outputs:
-        for name in dict.fromkeys(f.get("criterion") for f in out.failed if isinstance(f, dict)):
+        for name in dict.fromkeys(f.criterion for f in out.failed):
             if isinstance(name, str):
                 tally[name] = tally.get(name, 0) + 1
     if tally:
         return max(tally, key=lambda k: tally[k])  # dicts keep first-seen order: ties go to the earliest case
-    crit = next((o.criteria for o in outputs if o.criteria), None) or {}
-    if crit.get("exact") or any(crit.get(k) is not None for k in ("atol", "rtol", "qtol")):
+    crit = next((o.criteria for o in outputs if o.criteria), None)
+    if crit and (crit.exact or crit.elementwise):
         return "elementwise"
-    return next((k for k in ("sqnr_min_db", "cosine_min") if crit.get(k) is not None), None)
+    return next((k for k in ("sqnr_min_db", "cosine_min") if crit is not None and getattr(crit, k) is not None), None)
 
 
 @dataclass
@@ -126,15 +127,15 @@ def agreement(report: Report) -> list[Agreement]:
     found: dict[tuple[str, int], Agreement] = {}
     for case in report.cases:
         for out in case.outputs:
-            if not (out.criteria or {}).get("exact") or out.verdict not in (Verdict.PASS, Verdict.FAIL):
+            if not (out.criteria and out.criteria.exact) or out.verdict not in (Verdict.PASS, Verdict.FAIL):
                 continue
             entry = found.setdefault((case.method, out.index), Agreement(case.method, out.name, 0, 0, {}))
             entry.judged += 1
-            exact = [f for f in out.failed if isinstance(f, dict) and f.get("criterion") == "exact"]
+            exact = [f for f in out.failed if f.criterion == "exact"]
             if not out.failed:
                 entry.agree += 1
             for failure in exact:
-                for pair in _PAIR.findall(str(failure.get("detail") or "")):
+                for pair in _PAIR.findall(str(failure.detail or "")):
                     key = f"{pair[0]} -> {pair[1]}"
                     entry.confusion[key] = entry.confusion.get(key, 0) + 1
     return list(found.values())
@@ -153,8 +154,8 @@ _STAT_OF = {"sqnr_min_db": "sqnr", "cosine_min": "cosine_similarity", "elementwi
 def _badness(out: OutputRecord, criterion: str | None) -> float:
     """How bad one case is on `criterion` (smaller sorts first): the value its failure measured, or
     the matching statistic of a case that passed it."""
-    failed = next((f for f in out.failed if isinstance(f, dict) and f.get("criterion") == criterion), None)
-    value = failed.get("measured") if failed else (out.stats or {}).get(_STAT_OF.get(criterion or "", "error_max"))
+    failed = next((f for f in out.failed if f.criterion == criterion), None)
+    value = failed.measured if failed else getattr(out.stats, _STAT_OF.get(criterion or "", "error_max"), None)
     if value == "inf":
         value = math.inf
     elif value == "-inf":
@@ -225,7 +226,7 @@ def wide_console(stderr: bool = False):
     return Console(stderr=stderr, width=None if stream.isatty() else 160, soft_wrap=True)
 
 
-def _steps(stats: dict[str, Any], key: str) -> str:
+def _steps(stats: OutputStats | None, key: str) -> str:
     from bundlerun.runner.judging.quant_steps import suffix
 
     return suffix(stats, key, "q")
@@ -256,27 +257,28 @@ def print_summary(report: Report, console=None) -> None:
     style: dict[str, str] = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold yellow", Verdict.TIMEOUT: "bold yellow", Verdict.SKIP: "dim"}
     for row in output_rows(report):
         out = row.worst
-        stats = out.stats or {}
-        crit = out.criteria or {}
+        stats = out.stats
+        crit = out.criteria
+        exact = bool(crit and crit.exact)
         crit_text = ", ".join(criteria_items(  # 4 significant digits, as every view prints criteria
-            crit, ("atol", "rtol", "qtol", "scale" if crit.get("qtol") else "", "sqnr_min_db", "cosine_min",
+            crit, ("atol", "rtol", "qtol", "scale" if crit and crit.qtol else "", "sqnr_min_db", "cosine_min",
                    "rel_frobenius_max", "argmax_match", "kl_max", "top_k_overlap_min"))) or (
-            "exact" if crit.get("exact") else "-")
+            "exact" if exact else "-")
         counts = " ".join(f"{k}:{v}" for k, v in sorted(row.counts.items()))
-        mism = stats.get("mismatch_count")
+        mism = (stats.mismatch_count if stats else None)
         # An exact output (class ids, indices, masks) is equal or not: distances and SQNR say nothing.
-        figures = ["-"] * 4 if crit.get("exact") else [
-            _num(stats.get("error_max")) + _steps(stats, "error_max"),  # quantized: also in quantization steps
-            _num(stats.get("error_mae")) + _steps(stats, "error_mae"),
+        figures = ["-"] * 4 if exact else [
+            _num((stats.error_max if stats else None)) + _steps(stats, "error_max"),  # quantized: also in quantization steps
+            _num((stats.error_mae if stats else None)) + _steps(stats, "error_mae"),
             _num(row.min_sqnr, ".1f"),
-            _num(stats.get("cosine_similarity"), ".5f")]
+            _num((stats.cosine_similarity if stats else None), ".5f")]
         table.add_row(
             plain(f"{row.method}.{row.name}"),
             f"[{style.get(row.verdict, '')}]{row.verdict}[/]",
             counts,
             str(row.worst_case),
             *figures,
-            "-" if mism is None else f"{mism}/{(stats.get('actual_stats') or {}).get('numel', '?')}",
+            "-" if mism is None else f"{mism}/{stats.actual_stats.numel if stats and stats.actual_stats.numel is not None else '?'}",
             plain(crit_text),  # criteria come from the report file: their text is inert here
         )
     console.print(table)
@@ -301,7 +303,7 @@ def print_summary(report: Report, console=None) -> None:
                 label = "[red]FAIL[/]" if out.verdict == Verdict.FAIL else f"[yellow]{plain(out.verdict)}[/]"
                 console.print(
                     f"{label} {plain(case.method)}[{case.case}].{plain(out.name)} "
-                    f"{plain(failure.get('criterion'))}: {plain(failure.get('detail'))}", highlight=False
+                    f"{plain(failure.criterion)}: {plain(failure.detail)}", highlight=False
                 )
     line = perf_line(report)
     if line:

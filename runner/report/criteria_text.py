@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping
 
+from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
+
 # bundlerun's own choice: 4 significant digits tell any two limits a bundle sets apart
 # (tolerances are powers of ten or a scale times a small integer) and stay short in a table cell.
 SIGNIFICANT_DIGITS = 4
@@ -36,10 +39,10 @@ def number(value: Any, against: Any = None) -> str:
     return repr(value)
 
 
-def criteria_items(criteria: Mapping[str, Any] | None, keys: Iterable[str] | None = None) -> list[str]:
+def criteria_items(criteria: Criteria | Mapping[str, Any] | None, keys: Iterable[str] | None = None) -> list[str]:
     """`name=value` for every criterion that is set (in `keys` when given; not None, False or 0),
     numbers shortened."""
-    crit = dict(criteria or {})
+    crit = criteria.to_dict() if isinstance(criteria, Criteria) else dict(criteria or {})
     wanted = list(keys) if keys is not None else list(crit)
     return [f"{k}={number(crit[k])}" for k in wanted if k in crit and k != "trail" and crit[k] not in (None, False)]
 
@@ -49,12 +52,12 @@ def is_floor(criterion: Any) -> bool:
     return name in FLOORS or name.endswith("_min") or name.endswith("_min_db")
 
 
-def failed_text(failed: Mapping[str, Any], escape: Callable[[Any], str] = str) -> str:
+def failed_text(failed: FailedCriterion, escape: Callable[[Any], str] = str) -> str:
     """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings; `escape` makes
     the name and numbers safe for the view (they come from a report file)."""
-    op = "<" if is_floor(failed.get("criterion")) else ">"
-    measured, limit = failed.get("measured"), failed.get("limit")
-    return (f"{escape(failed.get('criterion'))} {escape(number(measured, limit))} {op} "
+    op = "<" if is_floor(failed.criterion) else ">"
+    measured, limit = failed.measured, failed.limit
+    return (f"{escape(failed.criterion)} {escape(number(measured, limit))} {op} "
             f"{escape(number(limit, measured))}")
 
 

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.judging.error_stats import OutputStats, TensorStats
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
+from bundlerun.runner.report.kept_shape import read_shaped, write_shaped
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.base import CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
@@ -40,19 +44,26 @@ def _take(cls, data: dict[str, Any], what: str) -> dict[str, Any]:
 
 @dataclass
 class OutputRecord:
-    """One output of one case: its verdict, criteria, failed criteria and ErrorStatistics."""
+    """One output of one case: its verdict, criteria, failed criteria and ErrorStatistics.
+
+    `criteria`, `failed` and `stats` are typed; read from a report they keep the shape they were
+    read in (runner/report/kept_shape.py: absent fields, key order, unknown keys), so a report
+    written by another version or imported from a suite writes back byte-identical. Non-finite
+    statistics are held as the report's strings "inf"/"-inf"/"nan" (OutputStats.json_safe)."""
 
     index: int
     name: str
     verdict: Verdict
-    criteria: dict[str, Any] | None = None
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, Any] | None = None
+    criteria: Criteria | None = None
+    failed: list[FailedCriterion] = field(default_factory=list)
+    stats: OutputStats | None = None
     expected: dict[str, Any] | None = None  # {"dtype", "shape"}
     actual: dict[str, Any] | None = None
     lossy: bool | None = None
     note: str | None = None
     replay: dict[str, Any] | None = None  # --replay N: runs, distinct, spread, verdicts, flips (runner/judging/replay.py)
+    # How criteria / stats / each failed entry were written in the report read (None: made here).
+    shapes: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)  # given as its report string, it becomes the member
@@ -60,17 +71,52 @@ class OutputRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "OutputRecord":
         kw = _take(cls, data, "an output record")
+        kw.pop("shapes", None)
         if kw.get("verdict") not in VERDICTS:
             raise ReportError(f"output verdict {kw.get('verdict')!r} is not one of {', '.join(VERDICTS)}")
-        kw["failed"] = list(kw.get("failed") or [])
-        return cls(**kw)
+        shapes: dict[str, Any] = {}
+        try:
+            if isinstance(kw.get("criteria"), dict):
+                kw["criteria"], shapes["criteria"] = read_shaped(Criteria, kw["criteria"])
+            if isinstance(kw.get("stats"), dict):
+                kw["stats"], shapes["stats"] = read_shaped(OutputStats, kw["stats"], _STATS_NESTED)
+            failed = [read_shaped(FailedCriterion, f) for f in kw.get("failed") or []]
+        except (TypeError, ValueError) as exc:
+            raise ReportError(f"an output record is malformed: {exc}") from None
+        kw["failed"] = [f for f, _ in failed]
+        shapes["failed"] = [s for _, s in failed]
+        return cls(**kw, shapes=shapes)
+
+    def criteria_json(self) -> dict[str, Any] | None:
+        """`criteria` as the report writes it (the history's criteria digest hashes this)."""
+        return None if self.criteria is None else write_shaped(self.criteria, self.shapes.get("criteria"),
+                                                               Criteria.to_dict)
+
+    def failed_json(self) -> list[dict[str, Any]]:
+        """`failed` as the report writes it (the history stores this)."""
+        shapes = self.shapes.get("failed") or []
+        return [write_shaped(f, shapes[i] if i < len(shapes) else None, asdict) for i, f in enumerate(self.failed)]
+
+    def stats_json(self) -> dict[str, Any] | None:
+        return None if self.stats is None else write_shaped(self.stats, self.shapes.get("stats"), OutputStats.to_dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out: dict[str, Any] = {"index": self.index, "name": self.name, "verdict": self.verdict,
+                               "criteria": self.criteria_json(), "failed": self.failed_json(), "stats": self.stats_json()}
         for key in ("expected", "actual", "lossy", "note", "replay"):
-            if out[key] is None:
-                del out[key]
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
+
+
+_STATS_NESTED = {"reference_stats": TensorStats, "actual_stats": TensorStats}
+
+
+def partial_stats(data: dict[str, Any]) -> dict[str, Any]:
+    """`stats=` and `shapes=` of an OutputRecord holding only the statistics in `data` (a suite's
+    few columns): the report writes exactly those keys, in that order."""
+    stats, shape = read_shaped(OutputStats, data, _STATS_NESTED)
+    return {"stats": stats, "shapes": {"stats": shape}}
 
 
 @dataclass
@@ -310,7 +356,7 @@ class Report:
             for out in case.outputs:
                 if out.verdict == Verdict.PASS:
                     continue
-                why = "; ".join(f"{f.get('criterion')} {f.get('measured')} vs {f.get('limit')}" for f in out.failed)
+                why = "; ".join(f"{f.criterion} {f.measured} vs {f.limit}" for f in out.failed)
                 lines.append(f"{case.method}[{case.case}].{out.name}: {out.verdict}"
                              + (f" ({why or case.error or case.error_kind and case.error_kind.value})"
                                 if why or case.error or case.error_kind else ""))

@@ -357,8 +357,9 @@ class _DeviceArtifact:
         record = DeviceRecord(**base, verdict=summary.verdict, exit_code=summary.exit_code,
                               failure_kind=case.error_kind.value if case and case.error_kind else None,
                               error=case.error if case else None, report_dir=report_dir,
-                              outputs=[{"name": o.name, "verdict": o.verdict, "criteria": o.criteria, "stats": o.stats,
-                                        "failed": o.failed, "actual": o.actual} for o in (case.outputs if case else [])],
+                              outputs=[{"name": o.name, "verdict": o.verdict, "criteria": o.criteria_json(),  # the suite's
+                                        "stats": o.stats_json(), "failed": o.failed_json(),  # JSON metadata
+                                        "actual": o.actual} for o in (case.outputs if case else [])],
                               elapsed_s=case.elapsed_s if case else None)
         record.report = report  # type: ignore[attr-defined]
         if summary.exit_code == EXIT_INFRA:

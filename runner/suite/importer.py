@@ -370,7 +370,7 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
     """A bundlerun report for one suite subtest, from the suite's own columns."""
     from bundlerun.runner.judging.judge import summarize
     from bundlerun.runner.judging.outcome import EXIT_PASS
-    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
+    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, partial_stats
     from bundlerun.runner.report.record import tool_version
     from bundlerun.targets.failures import FailureKind
 
@@ -382,9 +382,9 @@ def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | Non
         result = Verdict(bundlerun_verdict)  # PASS only when every verdict the row carries says PASS
     detail = str(row.columns.get("Result Detail") or "")
     error = str(row.columns.get("Error") or "") or None
-    outputs = [OutputRecord(j, f"out{j}", result, criteria=None,
-                            stats={"error_max": stats.get("Error Max"), "error_mae": stats.get("Error MAE"),
-                                   "sqnr": stats.get("SNR")},
+    outputs = [OutputRecord(j, f"out{j}", result, criteria=None, **partial_stats(
+                                {"error_max": stats.get("Error Max"), "error_mae": stats.get("Error MAE"),
+                                 "sqnr": stats.get("SNR")}),
                             note="the suite's statistics (3 decimals); the suite judges the test, not each output")
                for j, stats in enumerate(row.outputs())]
     kind = row.columns.get("bundlerun Failure Kind") or None

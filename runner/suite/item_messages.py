@@ -21,7 +21,7 @@ def worst_output(report: Report) -> tuple[CaseRecord, OutputRecord] | None:
         return None
 
     def size(pair: tuple[CaseRecord, OutputRecord]) -> float:
-        value = (pair[1].stats or {}).get("error_max")
+        value = pair[1].stats.error_max if pair[1].stats else None
         return value if isinstance(value, (int, float)) else float("inf")
 
     return max(failing, key=size)
@@ -40,12 +40,12 @@ def failure_message(report: Report, report_dir: Path) -> str:
     if worst:
         case, out = worst
         _message, body = failure_text(out)
-        stats = out.stats or {}
+        stats = out.stats
         lines.append(f"worst output: {case.method}[{case.case}].{out.name}")
         lines += ["  " + line for line in body.splitlines()]
-        if stats.get("worst_index") is not None:
-            lines.append(f"  worst element {stats['worst_index']}: actual {stats.get('worst_actual')} "
-                         f"expected {stats.get('worst_expected')} allowed {stats.get('worst_allowed')}")
+        if stats is not None and stats.worst_index is not None:
+            lines.append(f"  worst element {stats.worst_index}: actual {stats.worst_actual} "
+                         f"expected {stats.worst_expected} allowed {stats.worst_allowed}")
     for reg in report.regressions or []:
         lines.append(f"regression {reg.get('rule')}: {reg.get('message')}")
     lines.append(f"report: {report_dir / 'report.json'}")

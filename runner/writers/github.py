@@ -86,9 +86,9 @@ def annotations(report: "Report", report_path: str | Path | None = None,
         where = f"{case.method}[{case.case}]"
         for out in case.outputs:
             if out.verdict == Verdict.FAIL:
-                failed = "; ".join(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}"
+                failed = "; ".join(f"{f.criterion}: measured {_fmt(f.measured)} limit {_fmt(f.limit)}"
                                    for f in out.failed) or "output did not meet its criteria"
-                worst = (out.stats or {}).get("worst_index")
+                worst = out.stats.worst_index if out.stats else None
                 errors.append((f"bundlerun FAIL: {what} {where}.{out.name}",
                                failed + (f" (worst element {worst})" if worst is not None else "")))
         if case.verdict in (Verdict.ERROR, Verdict.TIMEOUT):

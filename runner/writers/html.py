@@ -22,6 +22,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.bundles.manifest import Criteria
+from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICT_COLOURS, VERDICTS, run_status
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
@@ -167,19 +170,19 @@ def _confusion(ds: dict[str, Any]) -> str:
 
 def _case_row(case: CaseRecord, out: OutputRecord | None) -> str:
     """One case-output row; a case without outputs (it did not run) is one row with its verdict."""
-    st = (out.stats if out else None) or {}
+    st = out.stats if out else None
     v = out.verdict if out else case.verdict
     why = "; ".join(
-        f"{f.get('criterion')}: {number(f.get('measured'), f.get('limit'))} (limit {number(f.get('limit'), f.get('measured'))})"
+        f"{f.criterion}: {number(f.measured, f.limit)} (limit {number(f.limit, f.measured)})"
         for f in (out.failed if out else [])
     ) or (case.error or "")
     cls = "" if v == Verdict.PASS else " class='bad'"
     return (
         f"<tr{cls}><td class='l'>{_e(case.method)}[{_e(case.case)}]</td><td class='l'>{_e(out.name if out else '–')}</td>"
-        f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr(st.get('sqnr'))}</td>"
-        f"<td>{_n(st.get('error_mae'))}{_e(_steps(st, 'error_mae'))}</td>"
-        f"<td>{_n(st.get('error_max'))}{_e(_steps(st, 'error_max'))}</td><td>{_n(st.get('cosine_similarity'), '{:.6f}')}</td>"
-        f"<td>{_n(st.get('mismatch_count'))}</td><td class='l'>{_e(why)}</td></tr>"
+        f"<td><span class='badge {_e(v)}'>{_e(v)}</span></td><td>{_sqnr((st.sqnr if st else None))}</td>"
+        f"<td>{_n((st.error_mae if st else None))}{_e(_steps(st, 'error_mae'))}</td>"
+        f"<td>{_n((st.error_max if st else None))}{_e(_steps(st, 'error_max'))}</td><td>{_n((st.cosine_similarity if st else None), '{:.6f}')}</td>"
+        f"<td>{_n((st.mismatch_count if st else None))}</td><td class='l'>{_e(why)}</td></tr>"
     )
 
 
@@ -208,11 +211,10 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
 
 def _bound(out: OutputRecord) -> tuple[float, float] | None:
     """The output's element-wise bound (atol, rtol) as judge_output formed it, None when it has none."""
-    from bundlerun.bundles.manifest import Criteria
     from bundlerun.runner.judging.numerics import elementwise_bound
 
     try:
-        crit = Criteria.from_dict(out.criteria or {})
+        crit = out.criteria or Criteria()
         atol, rtol, checked = elementwise_bound(crit, (out.expected or {}).get("dtype"), bool(out.lossy))
     except (TypeError, ValueError, AttributeError):  # a hand-edited report: no bound drawn, never a crash
         return None
@@ -221,30 +223,30 @@ def _bound(out: OutputRecord) -> tuple[float, float] | None:
     return float(atol), float(rtol)
 
 
-def _limit(f: dict[str, Any]) -> str:
+def _limit(f: FailedCriterion) -> str:
     """A failed criterion's threshold as people read it: `≥ 20 dB` for a floor, `≤ 0.001` for a ceiling."""
-    unit = " dB" if str(f.get("criterion", "")).endswith("_db") else ""
-    return f"{'≥' if is_floor(f.get('criterion')) else '≤'} {number(f.get('limit'))}{unit}"
+    unit = " dB" if str(f.criterion or "").endswith("_db") else ""
+    return f"{'≥' if is_floor(f.criterion) else '≤'} {number(f.limit)}{unit}"
 
 
 def _failed_section(report: Report, max_rows: int = 12) -> str:
     """What failed, first on the page: per output and criterion, how many cases failed it, the worst
     measured value and the threshold; then the cases that did not run to a verdict, with why."""
-    groups: dict[tuple[str, str, str], list[tuple[int, dict[str, Any]]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[int, FailedCriterion]]] = {}
     for case in report.cases:
         for out in case.outputs:
             for f in out.failed if out.verdict == Verdict.FAIL else []:
-                key = (case.method, out.name or f"out{out.index}", str(f.get("criterion")))
+                key = (case.method, out.name or f"out{out.index}", str(f.criterion))
                 groups.setdefault(key, []).append((case.case, f))
     rows = []
     for (method, name, criterion), fails in list(groups.items())[:max_rows]:
         numeric = [(c, f) for c, f in fails
-                   if isinstance(f.get("measured"), (int, float)) and not isinstance(f.get("measured"), bool)]
+                   if isinstance(f.measured, (int, float)) and not isinstance(f.measured, bool)]
         pick = min if is_floor(criterion) else max
-        ci, worst = pick(numeric, key=lambda cf: cf[1]["measured"]) if numeric else fails[0]
+        ci, worst = pick(numeric, key=lambda cf: cf[1].measured) if numeric else fails[0]
         unit = " dB" if criterion.endswith("_db") else ""
         rows.append(f"<tr><td class='l'>{_e(method)} / {_e(name)}</td><td class='l crit'>{_e(criterion)}</td>"
-                    f"<td>{len(fails)}</td><td>{_e(number(worst.get('measured'), worst.get('limit')))}{unit}</td>"
+                    f"<td>{len(fails)}</td><td>{_e(number(worst.measured, worst.limit))}{unit}</td>"
                     f"<td class='l threshold'>{_e(_limit(worst))}</td>"
                     f"<td class='l'>{_e(f'{method}[{ci}]')}: {_e(failed_text(worst))}</td></tr>")
     parts = []
@@ -280,7 +282,7 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
         if case.method != method:
             continue
         out = next((o for o in case.outputs if o.index == oi), None)
-        values.append((out.stats or {}).get(key) if out is not None else None)
+        values.append(getattr(out.stats, key, None) if out is not None else None)
         verdicts.append(out.verdict if out is not None else case.verdict)
     return values, verdicts
 
@@ -299,7 +301,7 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
         return "<h2 id='outputs'>Outputs</h2><p class='note'>no outputs were collected</p>"
     for (method, oi), out in sorted(seen.items()):
         name = out.name or f"out{oi}"
-        crit = out.criteria or {}
+        crit = out.criteria or Criteria()
         expected = out.expected or {}
         parts.append(
             f"<h3>{_e(method)} / {_e(name)} <span class='meta criteria'>{_e(expected.get('dtype'))} "
@@ -308,23 +310,23 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
         figs = []
         sqnrs, verdicts = _per_case(cases, method, oi, "sqnr")
         if case_plots and any(v is not None for v in sqnrs):
-            floor = crit.get("sqnr_min_db") if isinstance(crit.get("sqnr_min_db"), (int, float)) else None
+            floor = crit.sqnr_min_db if isinstance(crit.sqnr_min_db, (int, float)) else None
             figs.append(_img(plots.case_strip(sqnrs, verdicts, f"{method}/{name}: SQNR per case", plots.SQNR_LABEL,
                                               floor, "floor sqnr_min_db {} dB"),
                              f"sqnr per case {method}/{name}",
                              "SQNR per case (dB, signal = reference), each case in its own verdict's colour"
                              + ("; dashed: the floor" if floor is not None else "")))
-        if case_plots and isinstance(crit.get("cosine_min"), (int, float)):
+        if case_plots and isinstance(crit.cosine_min, (int, float)):
             cosines, verdicts = _per_case(cases, method, oi, "cosine_similarity")
             figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
-                                              "cosine similarity", crit["cosine_min"], "floor cosine_min {}"),
+                                              "cosine similarity", crit.cosine_min, "floor cosine_min {}"),
                              f"cosine per case {method}/{name}", "cosine similarity per case; dashed: the floor"))
         if (method, oi) in arrays:
             act, exp, case_verdicts = arrays[(method, oi)]
             a, e = np.concatenate([x.ravel() for x in act]), np.concatenate([x.ravel() for x in exp])
             title = f"{method}/{name} over {len(act)} case(s)"
             bound = _bound(out)
-            failed_by = {str(f.get("criterion")) for c in cases if c.method == method
+            failed_by = {str(f.criterion) for c in cases if c.method == method
                          for o in c.outputs if o.index == oi for f in o.failed}
             if bound is not None and (not failed_by or failed_by & {"elementwise", "exact"}):
                 passed, labels = plots.within_bound(a, e, *bound), ("within bound", "over bound")
@@ -501,7 +503,7 @@ def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] 
     return f"<h2 class='reg'>{len(regressions)} regression(s) against the baseline</h2><ul class='reg'>{items}</ul>"
 
 
-def _steps(stats: dict[str, Any], key: str) -> str:
+def _steps(stats: OutputStats | None, key: str) -> str:
     from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
 
     return suffix(stats, key)

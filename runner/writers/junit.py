@@ -56,18 +56,18 @@ def failure_text(out: OutputRecord | None) -> tuple[str, str]:
     failed = out.failed if out is not None else []
     parts = []
     for f in failed:
-        parts.append(f"{f.get('criterion')}: measured {_fmt(f.get('measured'))} limit {_fmt(f.get('limit'))}")
+        parts.append(f"{f.criterion}: measured {_fmt(f.measured)} limit {_fmt(f.limit)}")
     message = "; ".join(parts) or "output did not meet its criteria"
     lines = [message]
     for f in failed:
-        if f.get("detail"):
-            lines.append(f"  {f.get('criterion')}: {f['detail']}")
-    stats = (out.stats if out is not None else None) or {}
+        if f.detail:
+            lines.append(f"  {f.criterion}: {f.detail}")
+    stats = out.stats if out is not None else None
     keys = ("sqnr", "error_mae", "error_max", "cosine_similarity", "relative_frobenius", "mismatch_count")
-    shown = [f"{k}={_fmt(stats[k])}" for k in keys if stats.get(k) is not None]
+    shown = [f"{k}={_fmt(getattr(stats, k))}" for k in keys if getattr(stats, k, None) is not None]
     if shown:
         lines.append("stats: " + " ".join(shown))
-    crit = (out.criteria if out is not None else None) or {}
+    crit = out.criteria if out is not None else None
     set_crit = criteria_items(crit)  # 4 significant digits (runner/report/criteria_text.py)
     if set_crit:
         lines.append("criteria: " + " ".join(set_crit))

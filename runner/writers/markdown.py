@@ -14,6 +14,7 @@ from typing import Any
 from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.judging.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
@@ -34,7 +35,7 @@ def _cell(v: Any, fmt: str = "{:.4g}") -> str:
     return _md(v)
 
 
-def _failed(f: dict[str, Any]) -> str:
+def _failed(f: FailedCriterion) -> str:
     """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings (runner/report/criteria_text.py)."""
     from bundlerun.runner.report.criteria_text import failed_text
 
@@ -212,7 +213,7 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         lines += [f"### {title}", "", SQNR_NOTE, "", "| case | output | verdict | SQNR dB | MAE | max err | failed |",
                   "|---|---|---|---:|---:|---:|---|"]
         for case, out in shown[:max_rows]:
-            stats = (out.stats if out is not None else None) or {}
+            stats = out.stats if out is not None else None
             v = out.verdict if out is not None else case.verdict
             failed = out.failed if out is not None else []
             why = "; ".join(_failed(f) for f in failed)
@@ -220,8 +221,8 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
                 why = case.error
             lines.append(
                 f"| {_md(case.method)}[{case.case}] | {_md(out.name if out is not None else '–')} | {_ICON.get(v, '')} {v} "
-                f"| {_cell(stats.get('sqnr'), '{:.1f}')} | {_cell(stats.get('error_mae'))}{suffix(stats, 'error_mae')} "
-                f"| {_cell(stats.get('error_max'))}{suffix(stats, 'error_max')} | {why if failed else _cell(why)} |"
+                f"| {_cell((stats.sqnr if stats else None), '{:.1f}')} | {_cell((stats.error_mae if stats else None))}{suffix(stats, 'error_mae')} "
+                f"| {_cell((stats.error_max if stats else None))}{suffix(stats, 'error_max')} | {why if failed else _cell(why)} |"
             )
         if len(shown) > max_rows:
             lines.append(f"| … | {len(shown) - max_rows} more | | | | | |")
