@@ -43,9 +43,9 @@ class DynDim:
 
 
 def _bound(value: Any, name: str, what: str) -> int:
-    try:
+    try:  # torch's unbounded int_oo raises AttributeError from int(), inf OverflowError
         number = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):
         raise ModelSourceError(f"dynamic dim {name!r} has no finite {what} (give Dim({name!r}, min=..., max=...))") from None
     return number
 
