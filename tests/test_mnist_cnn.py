@@ -55,7 +55,8 @@ def test_fp32_on_host_matches_the_eager_model(tmp_path):
 def test_int8_on_the_cortex_m55_runner_under_qemu(qemu_runner, tmp_path):
     """The default Cortex-M55 runner; int8 by the cortex-m recipe, calibrated on 128 MNIST training
     samples. Top-1 and agreement are the figures of record; one of the first 100 samples has logits
-    at 15.6 dB SQNR against the fp32 reference (floor 20 dB), a numerical FAIL (exit 1) said as such."""
+    at 15.6 dB SQNR against the fp32 reference (floor 20 dB): an element-wise FAIL the report names,
+    which does not set an accuracy run's exit code (docs/accuracy.md)."""
     qemu_runner()
     code, report = _accuracy(tmp_path, "--target", "qemu://mps3-an547", "--dtype", "int8")
     assert report["bundle"]["backend"] == "cortex-m" and report["bundle"]["dtype"] == "int8"
@@ -66,4 +67,4 @@ def test_int8_on_the_cortex_m55_runner_under_qemu(qemu_runner, tmp_path):
     assert ds["agreement"] >= 0.97 and abs(ds["top1"] - ds["reference_top1"]) <= 0.03
     verdicts = [c["verdict"] for c in report["cases"]]
     assert verdicts.count("PASS") >= SAMPLES - 2 and set(verdicts) <= {"PASS", "FAIL"}
-    assert code == (0 if verdicts.count("FAIL") == 0 else 1)
+    assert code == 0  # an accuracy run is judged by its dataset numbers; element-wise FAILs are reported
