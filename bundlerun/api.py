@@ -129,6 +129,7 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
     from bundlerun.bundles.model_source import _from_examples
 
     exported = hasattr(model, "graph_module") and hasattr(model, "module")  # torch.export.ExportedProgram
+    dynamic_shapes: Any = None  # an ExportedProgram's symbolic dims, honoured in the lowering
     if exported:
         if example_inputs is None and getattr(model, "example_inputs", None):
             args, kwargs = model.example_inputs
@@ -137,6 +138,9 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
                                        "pass example_inputs as a tuple")
             example_inputs = args
         name = "ExportedProgram"
+        from bundlerun.bundles.dynamic_shapes import from_exported
+
+        dynamic_shapes = from_exported(model)
         # ep.module() refuses .eval()/.train() (torch: "Calling eval() is not supported yet"); it
         # already holds the mode it was exported in
         model = model.module()
@@ -151,7 +155,8 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
     if not exported:
         name = type(model).__name__
         model = model.eval()
-    return _from_examples(name, f"python:{type(model).__module__}.{name}", "", model, examples, distribution)
+    return _from_examples(name, f"python:{type(model).__module__}.{name}", "", model, examples, distribution,
+                          dynamic_shapes=dynamic_shapes)
 
 
 def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] | Sequence[Sequence[Any]], *,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles import dynamic_shapes, scalar_types as st
 from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError
@@ -80,6 +80,51 @@ def _program_output_dtypes(program: Any) -> list[Any]:
     return [a.meta["val"].dtype if hasattr(a, "meta") and "val" in a.meta else None for a in args]
 
 
+def _dynamic_points(req: BuildRequest, backend: str, recipe: Any, model: ResolvedModel) -> list[str]:
+    """Which point (min, typical, max) each case tests; [] for a model without dynamic dims.
+    A recipe that does not export with dynamic shapes, or real inputs of one fixed size, refuse
+    them in one line rather than drop them and test one static shape."""
+    if not model.dynamic:
+        return []
+    if not getattr(recipe, "DYNAMIC_SHAPES", False):
+        raise BuildError(f"{model.name} declares dynamic dims; the {backend} recipe exports static shapes only "
+                         "(dynamic shapes are lowered for xnnpack and portable)")
+    if req.inputs is not None or req.dataset is not None:
+        raise BuildError(f"{model.name} declares dynamic dims, which are tested on generated inputs at their "
+                         "min, typical and max sizes: drop --inputs / --dataset")
+    if req.cases < len(dynamic_shapes.POINTS):
+        raise BuildError(f"{model.name} declares dynamic dims: give --cases {len(dynamic_shapes.POINTS)} or more "
+                         "(one each at the minimum, a typical size and the maximum)")
+    return dynamic_shapes.case_points(req.cases)
+
+
+def _dynamic_cases(model: ResolvedModel, points: list[str], seed: int) -> list[list[np.ndarray]]:
+    """Case i drawn as generated cases are (the same seed stream), at point i's shapes."""
+    from bundlerun.bundles.inputs import case_rng
+
+    examples = [tuple(s.shape) for s in model.inputs]
+    cases = []
+    for i, point in enumerate(points):
+        rng = case_rng(seed, "cases", i)
+        shapes = dynamic_shapes.shapes_at(model.dynamic, examples, point)
+        cases.append([s.dist.sample(rng, shape, s.dtype) for s, shape in zip(model.inputs, shapes)])
+    return cases
+
+
+def _stacked(values: list[Any]) -> np.ndarray | None:
+    """The cases' expected values as one array for data rules; None when their shapes differ."""
+    if any(tuple(v.sizes) != tuple(values[0].sizes) for v in values):
+        return None
+    return np.stack([v.to_array() for v in values])
+
+
+def _over_cases(values: list[Any], what: str) -> tuple[list[int], list[int]]:
+    try:
+        return dynamic_shapes.shape_over_cases([list(v.sizes) for v in values])
+    except ValueError as exc:
+        raise BuildError(f"{what}: {exc}") from None
+
+
 def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError. With `req.cache`,
     a build already in the build cache is copied instead (result.info["cache"] == "hit")."""
@@ -134,7 +179,10 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     model = req.resolved_model or resolve_model(req.model, req.distribution, req.state_dict)
     specs = [(s.shape, s.dtype, s.dist) for s in model.inputs]
     inputs_used: dict[str, Any] | None = None
-    if req.dataset is not None:
+    points = _dynamic_points(req, backend, recipe, model)
+    if points:  # each dynamic dim at its min, a typical size and its max, in turn (bundles/dynamic_shapes.py)
+        case_arrays = _dynamic_cases(model, points, req.seed)
+    elif req.dataset is not None:
         case_arrays = [list(sample) for sample in req.dataset["samples"]]
     elif req.inputs is not None:
         from bundlerun.bundles import real_inputs
@@ -153,12 +201,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     lowering = _etrecord.recording(req.etrecord, partition_control.wrap(recipe.lower))(
         LoweringRequest(
             model=model.module,
-            example_inputs=to_torch(case_arrays[0]),
+            example_inputs=to_torch(case_arrays[points.index("typical") if points else 0]),
             calibration_inputs=[to_torch(c) for c in calibration],
             dtype=req.dtype,
             backend=backend,
             target=req.target,
             target_info=dict(req.target_info),
+            dynamic_shapes=dynamic_shapes.to_torch(model.dynamic, len(model.inputs)),
         )
     )
     undelegated = [op for op in lowering.info.get("undelegated_ops", []) if not op.startswith("dim_order_ops")]
@@ -237,20 +286,23 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             zero_point=qp[1] if qp else None,
             quantization=lowering.quantization,
             reference_dtype=reference_dtypes[j],
-            expected=np.stack([tc.expected_outputs[j].to_array() for tc in test_cases]),
+            expected=_stacked([tc.expected_outputs[j] for tc in test_cases]),
         )
         criteria = resolve_criteria(ctx, req.overrides, req.registry)
+        shape, dynamic = _over_cases([tc.expected_outputs[j] for tc in test_cases], f"output {j}")
         outputs.append(
             OutputSpec(
                 name=f"out{j}",
                 dtype=st.name(code),
-                shape=list(out.shape),
+                shape=shape,
                 criteria=criteria,
                 quantized=qp is not None or not st.is_floating(code),
+                dynamic=dynamic,
             )
         )
     inputs_spec = [
-        TensorSpec(f"in{k}", st.name(v.scalar_type), list(v.sizes)) for k, v in enumerate(test_cases[0].inputs)
+        TensorSpec(f"in{k}", st.name(v.scalar_type), *_over_cases([tc.inputs[k] for tc in test_cases], f"input {k}"))
+        for k, v in enumerate(test_cases[0].inputs)
     ]
     manifest = Manifest(
         model={"id": model.name, "source": model.source, "description": model.description,
@@ -265,6 +317,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
                         **({"distribution_from": "example"} if model.inputs_inferred else {})} for s in model.inputs],
             **({"input_source": inputs_used} if inputs_used else {}),
             **({"input_structure": model.input_structure} if model.input_structure else {}),
+            **({"dynamic_shapes": {"dims": [d.to_dict() for d in model.dynamic], "cases": points}} if points else {}),
             "seed": req.seed,
             "cases": len(test_cases),
             "lowering": lowering.info,

@@ -117,9 +117,18 @@ def _against_manifest(where: str, label: str, values: list["BundledValue"], spec
     if len(values) != len(specs):
         raise BundleError(f"{where}: has {len(values)} {label}s, the manifest describes {len(specs)}")
     for j, (value, spec) in enumerate(zip(values, specs)):
-        if value.kind != "tensor" or st.name(value.scalar_type) != spec["dtype"] or list(value.sizes) != spec["shape"]:
+        if value.kind != "tensor" or st.name(value.scalar_type) != spec["dtype"] or not _fits(list(value.sizes), spec):
+            dynamic = f" (dims {spec['dynamic']} at most that size)" if spec.get("dynamic") else ""
             raise BundleError(f"{where}: {label} {j} ({spec['name']}) is {_what(value)}, but the manifest "
-                              f"describes a {spec['dtype']}{spec['shape']} tensor")
+                              f"describes a {spec['dtype']}{spec['shape']} tensor{dynamic}")
+
+
+def _fits(sizes: list[int], spec: dict[str, Any]) -> bool:
+    """The manifest's shape, except that a dim it lists as dynamic may be smaller (it records the
+    largest size of any case)."""
+    shape, dynamic = spec["shape"], set(spec.get("dynamic", []))
+    return len(sizes) == len(shape) and all(s == b or (d in dynamic and s <= b)
+                                            for d, (s, b) in enumerate(zip(sizes, shape)))
 
 
 def _dtype(code: int | None) -> str:

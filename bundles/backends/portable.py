@@ -6,6 +6,8 @@ from __future__ import annotations
 from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
 from bundlerun.bundles.backends.xnnpack import lower_with
 
+DYNAMIC_SHAPES = True  # lower_with exports with the model's dynamic_shapes
+
 
 def lower(req: LoweringRequest) -> LoweringResult:
     if req.dtype in ("int8", "int16"):

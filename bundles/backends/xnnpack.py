@@ -15,6 +15,8 @@ from bundlerun.bundles.backends.common import (
 )
 from bundlerun.bundles.errors import BuildError
 
+DYNAMIC_SHAPES = True  # this recipe exports with the model's dynamic_shapes (others refuse them: builder.py)
+
 
 def _partitioner():
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -28,14 +30,14 @@ def lower_with(req: LoweringRequest, partitioners: list) -> LoweringResult:
 
     model, examples = req.model, req.example_inputs
     if req.dtype == "fp32":
-        exported = export_model(model, examples)
+        exported = export_model(model, examples, req.dynamic_shapes)
         program, summary = lower_and_emit(exported, partitioners)
         return LoweringResult(program, [x.dtype for x in examples], ops=graph_ops(exported), info=summary)
     if req.dtype in ("fp16", "bf16"):
         target = torch.float16 if req.dtype == "fp16" else torch.bfloat16
         half_model = copy.deepcopy(model).to(target)
         half_examples = tuple(x.to(target) if x.is_floating_point() else x for x in examples)
-        exported = export_model(half_model, half_examples)
+        exported = export_model(half_model, half_examples, req.dynamic_shapes)
         program, summary = lower_and_emit(exported, partitioners)
         return LoweringResult(program, [x.dtype for x in half_examples], ops=graph_ops(exported), info=summary)
     if req.dtype == "int8":
@@ -46,10 +48,10 @@ def lower_with(req: LoweringRequest, partitioners: list) -> LoweringResult:
 
         quantizer = XNNPACKQuantizer()
         quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
-        exported = export_model(model, examples)
+        exported = export_model(model, examples, req.dynamic_shapes)
         converted = quantize_pt2e(exported, quantizer, req.calibration_inputs)
         qparams = output_qparams(converted)
-        requantized = export_model(converted, examples)
+        requantized = export_model(converted, examples, req.dynamic_shapes)
         program, summary = lower_and_emit(requantized, partitioners)
         return LoweringResult(
             program,

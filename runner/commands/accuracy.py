@@ -129,7 +129,7 @@ def print_accuracy(report: Report) -> None:
 
 @click.command(name="accuracy")
 @click.argument("model")
-@click.option("--dataset", "dataset", required=True, help="digits, a folder (samples + labels.txt/.npy) or path.py:fn.")
+@click.option("--dataset", "dataset", required=True, help="digits, mnist, a folder (samples + labels.txt/.npy) or path.py:fn.")
 @click.option("--samples", type=int, default=None, help="Use the first N samples (default: all).")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target URL.")
 @click.option("--dtype", default=None, help="fp32, fp16, int8 (PTQ), ... (default: int8 for integer Arm targets, else fp32)")

@@ -102,9 +102,9 @@ def _from_build(ctx, explicit: dict, registry, distribution_given: bool):
 def _buildable(model: str) -> bool:
     """A model `build` can build (a zoo name or path.py:factory), not only a name that registry
     model overrides match (ExecuTorch's `mobilenet_v2`, `lstm`)."""
-    from bundlerun.bundles.zoo import names
+    from bundlerun.bundles.zoo import ZOO
 
-    return model in names() or (":" in model and model.rsplit(":", 1)[0].endswith(".py"))
+    return model in ZOO or (":" in model and model.rsplit(":", 1)[0].endswith(".py"))
 
 
 def _comparable(criteria) -> dict:

@@ -142,8 +142,9 @@ def _layout_mismatch(module, suite, code_of) -> dict[int, str]:
         for j, (value, decl) in enumerate(zip(outs, declared)):
             if decl is None or value.kind != "tensor":
                 continue
-            if list(value.sizes) != decl[0]:
-                problems[i] = (f"bundle's expected output {j} has shape {list(value.sizes)} but the program's "
+            sizes = list(value.sizes)  # a dynamic output is declared at its upper bound: smaller fits
+            if len(sizes) != len(decl[0]) or any(s > b for s, b in zip(sizes, decl[0])):
+                problems[i] = (f"bundle's expected output {j} has shape {sizes} but the program's "
                                f"output {j} has shape {decl[0]} (inconsistent bundle)")
                 break
     return problems
