@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -196,7 +197,8 @@ def keep_last_run(etdump: str | Path) -> int:
     dropped = len(dump.run_data) - 1
     if dropped > 0:
         dump.run_data = dump.run_data[-1:]
-        path.write_bytes(serialize_to_etdump_flatcc(dump))
+        data = serialize_to_etdump_flatcc(dump)  # flatc writes it without the size prefix the reader expects
+        path.write_bytes(struct.pack("<I", len(data)) + data)
     return max(dropped, 0)
 
 
