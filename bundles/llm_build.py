@@ -335,7 +335,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     etrecord = getattr(req, "etrecord", False)
     use_cache = req.cache and key is not None and not etrecord  # an ETRecord is written beside this output
     discarded = None
-    if use_cache:
+    if use_cache and key is not None:
         hit = _from_cache(req, key, say)
         if not isinstance(hit, (str, type(None))):
             return hit
@@ -364,7 +364,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     except OSError as exc:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info: dict[str, Any] = {"export_s": exported.export_s}
-    if use_cache:
+    if use_cache and key is not None:
         stored = build_cache.store(key, path)
         info.update(cache="miss" if stored else "not stored", cache_key=key)
         if discarded:

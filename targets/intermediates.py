@@ -112,8 +112,9 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
             f"step(s) of case {case}'s sequence first, and a decode step on a fresh KV cache is not the step that "
             "failed; debug it on a lane that replays the prefix (host://xnnpack)")
     Path(work_dir).mkdir(parents=True, exist_ok=True)
-    if prefix:
-        return spec.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
+    if prefix:  # a keyword only the captures with capture_prefix take (CaptureFn does not declare it)
+        with_prefix: Any = spec.capture
+        return with_prefix(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
                             debug_buffer_mb, prefix=tuple(prefix))
     return spec.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
                         debug_buffer_mb)
