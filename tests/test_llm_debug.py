@@ -110,3 +110,27 @@ def test_bisect_of_an_llm_is_a_one_line_refusal_that_points_to_debug():
     with pytest.raises(BisectError) as info:
         check_request(BisectRequest(model="llm:llama3", target="host://xnnpack", report_dir=Path("out")))
     assert "\n" not in str(info.value) and "export_llama" in str(info.value) and "bundlerun debug" in str(info.value)
+
+
+def test_seeded_hostile_sequences_give_a_prefix_of_earlier_steps_or_nothing():
+    """Sequences as a (validated but hostile) manifest may hold them: overlapping, repeated or huge case
+    numbers, other methods: the prefix is always the holding sequence's steps before the case, never a crash."""
+    import random
+
+    rng = random.Random(35)
+    for _ in range(300):
+        seqs = []
+        for i in range(rng.randint(0, 4)):
+            cases = [rng.choice([rng.randint(0, 20), rng.randint(0, 2**62)]) for _ in range(rng.randint(0, 6))]
+            seqs.append(SequenceSpec(f"s{i}", rng.choice(["forward", "other"]), rng.random() < 0.8, "teacher-forced",
+                                     [SequenceStep(c, "decode", 0, [1], 0) for c in cases]))
+        case = rng.randint(0, 20)
+        seq, prefix = sequence_prefix(seqs, "forward", case)
+        if seq is None:
+            assert prefix == []
+        else:
+            assert seq.stateful and seq.method == "forward" and case not in prefix
+            assert prefix == seq.cases[: len(prefix)] and seq.cases[len(prefix)] == case
+        failing = {rng.randint(0, 20) for _ in range(rng.randint(0, 5))}
+        first = first_failing_step(seqs, "forward", failing)
+        assert first is None or first in failing

@@ -677,6 +677,9 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     from bundlerun.bundles.sequence import from_manifest, sequence_prefix
 
     sequence, prefix = sequence_prefix(from_manifest(manifest), method, case)
+    if any(not 0 <= k < len(suite.test_cases) for k in prefix):  # the manifest names cases the suite lacks
+        raise DebugError(f"{bundle_path}: sequence {sequence.name if sequence else '?'!r} names cases the method's "
+                         f"suite does not hold (it has {len(suite.test_cases)})")
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
     run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config, tuple(prefix))
 
