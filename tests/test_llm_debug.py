@@ -134,3 +134,15 @@ def test_seeded_hostile_sequences_give_a_prefix_of_earlier_steps_or_nothing():
         failing = {rng.randint(0, 20) for _ in range(rng.randint(0, 5))}
         first = first_failing_step(seqs, "forward", failing)
         assert first is None or first in failing
+
+
+@pytest.mark.slow
+def test_run_debug_on_fail_drills_into_the_first_diverging_step(llm_bundles):
+    work = llm_bundles
+    done = _cli("run", "broken.bpte", "--target", "host://xnnpack", "--no-history", "--debug-on-fail", "--report",
+                "dof", cwd=work)
+    assert done.returncode == 1, done.stderr[-2000:]
+    found = [json.loads(p.read_text()) for p in (work / "dof").rglob("report.json")]
+    debug = [r["debug"] for r in found if r.get("kind") == "debug"]
+    assert debug and debug[0]["case"] == 0 and "first diverging step" in debug[0]["case_source"]
+    assert debug[0]["first_bad_layer"]["module"] == "layers.1.feed_forward.w2"
