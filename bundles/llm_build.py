@@ -17,7 +17,9 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -163,7 +165,8 @@ class Exported:
     manager: Any = None  # export_llama's LLMEdgeManager (its export_program: ExecuTorch's program manager)
 
 
-def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) -> Exported:
+def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
+           etrecord: Path | None = None) -> Exported:
     """Run ExecuTorch's `_export_llama` in a temporary folder (it writes the .pte to its output dir
     and reads params/checkpoint from files) and return the program bytes and the eager model."""
     from bundlerun.bundles.backends.common import quiet_framework_logs
@@ -206,6 +209,7 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) 
         config.export.output_dir = tmp
         config.export.output_name = str(folder / "model.pte")
         config.backend.xnnpack.enabled = True
+        config.debug.generate_etrecord = bool(etrecord)  # written as etrecord.bin in the cwd (export_llama_lib.py:1509)
         quant = quantization(p.dtype)
         if "qmode" in quant:
             config.quantization.qmode = quant["qmode"]
@@ -220,8 +224,32 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None]) 
             raise BuildError(f"export_llama failed for llm:{p.arch}: {type(exc).__name__}: {str(exc)[:300]}") from None
         export_s = time.perf_counter() - start
         program = (folder / "model.pte").read_bytes()
+        if etrecord is not None:
+            _keep_etrecord(folder / "etrecord.bin", etrecord)
     described = ", ".join(f"{k}={v}" for k, v in quant.items()) or "none (fp32)"
     return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager)
+
+
+def _keep_etrecord(written: Path, dest: Path) -> None:
+    """Move the ETRecord export_llama wrote into place beside the bundle (atomically)."""
+    if not written.is_file():
+        raise BuildError("export_llama wrote no etrecord.bin although generate_etrecord was set; build without --etrecord")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(written, tmp)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"cannot write the ETRecord {dest}: {exc.strerror or exc}") from None
+
+
+def _etrecord_entry(path: Path) -> dict[str, Any]:
+    """The manifest's build.etrecord for an ETRecord export_llama recorded (bundles/etrecord.py `locate` reads it)."""
+    from bundlerun.bundles.fileio import file_sha256
+
+    return {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size,
+            "graphs": ["exported_program", "edge_dialect_exported_program"], "recorded_by": "export_llama"}
 
 
 # --------------------------------------------------------------------------- sequences
@@ -304,18 +332,25 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     req.dtype = p.dtype
     reference = "quantized" if p.dtype == "8da4w" else "eager-fp32"
     key = _cache_key(req, backend, reference)
+    etrecord = getattr(req, "etrecord", False)
+    use_cache = req.cache and key is not None and not etrecord  # an ETRecord is written beside this output
     discarded = None
-    if req.cache and key is not None:
+    if use_cache and key is not None:
         hit = _from_cache(req, key, say)
         if not isinstance(hit, (str, type(None))):
             return hit
         discarded = hit
-    exported = export(p, opts, req.seed, say)
+    from bundlerun.bundles.etrecord import etrecord_path_for
+
+    et_path = etrecord_path_for(req.output) if etrecord else None
+    exported = export(p, opts, req.seed, say, et_path)
     prompts, shown, tokenizer_digest = _prompts(p, opts, req.seed)
     say(f"stepping the eager model through {len(prompts)} prompts x {p.decode_steps} decode steps")
     cases, steps = reference_steps(exported.eager, prompts, p.decode_steps)
     sequences = [SequenceSpec(f"seq{i}", "forward", True, "teacher-forced", s, shown[i]) for i, s in enumerate(steps)]
     manifest = _manifest(req, p, exported, cases, sequences, tokenizer_digest, backend, reference, key)
+    if et_path is not None:
+        manifest.build["etrecord"] = _etrecord_entry(et_path)
     from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
     from bundlerun.bundles.build_parts import _value_from_tensor
 
@@ -329,7 +364,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     except OSError as exc:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info: dict[str, Any] = {"export_s": exported.export_s}
-    if req.cache and key is not None:
+    if use_cache and key is not None:
         stored = build_cache.store(key, path)
         info.update(cache="miss" if stored else "not stored", cache_key=key)
         if discarded:

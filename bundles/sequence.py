@@ -102,3 +102,24 @@ def stateful_prefix_problem(sequences: list[SequenceSpec], pairs: list[tuple[str
         if positions != sorted(positions):
             return f"sequence {seq.name!r} of method {seq.method!r} carries a KV cache: its cases must run in step order"
     return None
+
+
+def sequence_prefix(sequences: list[SequenceSpec], method: str, case: int) -> tuple[SequenceSpec | None, list[int]]:
+    """The stateful sequence that holds (method, case) and the cases of its earlier steps, in step order
+    (what must run on the same loaded method before that case); (None, []) for a case of no such sequence."""
+    for seq in sequences:
+        if seq.stateful and seq.method == method and case in seq.cases:
+            return seq, seq.cases[: seq.cases.index(case)]
+    return None, []
+
+
+def first_failing_step(sequences: list[SequenceSpec], method: str, failing: set[int]) -> int | None:
+    """The first step (in step order, sequences in manifest order) whose case is in `failing`: where a
+    sequence first diverges, which later steps inherit through the cache."""
+    for seq in sequences:
+        if seq.method != method:
+            continue
+        for c in seq.cases:
+            if c in failing:
+                return c
+    return None

@@ -109,6 +109,9 @@ class TargetSpec:
     # --- capabilities
     capture: CaptureFn | None = None  # `bundlerun debug`: every intermediate output of one case
     capture_note: str = ""  # without `capture`: one line saying what it would need
+    # `capture(..., prefix=(cases...))` runs those cases first on the same loaded method (a stateful
+    # sequence's earlier steps, bundles/sequence.py) and returns the intermediates of the last case only
+    capture_prefix: bool = False
     device_key: Callable[[TargetURL], str | None] | None = None  # the device a URL occupies (farm locks, Ray)
     lowering: Callable[[TargetURL], dict[str, Any]] | None = None  # what a recipe lowers for (LoweringRequest.target_info)
     elapsed: ElapsedClock = SESSION_CLOCK  # what a case's elapsed_s measures here

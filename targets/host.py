@@ -67,13 +67,14 @@ def _doctor(_section: dict) -> list[Check]:
 
 
 def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path, timeout_s: float,
-             debug_buffer_mb: int):
-    """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/workers/debug.py)."""
+             debug_buffer_mb: int, prefix: tuple[int, ...] = ()):
+    """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/workers/debug.py);
+    `prefix` cases run first on the same loaded method."""
     from bundlerun.targets.intermediates import run_worker
 
     create(parse_target_url(url), config)  # the URL and its settings are checked as for a run
     return run_worker(url, "host", bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,
-                      "every kernel call and every delegate call (runtime ETDump + debug buffer)")
+                      "every kernel call and every delegate call (runtime ETDump + debug buffer)", prefix=prefix)
 
 
 SPEC = TargetSpec(
@@ -85,6 +86,7 @@ SPEC = TargetSpec(
     settings=HostSettings,
     doctor=_doctor,
     capture=_capture,
+    capture_prefix=True,
     elapsed=ElapsedClock("execution_wall_time", PerfKind.HOST_WALL,
                          "host worker: wall time of the program's run_method (elapsed_s)", phased=True),
     repeat=True,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -95,28 +96,41 @@ def supports_capture(url: str) -> bool:
 
 def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
             timeout_s: float = 600.0, debug_buffer_mb: int = DEFAULT_DEBUG_BUFFER_MB,
-            config: dict[str, Any] | None = None) -> IntermediateRun:
+            config: dict[str, Any] | None = None, prefix: tuple[int, ...] = ()) -> IntermediateRun:
     """Run `method`[`case`] of the bundle on `url` (with its `[targets.X]` config) with every
-    intermediate output: the target's declared `capture` (targets/__init__.py TargetSpec)."""
+    intermediate output: the target's declared `capture` (targets/__init__.py TargetSpec).
+    `prefix`: cases run first on the same loaded method (a stateful sequence's earlier steps); a
+    target whose capture cannot replay them refuses, so a decode step is never captured on a fresh cache."""
     from bundlerun.targets import parse_target_url, spec_for
 
     spec = spec_for(parse_target_url(url))
     if spec.capture is None:
         raise IntermediatesUnsupported(unsupported_message(url))
+    if prefix and not spec.capture_prefix:
+        raise IntermediatesUnsupported(
+            f"{url}: its debug run loads the program for one case and cannot replay the {len(prefix)} earlier "
+            f"step(s) of case {case}'s sequence first, and a decode step on a fresh KV cache is not the step that "
+            "failed; debug it on a lane that replays the prefix (host://xnnpack)")
     Path(work_dir).mkdir(parents=True, exist_ok=True)
+    if prefix:  # a keyword only the captures with capture_prefix take (CaptureFn does not declare it)
+        with_prefix: Any = spec.capture
+        return with_prefix(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
+                            debug_buffer_mb, prefix=tuple(prefix))
     return spec.capture(url, dict(config or {}), Path(bundle_path), method, case, Path(work_dir), timeout_s,
                         debug_buffer_mb)
 
 
 def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: int, work_dir: str | Path,
                timeout_s: float, debug_buffer_mb: int, granularity: str,
-               extra_args: tuple[str, ...] = ()) -> IntermediateRun:
+               extra_args: tuple[str, ...] = (), prefix: tuple[int, ...] = ()) -> IntermediateRun:
     """Run targets/workers/debug.py `mode` in a child process (a crash or hang kills only it) and load
     its intermediates.{json,npz}."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "bundlerun.targets.workers.debug", mode, str(Path(bundle_path).resolve()), method,
             str(case), str(work.resolve()), "--debug-buffer-mb", str(debug_buffer_mb), *extra_args]
+    if prefix:
+        args += ["--prefix", ",".join(str(int(c)) for c in prefix)]
     log = work / "debug-worker.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(args, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
@@ -171,6 +185,22 @@ def intermediate_array(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return tensor_to_numpy(value.float() if value.dtype == torch.bfloat16 else value)
     return np.asarray(value)
+
+
+def keep_last_run(etdump: str | Path) -> int:
+    """Rewrite an ETDump to hold only its last run (the captured step after a replayed prefix); returns
+    how many runs were dropped. The Inspector groups runs of one signature and asserts their debug
+    values agree (devtools/inspector/_inspector.py:652), which steps of a sequence do not."""
+    from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc, serialize_to_etdump_flatcc
+
+    path = Path(etdump)
+    dump = deserialize_from_etdump_flatcc(path.read_bytes())
+    dropped = len(dump.run_data) - 1
+    if dropped > 0:
+        dump.run_data = dump.run_data[-1:]
+        data = serialize_to_etdump_flatcc(dump)  # flatc writes it without the size prefix the reader expects
+        path.write_bytes(struct.pack("<I", len(data)) + data)
+    return max(dropped, 0)
 
 
 def parse_etdump(etdump: str | Path, debug_buffer: str | Path | None, buffer_size: str,

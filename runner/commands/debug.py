@@ -116,14 +116,23 @@ def debug_on_fail(bundle: Path, target: str, report: "Report", report_dir: Path,
     """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
     from bundlerun.bundles.errors import BundlerunError
     from bundlerun.runner.debug.localize import worst_failing_case
+    from bundlerun.targets.base import Verdict
 
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.sequence import first_failing_step, from_manifest
+
+    sequences = from_manifest(read_bundle(bundle).manifest)
     for method in dict.fromkeys(c.method for c in report.cases):
-        case = worst_failing_case(report, method)
+        failing = {c.case for c in report.cases if c.method == method and c.verdict == Verdict.FAIL}
+        first = first_failing_step(sequences, method, failing) if sequences else None
+        case = first if first is not None else worst_failing_case(report, method)
         if case is None:
             continue
+        source = ("first diverging step of its sequence in this run" if first is not None
+                  else "worst failing case of this run")
         try:
             run_debug(bundle, target, case, None, report_dir, None, method, quiet=quiet,
-                      case_source="worst failing case of this run (--debug-on-fail)", target_config=target_config)
+                      case_source=f"{source} (--debug-on-fail)", target_config=target_config)
         except BundlerunError as exc:
             click.echo(f"debug-on-fail: {exc}", err=True)
         return

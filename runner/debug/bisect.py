@@ -143,6 +143,16 @@ class BisectResult:
         return {"schema": SCHEMA, **_clean(body)}
 
 
+# bisect restricts the partitioner of bundlerun's own recipe (bundles/partition_control.py wraps
+# recipe.lower); an llm:ARCH build lowers inside ExecuTorch's export_llama, whose XNNPACK partitioners
+# it constructs itself (examples/models/llama/export_llama_lib.py:1154 `_to_edge_and_lower_llama_xnnpack`), so there is no subset to restrict.
+LLM_REFUSAL = ("{model}: bisect cannot restrict the delegate of an export_llama build (export_llama builds its "
+               "XNNPACK partitioners itself, outside bundlerun's partition control); to find the failing layer of a "
+               "sequence step use: bundlerun build {model} --etrecord -o m.bpte && bundlerun debug m.bpte --target "
+               "{target} (it replays the step's prefix); bisecting one would need export_llama to take a node filter "
+               "for its partitioners and each candidate's sequence replayed from its prompt")
+
+
 def check_request(req: BisectRequest) -> None:
     """Every option that could make the baseline unrunnable, checked before any lowering: a bad
     one is a one-line BisectError (exit 2), never a wrong answer ("fails with nothing delegated"
@@ -150,6 +160,10 @@ def check_request(req: BisectRequest) -> None:
     from bundlerun.bundles import limits
     from bundlerun.bundles.inputs import check_distribution
 
+    from bundlerun.bundles.llm_build import is_llm
+
+    if isinstance(req.model, str) and is_llm(req.model):
+        raise BisectError(LLM_REFUSAL.format(model=req.model, target=req.target))
     try:
         limits.seconds(req.timeout_s, "--timeout")
         limits.count(req.case, "--case", 0, limits.MAX_CASES - 1)

@@ -118,6 +118,7 @@ class LayerRow:
     delegate_op: int | None = None  # kind "delegate-op": operator / instruction index inside the delegate payload
     tensor: str | None = None  # kind "delegate-op": its output tensor (TOSA) or slot (MLX)
     compared_at: int | None = None  # a step inside a delegate group: the row where the group's value is compared
+    module: str | None = None  # innermost eager module of its eager op(s) (nn_module_stack), e.g. layers.1.feed_forward.w2
 
     def judged(self, column: str) -> Column | None:
         return getattr(self, column)
@@ -157,7 +158,8 @@ class DebugResult:
         if self.first_bad_row is not None:
             r = self.first_bad_row
             body["first_bad_layer"] = {"row": r.index, "instruction": r.instruction, "delegate_op": r.delegate_op,
-                                       "runtime_op": r.runtime_op, "aot_ops": r.aot_ops, "attribution": r.attribution}
+                                       "runtime_op": r.runtime_op, "aot_ops": r.aot_ops, "attribution": r.attribution,
+                                       "module": r.module}
         body["unmatched"] = sum(1 for r in self.rows if r.status == "unmatched")
         return {"schema": "bundlerun.debug/1", **_clean(body)}
 
@@ -182,6 +184,16 @@ def default_case(bundle_path: Path, history_db: Path | None, method: str, output
     if row is None:
         return 0, "case 0 (this bundle has no recorded run)"
     report = history.load_report(history_db, int(row[0]))
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.bundles.sequence import first_failing_step, from_manifest
+
+    sequences = from_manifest(read_bundle(bundle_path).manifest)
+    if sequences:  # a sequence: its first diverging step (later steps inherit the damage through the cache)
+        failing = {c.case for c in report.cases if c.method == method
+                   and any(o.verdict == Verdict.FAIL and (output is None or o.name == output) for o in c.outputs)}
+        first = first_failing_step(sequences, method, failing)
+        if first is not None:
+            return first, f"first diverging step of its sequence in run #{row[0]}"
     worst = worst_failing_case(report, method, output)
     if worst is None:
         return 0, f"case 0 (run #{row[0]} of this bundle has no failing case)"
@@ -474,9 +486,34 @@ def compare_delegate_ops(pairs: list, graphs: dict | None, reason: str, ref_gm, 
             _fill_columns(row, actual, expected, names, quantized, fp32_gm, fp32_values)
 
 
+def _module_of(graph_module: Any, names: list[str]) -> str | None:
+    """The innermost module path (nn_module_stack) of the last of `names` that has one: which layer of the
+    eager model a row computes (an LLM's ops are all `linear_N`; the module says `layers.1.feed_forward.w2`)."""
+    nodes = {n.name: n for n in graph_module.graph.nodes}
+    for name in reversed(names):
+        stack = getattr(nodes.get(name), "meta", {}).get("nn_module_stack")
+        if isinstance(stack, dict) and stack:
+            value = list(stack.values())[-1]
+            path = value[0] if isinstance(value, (tuple, list)) and value else None
+            if path:
+                return str(path)
+    return None
+
+
+def _replay(graph_module: Any, prefix_inputs: list[tuple]) -> None:
+    """Run a stateful sequence's earlier steps through the reference graph first: its buffers (the KV
+    cache) then hold what the target's did when it ran the captured step."""
+    import torch
+
+    for step in prefix_inputs:
+        torch.fx.Interpreter(graph_module).run(*step)
+
+
 def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool, delegate_graphs: dict | None = None,
-                   delegate_graphs_reason: str = "") -> tuple[list[LayerRow], str]:
-    """One row per runtime intermediate, in execution order, with its comparison columns."""
+                   delegate_graphs_reason: str = "", prefix_inputs: list[tuple] | None = None,
+                   ) -> tuple[list[LayerRow], str]:
+    """One row per runtime intermediate, in execution order, with its comparison columns. `prefix_inputs`:
+    the earlier steps of a stateful sequence, replayed through the reference graph(s) before the case."""
     import torch
     from executorch.devtools.inspector._inspector_utils import (
         get_aot_debug_handle_to_op_name_mapping,
@@ -489,6 +526,7 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
 
     ref_gm, ref_name = _reference_graph(record)
     with torch.no_grad():
+        _replay(ref_gm, prefix_inputs or [])
         aot = IntermediateOutputCapturer(ref_gm).run_and_capture([tuple(case_inputs)])
     aot_names = get_aot_debug_handle_to_op_name_mapping(ref_gm)
 
@@ -533,6 +571,7 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
     fp32_gm = None
     if quantized and record.graph_map and f"{FP32_GRAPH}/forward" in record.graph_map:
         fp32_gm = record.graph_map[f"{FP32_GRAPH}/forward"].module()
+        _replay(fp32_gm, prefix_inputs or [])
         fp32_values = _capture_by_name(fp32_gm, tuple(case_inputs))
 
     for (aot_key, aot_value), (rt_key, rt_value) in mapping.items():
@@ -549,6 +588,7 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
         if actual is not None:  # the value compared (a delegate call's event may log its inputs too)
             row.shape, row.dtype = list(actual.shape), str(actual.dtype)
         _fill_columns(row, actual, reference, names, quantized, fp32_gm, fp32_values)
+        row.module = _module_of(ref_gm, names)
     if inner:
         compare_delegate_ops(inner, delegate_graphs, delegate_graphs_reason, ref_gm, case_inputs, aot, aot_names,
                              quantized, fp32_gm, fp32_values)
@@ -633,8 +673,14 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     output = output or out_names[0]
     j = out_names.index(output)
 
+    from bundlerun.bundles.sequence import from_manifest, sequence_prefix
+
+    sequence, prefix = sequence_prefix(from_manifest(manifest), method, case)
+    if any(not 0 <= k < len(suite.test_cases) for k in prefix):  # the manifest names cases the suite lacks
+        raise DebugError(f"{bundle_path}: sequence {sequence.name if sequence else '?'!r} names cases the method's "
+                         f"suite does not hold (it has {len(suite.test_cases)})")
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
-    run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config)
+    run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config, tuple(prefix))
 
     from bundlerun.bundles.backends.common import quiet_framework_logs
 
@@ -646,11 +692,18 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         import torch  # torchao prints about optional CUDA kernels while it loads
         from executorch.devtools.etrecord import parse_etrecord
 
+    from bundlerun.targets.workers.host import _register_kernels
+
+    _register_kernels(bundle.program)  # llama::update_cache in the reference graph needs its schema (mutation)
     record = parse_etrecord(str(et_path))
+    def case_inputs(k: int) -> tuple:
+        return tuple(_to_torch(v.to_array()) if v.kind == "tensor" else v.scalar for v in suite.test_cases[k].inputs)
+
     test_case = suite.test_cases[case]
-    inputs = tuple(_to_torch(v.to_array()) if v.kind == "tensor" else v.scalar for v in test_case.inputs)
+    inputs = case_inputs(case)
     build = manifest.build if manifest else {}
-    quantized = bool(build.get("quantization")) or build.get("dtype") in ("int8", "int16")
+    described = build.get("quantization")  # export_llama's builds say "none (fp32)" (bundles/llm_build.py)
+    quantized = (bool(described) and not str(described).startswith("none")) or build.get("dtype") in ("int8", "int16")
     names = _program_ops(bundle.program, method)
     for item in run.intermediates:
         if item.kind != "delegate-op":  # an operator inside a delegate keeps its own name ("tosa.CONV2D")
@@ -661,7 +714,8 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
 
         graphs, graphs_reason = load_delegate_graphs(manifest, bundle_path)
     with torch.no_grad():
-        rows, ref_name = compare_layers(run, record, inputs, method, quantized, graphs, graphs_reason)
+        rows, ref_name = compare_layers(run, record, inputs, method, quantized, graphs, graphs_reason,
+                                        [case_inputs(k) for k in prefix])
 
     expected = test_case.expected_outputs[j].to_array()
     budget, budget_source = output_budget(manifest, method, output, expected)
@@ -673,6 +727,11 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     out_stats = error_statistics(actual.astype(np.float64), expected.astype(np.float64)).to_dict() \
         if actual is not None and actual.shape == expected.shape else {}
     notes = list(run.notes)
+    if sequence is not None:
+        step = len(prefix)
+        notes.append(f"case {case} is step {step} of stateful sequence {sequence.name!r} ({sequence.steps[step].kind} at "
+                     f"position {sequence.steps[step].start_pos}): its {step} earlier step(s) ran first on the target's "
+                     "loaded method and through the reference graph, so both compare this step on the same KV cache")
     ops = [r for r in rows if r.kind == "delegate-op"]
     if ops:
         steps = sum(1 for r in ops if r.compared_at is not None)
@@ -687,8 +746,9 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
         budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
         model=manifest.model.get("id") if manifest else None, dtype=build.get("dtype"), backend=build.get("backend"),
-        export_divergence=_runtime_row(rows, _export_divergence(first, manifest, record, inputs, quantized, actual,
-                                                                expected, method, j, budget)),
+        export_divergence=None if sequence is not None else  # (per forward call on a fresh model: not for a step)
+        _runtime_row(rows, _export_divergence(first, manifest, record, inputs, quantized, actual, expected, method, j,
+                                              budget)),
     )
 
 

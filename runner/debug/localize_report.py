@@ -90,7 +90,8 @@ def verdict_line(result: DebugResult) -> str:
         return f"no layer exceeds its share of the budget ({where})"
     col = row.judged(result.judged_column)
     attribution = f"; attributed to {row.attribution}" if row.attribution else ""
-    return (f"first bad layer: {where_text(row)} {row.runtime_op} = {ops_text(row.aot_ops, 6)}: "
+    module = f" in {row.module}" if row.module else ""
+    return (f"first bad layer: {where_text(row)} {row.runtime_op} = {ops_text(row.aot_ops, 6)}{module}: "
             f"SQNR {_f(col.sqnr, '.1f')} dB < floor {_f(row.floor_db, '.1f')} dB, max error {_f(col.error_max)}"
             f"{attribution} ({where})")
 

@@ -27,25 +27,37 @@ def _inputs(bundle, method: str, case: int) -> list:
     return [v.to_array() if v.kind == "tensor" else v.scalar for v in test_case.inputs]
 
 
-def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: int) -> tuple[dict, list, list]:
+def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: int,
+              prefix: tuple[int, ...] = ()) -> tuple[dict, list, list]:
     import numpy as np
 
     from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets.workers.host import _quiet_imports
+    from bundlerun.targets.workers.host import _quiet_imports, _register_kernels
     from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy
 
     bundle = read_bundle(bundle_path)
     torch, portable_lib = _quiet_imports()
+    _register_kernels(bundle.program)  # llama:: custom ops, quantized kernels: as the run's worker
     module = portable_lib._load_for_executorch_from_buffer(bundle.program, enable_etdump=True,
                                                            debug_buffer_size=buffer_mb << 20)
-    inputs = [numpy_to_tensor(a, v.scalar_type) if v.kind == "tensor" else a
-              for a, v in zip(_inputs(bundle, method, case), bundle.suite(method).test_cases[case].inputs)]
-    outputs = module.run_method(method, inputs)
+
+    def inputs(k: int) -> list:
+        return [numpy_to_tensor(a, v.scalar_type) if v.kind == "tensor" else a
+                for a, v in zip(_inputs(bundle, method, k), bundle.suite(method).test_cases[k].inputs)]
+
+    for k in prefix:  # a stateful sequence's earlier steps, in order, on this one loaded method
+        module.run_method(method, inputs(k))
+    outputs = module.run_method(method, inputs(case))
     etdump, buffer = work / "case.etdump", work / "case.debug"
     module.write_etdump_result_to_file(str(etdump), str(buffer))
-    from bundlerun.targets.intermediates import parse_etdump
+    from bundlerun.targets.intermediates import keep_last_run, parse_etdump
 
+    if prefix:
+        keep_last_run(etdump)
     items, notes = parse_etdump(etdump, buffer, f"{buffer_mb} MiB", "rerun with a larger --debug-buffer-mb")
+    if prefix:
+        notes.insert(0, f"replayed {len(prefix)} earlier step(s) of the sequence (cases "
+                        f"{', '.join(map(str, prefix))}) on the same loaded method before case {case}")
     outs = [tensor_to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o) for o in outputs]
     return {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes}, items, outs
 
@@ -75,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("work_dir")
     parser.add_argument("--debug-buffer-mb", type=int, default=64)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="mlx: the MLX device")
+    parser.add_argument("--prefix", default="", help="host: cases run first on the same method (comma-separated)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -86,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr  # library chatter goes to the log
     try:
         if args.mode == "host":
-            meta, items, outs = _run_host(args.bundle, args.method, args.case, work, args.debug_buffer_mb)
+            prefix = tuple(int(c) for c in args.prefix.split(",") if c)
+            meta, items, outs = _run_host(args.bundle, args.method, args.case, work, args.debug_buffer_mb, prefix)
         elif args.mode == "tosa":
             meta, items, outs = _run_walker(args.bundle, args.method, args.case, "tosa")
         else:
