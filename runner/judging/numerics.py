@@ -1,20 +1,8 @@
-"""Per-output verdicts (numpy only): criteria applied to the statistics of error_stats.py.
+"""Per-output verdicts (numpy only): an output's criteria applied to its statistics.
 
-`error_statistics` keeps ExecuTorch's ErrorStatistics field names and formulas
-(backends/test/harness/error_statistics.py: float64 errors, torch.median = lower
-middle element) but for one: `sqnr` is the one SQNR every bundlerun view shows,
-20*log10(||reference|| / ||actual - reference||), the signal being the reference
-as ExecuTorch's Inspector measures it (devtools/inspector/_inspector_utils.py:459-478,
-devtools/inspector/numerical_comparator/snr_numerical_comparator.py:46) and torchao's
-compute_error; ErrorStatistics' own sqnr, compute_sqnr(actual, reference) with the
-actual output as the signal (error_statistics.py:95-96), is `sqnr_actual`, which only
-the criteria that cite it judge by. It adds cosine similarity, relative Frobenius
-error, PSNR, the element-wise mismatch count under the output's criteria and the
-worst element.
-
-Work is done in float64 over cache-sized chunks, and medians by selection on
-the original dtype, which is what makes it several times faster than the
-reference implementation on large tensors (bench/bench_compare.py).
+The statistics (ExecuTorch's ErrorStatistics names, the one SQNR every view shows) are computed
+in error_stats.py and re-exported here for the modules that read both; `judge_output` decides
+the verdict, each failed criterion named with its measured value and limit.
 """
 
 from __future__ import annotations
