@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import browser  # noqa: E402
 import report_samples as rs  # noqa: E402
 
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.bundles.manifest import Criteria  # noqa: E402
 from bundlerun.runner.history import store as history  # noqa: E402
 from bundlerun.runner.pictures import hud
@@ -363,8 +364,8 @@ def test_four_digits_never_mislead_and_cosine_floor_is_drawn(tmp_path):
     from bundlerun.runner.report.criteria_text import criteria_items, failed_text, number
 
     assert number(SCALE) == "0.001906" and number(0.99999) == "0.99999" and number(60.0) == "60"
-    assert failed_text({"criterion": "sqnr_min_db", "measured": 59.99995, "limit": 60.0}) == "sqnr_min_db 59.9999 < 60"
-    assert failed_text({"criterion": "cosine_min", "measured": 0.999981, "limit": 0.99999}) == \
+    assert failed_text(FailedCriterion("sqnr_min_db", 59.99995, 60.0)) == "sqnr_min_db 59.9999 < 60"
+    assert failed_text(FailedCriterion("cosine_min", 0.999981, 0.99999)) == \
         "cosine_min 0.99998 < 0.99999"
     assert criteria_items({"atol": 1e-3, "scale": SCALE, "exact": False, "trail": {"a": []}}) == \
         ["atol=0.001", "scale=0.001906"]

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 
+from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.bundles.errors import ConfigError, ManifestError
 from bundlerun.bundles.manifest import Criteria, validate_manifest
 from bundlerun.bundles.registry import Registry
@@ -87,8 +88,8 @@ def test_judge_output_fails_a_flipped_step_with_its_token_message():
     by = {f.criterion: f for f in v.failed}
     assert set(by) == {"argmax_match", "kl_max"}  # the same top-4 set: overlap 1.0
     assert by["argmax_match"].detail == "argmax: expected token 1 -> got token 2, margin -0.8"
-    assert failed_text({"criterion": "kl_max", "measured": by["kl_max"].measured, "limit": 1e-3}).endswith("> 0.001")
-    assert failed_text({"criterion": "top_k_overlap_min", "measured": 0.6, "limit": 0.8}) == "top_k_overlap_min 0.6 < 0.8"
+    assert failed_text(by["kl_max"]).endswith("> 0.001")
+    assert failed_text(FailedCriterion("top_k_overlap_min", 0.6, 0.8)) == "top_k_overlap_min 0.6 < 0.8"
     assert judge_output(ref, ref, crit, "float32", "float32").verdict == "PASS"
 
 

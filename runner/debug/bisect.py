@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.targets import lowering_info
 from bundlerun.targets.base import Verdict
 

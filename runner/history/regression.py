@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.history.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure

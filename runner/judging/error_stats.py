@@ -20,7 +20,6 @@ reference implementation on large tensors (bench/bench_compare.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,68 +30,7 @@ from bundlerun.runner.judging.rules import sqnr_db  # noqa: F401
 CHUNK = 1 << 16  # elements per float64 chunk (512 KiB): the work buffers stay in L2
 
 
-@dataclass
-class TensorStats:
-    # Defaults only for reports read with a partial record (runner/report/kept_shape.py); computed ones set all.
-    shape: list[int] = field(default_factory=list)
-    numel: int | None = None
-    median: float | None = None
-    mean: float | None = None
-    max: float | None = None
-    min: float | None = None
-
-
-@dataclass
-class OutputStats:
-    # Defaults (all None) only when read from a report that has none (suite imports): computed ones set them.
-    reference_stats: TensorStats = field(default_factory=TensorStats)
-    actual_stats: TensorStats = field(default_factory=TensorStats)
-    error_l2_norm: float | None = None
-    error_mae: float | None = None
-    error_max: float | None = None
-    error_msd: float | None = None
-    sqnr: float | None = None  # 20*log10(||reference|| / ||actual - reference||): the SQNR every view shows
-    cosine_similarity: float | None = None
-    relative_frobenius: float | None = None
-    psnr: float | None = None
-    mismatch_count: int | None = None
-    mismatch_fraction: float | None = None
-    worst_index: list[int] | None = None
-    worst_actual: float | None = None
-    worst_expected: float | None = None
-    worst_allowed: float | None = None
-    nan_actual: int = 0
-    inf_actual: int = 0
-    nan_expected: int = 0
-    inf_expected: int = 0
-    nonfinite_mismatch: int = 0  # positions where NaN/Inf of actual and expected disagree
-    error_max_steps: float | None = None  # quantized outputs: error_max / the output's quantization scale
-    error_mae_steps: float | None = None  # quantized outputs: error_mae / the output's quantization scale
-    sqnr_actual: float | None = None  # ErrorStatistics' sqnr: 20*log10(||actual|| / ||actual - reference||)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
-
-    def json_safe(self) -> "OutputStats":
-        """A copy holding non-finite floats as the report's strings "inf"/"-inf"/"nan": what a report
-        record holds, so a fresh report and one read from report.json read the same."""
-        d = self.to_dict()
-        return OutputStats(**{**d, **{k: TensorStats(**d[k]) for k in ("reference_stats", "actual_stats")}})
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: inf/nan floats become strings 'inf'/'-inf'/'nan'."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
+from bundlerun.runner.judging.stats_records import OutputStats, TensorStats, _clean  # noqa: F401
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the record type only: report views import this without the statistics' numpy
-    from bundlerun.runner.judging.error_stats import OutputStats
+    from bundlerun.runner.judging.stats_records import OutputStats
 
 
 def steps(stats: OutputStats | None, key: str) -> float | None:

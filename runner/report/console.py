@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import REPORT_FILE, CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.targets.base import Verdict

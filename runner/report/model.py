@@ -15,7 +15,7 @@ from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.manifest import Criteria
-from bundlerun.runner.judging.error_stats import OutputStats, TensorStats
+from bundlerun.runner.judging.stats_records import OutputStats, TensorStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.report.kept_shape import read_shaped, write_shaped

@@ -23,7 +23,7 @@ import numpy as np
 
 from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.bundles.manifest import Criteria
-from bundlerun.runner.judging.error_stats import OutputStats
+from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICT_COLOURS, VERDICTS, run_status
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
