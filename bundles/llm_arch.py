@@ -65,7 +65,19 @@ SIZES: dict[str, Size] = {
                   note="stories15M-class (llama2.c)"),
 }
 
-DTYPES = ("fp32", "8da4w", "int8-dynamic")
+# The LLM lowerings `bundlerun build llm:ARCH --backend B` runs, each export_llama's own path for B
+# (examples/models/llama/export_llama_lib.py: `_to_edge_and_lower_llama_xnnpack`, the Vulkan partitioner
+# in `_to_edge_and_lower_llama` (get_vulkan_partitioner), `_to_edge_and_lower_llama_mlx`), and the dtypes
+# each takes: export_llama's own options for that backend (extension/llm/export/config/llm_config.py:
+# QuantizationConfig.qmode, Pt2eQuantize, VulkanConfig.force_fp16).
+LLM_BACKENDS: dict[str, tuple[str, ...]] = {
+    "xnnpack": ("fp32", "8da4w", "int8-dynamic"),
+    "vulkan": ("fp32", "fp16", "vulkan_8w"),
+    "mlx": ("fp32", "4w"),
+}
+DTYPES = tuple(dict.fromkeys(d for dtypes in LLM_BACKENDS.values() for d in dtypes))
+# torchao source transforms: the eager model export_llama lowers is already quantized (reference `quantized`)
+SOURCE_QUANTIZED = ("8da4w", "4w")
 
 
 def params_for(arch: str, size: str) -> dict[str, Any]:
@@ -77,12 +89,34 @@ def params_for(arch: str, size: str) -> dict[str, Any]:
     return params
 
 
+def llm_backend(target_backend: str) -> str:
+    """The LLM lowering a target's own backend implies: itself where export_llama lowers for it; the
+    CPU lanes whose zoo default is portable (qemu-user://aarch64: its runner links XNNPACK and the LLM
+    custom ops) take XNNPACK, export_llama's CPU path; anything else stays as it is and is refused by
+    the build in one line."""
+    if target_backend in LLM_BACKENDS:
+        return target_backend
+    return "xnnpack" if target_backend == "portable" else target_backend
+
+
+def tier(dtype: str) -> str:
+    """The registry's dtype tier an LLM dtype is judged in: fp16 compute is the fp16 tier, every quantized
+    mode the int8 one (quantized linears)."""
+    return dtype if dtype in ("fp32", "fp16") else "int8"
+
+
 def quantization(dtype: str) -> dict[str, Any]:
     """The LlmConfig fields a dtype sets (extension/llm/export/config/llm_config.py): 8da4w is torchao's
     int8-dynamic-activation int4-weight source transform at group 32 (QuantizationConfig.qmode, the
-    group size export_llama's README uses); int8-dynamic is pt2e's xnnpack_dynamic (Pt2eQuantize)."""
-    if dtype == "8da4w":
-        return {"qmode": "8da4w", "group_size": 32}
+    group size export_llama's README uses); int8-dynamic is pt2e's xnnpack_dynamic (Pt2eQuantize);
+    4w torchao's int4 weight-only transform (qmode "4w", examples/models/llama/source_transformation/
+    quantize.py:177-193) at group 32, the smallest group MLX's quantized matmul takes
+    (backends/mlx/llm/quantization.py: --qlinear-group-size 32/64/128) and one that divides the tiny dim
+    64; vulkan_8w pt2e's Vulkan 8-bit weight quantizer (extension/llm/export/quantizer_lib.py:309-323)."""
+    if dtype in ("8da4w", "4w"):
+        return {"qmode": dtype, "group_size": 32}
     if dtype == "int8-dynamic":
         return {"pt2e_quantize": "xnnpack_dynamic"}
+    if dtype == "vulkan_8w":
+        return {"pt2e_quantize": "vulkan_8w"}
     return {}

@@ -3,7 +3,7 @@ stateful sequences (docs/llm.md; the data contract in bundles/sequence.py).
 
 The program comes from `executorch.examples.models.llama.export_llama_lib._export_llama(LlmConfig)`
 with the KV cache in the program (use_kv_cache, use_sdpa_with_kv_cache), a dynamic token dimension
-(enable_dynamic_shape) and XNNPACK. Without a user checkpoint the weights are seeded: the example's
+(enable_dynamic_shape) and the backend's own export_llama path (XNNPACK, Vulkan or MLX). Without a user checkpoint the weights are seeded: the example's
 own `construct_transformer` built under `torch.manual_seed(seed)` and saved as the checkpoint
 (export_llama without one leaves RMSNorm weights, rope tables and masks uninitialised on the meta
 device, and the logits are NaN). The expected logits come from the eager, source-transformed model
@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bundlerun.bundles.errors import BuildError
-from bundlerun.bundles.llm_arch import ARCHS, DTYPES, SIZES, params_for, quantization
+from bundlerun.bundles.llm_arch import ARCHS, LLM_BACKENDS, SIZES, SOURCE_QUANTIZED, params_for, quantization, tier
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
 
 PREFIX = "llm:"
@@ -90,10 +90,14 @@ class LlmPlan:
     max_seq_len: int
     prompt_lengths: list[int]
     decode_steps: int
+    backend: str = "xnnpack"
 
 
-def plan(model: str, dtype: str | None, opts: LlmOptions) -> LlmPlan:
+def plan(model: str, dtype: str | None, opts: LlmOptions, backend: str = "xnnpack") -> LlmPlan:
     """One-line BuildErrors for everything wrong with the request, before torch is imported."""
+    if backend not in LLM_BACKENDS:
+        raise BuildError(f"backend {backend} (--backend, else the target's own): bundlerun lowers LLMs through "
+                         f"export_llama's own paths for {', '.join(LLM_BACKENDS)} only (docs/llm.md)")
     arch = model[len(PREFIX):]
     if arch not in ARCHS:
         import difflib
@@ -102,8 +106,8 @@ def plan(model: str, dtype: str | None, opts: LlmOptions) -> LlmPlan:
         raise BuildError(f"unknown LLM architecture {arch!r}" + (f"; did you mean {close[0]!r}?" if close else "")
                          + f" (known: {', '.join(ARCHS)})")
     dtype = dtype or "fp32"
-    if dtype not in DTYPES:
-        raise BuildError(f"--dtype {dtype!r} for an LLM: choose one of {', '.join(DTYPES)}")
+    if dtype not in LLM_BACKENDS[backend]:
+        raise BuildError(f"--dtype {dtype!r} for an LLM on {backend}: choose one of {', '.join(LLM_BACKENDS[backend])}")
     if opts.size not in SIZES:
         raise BuildError(f"--size {opts.size!r}: choose one of {', '.join(SIZES)}")
     size = SIZES[opts.size]
@@ -125,7 +129,8 @@ def plan(model: str, dtype: str | None, opts: LlmOptions) -> LlmPlan:
     for path in (opts.checkpoint, opts.tokenizer):
         if path is not None and not Path(path).is_file():
             raise BuildError(f"{path}: no such file")
-    return LlmPlan(arch, opts.size if opts.params is None else "custom", params, dtype, max_seq_len, lengths, steps)
+    return LlmPlan(arch, opts.size if opts.params is None else "custom", params, dtype, max_seq_len, lengths, steps,
+                   backend)
 
 
 def _read_params(path: Path) -> dict[str, Any]:
@@ -208,7 +213,7 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         config.export.max_context_length = p.max_seq_len
         config.export.output_dir = tmp
         config.export.output_name = str(folder / "model.pte")
-        config.backend.xnnpack.enabled = True
+        _set_backend(config, p)
         config.debug.generate_etrecord = bool(etrecord)  # written as etrecord.bin in the cwd (export_llama_lib.py:1509)
         quant = quantization(p.dtype)
         if "qmode" in quant:
@@ -216,7 +221,7 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
             config.quantization.group_size = quant["group_size"]
         if "pt2e_quantize" in quant:
             config.quantization.pt2e_quantize = Pt2eQuantize(quant["pt2e_quantize"])
-        say(f"exporting llm:{p.arch} ({p.size}, {p.dtype}) with export_llama")
+        say(f"exporting llm:{p.arch} ({p.size}, {p.dtype}) with export_llama for {p.backend}")
         start = time.perf_counter()
         try:
             manager = _export_llama(config)
@@ -228,6 +233,24 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
             _keep_etrecord(folder / "etrecord.bin", etrecord)
     described = ", ".join(f"{k}={v}" for k, v in quant.items()) or "none (fp32)"
     return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager)
+
+
+def _set_backend(config: Any, p: LlmPlan) -> None:
+    """The LlmConfig backend section for the plan's backend: export_llama then takes that backend's own
+    path (examples/models/llama/export_llama_lib.py: XNNPACK's `_to_edge_and_lower_llama_xnnpack`; Vulkan's
+    partitioner in `_to_edge_and_lower_llama` with require_dynamic_shapes and force_fp16
+    (extension/llm/export/partitioner_lib.py:42-56); `_to_edge_and_lower_llama_mlx`, after the MLX source
+    transforms of its attention, KV cache and RMSNorm)."""
+    if p.backend == "vulkan":
+        config.backend.vulkan.enabled = True
+        config.backend.vulkan.force_fp16 = p.dtype == "fp16"
+    elif p.backend == "mlx":
+        from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
+
+        ensure_mlx_importable()  # the wheel lacks the MLX serializer's generated files (bundles/mlx_codegen.py)
+        config.backend.mlx.enabled = True
+    else:
+        config.backend.xnnpack.enabled = True
 
 
 def _keep_etrecord(written: Path, dest: Path) -> None:
@@ -325,12 +348,10 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache
 
     opts = req.llm or LlmOptions()
-    p = plan(req.model, req.dtype, opts)
     backend = req.backend or "xnnpack"
-    if backend != "xnnpack":
-        raise BuildError(f"--backend {backend}: LLM builds lower through export_llama's XNNPACK path only")
+    p = plan(req.model, req.dtype, opts, backend)
     req.dtype = p.dtype
-    reference = "quantized" if p.dtype == "8da4w" else "eager-fp32"
+    reference = "quantized" if p.dtype in SOURCE_QUANTIZED else "eager-fp32"
     key = _cache_key(req, backend, reference)
     etrecord = getattr(req, "etrecord", False)
     use_cache = req.cache and key is not None and not etrecord  # an ETRecord is written beside this output
@@ -381,8 +402,7 @@ def _manifest(req: Any, p: LlmPlan, exported: Exported, cases: list, sequences: 
     from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 
     vocab = int(cases[0][2].shape[-1])
-    tier = "fp32" if p.dtype == "fp32" else "int8"  # the registry's tiers: quantized linears are int8 activations
-    ctx = ToleranceContext(backend=backend, target=req.target, dtype=tier, model=req.model, method="forward",
+    ctx = ToleranceContext(backend=backend, target=req.target, dtype=tier(p.dtype), model=req.model, method="forward",
                            output_name="out0", output_dtype="float32", reference=reference,
                            input_distribution="tokens", host_arch=platform.machine(),
                            quantization=exported.quantization, reference_dtype="float32",

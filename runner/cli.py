@@ -219,12 +219,20 @@ def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -
     return backend, dtype or default_dtype(backend, lowering_info(target))
 
 
+def _default_dtype(model: str, target: str, backend: str | None) -> str:
+    """validate's dtype when none is given: an LLM's plan default (fp32), else the backend's for the target."""
+    return "fp32" if model.startswith("llm:") else resolve_backend_dtype(target, backend, None)[1]
+
+
 def _build(model: str, output: Path, **kw):
     from bundlerun.bundles.builder import BuildRequest, build_bundle
     from bundlerun.targets import lowering_info
 
-    if model.startswith("llm:"):  # export_llama picks its own dtype tiers (bundles/llm_arch.py)
-        kw["backend"] = kw.get("backend") or "xnnpack"
+    if model.startswith("llm:"):  # export_llama's own path for the target's backend, its own dtypes (bundles/llm_arch.py)
+        from bundlerun.bundles.llm_arch import llm_backend
+        from bundlerun.targets import default_backend
+
+        kw["backend"] = kw.get("backend") or llm_backend(default_backend(kw["target"]))
     else:
         kw.pop("llm", None)
         kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
@@ -575,14 +583,14 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
         from bundlerun.runner.shard import parse_shard, select, shard_record
 
         shard = parse_shard(shard)
-        universe = [_validate_slug(m, d or resolve_backend_dtype(target, backend, None)[1], expanded) for m in expanded
+        universe = [_validate_slug(m, d or _default_dtype(m, target, backend), expanded) for m in expanded
                     for d in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]]
         mine = select(universe, shard)
         click.echo(f"shard {shard}: {len(mine)} of {len(universe)} model-dtypes: {', '.join(mine) or 'none'}", err=True)
     for model in expanded:
         for dtype in [d.strip() for d in (dtypes or "").split(",") if d.strip()] or [None]:
             if dtype is None:
-                dtype = resolve_backend_dtype(target, backend, None)[1]
+                dtype = _default_dtype(model, target, backend)
             slug = _validate_slug(model, dtype, expanded)
             if mine is not None and slug not in mine:
                 continue
