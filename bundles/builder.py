@@ -132,6 +132,10 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
 
     if is_llm(req.model):  # ExecuTorch's export_llama, with stateful sequences (bundles/llm_build.py)
+        if req.backend == "qnn":  # QNN's own static llama, the KV cache as program I/O (bundles/llm_qnn.py)
+            from bundlerun.bundles.llm_qnn import build_qnn_llm_bundle
+
+            return build_qnn_llm_bundle(req, say)
         return build_llm_bundle(req, say)
     if not req.backend:
         raise BuildError("no lowering backend given (the CLI takes the target's declared default)")

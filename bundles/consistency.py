@@ -62,7 +62,35 @@ def check_consistency(bundle: "Bundle", source: str) -> list[str]:
                 _against_manifest(where, "expected output", case.expected_outputs, spec["outputs"])
                 if spec.get("inputs"):
                     _against_manifest(where, "input", case.inputs, spec["inputs"])
+    _kv_io_fits(bundle, source)
     return warnings
+
+
+def _kv_io_fits(bundle: "Bundle", source: str) -> None:
+    """Every step of a sequence whose state is threaded through inputs and outputs (`state: "io"`) has
+    the outputs and inputs `build.llm.kv_io` names, of one dtype and shape, with room at the step's
+    position: a manifest naming a value the cases lack is a broken bundle before anything runs."""
+    from bundlerun.bundles.sequence import from_manifest, kv_link_problem, kv_links
+
+    manifest = bundle.manifest_json
+    sequences = [s for s in from_manifest(manifest) if s.state == "io"] if manifest else []
+    if not sequences:
+        return
+    links = kv_links(manifest)
+    suites = {s.method_name: s for s in bundle.method_test_suites}
+    for seq in sequences:
+        cases = suites[seq.method].test_cases if seq.method in suites else []
+        for step in seq.steps:
+            if step.case >= len(cases):
+                raise BundleError(f"{source}: sequence {seq.name!r} names case {step.case}, which the bundle lacks")
+            case = cases[step.case]
+            problem = kv_link_problem(links, _layout(case.inputs), _layout(case.expected_outputs), step.start_pos)
+            if problem:
+                raise BundleError(f"{source}: sequence {seq.name!r} step at case {step.case}: {problem}")
+
+
+def _layout(values: list["BundledValue"]) -> list[tuple[str, list[int]] | None]:
+    return [(_dtype(v.scalar_type), list(v.sizes)) if v.kind == "tensor" else None for v in values]
 
 
 def _methods_match(source: str, names: list[str], methods: dict[str, Any]) -> None:

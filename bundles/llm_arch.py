@@ -76,6 +76,14 @@ LLM_BACKENDS: dict[str, tuple[str, ...]] = {
     "mlx": ("fp32", "4w"),
 }
 DTYPES = tuple(dict.fromkeys(d for dtypes in LLM_BACKENDS.values() for d in dtypes))
+# Backends whose own LLM path is not export_llama's (bundles/llm_qnn.py: QNN's static llama, its KV cache
+# as program I/O): their dtypes, the first the default. HTP computes in fp16 or integer.
+OWN_LLM_BACKENDS: dict[str, tuple[str, ...]] = {"qnn": ("fp16",)}
+
+
+def default_llm_dtype(backend: str) -> str:
+    """The dtype an LLM build takes on `backend` when none is given."""
+    return OWN_LLM_BACKENDS.get(backend, ("fp32",))[0]
 # torchao source transforms: the eager model export_llama lowers is already quantized (reference `quantized`)
 SOURCE_QUANTIZED = ("8da4w", "4w")
 

@@ -97,7 +97,8 @@ def plan(model: str, dtype: str | None, opts: LlmOptions, backend: str = "xnnpac
     """One-line BuildErrors for everything wrong with the request, before torch is imported."""
     if backend not in LLM_BACKENDS:
         raise BuildError(f"backend {backend} (--backend, else the target's own): bundlerun lowers LLMs through "
-                         f"export_llama's own paths for {', '.join(LLM_BACKENDS)} only (docs/llm.md)")
+                         f"export_llama's own paths for {', '.join(LLM_BACKENDS)}, and QNN's static llama for qnn, only "
+                         "(docs/llm.md)")
     arch = model[len(PREFIX):]
     if arch not in ARCHS:
         import difflib

@@ -16,6 +16,7 @@ import re
 from typing import Any, Iterable
 
 from bundlerun.bundles.errors import ManifestError
+from bundlerun.bundles.sequence import MAX_KV_LINKS, STATES
 
 MANIFEST_SCHEMA = "bundlerun.manifest/1"
 CRITERIA_FIELDS = ("atol", "rtol", "qtol", "sqnr_min_db", "cosine_min", "rel_frobenius_max")
@@ -65,10 +66,11 @@ MAX_SEQUENCES = 1024
 MAX_STEPS = 100_000  # steps of one sequence: at most one per test case (limits.MAX_CASES)
 MAX_TOKENS = 1 << 20  # token ids fed at one step
 MAX_TOKEN_ID = 2**31 - 1  # an int32 vocabulary index
-_SEQUENCE_KEYS = ("name", "method", "stateful", "mode", "steps", "prompt_text")
+_SEQUENCE_KEYS = ("name", "method", "stateful", "mode", "steps", "prompt_text", "state")
 _STEP_KEYS = ("case", "kind", "start_pos", "tokens", "reference_next")
 _LLM_KEYS = ("arch", "size", "params", "dtype", "quantization", "max_seq_len", "dynamic_shape", "use_kv_cache",
-             "weights", "tokenizer", "export_s", "model_class", "reference")
+             "weights", "tokenizer", "export_s", "model_class", "reference", "kv_io", "kv_update", "exporter")
+_KV_LINK_KEYS = ("output", "input", "axis")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -212,7 +214,9 @@ def validate_manifest(data: Any, source: str = "bundle") -> None:
     if data.get("integrity") is not None:
         _integrity(chk, data["integrity"])
     if "sequences" in data:
-        _sequences(chk, data["sequences"], methods, (data.get("build") or {}).get("cases"))
+        llm = (data.get("build") or {}).get("llm")
+        _sequences(chk, data["sequences"], methods, (data.get("build") or {}).get("cases"),
+                   bool(isinstance(llm, dict) and llm.get("kv_io")))
 
 
 def _model(chk: _Checker, model: Any) -> None:
@@ -287,9 +291,27 @@ def _llm(chk: _Checker, llm: Any) -> None:
     if "params" in llm and not isinstance(llm["params"], dict):
         raise chk.fail("build.llm.params", f"expected an object, got {_kind(llm['params'])}")
     chk.number("build.llm.export_s", llm.get("export_s"))
+    for key in ("kv_update", "exporter"):
+        chk.text(f"build.llm.{key}", llm.get(key), MAX_TEXT, optional=True)
+    if "kv_io" in llm:
+        _kv_io(chk, llm["kv_io"])
 
 
-def _sequences(chk: _Checker, sequences: Any, methods: dict, cases: Any) -> None:
+def _kv_io(chk: _Checker, links: Any) -> None:
+    """build.llm.kv_io: which output of a step feeds which input of the next (bundles/sequence.py KvLink);
+    whether they exist and fit is checked against the cases when the bundle is read (bundles/consistency.py)."""
+    if not isinstance(links, list) or not links:
+        raise chk.fail("build.llm.kv_io", f"expected a non-empty list, got {_kind(links)}")
+    if len(links) > MAX_KV_LINKS:
+        raise chk.fail("build.llm.kv_io", f"{len(links)} links (at most {MAX_KV_LINKS})")
+    for n, link in enumerate(links):
+        where = f"build.llm.kv_io[{n}]"
+        chk.table(where, link, _KV_LINK_KEYS, required=_KV_LINK_KEYS)
+        for key in _KV_LINK_KEYS:
+            chk.integer(f"{where}.{key}", link[key], 0, MAX_DIM)
+
+
+def _sequences(chk: _Checker, sequences: Any, methods: dict, cases: Any, io_links: bool = False) -> None:
     """Top-level `sequences` (bundles/sequence.py): written only when non-empty."""
     if not isinstance(sequences, list) or not sequences:
         raise chk.fail("sequences", f"expected a non-empty list, got {_kind(sequences)}")
@@ -300,7 +322,7 @@ def _sequences(chk: _Checker, sequences: Any, methods: dict, cases: Any) -> None
     used: set[tuple[str, int]] = set()
     for i, seq in enumerate(sequences):
         where = f"sequences[{i}]"
-        chk.table(where, seq, _SEQUENCE_KEYS, required=_SEQUENCE_KEYS[:-1])
+        chk.table(where, seq, _SEQUENCE_KEYS, required=_SEQUENCE_KEYS[:5])
         chk.text(f"{where}.name", seq["name"])
         if seq["name"] in names:
             raise chk.fail(f"{where}.name", f"{_short(seq['name'])} names two sequences")
@@ -313,6 +335,10 @@ def _sequences(chk: _Checker, sequences: Any, methods: dict, cases: Any) -> None
         if seq["mode"] not in ("teacher-forced", "greedy"):
             raise chk.fail(f"{where}.mode", f"expected teacher-forced or greedy, got {_kind(seq['mode'])}")
         chk.text(f"{where}.prompt_text", seq.get("prompt_text"), MAX_TEXT, optional=True)
+        if "state" in seq and seq["state"] not in STATES:
+            raise chk.fail(f"{where}.state", f"expected {' or '.join(STATES)}, got {_kind(seq['state'])}")
+        if seq.get("state") == "io" and not io_links:
+            raise chk.fail(f"{where}.state", "a sequence whose state is its inputs and outputs needs build.llm.kv_io")
         steps = seq["steps"]
         if not isinstance(steps, list) or not steps:
             raise chk.fail(f"{where}.steps", f"expected a non-empty list, got {_kind(steps)}")

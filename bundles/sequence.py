@@ -6,6 +6,15 @@ same loaded method. `Manifest.sequences` names, per sequence, which cases form i
 order, what token ids each step feeds at which position and the eager reference's next token.
 Readers (targets/, runner/) use `stateful_prefix_problem` to refuse a run that would execute a
 decode step on a fresh cache.
+
+A sequence's state lives either in the program (`state: "program"`, export_llama's mutable KV
+buffers) or in its inputs and outputs (`state: "io"`, QNN's static llama: the KV cache is a set of
+program inputs and each step returns the new entries as outputs). For "io" the manifest's
+`build.llm.kv_io` lists which output feeds which input (`KvLink`): a lane that runs the sequence
+writes each listed output of a step into its input at the step's start_pos along `axis` before the
+next step, as QNN's own runner does (examples/qualcomm/oss_scripts/llama/runner/kv_manager.cpp:418-500,
+`update_key`/`update_value`, smart mask). The bundle's own inputs for those caches are the eager
+reference's, so a plain BundledProgram consumer still runs every step; bundlerun feeds the target's.
 """
 
 from __future__ import annotations
@@ -18,6 +27,63 @@ if TYPE_CHECKING:
 
 KINDS = ("prompt", "decode")
 MODES = ("teacher-forced", "greedy")
+STATES = ("program", "io")  # where a stateful sequence's KV cache lives (see the module docstring)
+MAX_KV_LINKS = 4096  # bundlerun's own bound: 2 links a layer, far above any model's layer count
+
+
+@dataclass(frozen=True)
+class KvLink:
+    """One entry of `build.llm.kv_io`: output `output` of a step is written into input `input` of the
+    next step, at the step's start_pos along `axis` (its extent along `axis` is the tokens it wrote)."""
+
+    output: int
+    input: int
+    axis: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"output": self.output, "input": self.input, "axis": self.axis}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KvLink":
+        """From a dict already checked by `validate_manifest`."""
+        return cls(output=int(data["output"]), input=int(data["input"]), axis=int(data["axis"]))
+
+
+def kv_links(manifest: "Manifest | dict[str, Any] | None") -> list[KvLink]:
+    """The manifest's `build.llm.kv_io` ([] when it has none)."""
+    if manifest is None:
+        return []
+    build = manifest.get("build") if isinstance(manifest, dict) else manifest.build
+    llm = (build or {}).get("llm") if isinstance(build, dict) else None
+    return [KvLink.from_dict(d) for d in (llm or {}).get("kv_io") or []] if isinstance(llm, dict) else []
+
+
+def kv_link_problem(links: list[KvLink], inputs: list[tuple[str, list[int]] | None],
+                    outputs: list[tuple[str, list[int]] | None], start_pos: int) -> str | None:
+    """Why `links` cannot thread a step with these inputs/outputs ((dtype, sizes) per value, None for a
+    non-tensor) that writes at `start_pos`, or None. The same check for every reader, torch-free."""
+    seen: set[int] = set()
+    for n, link in enumerate(links):
+        where = f"build.llm.kv_io[{n}]"
+        if not 0 <= link.output < len(outputs) or outputs[link.output] is None:
+            return f"{where} names output {link.output}, but a step returns {len(outputs)} outputs"
+        if not 0 <= link.input < len(inputs) or inputs[link.input] is None:
+            return f"{where} names input {link.input}, but a step takes {len(inputs)} inputs"
+        if link.input in seen:
+            return f"{where}: input {link.input} is fed by two outputs"
+        seen.add(link.input)
+        (out_dtype, out), (in_dtype, inp) = outputs[link.output], inputs[link.input]  # type: ignore[misc]
+        if out_dtype != in_dtype:
+            return f"{where}: output {link.output} is {out_dtype}, input {link.input} is {in_dtype}"
+        if len(out) != len(inp) or not 0 <= link.axis < len(inp):
+            return (f"{where}: output {link.output} {out} and input {link.input} {inp} have no common axis "
+                    f"{link.axis}")
+        if any(o != i for d, (o, i) in enumerate(zip(out, inp)) if d != link.axis):
+            return f"{where}: output {link.output} {out} does not fit input {link.input} {inp} off axis {link.axis}"
+        if start_pos + out[link.axis] > inp[link.axis]:
+            return (f"{where}: a step at position {start_pos} writes {out[link.axis]} entries into input "
+                    f"{link.input}, which holds {inp[link.axis]} along axis {link.axis}")
+    return None
 
 
 @dataclass
@@ -46,12 +112,15 @@ class SequenceSpec:
     mode: str  # "teacher-forced" | "greedy"
     steps: list[SequenceStep] = field(default_factory=list)
     prompt_text: str | None = None  # decoded prompt when a tokenizer was used
+    state: str = "program"  # "program": mutable buffers; "io": inputs/outputs threaded (build.llm.kv_io)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "method": self.method, "stateful": self.stateful,
                                "mode": self.mode, "steps": [s.to_dict() for s in self.steps]}
         if self.prompt_text is not None:
             out["prompt_text"] = self.prompt_text
+        if self.state != "program":  # written only when not the default: older bundles stay byte-identical
+            out["state"] = self.state
         return out
 
     @classmethod
@@ -59,7 +128,7 @@ class SequenceSpec:
         """From a dict already checked by `validate_manifest`."""
         return cls(name=str(data["name"]), method=str(data["method"]), stateful=bool(data["stateful"]),
                    mode=str(data["mode"]), steps=[SequenceStep.from_dict(s) for s in data["steps"]],
-                   prompt_text=data.get("prompt_text"))
+                   prompt_text=data.get("prompt_text"), state=str(data.get("state", "program")))
 
     @property
     def cases(self) -> list[int]:

@@ -220,8 +220,13 @@ def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -
 
 
 def _default_dtype(model: str, target: str, backend: str | None) -> str:
-    """validate's dtype when none is given: an LLM's plan default (fp32), else the backend's for the target."""
-    return "fp32" if model.startswith("llm:") else resolve_backend_dtype(target, backend, None)[1]
+    """validate's dtype when none is given: an LLM's default on its backend (fp32; fp16 on qnn), else the backend's for the target."""
+    if model.startswith("llm:"):
+        from bundlerun.bundles.llm_arch import default_llm_dtype, llm_backend
+        from bundlerun.targets import default_backend
+
+        return default_llm_dtype(llm_backend(backend or default_backend(target)))
+    return resolve_backend_dtype(target, backend, None)[1]
 
 
 def _build(model: str, output: Path, **kw):

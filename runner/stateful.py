@@ -31,5 +31,11 @@ def refusal(target_url: str, bundle: Any, pairs: list[tuple[str, int]]) -> Confi
         return ConfigError(f"{target_url} cannot keep one loaded method across test cases, and this bundle's "
                            f"{len(sequences)} sequence(s) carry a KV cache from step to step: refused rather than "
                            "judging decode steps on a fresh cache (run it on a lane that keeps state, e.g. host://xnnpack)")
+    io = [s for s in sequences if s.state == "io"]
+    if io and not spec.io_state:
+        return ConfigError(f"{target_url} cannot thread a KV cache from a step's outputs into the next step's inputs, "
+                           f"and this bundle's {len(io)} sequence(s) keep their cache there (state io, build.llm.kv_io): "
+                           "refused rather than running decode steps on the bundle's own cache (run it on qnn://htp-sim "
+                           "or host://)")
     problem = stateful_prefix_problem(sequences, pairs)
     return ConfigError(problem) if problem else None

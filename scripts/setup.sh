@@ -20,7 +20,7 @@ fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # Editable, so the tests use this tree; bundlerun installs as bundlerun.{bundles,targets,runner}
 # (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
-.venv/bin/python -m pip install -q -e ".[arm,test,apple,farm,models]"
+.venv/bin/python -m pip install -q -e ".[arm,test,apple,farm,models,qnn-llm]"
 # Byte-compiled once here: an editable install leaves bundlerun's modules as .py only, and where
 # PYTHONDONTWRITEBYTECODE is set (as on the machine these figures come from) every bundlerun process would compile
 # them again on import: 83 modules, 0.36 s of each `bundlerun run` (cProfile). A stale .pyc is never used

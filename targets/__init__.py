@@ -123,6 +123,10 @@ class TargetSpec:
     # KV cache, bundles/sequence.py) carries from case to case; without it a bundle with a stateful
     # sequence is refused (bad-config), never run step by step on fresh state (runner/stateful.py)
     stateful: bool = False
+    # threads a sequence whose KV cache is the program's inputs and outputs (`state: "io"`, QNN's static
+    # llama): each step's listed outputs written into the next step's inputs (targets/workers/io_state.py);
+    # without it such a bundle is refused (bad-config, runner/stateful.py)
+    io_state: bool = False
     inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
     keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)
     # settings that name a program, command, code or tool options to run (here, on a remote host or a

@@ -92,6 +92,7 @@ SPEC = TargetSpec(
     repeat=True,
     replay=True,  # --replay: the host worker runs each case N times in one loaded program
     stateful=True,  # one loaded module per bundle, cases in suite order (targets/workers/host.py)
+    io_state=True,  # the worker threads an io-state KV cache (targets/workers/io_state.py)
 )
 
 

@@ -101,6 +101,8 @@ SPEC = TargetSpec(
                   "QNN's dump_intermediate_outputs (not done yet; a later issue adds delegate bisection)"),
     elapsed=CLOCK,
     repeat=True,
+    stateful=True,  # targets.workers.host: one loaded method per bundle, cases in suite order
+    io_state=True,  # ... which threads QNN's static-llama KV cache from outputs to inputs (workers/io_state.py)
     command_settings=("lib_dir",),  # libraries loaded into the runtime: code, never from a farm plan
 )
 

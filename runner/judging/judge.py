@@ -203,4 +203,7 @@ def judge_sequences(ctx: JudgeContext, cases: list[CaseRecord]) -> list[Any]:
         return []
     from bundlerun.runner.report.sequences import sequence_records
 
-    return sequence_records(ctx.manifest.sequences, {(c.method, c.case): c.verdict for c in cases}, ctx.step_metrics)
+    threaded = {(c.method, c.case): int(c.extra["kv_state_from_case"]) for c in cases
+                if isinstance(c.extra.get("kv_state_from_case"), int)}
+    return sequence_records(ctx.manifest.sequences, {(c.method, c.case): c.verdict for c in cases}, ctx.step_metrics,
+                            threaded)

@@ -375,7 +375,7 @@ _SEQUENCE_REQUIRED: dict[str, Callable[[Any, str], None]] = {
 }
 _SEQUENCE = {"first_divergence": lambda v, p: integer(v, p, 0, MAX_INDEX),
              "greedy_agreement": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
-             "prompt_text": _opt_text,
+             "prompt_text": _opt_text, "state": _opt_text,
              **{k: _opt_num for k in ("perplexity_target", "perplexity_reference", "perplexity_ratio")}}
 
 

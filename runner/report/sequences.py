@@ -79,6 +79,9 @@ class SequenceRecord:
     perplexity_reference: float | None = None
     perplexity_ratio: float | None = None
     prompt_text: str | None = None
+    # state "io" (bundles/sequence.py): who carried the KV cache from a step's outputs to the next step's
+    # inputs, e.g. "threaded by bundlerun: 4/4 later steps ran on the cache the target's earlier steps returned"
+    state: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SequenceRecord":
@@ -93,6 +96,8 @@ class SequenceRecord:
         out["steps"] = [s.to_json() for s in self.steps]
         if self.prompt_text is None:
             del out["prompt_text"]
+        if self.state is None:  # program-state sequences: their records stay as they were
+            del out["state"]
         return out
 
 
@@ -100,10 +105,12 @@ _ORDER = (Verdict.PASS, Verdict.SKIP, Verdict.FAIL, Verdict.TIMEOUT, Verdict.ERR
 
 
 def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
-                     metrics: dict[tuple[str, int], StepMetrics]) -> list[SequenceRecord]:
+                     metrics: dict[tuple[str, int], StepMetrics],
+                     threaded: dict[tuple[str, int], int] | None = None) -> list[SequenceRecord]:
     """The records of the manifest's sequences (`SequenceSpec`s), from each step case's verdict
     and token figures. A step whose case is absent from the run (not selected, never reached)
-    is ERROR: a sequence is judged whole or shows where it stopped."""
+    is ERROR: a sequence is judged whole or shows where it stopped. `threaded`: the cases the lane
+    ran on a KV cache it threaded from an earlier case's outputs (the worker's `kv_state_from_case`)."""
     records = []
     for spec in specs:
         steps: list[StepRecord] = []
@@ -126,8 +133,18 @@ def sequence_records(specs: Sequence[Any], verdicts: dict[tuple[str, int], str],
         records.append(SequenceRecord(
             spec.name, spec.method, spec.mode, spec.stateful, worst, steps, figures.first_divergence,
             figures.greedy_agreement, figures.perplexity_target, figures.perplexity_reference,
-            figures.perplexity_ratio, spec.prompt_text))
+            figures.perplexity_ratio, spec.prompt_text, _state_note(spec, threaded or {})))
     return records
+
+
+def _state_note(spec: Any, threaded: dict[tuple[str, int], int]) -> str | None:
+    """What carried an io-state sequence's KV cache: bundlerun, on how many of its later steps."""
+    if getattr(spec, "state", "program") != "io":
+        return None
+    later = [st.case for st in spec.steps[1:]]
+    done = sum(1 for c in later if (spec.method, c) in threaded)
+    return (f"KV cache threaded by bundlerun: {done}/{len(later)} later steps ran on the cache the target's "
+            "earlier steps returned (build.llm.kv_io)")
 
 
 # ---------------------------------------------------------------- display (every report format)
@@ -166,6 +183,8 @@ def headline(seq: SequenceRecord) -> str:
         case = seq.steps[seq.first_divergence].case if seq.first_divergence < n else "?"
         parts.append(f"first divergence at step {seq.first_divergence} (case {case})")
     parts.append(f"greedy agreement {seq.greedy_agreement}/{n}")
+    if seq.state:
+        parts.append(seq.state)
     if seq.perplexity_target is not None and seq.perplexity_reference is not None:
         ratio = f" (x{seq.perplexity_ratio:.3f})" if seq.perplexity_ratio is not None else ""
         parts.append(f"perplexity {_g(seq.perplexity_target)} under the target vs {_g(seq.perplexity_reference)} "

@@ -172,6 +172,9 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         methods = set(module.method_names())  # the runtime parses the program lazily: part of the load
         mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
                     if suite.method_name in methods}
+        from bundlerun.targets.workers.io_state import IoStateError, IoThreader
+
+        threader = IoThreader.from_manifest(bundle.manifest_json)  # state "io": the KV cache threaded here
     except Exception as exc:  # reported as a classified load failure
         _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load-failure")
         return 1
@@ -202,15 +205,32 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
                 inputs.append(t.reshape(value.sizes))
             else:
                 inputs.append(value.scalar)
+        state_from = None
+        if threader is not None:
+            try:
+                inputs, state_from = _threaded_inputs(threader, method, case, inputs, torch)
+            except IoStateError as exc:
+                _emit(event="error", method=method, case=case, error=str(exc), kind="not-run")
+                continue
         _fault(method, case)
         start = time.perf_counter()
         try:
             outputs = module.run_method(method, inputs)
         except Exception as exc:
+            if threader is not None:
+                threader.forget()
             _emit(event="error", method=method, case=case, error=f"method execution failed: {exc}", kind="runner-error",
                   elapsed_s=time.perf_counter() - start)
             continue
         elapsed = time.perf_counter() - start
+        if threader is not None:
+            try:
+                threader.after(method, case, [o.detach().contiguous().numpy() if isinstance(o, torch.Tensor) else o
+                                              for o in outputs])
+            except IoStateError as exc:
+                threader.forget()
+                _emit(event="error", method=method, case=case, error=str(exc), kind="runner-error")
+                continue
         records = []
         for j, out in enumerate(outputs):
             if not isinstance(out, torch.Tensor):
@@ -237,11 +257,21 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
                 continue
             _emit(event="done", method=method, case=case, elapsed_s=elapsed, outputs=records,
                   **({"replays": replays} if replays else {}),
+                  **({"extra": {"kv_state_from_case": state_from}} if state_from is not None else {}),
                   **({"perf": _repeat_figures(module, method, inputs, elapsed, repeat, method not in timed)}
                      if repeat > 1 else {}))
             timed.add(method)
     _emit(event="finished")
     return 0
+
+
+def _threaded_inputs(threader, method: str, case: int, inputs: list, torch) -> tuple[list, int | None]:
+    """The case's inputs with its KV cache inputs replaced by the state the previous step of its
+    sequence left (targets/workers/io_state.py), and the case that left it."""
+    fed, state_from = threader.inputs_for(method, case, inputs)
+    if state_from is None:
+        return inputs, None
+    return [torch.from_numpy(v) if not isinstance(v, torch.Tensor) and hasattr(v, "dtype") else v for v in fed], state_from
 
 
 def _replay_runs(module, method: str, case: int, inputs: list, out_dir: Path, replay: int, code_of: dict,
