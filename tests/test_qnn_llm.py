@@ -134,3 +134,18 @@ def test_a_kv_io_naming_a_missing_output_is_refused_in_one_line(built, tmp_path)
     lines = [ln for ln in res.stderr.splitlines() if "kv_io" in ln]
     assert len(lines) == 1 and "names output 9, but a step returns 5 outputs" in lines[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_the_cli_lowers_an_llm_for_qnn_by_default_and_refuses_other_dtypes_in_one_line(built, tmp_path):
+    """`bundlerun build llm:llama3 --target qnn://htp-sim`: the target's own backend and its LLM dtype
+    (fp16: HTP has no fp32), the same build as the fixture's (a build-cache hit); fp32 refused in one line."""
+    out = tmp_path / "cli.bpte"
+    res = run_cli("build", "llm:llama3", "--size", "tiny", "--target", TARGET, "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    from bundlerun.bundles.bpte import read_bundle
+
+    build = read_bundle(out).manifest_json["build"]
+    assert (build["backend"], build["dtype"], build["llm"]["kv_io"][0]) == ("qnn", "fp16", {"output": 1, "input": 3, "axis": 3})
+    res = run_cli("build", "llm:llama3", "--size", "tiny", "--target", TARGET, "--dtype", "fp32", "-o", str(tmp_path / "x"))
+    assert res.returncode == 2 and "for an LLM on QNN: bundlerun builds fp16" in res.stderr
+    assert len([ln for ln in res.stderr.splitlines() if ln.strip()]) == 1, res.stderr
