@@ -162,7 +162,7 @@ def test_cli_writes_an_escaped_self_contained_site(db, tmp_path, cli):
     tags = _tags(page)
     assert {t for t, _ in tags} <= {"html", "head", "meta", "title", "style", "body", "h1", "p", "span", "b", "input",
                                     "div", "table", "thead", "tbody", "tr", "th", "td", "a", "svg", "polyline",
-                                    "circle", "script", "button"}
+                                    "circle", "script", "button", "label", "select", "option"}
     assert not [a for _, attrs in tags for a in attrs if a == "src" or a.startswith("on")]
     # Every shown run has its report page, rendered from the stored JSON; links resolve.
     links = re.findall(r"href='(runs/\d+\.html)'", page)

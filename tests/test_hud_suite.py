@@ -146,7 +146,8 @@ def test_columns_are_commits_in_commit_order_and_rows_are_grouped(suite_db):
 def test_site_in_chromium(suite_db, tmp_path, cli):
     db, shas = suite_db
     out = tmp_path / "site"
-    res = cli("hud", "--out", str(out), "--db", str(db), timeout=1200)
+    res = cli("hud", "--out", str(out), "--db", str(db), "--window", str(COMMITS), "--page-rows", str(ROWS),
+              timeout=1200)  # one page: the whole grid (paging: tests/test_hud_site.py)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{ROWS} rows x {COMMITS} labels" in res.stdout and "4 row(s) regressed" in res.stdout
     page = (out / "index.html").read_text()

@@ -681,8 +681,11 @@ def list_runs(
     label: str | None = None,
     dtype: str | None = None,
     limit: int | None = 20,
+    after_id: int | None = None,
+    ids: list[int] | None = None,
 ) -> list[RunRecord]:
-    """Runs newest first, filtered by exact model/target/label/dtype."""
+    """Runs newest first, filtered by exact model/target/label/dtype; `after_id`: only runs recorded
+    after that run (the HUD reads only what is new), `ids`: only those runs."""
     if not Path(db_path).exists():
         return []
     where, args = [], []
@@ -690,6 +693,13 @@ def list_runs(
         if value is not None:
             where.append(f"{col} = ?")
             args.append(_sql_text(value))
+    if after_id is not None:
+        where.append("r.id > ?")
+        args.append(int(after_id))
+    if ids is not None:
+        if not ids:
+            return []
+        where.append(f"r.id IN ({', '.join(str(int(i)) for i in ids)})")
     sql = _LIST_SQL + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id DESC"
     if limit:
         sql += f" LIMIT {int(limit)}"

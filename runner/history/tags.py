@@ -41,16 +41,23 @@ FROM runs r LEFT JOIN run_tags t ON t.run_id = r.id
 """
 
 
-def run_extras(db_path: str | Path) -> dict[int, dict[str, Any]]:
+def run_extras(db_path: str | Path, after_id: int | None = None,
+               ids: list[int] | None = None) -> dict[int, dict[str, Any]]:
     """run id -> its tags, bundle path, largest max error, `--replay` findings (outputs whose
     results differed between runs, and those whose verdict flipped), its ERROR / TIMEOUT counts and
     its first failing output with that output's failed criteria (JSON) and how many outputs failed:
-    what the HUD adds to RunRecord."""
-    if not Path(db_path).exists():
+    what the HUD adds to RunRecord. `after_id`: only runs after that one; `ids`: only those runs."""
+    if not Path(db_path).exists() or (ids is not None and not ids):
         return {}
+    sql, args = _SQL, []
+    if after_id is not None:
+        sql += " WHERE r.id > ?"
+        args.append(int(after_id))
+    if ids is not None:
+        sql += (" AND" if after_id is not None else " WHERE") + f" r.id IN ({', '.join(str(int(i)) for i in ids)})"
     conn = connect(db_path)
     try:
-        rows = _retrying(lambda: conn.execute(_SQL).fetchall())
+        rows = _retrying(lambda: conn.execute(sql, args).fetchall())
     finally:
         conn.close()
     return {int(r["id"]): dict(r) for r in rows}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any
+from typing import Any, cast
 
 from bundlerun.runner.history import store as history
 from bundlerun.runner.history.regression import RegressionRules
@@ -82,6 +82,7 @@ class Row:
     source: str = "bundlerun"
     inputs: str | None = None  # the series' inputs_sha256 and criteria_sha256 (runner/history/series.py)
     criteria: str | None = None
+    backend: str | None = None  # the first run's backend (the page's backend filter)
     tag: str = ""  # `in 3fa2c1 · cr 9b01de` where another row has the same model, target and dtype
 
     @property
@@ -157,40 +158,94 @@ def column_of(r: history.RunRecord) -> tuple[str, bool]:
     return f"~{(history.utc_iso(r.started) or 'unknown')[:10]}", True
 
 
-def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules | None = None,
-               limit: int | None = None) -> Grid:
-    """The HUD's grid from the history database."""
-    from bundlerun.runner.history.tags import run_extras
+@dataclass
+class Compact:
+    """The grid's raw material, small enough to keep between builds (runner/pictures/hud_site.py's
+    state file): per run what judging needs, per row and column what names and orders them. Built
+    from the history one run at a time (`add`), oldest first, so a later build reads only new runs."""
 
+    rows: list[list[Any]] = field(default_factory=list)  # [group, operator, name, target, dtype, inputs, criteria, source, backend]
+    runs: list[list[Any]] = field(default_factory=list)  # [id, row index, column key, verdict, metric, value]
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # key -> [label, first_id, started, commit_time, bucket, commit, runs]
+    interrupted: int = 0
+    last_id: int = 0
+    _index: dict[tuple, int] = field(default_factory=dict, repr=False)
+
+    def add(self, records: list[history.RunRecord], extras: dict[int, dict[str, Any]]) -> None:
+        """Runs oldest first (ids above `last_id`)."""
+        if len(self._index) != len(self.rows):
+            self._index = {_row_key(r): i for i, r in enumerate(self.rows)}
+        for r in records:
+            self.last_id = max(self.last_id, r.id)
+            if r.interrupted:
+                self.interrupted += 1
+                continue
+            x = extras.get(r.id, {})
+            key, bucket = column_of(r)
+            col = self.columns.get(key)
+            if col is None:
+                col = self.columns[key] = [r.label, r.id, r.started, x.get("commit_time"), bucket, x.get("commit_sha"), 0]
+            if r.started and (col[2] is None or r.started < col[2]):
+                col[2] = r.started
+            if x.get("commit_time") and (col[3] is None or x["commit_time"] < col[3]):
+                col[3] = x["commit_time"]
+            col[6] += 1
+            source = x.get("source") or "bundlerun"
+            group = x.get("flow") or r.backend or "-"
+            operator = x.get("operator") or (MODELS if source == "bundlerun" else "-")
+            ident = [group, operator, what_ran(r, x), r.target, r.dtype, r.inputs_sha256, r.criteria_sha256, source,
+                     r.backend]
+            rk = _row_key(ident)
+            ri = self._index.get(rk)
+            if ri is None:
+                ri = self._index[rk] = len(self.rows)
+                self.rows.append(ident)
+            metric, value = _metric(r)
+            self.runs.append([r.id, ri, key, r.verdict, metric, value])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "runs": self.runs, "columns": self.columns, "interrupted": self.interrupted,
+                "last_id": self.last_id}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Compact":
+        return cls(list(data["rows"]), list(data["runs"]), dict(data["columns"]), int(data["interrupted"]),
+                   int(data["last_id"]))
+
+
+def _row_key(ident: list[Any]) -> tuple:
+    return tuple("" if v is None else v for v in ident[:7])
+
+
+class _Stub:
+    """What judging reads of a run (its id, verdict and metric) until `fill` puts the full record
+    in its place: 100,000 of these cost a tenth of as many RunRecords (bench/bench_hud.py)."""
+
+    __slots__ = ("id", "verdict", "top1", "min_sqnr", "run_uuid", "report_path")
+
+    def __init__(self, run_id: int, verdict: str | None, metric: str, value: float | None) -> None:
+        self.id, self.verdict, self.run_uuid, self.report_path = run_id, verdict, "", None
+        self.top1 = value if metric == "top1" else None
+        self.min_sqnr = value if metric != "top1" else None
+
+
+def _stub(run_id: int, verdict: str | None, metric: str, value: float | None) -> history.RunRecord:
+    return cast(history.RunRecord, _Stub(run_id, verdict, metric, value))
+
+
+def grid_of(data: Compact, baseline: str | None = None, rules: RegressionRules | None = None) -> Grid:
+    """The grid (cells, regressions, culprits, order) from the compact history; each cell's run is
+    a stub holding its id, verdict and metric until `fill` reads the full records."""
     rules = rules or RegressionRules()
-    records = list(reversed(history.list_runs(db_path, limit=limit or None)))  # oldest first
-    extras = run_extras(db_path)
-    cols: dict[str, Column] = {}
-    rows: dict[tuple, Row] = {}
-    stopped = [r for r in records if r.interrupted]
-    records = [r for r in records if not r.interrupted]
-    for r in records:
-        x = extras.get(r.id, {})
-        key, bucket = column_of(r)
-        col = cols.get(key)
-        if col is None:
-            col = cols[key] = Column(key, r.label, r.id, r.started, x.get("commit_time"), bucket, x.get("commit_sha"))
-        if r.started and (col.started is None or r.started < col.started):
-            col.started = r.started
-        if x.get("commit_time") and (col.commit_time is None or x["commit_time"] < col.commit_time):
-            col.commit_time = x["commit_time"]
-        col.runs += 1
-        source = x.get("source") or "bundlerun"
-        group = x.get("flow") or r.backend or "-"
-        operator = x.get("operator") or (MODELS if source == "bundlerun" else "-")
-        name = what_ran(r, x)
-        row = rows.setdefault((group, operator, name, r.target or "", r.dtype or "", r.inputs_sha256 or "",
-                               r.criteria_sha256 or ""),
-                              Row(name, r.target, r.dtype, group=group, operator=operator, source=source,
-                                  inputs=r.inputs_sha256, criteria=r.criteria_sha256))
-        metric, value = _metric(r)
+    cols = {key: Column(key, v[0], v[1], v[2], v[3], bool(v[4]), v[5], v[6]) for key, v in data.columns.items()}
+    rows = [Row(i[2], i[3], i[4], group=i[0], operator=i[1], source=i[7], inputs=i[5], criteria=i[6],
+                backend=i[8] if len(i) > 8 else None)
+            for i in data.rows]
+    for run_id, ri, key, verdict, metric, value in data.runs:
+        row = rows[ri]
+        r = _stub(run_id, verdict, metric, value)
         before = row.cells.get(key)
-        cell = Cell(r, (before.runs if before else 0) + 1, metric, value, extra=x)  # the latest wins
+        cell = Cell(r, (before.runs if before else 0) + 1, metric, value)  # the latest wins
         if before is not None:
             worst = before.worst or before.run
             cell.worst = worst if _badness(worst) > _badness(r) else r
@@ -198,12 +253,45 @@ def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules
         row.cells[key] = cell
     columns = sorted(cols.values(), key=lambda c: c.order)
     order = {c.key: i for i, c in enumerate(columns)}
-    named = tags(row.series for row in rows.values())
-    for row in rows.values():
+    named = tags(row.series for row in rows)
+    for row in rows:
         row.tag = named[row.series]
         _judge_row(row, columns, order, baseline, rules)
-    ordered = _ordered(list(rows.values()), columns)
-    return Grid(columns, ordered, baseline, len(records), rules, interrupted=len(stopped))
+    ordered = _ordered(rows, columns)
+    return Grid(columns, ordered, baseline, len(data.runs), rules, interrupted=data.interrupted)
+
+
+def fill(db_path: Any, cells: list[Cell], chunk: int = 4000, known: dict[int, history.RunRecord] | None = None,
+         known_extras: dict[int, dict[str, Any]] | None = None) -> None:
+    """Replace the stub runs of these cells (and their worst runs) by the history's full records
+    and extras (what the page shows): read by id, only for the cells being drawn and not `known`
+    (the runs the caller has just read)."""
+    from bundlerun.runner.history.tags import run_extras
+
+    records: dict[int, history.RunRecord] = dict(known or {})
+    extras: dict[int, dict[str, Any]] = dict(known_extras or {})
+    ids = sorted(({c.run.id for c in cells} | {c.worst.id for c in cells if c.worst is not None}) - set(records))
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        records.update((r.id, r) for r in history.list_runs(db_path, limit=None, ids=part))
+        extras.update(run_extras(db_path, ids=part))
+    for c in cells:
+        c.run = records.get(c.run.id, c.run)
+        c.extra = extras.get(c.run.id, {})
+        if c.worst is not None:
+            c.worst = records.get(c.worst.id, c.worst)
+
+
+def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules | None = None,
+               limit: int | None = None) -> Grid:
+    """The HUD's grid from the history database, every cell's full record read."""
+    from bundlerun.runner.history.tags import run_extras
+
+    data = Compact()
+    data.add(list(reversed(history.list_runs(db_path, limit=limit or None))), run_extras(db_path))  # oldest first
+    grid = grid_of(data, baseline, rules)
+    fill(db_path, [c for row in grid.rows for c in row.cells.values()])
+    return grid
 
 
 def _judge_row(row: Row, columns: list[Column], order: dict[str, int], baseline: str | None,

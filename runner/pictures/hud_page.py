@@ -19,7 +19,9 @@ import hashlib
 import math
 import os
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bundlerun.runner.history import store as history
 from bundlerun.runner.history.commits import looks_like_sha
@@ -94,14 +96,30 @@ _SCRIPT = """
   var regressed = table.querySelectorAll('td.c.reg').length;
   var box = document.getElementById('filter');
   var bad = document.getElementById('bad');
+  var facets = document.querySelectorAll('select[data-f]');
+  var label = document.getElementById('f-l');
+  var heads = table.tHead.querySelectorAll('th.lab');
+  function onecol() {  // the label filter: that commit's column alone
+    var k = -1;
+    for (var i = 0; i < heads.length; i++) if (heads[i].getAttribute('data-c') === label.value) k = i;
+    var trs = table.querySelectorAll('tr');
+    for (var j = 0; j < trs.length; j++) {
+      var tds = trs[j].children;
+      for (var c = 3; c < tds.length; c++) tds[c].style.display = (k < 0 || c - 3 === k) ? '' : 'none';
+    }
+  }
   function shut(g) { var h = table.querySelector('tr.grp[data-id="' + g + '"]'); return h && h.classList.contains('shut'); }
   function apply() {
     var q = box.value.toLowerCase(), only = bad.checked, filtering = q !== '' || only;
+    for (var e = 0; e < facets.length; e++) if (facets[e].value !== '') filtering = true;
     var seen = {};
     for (var i = 0; i < rows.length; i++) {
       var r = rows[i];
       var match = (q === '' || r.getAttribute('data-key').toLowerCase().indexOf(q) >= 0) &&
         (!only || r.getAttribute('data-bad') === '1');
+      for (var f = 0; f < facets.length; f++) {
+        if (facets[f].value !== '' && r.getAttribute('data-' + facets[f].getAttribute('data-f')) !== facets[f].value) match = false;
+      }
       if (match) { seen[r.getAttribute('data-g')] = 1; seen[r.getAttribute('data-o')] = 1; }
       var open = filtering || (!shut(r.getAttribute('data-g')) && !shut(r.getAttribute('data-o')));
       r.classList.toggle('hid', !(match && open));
@@ -124,12 +142,40 @@ _SCRIPT = """
   document.getElementById('collapse').addEventListener('click', function () { all(true); });
   box.addEventListener('input', apply);
   bad.addEventListener('change', apply);
+  for (var s = 0; s < facets.length; s++) facets[s].addEventListener('change', apply);
+  label.addEventListener('change', onecol);
   if (location.hash.indexOf('#q=') === 0) box.value = decodeURIComponent(location.hash.slice(3));  // a shared filter
   apply();
   var wrap = table.parentNode;
   wrap.scrollLeft = wrap.scrollWidth;  // the newest commits in view; names, status and trend stay
 })();
 """
+
+
+@dataclass
+class Page:
+    """Where a page sits in a paged site (runner/pictures/hud_site.py): the offsets of its first row
+    and column in the whole grid (cell ids stay unique across pages), its navigation, and where a
+    culprit outside its window is (`elsewhere(column key, row index)` -> href)."""
+
+    row_offset: int = 0
+    col_offset: int = 0
+    nav: str = ""
+    elsewhere: Callable[[str, int], str] = lambda key, ri: "#"
+
+
+def _facets(grid: Grid) -> str:
+    """The filters by model, target, backend, dtype and label (a label shows that commit's column
+    alone), filled with what the page holds."""
+    def options(values) -> str:
+        return "<option value=''>all</option>" + "".join(f"<option>{_e(v)}</option>" for v in sorted(set(values)))
+
+    rows = grid.rows
+    return ("<div class='bar facets'>"
+            + "".join(f"<label>{name} <select id='f-{k}' data-f='{k}'>{options(str(get(r) or '') for r in rows)}</select></label>"
+                      for k, name, get in (("m", "model", lambda r: r.model), ("t", "target", lambda r: r.target),
+                                           ("b", "backend", lambda r: r.backend or r.group), ("d", "dtype", lambda r: r.dtype)))
+            + f"<label>label <select id='f-l'>{options(c.key for c in grid.columns)}</select></label></div>")
 
 
 def fmt(cell: Cell, value: float | None = None, metric: str | None = None) -> str:
@@ -241,7 +287,7 @@ def _column_head(c: Column, baseline: str | None) -> str:
         tip.append("first run " + history.display_time(c.started, utc=True))
     tip.append(f"{c.runs} run(s)")
     classes = "lab" + (" base" if baseline is not None and c.key == baseline else "") + (" bucket" if c.bucket else "")
-    return f"<th class='{classes}' title='{_e(' | '.join(tip))}'>{_e(shown)}</th>"
+    return f"<th class='{classes}' data-c='{_e(c.key)}' title='{_e(' | '.join(tip))}'>{_e(shown)}</th>"
 
 
 def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], originals: dict[int, str]) -> str:
@@ -292,6 +338,8 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
     if r.started:
         tip.append(history.display_time(r.started, utc=True))
     link = run_pages.get(r.id)
+    if not link:
+        tip.append("report page not rendered yet (bundlerun hud --all-run-pages)")
     text = _e(cell_text(cell)) + ("&#9670;" if cell.culprit else "")
     inner = f"<a href='{_e(link)}'>{text}</a>" if link else text
     if originals.get(r.id):
@@ -330,7 +378,11 @@ def _group_head(level: int, gid: str, parent: str | None, label: str, rows: list
             f"{_group_cells(rows, cols)}</tr>")
 
 
-def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str], originals: dict[int, str]) -> str:
+def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str], originals: dict[int, str],
+           page: Page | None = None) -> str:
+    """The page: the whole grid, or with `page` one window of commits x one slice of rows of a
+    larger grid (runner/pictures/hud_site.py), with links to the other pages."""
+    page = page or Page()
     cap = grid.rules.sqnr_ceiling_db
     cols = grid.columns
     head = ["<th class='nm'>what ran (test / model / bundle) &middot; target &middot; dtype</th>"
@@ -343,7 +395,7 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         by_op.setdefault((row.group, row.operator), []).append(row)
     large = len(grid.rows) > COLLAPSE_ABOVE
     body, seen_g, seen_o = [], {}, {}
-    for ri, row in enumerate(grid.rows):
+    for ri, row in enumerate(grid.rows, start=page.row_offset):
         if row.group not in seen_g:
             seen_g[row.group] = f"g{len(seen_g)}"
             body.append(_group_head(1, seen_g[row.group], None, "flow/backend: " + _e(row.group),
@@ -357,7 +409,7 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
             label = ("operator: " if row.operator != MODELS else "") + _e(row.operator)
             body.append(_group_head(2, seen_o[okey], gid, label, members, cols, large and quiet))
         oid = seen_o[okey]
-        body.append(_row_html(row, ri, cols, cap, gid, oid, run_pages, originals))
+        body.append(_row_html(row, ri, cols, cap, gid, oid, run_pages, originals, page))
     regressed_rows = sum(1 for r in grid.rows if r.culprit)
     script_hash = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
     csp = (f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:; "
@@ -394,6 +446,7 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
         "dtype)' aria-label='filter rows'><span><input id='bad' type='checkbox' aria-label='only regressed or failing'>"
         " only regressed or failing</span><button id='expand' type='button'>expand all</button>"
         "<button id='collapse' type='button'>collapse all</button></div>"
+        + _facets(grid) + page.nav +
         f"<div class='wrap'><table class='hud' id='hud'><thead><tr>{''.join(head)}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
         f"<script>{_SCRIPT}</script></body></html>"
@@ -401,20 +454,23 @@ def render(grid: Grid, out: Path, db_path: str | Path, run_pages: dict[int, str]
 
 
 def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: str,
-              run_pages: dict[int, str], originals: dict[int, str]) -> str:
+              run_pages: dict[int, str], originals: dict[int, str], page: Page) -> str:
     latest = row.latest(cols)
     if row.baseline is None:
         status_html = "<span class='meta'>no baseline run</span>"
     elif row.culprit:
-        ci = next(i for i, c in enumerate(cols) if c.key == row.culprit)
+        ci = next((i for i, c in enumerate(cols, start=page.col_offset) if c.key == row.culprit), None)
+        where = f"#r{ri}c{ci}" if ci is not None else page.elsewhere(row.culprit, ri)
         shown = row.culprit[:8] if looks_like_sha(row.culprit) else row.culprit
         status_html = (f"<span class='bad' title='regressed since {_e(row.culprit)}'>regressed since "
-                       f"<a href='#r{ri}c{ci}'>{_e(shown)}</a></span>")
+                       f"<a href='{_e(where)}'>{_e(shown)}</a></span>")
     elif latest is not None and status(latest) != Verdict.PASS:
         status_html = f"<span class='meta'>latest: {_e(status(latest))}</span>"
     else:
         status_html = "<span class='ok'>ok</span>"
     key = " ".join(str(x) for x in (row.model, row.operator, row.group, row.target, row.dtype, row.source, row.tag))
+    facets = "".join(f" data-{k}='{_e(v)}'" for k, v in (("m", row.model), ("t", row.target), ("b", row.backend or row.group),
+                                                         ("d", row.dtype)))
     bad = "1" if row.culprit or row.failing(cols) else "0"
     source = "" if row.source == "bundlerun" else f" &middot; {_e(row.source)}"
     what = f"{row.model} | {row.target} | {row.dtype} | {row.group} / {row.operator} | {row.source}"
@@ -422,5 +478,6 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
     tds = [f"<td class='nm' title='{_e(what)}'>{_e(row.model)}<span class='sub'>{_e(row.target)} &middot; "
            f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status_html}</td>"
            f"<td class='tr'>{sparkline(row, cols, cap, width=84)}</td>"]
-    tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals) for ci, c in enumerate(cols)]
-    return f"<tr class='row' data-g='{gid}' data-o='{oid}' data-bad='{bad}' data-key='{_e(key)}'>{''.join(tds)}</tr>"
+    tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals) for ci, c in enumerate(cols, start=page.col_offset)]
+    return (f"<tr class='row' data-g='{gid}' data-o='{oid}' data-bad='{bad}' data-key='{_e(key)}'{facets}>"
+            f"{''.join(tds)}</tr>")
