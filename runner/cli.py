@@ -381,8 +381,9 @@ run_options = [
                  help="Re-judge with a criterion changed, e.g. out0.atol=0.05 (recorded in the report)."),
     click.option("--label", default=None, callback=_label, help="Label recorded with the run (e.g. a git sha)."),
     click.option("--baseline", default=None, help="Run id, label or report.json to check for regressions."),
-    click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
-                 help="History database (default ~/.local/share/bundlerun/history.sqlite)."),
+    click.option("--history", "history_db", default=None, envvar="BUNDLERUN_HISTORY", metavar="PATH|URL",
+                 help="History database: a file or postgresql://USER@HOST/DB "
+                      "(default ~/.local/share/bundlerun/history.sqlite)."),
     click.option("--no-history", is_flag=True, help="Do not record this run in the history database."),
     click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
                  help="bundlerun.toml to use (default: searched upward from the current directory)."),

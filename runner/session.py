@@ -305,6 +305,8 @@ def finish_run(
             report.run["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
         except Exception as exc:  # noqa: BLE001 - history (a locked or unwritable db) never changes a verdict
             report.warnings.append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
+            if history.is_server(db):  # a shared history the team reads lost this run: exit 2 (console.exit_code)
+                report.run["history_error"] = f"history not recorded: {exc}"
             db = None
     if baseline:
         report.regressions = check_baseline(baseline, report, db, project)

@@ -7,6 +7,7 @@
 #     QEMU (qemu-system-arm for the Arm runner, qemu-user for aarch64) and the cross toolchains
 #     that build ExecuTorch's runners from source (gcc-arm-none-eabi, gcc-aarch64-linux-gnu, cmake, ninja)
 #   - mlx[cpu] (the [apple] extra) for mlx://cpu
+#   - psycopg (the [postgres] extra) and Debian's postgresql (tests/pg_server.py starts a private server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -20,7 +21,7 @@ fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # Editable, so the tests use this tree; bundlerun installs as bundlerun.{bundles,targets,runner}
 # (a wheel works the same: tests/test_packaging.py), clear of tosa-tools' top-level `runner`.
-.venv/bin/python -m pip install -q -e ".[arm,test,apple,farm,models,qnn-llm]"
+.venv/bin/python -m pip install -q -e ".[arm,test,apple,farm,models,qnn-llm,postgres]"
 # Byte-compiled once here: an editable install leaves bundlerun's modules as .py only, and where
 # PYTHONDONTWRITEBYTECODE is set (as on the machine these figures come from) every bundlerun process would compile
 # them again on import: 83 modules, 0.36 s of each `bundlerun run` (cProfile). A stale .pyc is never used
@@ -55,6 +56,7 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   command -v ser2net >/dev/null 2>&1 || [ -x /usr/sbin/ser2net ] || missing+=(ser2net)  # labgrid exporter in the labgrid:// tests
   [ -f /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || missing+=(mesa-vulkan-drivers)  # vulkan://lavapipe's driver
   [ -e /usr/lib/x86_64-linux-gnu/libvulkan.so.1 ] || missing+=(libvulkan1)  # the Vulkan loader
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)  # tests/pg_server.py: a private server
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = "0" ]; then
       apt-get update -qq

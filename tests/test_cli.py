@@ -22,7 +22,8 @@ def test_help_and_version_do_not_import_torch():
                 main(args)
             except SystemExit as e:
                 assert e.code in (0, None), e.code
-        heavy = [m for m in ("torch", "executorch", "numpy", "rich") if m in sys.modules]
+        heavy = [m for m in ("torch", "executorch", "numpy", "rich", "sqlalchemy", "alembic", "psycopg")
+                 if m in sys.modules]
         print("HEAVY", heavy)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

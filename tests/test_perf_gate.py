@@ -283,7 +283,9 @@ def test_history_stores_perf_figures_and_trend_plots_them(tmp_path):
         rep = _arm_report(cycles=tuple(int(c * scale) for c in (100_000, 101_000, 99_000)), label=f"v{k}")
         rep.run["id"] = f"run-{k}"
         history.record_report(db, rep)
-    conn = history.connect(db)
+    import sqlite3
+
+    conn = sqlite3.connect(db)
     try:
         rows = conn.execute("SELECT case_index, value, unit, kind FROM perf_figures WHERE name = "
                             "'inference_cpu_cycles' AND run_id = 3 ORDER BY case_index").fetchall()

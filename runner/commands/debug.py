@@ -95,7 +95,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
               help="bundlerun.toml to use (default: searched upward from the current directory).")
 @click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE",
               help="Target setting (overrides [targets.<scheme>] in config), as for `run`.")
-@click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
+@click.option("--history", "history_db", default=None, envvar="BUNDLERUN_HISTORY", metavar="PATH|URL",
               help="History database to find the last run's worst case in.")
 @click.option("--json", "as_json", is_flag=True, help="Print the debug result as JSON.")
 def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, config_path, target_opts,
@@ -105,7 +105,7 @@ def command(bundle, target, case, output, method, report_dir, timeout, debug_buf
     from bundlerun.runner.session import Session
 
     session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db)
-    db = resolve_history_path(str(history_db) if history_db else None, session.project)
+    db = resolve_history_path(history_db, session.project)
     result = run_debug(bundle, target, case, output, report_dir, db, method, timeout, debug_buffer_mb, as_json,
                        target_config=session.target_config(target))
     sys.exit(1 if result.first_bad is not None or (result.export_divergence or {}).get("finding") else 0)

@@ -47,7 +47,7 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
 @click.option("--jobs", "workers", type=click.IntRange(min=1), default=None,
               help="Local worker processes / Ray CPUs of a Ray started here (default: the plan's total concurrency).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the --dry-run job list) as JSON.")
-@click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, envvar="BUNDLERUN_HISTORY",
+@click.option("--history", "history_db", default=None, envvar="BUNDLERUN_HISTORY", metavar="PATH|URL",
               help="History database (default ~/.local/share/bundlerun/history.sqlite).")
 @click.option("--no-history", is_flag=True, help="Do not record the jobs in the history database.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,

@@ -167,23 +167,19 @@ class DebugResult:
 # ------------------------------------------------------------------ choosing the case
 
 
-def default_case(bundle_path: Path, history_db: Path | None, method: str, output: str | None) -> tuple[int, str]:
+def default_case(bundle_path: Path, history_db: Any, method: str, output: str | None) -> tuple[int, str]:
     """(case, where it came from): the worst failing case of the newest run of this bundle file."""
     from bundlerun.bundles.fileio import file_sha256
 
-    if history_db is None or not Path(history_db).exists():
-        return 0, "case 0 (no history database to find the last run's worst case)"
     from bundlerun.runner.history import store as history
 
+    if history_db is None or not history.exists(history_db):
+        return 0, "case 0 (no history database to find the last run's worst case)"
     sha = file_sha256(bundle_path)
-    conn = history.connect(history_db)
-    try:
-        row = conn.execute("SELECT id FROM runs WHERE bundle_sha256 = ? ORDER BY id DESC LIMIT 1", (sha,)).fetchone()
-    finally:
-        conn.close()
-    if row is None:
+    run_id = history.newest_run_of_bundle(history_db, sha)
+    if run_id is None:
         return 0, "case 0 (this bundle has no recorded run)"
-    report = history.load_report(history_db, int(row[0]))
+    report = history.load_report(history_db, run_id)
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.bundles.sequence import first_failing_step, from_manifest
 
@@ -193,11 +189,11 @@ def default_case(bundle_path: Path, history_db: Path | None, method: str, output
                    and any(o.verdict == Verdict.FAIL and (output is None or o.name == output) for o in c.outputs)}
         first = first_failing_step(sequences, method, failing)
         if first is not None:
-            return first, f"first diverging step of its sequence in run #{row[0]}"
+            return first, f"first diverging step of its sequence in run #{run_id}"
     worst = worst_failing_case(report, method, output)
     if worst is None:
-        return 0, f"case 0 (run #{row[0]} of this bundle has no failing case)"
-    return worst, f"worst failing case of run #{row[0]}"
+        return 0, f"case 0 (run #{run_id} of this bundle has no failing case)"
+    return worst, f"worst failing case of run #{run_id}"
 
 
 def worst_failing_case(report: "Report", method: str = "forward", output: str | None = None) -> int | None:

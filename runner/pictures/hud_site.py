@@ -103,7 +103,7 @@ def page_name(window: int, part: int, last_window: int) -> str:
     return "index.html" if (window == last_window and part == 0) else f"w{window:04d}-r{part:03d}.html"
 
 
-def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None,
+def write_site(db_path: Any, out: str | Path, baseline: str | None = None,
                rules: RegressionRules | None = None, limit: int | None = None,
                all_run_pages: bool = False, window: int = WINDOW, rows_per_page: int = ROWS) -> Built:
     """Bring the site in `out` up to date with the history; see the module's docstring. `window`
@@ -111,7 +111,7 @@ def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None
     from bundlerun.runner.history.tags import run_extras
 
     out = Path(out)
-    if not Path(db_path).exists():
+    if not history.exists(db_path):
         raise history.HistoryError(f"no history database at {db_path}")
     rules = rules or RegressionRules()
     window, rows_per_page = max(1, int(window)), max(1, int(rows_per_page))

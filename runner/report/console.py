@@ -349,15 +349,20 @@ def say_report(report: Report, report_dir: Path) -> None:
     warn_unwritten(report)
     if not any(Path(u["file"]).name == REPORT_FILE for u in report.unwritten):
         click.echo(f"report: {Path(report_dir) / REPORT_FILE}", err=True)
+    if report.run.get("history_error"):
+        click.echo(f"bundlerun: error: {plain(report.run['history_error'])} (the report is written; "
+                   f"verdict {report.summary.verdict}, exit code {exit_code(report)})", err=True)
 
 
 def exit_code(report: Report) -> int:
     """The process exit code of a run: its verdict's, except that a run whose record (report.json)
     could not be written never exits 0: no command says success when its record was not written."""
+    from bundlerun.runner.judging.outcome import EXIT_INFRA
+
     code = report.summary.exit_code
     if code == 0 and any(Path(u["file"]).name == REPORT_FILE for u in report.unwritten):
-        from bundlerun.runner.judging.outcome import EXIT_INFRA
-
+        return EXIT_INFRA
+    if report.run.get("history_error"):  # a shared history (a server) that did not record the run
         return EXIT_INFRA
     return code
 

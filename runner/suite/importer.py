@@ -455,7 +455,7 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
     known = _operator_names()
     out = ImportSummary(commit=sha)
     items: list = []
-    before = {r.run_uuid for r in history.list_runs(db_path, limit=None)} if Path(db_path).exists() else set()
+    before = {r.run_uuid for r in history.list_runs(db_path, limit=None)} if history.exists(db_path) else set()
     for row in suite.rows:
         flow = str(row.columns.get("Flow") or "")
         target = str(row.columns.get("bundlerun Target") or "") or SUITE_TARGET

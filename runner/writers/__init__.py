@@ -43,7 +43,7 @@ class Inputs:
     out_dir: Path
     bundle: Any = None  # a Bundle, a .bpte path, or None (then report.bundle["path"])
     outputs: Any = None  # {"method/case/index": array}, an outputs.npz path, or None (out_dir/outputs.npz)
-    history_db: str | Path | None = None
+    history_db: Any = None
     regressions: list[dict[str, Any]] | None = None  # None: not compared against a baseline
 
     def load_bundle(self, report: "Report"):
@@ -162,7 +162,7 @@ def write_reports(
     out_dir: Path,
     bundle: Any = None,
     outputs: Any = None,
-    history_db: str | Path | None = None,
+    history_db: Any = None,
     regressions: list[dict[str, Any]] | None = None,
     formats: Iterable[str] | None = None,
 ) -> dict[str, Path]:

@@ -346,10 +346,13 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
     return "".join(parts)
 
 
-def _trend_section(report: Report, history_db: str | Path | None) -> str:
-    if not history_db or not Path(history_db).exists():
+def _trend_section(report: Report, history_db: Any) -> str:
+    if not history_db:
         return ""
     from bundlerun.runner.history import store as history
+
+    if not history.exists(history_db):
+        return ""
     from bundlerun.runner.pictures import plots
     from bundlerun.runner.history.series import of_report
 
@@ -551,7 +554,7 @@ def render_html(
     report: Report,
     bundle: Any = None,
     outputs: Mapping[str, np.ndarray] | None = None,
-    history_db: str | Path | None = None,
+    history_db: Any = None,
     regressions: list[Any] | None = None,
     case_plots: bool = True,
 ) -> str:
@@ -602,7 +605,7 @@ def write_html(
     path: str | Path,
     bundle: Any = None,
     outputs: Mapping[str, np.ndarray] | None = None,
-    history_db: str | Path | None = None,
+    history_db: Any = None,
     regressions: list[Any] | None = None,
 ) -> Path:
     """report.html at `path` (written atomically); `regressions` shown when given (write_reports
