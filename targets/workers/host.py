@@ -5,7 +5,9 @@ a warm worker: the runtime is imported once and bundles are loaded on request.
 
 `BUNDLERUN_FAULT=crash@forward:2` / `hang@forward:2` makes the child die with
 SIGSEGV / stop responding before that case: the supervisor's handling of a real
-process crash is exercised by the tests through this switch.
+process crash is exercised by the tests through this switch. `pause@forward:2` waits before
+that case until the file `$BUNDLERUN_FAULT_RELEASE` exists (tests/test_history_postgres.py stops
+the history's server while a run is in progress).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ def _fault(method: str, case: int) -> None:
                 print(f"BUNDLERUN_FAULT: hanging before {where}", file=sys.stderr, flush=True)
                 while True:
                     time.sleep(3600)
+            if kind == "pause":  # until $BUNDLERUN_FAULT_RELEASE exists (at most 600 s): the world changes mid-run
+                print(f"BUNDLERUN_FAULT: pausing before {where}", file=sys.stderr, flush=True)
+                release, deadline = os.environ.get("BUNDLERUN_FAULT_RELEASE", ""), time.monotonic() + 600
+                while release and not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
 
 def _openvino_lib_path() -> None:
