@@ -14,7 +14,10 @@ The key is a sha256 over everything a build depends on:
 - the tolerance registry as resolved for the build (every layer's file and content), since
   resolved criteria are embedded in the bundle;
 - package versions (bundlerun, torch, executorch, numpy, tosa-tools, ethos-u-vela, mlx,
-  flatbuffers), Python version, machine, and the environment variables builds read.
+  flatbuffers), Python version, machine, and the environment variables builds read;
+- `$BUNDLERUN_BUILD_TAG`, a free string for what the key cannot see: a backend patched in
+  place or at import (a planted fault in tests/fixtures/planted_llm_fault.py, a fix being
+  tried in site-packages) - set it and such builds are cached apart from the others.
 
 The key is recorded in the manifest (`build.cache_key`). Entries are written atomically
 (a temp folder renamed into place). A hit is read back through `read_bundle`, i.e. the
@@ -39,7 +42,8 @@ from bundlerun.bundles.cache_dirs import cache_dir
 SCHEMA = "bundlerun.build-cache/1"
 BUNDLE_FILE = "bundle.bpte"
 PACKAGES = ("bundlerun", "torch", "executorch", "numpy", "tosa-tools", "ethos-u-vela", "mlx", "flatbuffers")
-BUILD_ENV = ("BUNDLERUN_TOLERANCES", "BUNDLERUN_THIRD_PARTY", "BUNDLERUN_EXECUTORCH_SRC", "QNN_SDK_ROOT")
+BUILD_ENV = ("BUNDLERUN_TOLERANCES", "BUNDLERUN_THIRD_PARTY", "BUNDLERUN_EXECUTORCH_SRC", "QNN_SDK_ROOT",
+             "BUNDLERUN_BUILD_TAG")
 _CODE_DIGEST: str | None = None
 
 

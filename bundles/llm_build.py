@@ -169,6 +169,7 @@ class Exported:
     export_s: float
     model_class: str
     manager: Any = None  # export_llama's LLMEdgeManager (its export_program: ExecuTorch's program manager)
+    lowering: dict[str, Any] = field(default_factory=dict)  # the manifest's build.lowering (delegate calls, bisect units)
 
 
 def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
@@ -223,17 +224,34 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         if "pt2e_quantize" in quant:
             config.quantization.pt2e_quantize = Pt2eQuantize(quant["pt2e_quantize"])
         say(f"exporting llm:{p.arch} ({p.size}, {p.dtype}) with export_llama for {p.backend}")
+        from bundlerun.bundles import partition_control
+
+        # `bundlerun bisect`: export_llama builds its partitioners itself (XNNPACK's in export_llama_lib.py:1154
+        # `_to_edge_and_lower_llama_xnnpack`) and hands them to the `to_edge_transform_and_lower` that
+        # extension/llm/export/builder.py:24 imports; under a restriction that binding is patched to wrap them.
+        restriction = partition_control.active()
         start = time.perf_counter()
         try:
-            manager = _export_llama(config)
+            with partition_control.applied(restriction, write=False) as record:
+                manager = _export_llama(config)
         except Exception as exc:  # noqa: BLE001 - ExecuTorch's exporter: one line, exit 2
             raise BuildError(f"export_llama failed for llm:{p.arch}: {type(exc).__name__}: {str(exc)[:300]}") from None
         export_s = time.perf_counter() - start
+        control = None
+        if restriction is not None:
+            control = {"mechanism": partition_control.MECHANISM,
+                       "allowed": "all" if restriction.allowed is None else len(restriction.allowed),
+                       "units": record.units() if record is not None else []}
         program = (folder / "model.pte").read_bytes()
         if etrecord is not None:
             _keep_etrecord(folder / "etrecord.bin", etrecord)
     described = ", ".join(f"{k}={v}" for k, v in quant.items()) or "none (fp32)"
-    return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager)
+    from bundlerun.bundles.backends.common import delegation_summary
+
+    edge = getattr(manager, "edge_manager", None)
+    lowering = {"delegate": p.backend, "exporter": "export_llama", **(delegation_summary(edge) if edge is not None else {}),
+                **({"partition_control": control} if control is not None else {})}
+    return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager, lowering)
 
 
 def _set_backend(config: Any, p: LlmPlan) -> None:
@@ -364,7 +382,8 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
         discarded = hit
     from bundlerun.bundles.etrecord import etrecord_path_for
 
-    et_path = etrecord_path_for(req.output) if etrecord else None
+    # absolute: export_llama runs in a temporary working directory (a relative -o would land the ETRecord there)
+    et_path = etrecord_path_for(Path(req.output).resolve()) if etrecord else None
     exported = export(p, opts, req.seed, say, et_path)
     prompts, shown, tokenizer_digest = _prompts(p, opts, req.seed)
     say(f"stepping the eager model through {len(prompts)} prompts x {p.decode_steps} decode steps")
@@ -423,7 +442,7 @@ def _manifest(req: Any, p: LlmPlan, exported: Exported, cases: list, sequences: 
                "reference": reference,
                "inputs": [{"shape": [1, p.max_seq_len - 1], "dtype": "int64", "distribution": "tokens"},
                           {"shape": [1], "dtype": "int64", "distribution": "input_pos"}],
-               "seed": req.seed, "cases": len(cases), "lowering": {"delegate": backend, "exporter": "export_llama"},
+               "seed": req.seed, "cases": len(cases), "lowering": {"delegate": backend, "exporter": "export_llama", **exported.lowering},
                "ops": sorted(program_operators(exported.program)), "overrides": dict(req.overrides),
                **({"cache_key": key} if key is not None else {}), "llm": llm},
         versions=_versions(),

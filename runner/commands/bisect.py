@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from bundlerun.runner.cli import _apply, llm_options
+
 
 def _seconds(ctx, param, value):
     from bundlerun.runner.cli import _positive_seconds  # the one --timeout rule of every command
@@ -22,8 +24,9 @@ def _seconds(ctx, param, value):
 @click.command(name="bisect")
 @click.argument("model")
 @click.option("--target", default="host://xnnpack", show_default=True, help="Target URL the candidates run on.")
-@click.option("--case", "case", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The failing case index.")
+@click.option("--case", "case", type=click.IntRange(min=0), default=None,
+              help="The failing case index (default 0; for llm:ARCH the first diverging step of its sequences, "
+                   "whose earlier steps every candidate replays first).")
 @click.option("--method", default="forward", show_default=True)
 @click.option("--output", default=None, help="Judge only this output (default: any failing output counts).")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
@@ -47,16 +50,22 @@ def _seconds(ctx, param, value):
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
 @click.option("--target-opt", "target_opts", multiple=True, metavar="KEY=VALUE", help="Target setting, as for `run`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@_apply(llm_options)
 def command(model, target, case, method, output, report_dir, backend, dtype, num_cases, seed, reference, distribution,
-            tolerances, no_cache, timeout, max_lowerings, undelegated_target, config_path, target_opts, as_json):
-    """Find the delegated node(s) of MODEL (zoo name or path.py:factory) that make a case fail on --target."""
+            tolerances, no_cache, timeout, max_lowerings, undelegated_target, config_path, target_opts, as_json,
+            size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len):
+    """Find the delegated node(s) of MODEL (zoo name, path.py:factory or llm:ARCH) that make a case fail on --target."""
     from bundlerun.runner.debug.bisect import BisectRequest, Bisector
     from bundlerun.runner.debug.bisect_report import print_result, write_reports
-    from bundlerun.runner.cli import _report_dir, parse_tolerances, resolve_backend_dtype
+    from bundlerun.runner.cli import _report_dir, llm_request, parse_tolerances, resolve_backend_dtype
     from bundlerun.runner.report.console import wide_console
     from bundlerun.runner.session import Session
 
-    backend, dtype = resolve_backend_dtype(target, backend, dtype)
+    llm = llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len)
+    if llm is not None:  # export_llama picks its own dtype tiers (bundles/llm_arch.py), as `build` does
+        backend = backend or "xnnpack"
+    else:
+        backend, dtype = resolve_backend_dtype(target, backend, dtype)
     slug = Path(model.split(":")[0]).stem if ":" in model else model
     report_dir = _report_dir(report_dir or Path("out") / f"bisect-{slug}")
     session = Session.load(config_path, target_opts=tuple(target_opts), no_history=True)
@@ -66,13 +75,13 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
                         backend=backend, dtype=dtype, cases=num_cases, seed=seed, reference=reference,
                         distribution=distribution, overrides=parse_tolerances(tolerances), cache=not no_cache,
                         timeout_s=timeout, max_lowerings=max_lowerings, target_config=session.target_config(target),
-                        undelegated_target=undelegated_target)
+                        undelegated_target=undelegated_target, llm=llm)
     check_request(req)  # every option, before the first lowering (exit 2)
     console = wide_console(stderr=True)
     with session:
         bisector = Bisector(req, session, progress=lambda m: console.print(m, markup=False, highlight=False))
         result = bisector.run()
-    if result.outcome == "fails-undelegated" and not result.interrupted:
+    if result.outcome == "fails-undelegated" and not result.interrupted and bisector.model is not None:
         from bundlerun.runner.debug.export_divergence import check_model
 
         result.export_divergence = check_model(bisector.model, result, report_dir)

@@ -19,6 +19,13 @@ costing another ceil(log2 n) + 1. Finally everything *except* the culprit set is
 that still fails there is an independent culprit, and the search runs again over the rest
 (bounded by --max-lowerings). Every candidate is memoized by its set of delegated units.
 
+An LLM (`llm:ARCH`, bundles/llm_build.py) is bisected the same way: export_llama builds its XNNPACK
+partitioners itself, but hands them to the `to_edge_transform_and_lower` its builder imports, which the
+restriction wraps. Its cases are stateful sequences (a KV cache in the program): without --case the
+full build runs every case and the first diverging step of the first failing sequence is bisected;
+every candidate then runs that step's sequence prefix first on the same loaded method (a decode step
+on a fresh cache is not the step that failed), and only that step is judged.
+
 Predicate: a candidate fails when the judged output(s) of the case FAIL (numerics), judged with
 the bundle's own criteria. When the full build's case ended ERROR / TIMEOUT (a crash) instead,
 those count as failing (a crash bisection). A candidate that cannot be built, or whose run errors
@@ -81,7 +88,7 @@ class BisectRequest:
     model: str
     target: str
     report_dir: Path
-    case: int = 0
+    case: int | None = None  # None: 0, or for an LLM the first diverging step of the full build's run
     method: str = "forward"
     output: str | None = None  # judge only this output (default: every output)
     backend: str | None = None
@@ -99,6 +106,7 @@ class BisectRequest:
     # without its delegate (FailureKind UNSUPPORTED, as qnn://htp-sim does): then this URL runs it
     # (default host://portable: the same ExecuTorch portable kernels on this host), said in the report.
     undelegated_target: str = "host://portable"
+    llm: Any = None  # bundles/llm_build.LlmOptions for an llm:ARCH model (size, params, checkpoint, ...)
 
 
 @dataclass
@@ -108,7 +116,7 @@ class BisectResult:
     backend: str | None
     dtype: str | None
     method: str
-    case: int
+    case: int | None
     output: str | None
     mechanism: str
     outcome: str  # "culprit" | "fails-undelegated" | "nothing-fails" | "nothing-delegated" | "stopped" | "interrupted"
@@ -121,6 +129,8 @@ class BisectResult:
     notes: list[str] = field(default_factory=list)
     export_divergence: dict[str, Any] | None = None
     interrupted: str | None = None
+    # a step of a stateful sequence: {"name", "step", "kind", "start_pos", "prefix": [cases run first], "chosen"}
+    sequence: dict[str, Any] | None = None
 
     @property
     def lowerings(self) -> int:
@@ -143,16 +153,6 @@ class BisectResult:
         return {"schema": SCHEMA, **_clean(body)}
 
 
-# bisect restricts the partitioner of bundlerun's own recipe (bundles/partition_control.py wraps
-# recipe.lower); an llm:ARCH build lowers inside ExecuTorch's export_llama, whose XNNPACK partitioners
-# it constructs itself (examples/models/llama/export_llama_lib.py:1154 `_to_edge_and_lower_llama_xnnpack`), so there is no subset to restrict.
-LLM_REFUSAL = ("{model}: bisect cannot restrict the delegate of an export_llama build (export_llama builds its "
-               "XNNPACK partitioners itself, outside bundlerun's partition control); to find the failing layer of a "
-               "sequence step use: bundlerun build {model} --etrecord -o m.bpte && bundlerun debug m.bpte --target "
-               "{target} (it replays the step's prefix); bisecting one would need export_llama to take a node filter "
-               "for its partitioners and each candidate's sequence replayed from its prompt")
-
-
 def check_request(req: BisectRequest) -> None:
     """Every option that could make the baseline unrunnable, checked before any lowering: a bad
     one is a one-line BisectError (exit 2), never a wrong answer ("fails with nothing delegated"
@@ -162,13 +162,15 @@ def check_request(req: BisectRequest) -> None:
 
     from bundlerun.bundles.llm_build import is_llm
 
-    if isinstance(req.model, str) and is_llm(req.model):
-        raise BisectError(LLM_REFUSAL.format(model=req.model, target=req.target))
+    llm = isinstance(req.model, str) and is_llm(req.model)
+    if req.llm is not None and not llm:
+        raise BisectError(f"{req.model}: --size/--params/--checkpoint/... are for llm:ARCH models only")
     try:
         limits.seconds(req.timeout_s, "--timeout")
-        limits.count(req.case, "--case", 0, limits.MAX_CASES - 1)
+        if req.case is not None:
+            limits.count(req.case, "--case", 0, limits.MAX_CASES - 1)
         limits.count(req.cases, "--cases", 1, limits.MAX_CASES)
-        if req.case >= req.cases:
+        if req.case is not None and req.case >= req.cases and not llm:  # an LLM's cases are its sequences' steps
             raise BisectError(f"--case {req.case}: the candidates bundle cases 0-{req.cases - 1} (--cases {req.cases})")
         if req.max_lowerings is not None:
             limits.count(req.max_lowerings, "--max-lowerings", 2, 10_000)
@@ -227,6 +229,13 @@ class Bisector:
         self.model = None
         self.order: dict[str, int] = {}
         self.t0 = time.monotonic()
+        from bundlerun.bundles.llm_build import is_llm
+
+        self.llm = isinstance(req.model, str) and is_llm(req.model)
+        # the case judged and the cases run before it on the same loaded method (a sequence's earlier
+        # steps); None until the full build's run chose it (an LLM without --case)
+        self.case: int | None = req.case if req.case is not None or self.llm else 0
+        self.prefix: list[int] = []
 
     # ---------------------------------------------------------------- one candidate
 
@@ -249,7 +258,7 @@ class Bisector:
                     target_info=lowering_info(req.target), dtype=req.dtype,
                     cases=req.cases, seed=req.seed, reference=req.reference, distribution=req.distribution,
                     overrides=dict(req.overrides), resolved_model=self.model, registry=self.session.registry,
-                    cache=req.cache))
+                    cache=req.cache, llm=req.llm))
         finally:
             logging.disable(previous)
         step.build_s = time.monotonic() - t
@@ -268,20 +277,25 @@ class Bisector:
         target = target or req.target
         step.target = target
         config = dict(req.target_config) if target == req.target else self.session.target_config(target)
+        # a sequence step runs after its prefix on the same loaded method; an LLM without --case runs
+        # every case once (the full build), to choose its first diverging step
+        cases = None if self.case is None else [*self.prefix, self.case]
         run_req = RunRequest(bundle_path=bundle_path, target=target, report_dir=folder, case_timeout_s=req.timeout_s,
-                             methods=[req.method], cases=[req.case], target_config=config)
+                             methods=[req.method], cases=cases, target_config=config)
         report = self.session.execute(run_req)  # the session's open targets and warm workers
         write_record(report, folder)
         step.run_s = time.monotonic() - t
         step.report = str(folder / "report.json")
         if report.summary.interrupted:  # the run kept its report; the bisection stops too
             raise KeyboardInterrupt
-        case = next((c for c in report.cases if c.method == req.method and c.case == req.case), None)
+        if self.case is None:
+            self._choose_step(report, bundle_path)
+        case = next((c for c in report.cases if c.method == req.method and c.case == self.case), None)
         if case is None:
-            raise BisectStopped(f"the run of step {step.index} has no {req.method}[{req.case}]")
+            raise BisectStopped(f"the run of step {step.index} has no {req.method}[{self.case}]")
         outs = [o for o in case.outputs if req.output is None or o.name == req.output]
         if req.output is not None and not outs and case.outputs:  # a typo must not read as "nothing fails"
-            raise BisectStopped(f"--output {req.output!r}: {req.method}[{req.case}] has no such output (its outputs: "
+            raise BisectStopped(f"--output {req.output!r}: {req.method}[{self.case}] has no such output (its outputs: "
                                 f"{', '.join(o.name for o in case.outputs)})")
         step.outputs = [{"name": o.name, "verdict": o.verdict, "stats": _brief(o.stats),
                          "failed": [f.detail or f.criterion for f in o.failed]}
@@ -290,6 +304,46 @@ class Bisector:
         step.verdict = next((v for v in (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT) if v in verdicts), verdicts[0])
         step.error = str(case.error) if case.error else None
         step.error_kind = case.error_kind.value if case.error_kind else None
+
+    def _choose_step(self, report: Any, bundle_path: Path) -> None:
+        """An LLM without --case: the first diverging step of the full build's run (step order, first
+        sequence first: later steps inherit the damage through the cache), else its first case."""
+        from bundlerun.bundles.bpte import read_bundle
+        from bundlerun.bundles.sequence import first_failing_step, from_manifest
+
+        req = self.req
+        bad = (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT)
+        failing = {c.case for c in report.cases if c.method == req.method and (c.verdict in (Verdict.ERROR, Verdict.TIMEOUT)
+                   or any(o.verdict in bad and (req.output is None or o.name == req.output) for o in c.outputs))}
+        sequences = from_manifest(read_bundle(bundle_path).manifest)
+        first = first_failing_step(sequences, req.method, failing)
+        if first is None and failing:
+            first = min(failing)
+        self.case = first if first is not None else min((c.case for c in report.cases if c.method == req.method),
+                                                        default=0)
+        assert self.result is not None
+        self.result.case = self.case
+        if first is not None:
+            self.result.notes.append(f"{req.method}[{self.case}] is the first diverging step of the full build's run "
+                                     f"(cases failing: {len(failing)} of {len(report.cases)})")
+        self._set_prefix(sequences, chosen=True)
+
+    def _set_prefix(self, sequences: list[Any], chosen: bool) -> None:
+        """The sequence holding the case and its earlier steps, run first in every candidate."""
+        from bundlerun.bundles.sequence import sequence_prefix
+
+        assert self.result is not None and self.case is not None
+        seq, self.prefix = sequence_prefix(sequences, self.req.method, self.case)
+        if seq is None:
+            return
+        step = seq.steps[len(self.prefix)]
+        self.result.sequence = {"name": seq.name, "step": len(self.prefix), "kind": step.kind,
+                                "start_pos": step.start_pos, "prefix": list(self.prefix), "chosen": chosen}
+        if self.prefix:
+            self.result.notes.append(
+                f"{self.req.method}[{self.case}] is step {len(self.prefix)} of stateful sequence {seq.name!r} ({step.kind} "
+                f"at position {step.start_pos}): every candidate runs its {len(self.prefix)} earlier step(s) (cases "
+                f"{', '.join(map(str, self.prefix))}) first on the same loaded method; only this step is judged")
 
     def evaluate(self, role: str, allowed: frozenset[str] | None) -> Step:
         """Build + run one candidate (or return the memoized one)."""
@@ -318,6 +372,8 @@ class Bisector:
             self.result.units = [u for u in control.get("units") or []]
             self.order = {u["key"]: i for i, u in enumerate(self.result.units)}
             step.delegated = [u["key"] for u in self.result.units]
+            if self.case is not None and self.llm:  # --case on an LLM: its prefix, from the built sequences
+                self._given_case(built)
         self._run(step, built.path, folder)
         if (allowed == frozenset() and step.verdict == Verdict.ERROR and step.error_kind == "unsupported"
                 and self.req.undelegated_target and self.req.undelegated_target != self.req.target):
@@ -330,6 +386,17 @@ class Bisector:
         self.say(f"    {step.verdict}{_stats_text(step)} (build {step.build_s:.1f} s, {step.cache}; run "
                  f"{step.run_s:.1f} s)")
         return step
+
+    def _given_case(self, built: Any) -> None:
+        from bundlerun.bundles.bpte import read_bundle
+        from bundlerun.bundles.sequence import from_manifest
+
+        assert self.case is not None
+        suite_cases = len(read_bundle(built.path).suite(self.req.method).test_cases)
+        if self.case >= suite_cases:
+            raise BisectStopped(f"--case {self.case}: {self.req.model} bundles cases 0-{suite_cases - 1} "
+                                "(its sequences' steps)")
+        self._set_prefix(from_manifest(built.manifest), chosen=False)
 
     def _is_failing(self, step: Step) -> bool:
         assert self.result is not None
@@ -358,7 +425,8 @@ class Bisector:
                                             method=req.method, case=req.case, output=req.output, mechanism=MECHANISM,
                                             outcome="stopped")
         try:
-            self.model = resolve_model(req.model, req.distribution)
+            if not self.llm:  # an LLM is built by export_llama from its plan (bundles/llm_build.py)
+                self.model = resolve_model(req.model, req.distribution)
             full = self.evaluate("all", None)
             n = len(result.units)
             if full.verdict not in (Verdict.FAIL, Verdict.PASS) and (full.error_kind in NOT_BISECTABLE or not full.error_kind):
@@ -407,7 +475,7 @@ class Bisector:
 
     def _culprit_set(self, core: list[str], alone: Step | None, without: Step) -> dict[str, Any]:
         assert self.result is not None
-        units = [u for u in self.result.units if u["key"] in set(core)]
+        units = [{**u, "place": unit_place(u, self.result.units)} for u in self.result.units if u["key"] in set(core)]
         return {
             "keys": list(core),
             "units": units,
@@ -450,6 +518,21 @@ def _stats_text(step: Step) -> str:
         if bits:
             parts.append(f"{out.get('name')}: {', '.join(bits)}")
     return f" ({'; '.join(parts)})" if parts else (f" ({step.error})" if step.error else "")
+
+
+def unit_place(unit: dict[str, Any], units: list[dict[str, Any]]) -> str:
+    """Where a unit sits: its eager module stack (`Transformer > layers.1 (TransformerBlock) > feed_forward
+    (FeedForward) > w2 (Linear)`) and its place among the delegated units in graph order."""
+    parts = []
+    parent = ""
+    for path, kind in unit.get("module_stack") or []:
+        name = path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path
+        short = str(kind).rsplit(".", 1)[-1]
+        parts.append(f"{name} ({short})" if name else short)
+        parent = path
+    index = next((i for i, u in enumerate(units) if u.get("key") == unit.get("key")), None)
+    where = f"delegated unit {index + 1} of {len(units)} in graph order" if index is not None else ""
+    return "; ".join(filter(None, [" > ".join(parts), where]))
 
 
 def unit_label(unit: dict[str, Any]) -> str:

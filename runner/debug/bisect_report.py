@@ -27,8 +27,18 @@ def _stats(outputs: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "—"
 
 
-def verdict_line(result: BisectResult) -> str:
+def _where(result: BisectResult) -> str:
     where = f"{result.model} on {result.target}, {result.method}[{result.case}]"
+    seq = result.sequence
+    if seq:
+        where += (f" = step {seq.get('step')} of sequence {seq.get('name')} ({seq.get('kind')} at position "
+                  f"{seq.get('start_pos')}" + (f", {len(seq.get('prefix') or [])} earlier step(s) replayed" if seq.get("prefix")
+                                               else "") + ")")
+    return where
+
+
+def verdict_line(result: BisectResult) -> str:
+    where = _where(result)
     if result.interrupted:
         found = f"; found so far: {culprit_text(result)}" if result.culprits else ""
         return f"bisect {result.interrupted} after {result.lowerings} lowering(s) ({where}){found}"
@@ -58,7 +68,7 @@ def print_result(result: BisectResult, console: Any) -> None:
 
     from bundlerun.runner.report.console import plain
 
-    table = Table(title=f"bisect {plain(result.model)} on {plain(result.target)}: {result.method}[{result.case}]",
+    table = Table(title=f"bisect {plain(_where(result))}",
                   title_justify="left")
     for col in ("#", "candidate", "delegated", "calls", "verdict", "error", "build", "run"):
         table.add_column(col, justify="right" if col in ("#", "delegated", "calls", "build", "run") else "left")
@@ -75,6 +85,8 @@ def print_result(result: BisectResult, console: Any) -> None:
         for unit in cs["units"]:
             console.print(f"  {unit_label(unit)}", markup=False)
             console.print(f"    nodes: {', '.join(unit.get('nodes') or [])}; delegate {unit.get('backend')}", markup=False)
+            if unit.get("place"):
+                console.print(f"    place: {unit['place']}", markup=False)
             if unit.get("source"):
                 console.print(f"    source: {unit['source']}", markup=False)
         console.print(f"  with only them delegated: {_stats(cs['with']['outputs'])}", markup=False)
@@ -92,15 +104,16 @@ def render_markdown(result: BisectResult) -> str:
     from bundlerun.runner.report.safe_text import markdown_text as _md
 
     lines = [f"# bisect: {_md(result.model)} on {_md(result.target)}", "",
-             f"Case {_md(result.method)}[{result.case}], {result.backend or ''} {result.dtype or ''}; "
+             f"Case {_md(_where(result))}, {result.backend or ''} {result.dtype or ''}; "
              f"{len(result.units)} delegated unit(s); mechanism: {_md(result.mechanism)}.", "",
              f"**{_md(verdict_line(result))}**", ""]
     for k, cs in enumerate(result.culprits, start=1):
         lines += [f"## Culprit set {k}" + (" (interacting)" if cs.get("interacting") else ""), "",
-                  "| unit | op | eager module | source | nodes |", "|---|---|---|---|---|"]
+                  "| unit | op | eager module | place | source | nodes |", "|---|---|---|---|---|---|"]
         for u in cs["units"]:
             lines.append(f"| {_md(u.get('key'))} | {_md(u.get('op'))} | {_md(u.get('module') or '—')} | "
-                         f"{_md(u.get('source') or '—')} | {_md(', '.join(u.get('nodes') or []))} |")
+                         f"{_md(u.get('place') or '—')} | {_md(u.get('source') or '—')} | "
+                         f"{_md(', '.join(u.get('nodes') or []))} |")
         lines += ["", f"- only these delegated: {_md(_stats(cs['with']['outputs']))}",
                   f"- everything else delegated: {_md(_stats(cs['without']['outputs']))}", ""]
     lines += ["## Lowerings", "", "| # | candidate | delegated | delegate calls | verdict | error | build cache |",
