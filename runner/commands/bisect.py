@@ -62,8 +62,11 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
     from bundlerun.runner.session import Session
 
     llm = llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len)
-    if llm is not None:  # export_llama picks its own dtype tiers (bundles/llm_arch.py), as `build` does
-        backend = backend or "xnnpack"
+    if llm is not None:  # export_llama's own path for the target's backend, its own dtypes, as `build` does
+        from bundlerun.bundles.llm_arch import llm_backend
+        from bundlerun.targets import default_backend
+
+        backend = backend or llm_backend(default_backend(target))
     else:
         backend, dtype = resolve_backend_dtype(target, backend, dtype)
     slug = Path(model.split(":")[0]).stem if ":" in model else model
