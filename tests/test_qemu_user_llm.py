@@ -151,3 +151,22 @@ def test_a_prompt_past_the_dynamic_bound_is_a_one_line_error(llm_runner, tmp_pat
     said = [line for line in out.splitlines() if "[1, 64]" in line]
     assert len(said) == 1 and "63" in said[0], out[-2000:]
     assert not (tmp_path / "long" / "work" / "qemu-user").exists()  # no runner started
+
+
+def test_bundleruns_tiny_8da4w_build_passes_on_aarch64(llm_runner, tmp_path):
+    """`bundlerun build llm:llama3 --dtype 8da4w` (export_llama, tiny, build cache) judged on the real
+    aarch64 runner under the registry's llm:* 8da4w rule (atol 5e-2, rtol 1e-3 plus the token rules):
+    every one of the 15 steps PASSes, served on one method."""
+    from bundlerun.bundles.builder import BuildRequest, build_bundle
+    from bundlerun.bundles.llm_build import LlmOptions
+
+    result = build_bundle(BuildRequest(model="llm:llama3", output=tmp_path / "q.bpte", backend="xnnpack", dtype="8da4w",
+                                       cache=True, llm=LlmOptions(size="tiny")))  # the host tests' build (cached)
+    rc, report, out = _run(result.path, tmp_path, "tiny8da4w")
+    assert rc == 0, out[-3000:]
+    assert report["summary"]["verdict"] == "PASS" and report["summary"]["counts"]["PASS"] == 15
+    assert report["target"]["info"]["runner_mode"] == {"forward": "executor_runner --server_mode: one process for 15 case(s)"}
+    stats = [c["outputs"][0]["stats"] for c in report["cases"]]
+    print("tiny 8da4w on aarch64: worst element", max(s["error_max"] for s in stats),
+          "SQNR min", min(float(s["sqnr"]) for s in stats))
+    assert [s["verdict"] for seq in report["sequences"] for s in seq["steps"]] == ["PASS"] * 15

@@ -252,6 +252,48 @@ def test_hostile_sequences_are_one_line_errors_or_read(where, key, value):
         text_lines(seq)
 
 
+def _shard_report(cases_run: list[int], run_id: str) -> Report:
+    """A report of the synthetic bundle that ran only `cases_run` (a shard of the run)."""
+    bundle, manifest, logits = _sequence_bundle()
+    run = _target(logits)
+    run = TargetRun(run.target, [r for r in run.cases if r.case_index in cases_run], info=run.info)
+    ctx = JudgeContext(manifest)
+    cases, warnings = judge_run(bundle, run, ctx)
+    return Report(summary=summarize(cases), cases=cases, warnings=warnings,
+                  bundle={"model": "llm:llama3", "backend": "xnnpack", "dtype": "fp32", "path": "llm.bpte"},
+                  target={"url": "host://xnnpack"}, run={"id": run_id, "started": "2026-01-01T00:00:00+00:00"},
+                  sequences=judge_sequences(ctx, cases))
+
+
+def test_merge_of_shards_keeps_the_sequences_as_one_run_has_them():
+    """Each shard ran one sequence (the other reads ERROR there): merged, every step comes from the
+    shard that ran it and the figures are those of the unsharded run."""
+    from bundlerun.runner.report.merge import merge_reports
+
+    whole, _, _ = _report()
+    first, second = _shard_report([0, 1, 2], "a"), _shard_report([3, 4, 5], "b")
+    assert first.sequences[1].verdict == "ERROR" and second.sequences[0].verdict == "ERROR"
+    merged = merge_reports([first, second])
+    assert [s.to_json() for s in merged.sequences] == [s.to_json() for s in whole.sequences]
+    assert merged.sequences[1].first_divergence == 1 and merged.sequences[0].greedy_agreement == 3
+    # a merge of one report keeps its sequences as they are; a shard missing a step leaves it ERROR
+    assert [s.to_json() for s in merge_reports([whole]).sequences] == [s.to_json() for s in whole.sequences]
+    partial = merge_reports([_shard_report([0, 1, 2], "a"), _shard_report([3, 4], "b")])
+    assert partial.sequences[1].steps[2].verdict == "ERROR" and partial.sequences[1].verdict == "ERROR"
+
+
+def test_merge_of_jobs_names_each_jobs_sequences_as_its_cases():
+    from bundlerun.runner.report.merge import MergeOptions, merge_reports
+
+    one, two = _report()[0], _report()[0]
+    merged = merge_reports([one, two], MergeOptions(jobs=True, names=["cpu", "arm"]))
+    assert [(s.method, s.name) for s in merged.sequences] == [
+        ("cpu/forward", "seq0"), ("cpu/forward", "seq1"), ("arm/forward", "seq0"), ("arm/forward", "seq1")]
+    assert {c.method for c in merged.cases} == {"cpu/forward", "arm/forward"}
+    again = merge_reports([merged])  # a farm's report merged again (its jobs carried) keeps them
+    assert [(s.method, s.name) for s in again.sequences] == [(s.method, s.name) for s in merged.sequences]
+
+
 def test_history_records_sequence_figures_for_trend(tmp_path):
     from bundlerun.runner.history import store as history
 

@@ -31,7 +31,8 @@ Either way the summary is recomputed from the merged cases with the rule of one 
 failure wins over errors; exit 0/1/2); an input whose own exit code was 1 without a FAIL case (a
 baseline regression) keeps the merged exit code at 1, one whose exit code was 2 without an error
 case (a job that could not start) keeps it at least 2, an interrupted one makes it 130; and
-`merged` names the inputs. The result passes `Report.from_json`, so every reader and writer of
+`merged` names the inputs. LLM reports' per-sequence records go along (runner/report/merge_sequences.py:
+each step from the shard that ran it, the figures recomputed; a job's named `JOB/METHOD`). The result passes `Report.from_json`, so every reader and writer of
 reports takes it. Refusals raise `MergeError` (one line, exit code 2).
 """
 
@@ -45,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_sequences
 from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 from bundlerun.targets.base import CaseStatus, Verdict
@@ -342,6 +344,7 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
     carried: list[tuple[str, list[dict], dict]] = []
     owner: dict[str, str] = {}
     overlaps: list[str] = []
+    sequences: list[dict] = []  # LLM reports' per-sequence records (runner/report/merge_sequences.py)
     for doc, path in jobsets:
         by_job: dict[str, list[dict]] = {}
         for case in doc.get("cases") or []:
@@ -353,6 +356,8 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
                 continue
             owner[name] = path
             carried.append((name, by_job.get(name, []), copy.deepcopy(entry)))
+            sequences += [copy.deepcopy(q) for q in doc.get("sequences") or []
+                          if str(q.get("method", "")).split("/", 1)[0] == name]
     if overlaps:
         _overlapping(f"overlapping shards: jobs {_list(overlaps)} in more than one report", opts, notes)
 
@@ -379,6 +384,7 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
         first = docs[0]
         bundle, target = copy.deepcopy(first.get("bundle") or {}), copy.deepcopy(first.get("target") or {})
         jobs_list = None
+        sequences = merge_shard_sequences(docs)
     else:
         entries: list[tuple[str, list[dict], dict]] = list(carried)
         for (group_cases, _info), name, group in zip(merged_units, names, units):
@@ -390,6 +396,7 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
                 case["method"] = f"{name}/{case['method']}"
             for d, _ in group:
                 warnings += [f"{name}: {w}" for w in d.get("warnings") or [] if f"{name}: {w}" not in warnings]
+            sequences += job_sequences({"sequences": merge_shard_sequences([d for d, _ in group])}, name)
             entries.append((name, group_cases, {
                 "name": name, "run_id": (doc.get("run") or {}).get("id"), "bundle": b.get("path"),
                 "model": b.get("model"), "dtype": b.get("dtype"), "backend": b.get("backend"),
@@ -437,6 +444,8 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
     }
     if jobs_list is not None:
         merged["jobs"] = jobs_list
+    if sequences:  # LLM reports only: every other merge stays as it was
+        merged["sequences"] = sequences
     if regressions:
         merged["regressions"] = regressions
     return Report.from_json(merged)  # checked as every reader checks a report
