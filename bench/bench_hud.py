@@ -53,6 +53,13 @@ def main() -> None:
 
     args.cache.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    import os
+    import tempfile
+
+    args.out = args.out.resolve()
+    os.chdir(tempfile.mkdtemp(prefix="bench-hud-"))  # not in a git checkout: runs carry their label, no commit
+    # of this repository (runner/history/commits.py detects the working directory's), so columns
+    # are in the synthetic runs' time order
     for size in (int(s) for s in args.sizes.split(",")):
         db = args.cache / f"history-{size}.sqlite"
         base = args.cache / f"history-{size}.base.sqlite"

@@ -690,17 +690,34 @@ options = {{state = "{tmp_path / 'state'}"}}
     assert [j["flaky"] for j in merged["farm"]["jobs"]].count(True) == 1
 
 
-def test_a_killed_local_worker_is_replaced_and_its_attempt_retried(bundles, tmp_path):
-    """A real SIGKILL to the pool's worker process while it holds a job (what the OOM killer does):
-    that attempt is a crash and is retried, a new pool takes over, and every job still passes."""
-    import signal
-    import threading
+def _wait_for_begin(begin: Path, job: int, proc: subprocess.Popen, said: list[str], timeout: float = 300) -> int:
+    """The pid of the process that started the device's job number `job` (tests/fixtures/sim_device.py
+    `begin=`): with `hold=job` it stays in that job until killed, so the kill lands mid-job."""
     import time
 
-    log = tmp_path / "devices.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = begin.read_text().split("\n") if begin.exists() else []
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == str(job):
+                return int(parts[1])
+        assert proc.poll() is None, "".join(said)
+        assert time.monotonic() < deadline, f"job {job} did not start: {''.join(said)[-3000:]}"
+        time.sleep(0.05)
+
+
+def test_a_killed_local_worker_is_replaced_and_its_attempt_retried(bundles, tmp_path):
+    """A real SIGKILL to the pool's worker process while it holds a job (what the OOM killer does):
+    that attempt is a crash and is retried, a new pool takes over, and every job still passes. The
+    device holds its second job until the kill (sim `hold=1`), so the kill always lands mid-job."""
+    import signal
+    import threading
+
+    log, begin = tmp_path / "devices.log", tmp_path / "begin.log"
     plan = _write(tmp_path / "plan.toml", f"""
 bundles = ["{bundles}/*.bpte"]
-targets = ["sim://emu-k?sleep=1.0&log={log}"]
+targets = ["sim://emu-k?sleep=0.2&log={log}&begin={begin}&hold=1&state={tmp_path / 'state'}"]
 """)
     proc = subprocess.Popen(
         [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "farm", str(plan),
@@ -709,15 +726,11 @@ targets = ["sim://emu-k?sleep=1.0&log={log}"]
     said: list[str] = []
     reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 300
-    while not any("attempt 1" in line and "PASS" in line for line in said):  # one job done: the worker is warm
-        assert proc.poll() is None, "".join(said)
-        assert time.monotonic() < deadline, "no job finished"
-        time.sleep(0.05)
+    worker = _wait_for_begin(begin, 1, proc, said)
     workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                              text=True).stdout.split()
-    assert len(workers) == 1, workers  # --jobs 1: one pool process, now running the next job
-    os.kill(int(workers[0]), signal.SIGKILL)
+    assert workers == [str(worker)], workers  # --jobs 1: one pool process, the one in the held job
+    os.kill(worker, signal.SIGKILL)
     out = proc.stdout.read()
     proc.wait(timeout=300)
     reader.join(timeout=10)
@@ -735,3 +748,88 @@ targets = ["sim://emu-k?sleep=1.0&log={log}"]
     died = [p for p in attempt_reports if "the attempt's worker died" in p.read_text()]
     assert len(died) == 1 and died[0].parent.name == "attempt-1"
     assert sum(1 for j in jobs if j["flaky"]) == 1
+
+
+def _ray_farm(tmp_path: Path, bundles: Path, address: str, tag: str, *extra: str, device: str = "sim://emu-1?sleep=0.1"):
+    plan = _write(tmp_path / f"{tag}.toml", f'bundles = ["{bundles}/a.bpte", "{bundles}/b.bpte"]\n'
+                                              f'targets = ["{device}"]\n')
+    return subprocess.run([sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "farm", str(plan),
+                           "--executor", f"ray:{address}", "--report", str(tmp_path / tag), "--no-history", "--json",
+                           *extra], cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900)
+
+
+def test_ray_device_workers_outlive_the_command_and_are_released(bundles, ray_cluster, tmp_path):
+    """A device's jobs run in its detached actor (runner/farm/ray_workers.py): the second command
+    finds it (the same process runs its jobs) and starts nothing; --release-workers kills it, so
+    the next command starts a new one."""
+    runs = {}
+    for tag, extra in (("first", ()), ("second", ("--release-workers",)), ("third", ())):
+        r = _ray_farm(tmp_path, bundles, ray_cluster.address, tag, *extra)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        merged = json.loads((tmp_path / tag / "report.json").read_text())
+        pids = {a["node"]["pid"] for j in merged["farm"]["jobs"] for a in j["attempts"]}
+        runs[tag] = (merged["farm"]["executor"], pids)
+    (first, first_pids), (second, second_pids), (third, third_pids) = runs["first"], runs["second"], runs["third"]
+    assert first["workers"]["code"] == second["workers"]["code"] and len(first["workers"]["code"]) == 12
+    assert "adb:emu-1" in first["workers"]["created"] + first["workers"]["reused"]
+    assert second["workers"]["reused"] == ["adb:emu-1"] and second["workers"]["created"] == []
+    assert len(first_pids) == 1 and second_pids == first_pids  # one warm process, kept between commands
+    assert second["workers"]["released"] is True
+    assert third["workers"]["created"] == ["adb:emu-1"] and third_pids != second_pids
+    assert {"import_ray_s", "connect_s", "first_actor_lookup_s"} <= set(second["timing"])
+
+
+def test_ray_actors_of_other_code_are_never_used(bundles, ray_cluster, tmp_path, monkeypatch):
+    """An actor named for another code hash (a checkout before this one) holds the device: the
+    next command kills it and starts its own, so no job runs on stale code."""
+    code = (f"import ray; from bundlerun.runner.farm.ray_workers import DeviceWorker, NAMESPACE; "
+            f"ray.init(address={ray_cluster.address!r}, namespace=NAMESPACE, log_to_driver=False); "
+            f"a = ray.remote(DeviceWorker).options(name='000000000000:adb:emu-2', lifetime='detached', num_cpus=0, "
+            f"resources={{'adb:emu-2': 1}}).remote('adb:emu-2'); print(ray.get(a.pid.remote()))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **ENV}, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stale = int(res.stdout.split()[-1])
+    r = _ray_farm(tmp_path, bundles, ray_cluster.address, "fresh", device="sim://emu-2?sleep=0.1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    merged = json.loads((tmp_path / "fresh" / "report.json").read_text())
+    assert "000000000000:adb:emu-2" in merged["farm"]["executor"]["workers"]["stale_killed"]
+    assert stale not in {a["node"]["pid"] for j in merged["farm"]["jobs"] for a in j["attempts"]}
+
+
+def test_a_killed_ray_device_worker_fails_its_attempt_which_is_retried(bundles, ray_cluster, tmp_path):
+    """A real SIGKILL to the device's actor process in the middle of a job (the device holds its
+    second job until then: sim `hold=1`): that attempt is a crash, retried; Ray restarts the actor
+    for the retry and every job passes."""
+    import signal
+    import threading
+
+    begin, state = tmp_path / "begin.log", tmp_path / "state"
+    plan = _write(tmp_path / "killed.toml", f"""
+bundles = ["{bundles}/*.bpte"]
+targets = ["sim://emu-2?sleep=0.1&begin={begin}&hold=1&state={state}"]
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from bundlerun.runner.cli import main; main()", "farm", str(plan), "--executor",
+         f"ray:{ray_cluster.address}", "--report", str(tmp_path / "out"), "--no-history", "--json"],
+        cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        actor = _wait_for_begin(begin, 1, proc, said)
+        os.kill(actor, signal.SIGKILL)  # a process of the cluster this module started
+        out = proc.stdout.read()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert proc.returncode == 0, out[-2000:] + "".join(said)[-3000:]
+    jobs = json.loads(out)["jobs"]
+    assert len(jobs) == 6 and all(j["verdict"] == "PASS" for j in jobs)
+    crashed = [a for j in jobs for a in j["attempts"] if a["exit_code"] != 0]
+    assert len(crashed) == 1 and crashed[0]["retried"] is True and "crash" in crashed[0]["error_kinds"]
+    pids = {int(line.split()[1]) for line in begin.read_text().splitlines()}
+    assert actor in pids and len(pids) == 2  # the killed actor, then the one Ray restarted

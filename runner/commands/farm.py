@@ -57,9 +57,12 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
 @click.option("--shard", default=None, metavar="I/N",
               help="Run only shard I of N of the plan's jobs (stable split by job id; `bundlerun merge` joins the "
                    "shards' reports).")
+@click.option("--release-workers", is_flag=True,
+              help="Ray: kill the devices' worker actors when the command ends (by default they stay up, so the next "
+                   "farm against the cluster starts its first job at once; new code gets new actors).")
 @seal.option
 def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json, history_db, no_history, config_path,
-            target_opts, shard):
+            target_opts, shard, release_workers):
     """Run a PLAN of bundles (or zoo models x dtypes to build) x targets (URLs or device pools).
 
     Each device runs one job at a time; infrastructure errors (exit 2) are retried on the same or
@@ -93,7 +96,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
             click.echo(visible(message), err=True)  # job ids and URLs come from the plan
 
     result = run_farm(plan, report_dir, executor=executor, workers=workers, session=session, history_db=db, say=say,
-                      shard=shard, require_seal=seal.required())
+                      shard=shard, require_seal=seal.required(), release_workers=release_workers)
     if as_json:
         import json
 

@@ -1,11 +1,12 @@
-"""Where job attempts run: `local` (a process pool here) or `ray[://ADDRESS]` (Ray tasks).
+"""Where job attempts run: `local` (a process pool here) or `ray[://ADDRESS]` (Ray actors and tasks).
 
 Both take `submit(payload, device)` and return a concurrent.futures.Future of the attempt's
 report; the scheduler (scheduler.py) decides which device each attempt gets, so a device
-never runs two jobs at once. On Ray the attempt also asks for the device's custom resource
-(`{"adb:SERIAL": 1}`), which places it on the node that holds the device; jobs without a
-device (host, simulators) are CPU tasks (`num_cpus=1`). A device job asks for no CPU: the
-device is what it occupies.
+never runs two jobs at once. On Ray a device's jobs run in the device's detached actor, which
+holds the device's custom resource (`{"adb:SERIAL": 1}`, so it lives on the node that holds the
+device) and outlives the command (runner/farm/ray_workers.py); jobs without a device (host,
+simulators) are CPU tasks (`num_cpus=1`). A device actor asks for no CPU: the device is what it
+occupies.
 
 Ray is imported only here, only when asked for (`pip install 'bundlerun[farm]'`).
 """
@@ -117,12 +118,15 @@ class RayExecutor:
     name = "ray"
     ship = True  # the task may run on another machine: the bundle travels with it, the report back
 
-    def __init__(self, address: str | None, devices: set[str], cpus: int = 2) -> None:
+    def __init__(self, address: str | None, devices: set[str], cpus: int = 2, release_workers: bool = False) -> None:
+        t0 = time.perf_counter()
         try:
             import ray
         except ModuleNotFoundError:
             raise ConfigError("--executor ray needs Ray: pip install 'bundlerun[farm]'") from None
         self.ray = ray
+        self.timing: dict[str, float] = {"import_ray_s": time.perf_counter() - t0}
+        self.release_workers = release_workers
         address = address or os.environ.get("RAY_ADDRESS") or None
         self.started_here = address is None
         kw: dict[str, Any] = {"namespace": "bundlerun-farm"}
@@ -148,13 +152,19 @@ class RayExecutor:
                     ray.shutdown()
                 time.sleep(2.0 * attempt)
         self.address = address or "local"
+        self.timing["connect_s"] = time.perf_counter() - t0 - self.timing["import_ray_s"]
         from bundlerun.runner import interrupts
 
         interrupts.install()  # Ray's core worker installs a SIGTERM handler that exits at once: ours again
         from bundlerun.runner.farm.job import run_job_ray
 
         self._task = ray.remote(run_job_ray)
-        self._refs: list[Any] = []  # every attempt sent, so a stopped farm can cancel the running ones
+        self._refs: list[Any] = []  # every task sent, so a stopped farm can cancel the running ones
+        from bundlerun.runner.farm.ray_workers import DeviceWorkers
+
+        t1 = time.perf_counter()
+        self.workers = DeviceWorkers(ray)  # device jobs: the devices' detached actors (runner/farm/ray_workers.py)
+        self.timing["stale_actors_s"] = time.perf_counter() - t1
 
     @property
     def capacity(self) -> int | None:
@@ -164,18 +174,25 @@ class RayExecutor:
         return {k for k, v in self.ray.cluster_resources().items() if v >= 1}
 
     def submit(self, payload: dict[str, Any], device: str | None) -> Future:
-        opts: dict[str, Any] = {"max_retries": 0}  # retries are the farm's decision, by failure kind
+        """A device job goes to the device's actor (it holds the device: one job at a time, on
+        the device's node); a job without a device is a CPU task. No retries by Ray: retries are
+        the farm's decision, by failure kind."""
         if device:
-            opts.update(num_cpus=0, resources={device: 1})
-        else:
-            opts.update(num_cpus=1)
-        ref = self._task.options(**opts).remote(payload)
+            t = time.perf_counter()
+            ref = self.workers.submit(payload, device)
+            self.timing.setdefault("first_actor_lookup_s", time.perf_counter() - t)
+            return ref.future()
+        ref = self._task.options(max_retries=0, num_cpus=1).remote(payload)
         self._refs.append(ref)
         return ref.future()
 
     def describe(self) -> dict[str, Any]:
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
-        return {"name": "ray", "address": self.address, "ray_version": self.ray.__version__,
+        workers = {"namespace": "bundlerun-farm", "code": self.workers.code, "reused": sorted(self.workers.reused),
+                   "created": sorted(self.workers.created), "stale_killed": self.workers.stale_killed,
+                   "released": self.release_workers}
+        return {"name": "ray", "address": self.address, "ray_version": self.ray.__version__, "workers": workers,
+                "timing": {k: round(v, 4) for k, v in self.timing.items()},
                 "nodes": [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"),
                            "devices": sorted(k for k in n.get("Resources", {}) if ":" in k and not k.startswith("node:"))}
                           for n in nodes]}
@@ -190,18 +207,26 @@ class RayExecutor:
                     self.ray.cancel(ref, force=True)
                 except Exception:  # noqa: BLE001 - finished already, or the cluster is gone
                     pass
+            for actor in list(self.workers._actors.values()):  # an attempt running on a device: stopped,
+                try:  # the actor restarted empty for the next command
+                    self.ray.kill(actor, no_restart=False)
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+        if self.release_workers:
+            self.workers.release()
         self.ray.shutdown()
 
 
-def make_executor(spec: str, devices: set[str], workers: int) -> LocalExecutor | RayExecutor:
-    """`local`, `ray`, `ray://HOST:PORT` (Ray Client) or `ray:HOST:PORT` (a cluster's GCS address)."""
+def make_executor(spec: str, devices: set[str], workers: int, release_workers: bool = False) -> LocalExecutor | RayExecutor:
+    """`local`, `ray`, `ray://HOST:PORT` (Ray Client) or `ray:HOST:PORT` (a cluster's GCS address).
+    `release_workers`: Ray's device actors are killed when the command ends (else kept for the next)."""
     spec = (spec or "local").strip()
     if spec == "local":
         return LocalExecutor(workers)
     if spec == "ray":
-        return RayExecutor(None, devices, cpus=workers)
+        return RayExecutor(None, devices, cpus=workers, release_workers=release_workers)
     if spec.startswith("ray://"):
-        return RayExecutor(spec, devices, cpus=workers)
+        return RayExecutor(spec, devices, cpus=workers, release_workers=release_workers)
     if spec.startswith("ray:"):
-        return RayExecutor(spec[4:], devices, cpus=workers)
+        return RayExecutor(spec[4:], devices, cpus=workers, release_workers=release_workers)
     raise ConfigError(f"--executor {spec!r}: expected local, ray, ray://HOST:PORT or ray:HOST:PORT")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bundlerun.runner import interrupts
+from bundlerun.runner.farm.results import ResultWriter
 from bundlerun.runner.farm.plan import Device, Job, Plan
 from bundlerun.runner.farm.scheduler import Attempt, Scheduler
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, combine_exit_codes
@@ -95,12 +96,12 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
 def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int | None = None,
              session: Any = None, history_db: Path | None = None,
              say: Callable[[str], None] = lambda m: None, shard: Any = None,
-             require_seal: bool = False) -> FarmResult:
+             require_seal: bool = False, release_workers: bool = False) -> FarmResult:
     """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
-    every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job."""
+    every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job.
+    `release_workers`: on Ray, the devices' actors are killed at the end (else the next command reuses them)."""
     from bundlerun.runner.farm.executors import make_executor
     from bundlerun.runner.farm.plan import shard_jobs
-    from bundlerun.runner.farm.job import _bad_report
     from bundlerun.runner.report.merge import MergeOptions, merge_reports
     from bundlerun.runner.report.record import write_record
     from bundlerun.runner.session import Session
@@ -133,14 +134,33 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             p["bundle_bytes"] = Path(job.bundle).read_bytes()
         return p
 
+    by_id = {j.id: j for j in jobs}
+    finished: dict[str, tuple[Report, dict[str, Any]]] = {}
+    writer = ResultWriter(history_db, farm_id)
+
+    def finish(job: Job, tries: list[Attempt]) -> None:
+        """A job's final report and record, written (and sent to the history) when it is known."""
+        why = build_failed.get(job.id) or (scheduler.unplaceable.get(job.id) if scheduler else None)
+        final, record, final_dir, writes = _job_result(job, tries, report_dir, farm_id, plan, why,
+                                                       job.id in build_failed, interrupted, ex.ship)
+        finished[job.id] = (final, record)
+        flaky = record["flaky"]
+        rows = [{**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries] or [
+            {"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": Verdict.ERROR,
+             "error_kinds": [], "final": True, "flaky": False}]
+        # a job the Ctrl-C kept from running is no result: its report is written, not recorded
+        writer.add(job.id, final, final_dir, rows, record, writes, record_history=bool(tries or not interrupted))
+
     def on_attempt(a: Attempt) -> None:
         where = a.device or a.url
         node = a.node.get("ray_node_id", "")[:12] or a.node.get("host", "")
         extra = f" [{', '.join(a.kinds)}]" if a.kinds else ""
         say(f"{a.job} attempt {a.attempt} on {where} ({node}): {a.verdict}{extra}"
             + (" -> retry" if a.retryable else ""))
+        if not a.retryable and scheduler is not None:  # the job's last attempt: its result goes out now
+            finish(by_id[a.job], list(scheduler.attempts[a.job]))
 
-    ex = make_executor(executor, devices, workers)
+    ex = make_executor(executor, devices, workers, release_workers=release_workers)
     scheduler: Scheduler | None = None
     interrupted = False
     try:
@@ -157,58 +177,22 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         interrupted, attempts = True, dict(scheduler.attempts)
     except BaseException:
         ex.close(cancel=True)
+        try:
+            writer.close()  # the jobs that finished keep their reports and history records
+        except Exception:  # noqa: BLE001 - the first error is the one to raise
+            pass
         raise
     else:
         ex.close()
     makespan = time.perf_counter() - t0
 
-    finals: list[Report] = []
-    job_records: list[dict[str, Any]] = []
-    for job in jobs:
-        tries = attempts.get(job.id, []) if job.id not in build_failed else []
-        why = build_failed.get(job.id) or scheduler.unplaceable.get(job.id)
-        if tries:
-            final = tries[-1].report
-        elif interrupted and job.id not in build_failed:
-            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
-                                f"not run: the farm was {interrupts.describe()}", FailureKind.INTERRUPTED)
-        else:
-            final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label}, why or "not run",
-                                FailureKind.BAD_BUNDLE if job.id in build_failed else FailureKind.TOOL_MISSING)
-        flaky = bool(tries) and final.summary.exit_code == EXIT_PASS and any(t.exit_code != EXIT_PASS for t in tries)
-        final_dir = (report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{len(tries)}") if tries else (
-            report_dir / "jobs" / job_dir_name(job.id) / "not-run")
-        for t in tries:
-            attempt_dir = report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}"
-            # Ray: the reports came back as results; local: a worker that died wrote none (the
-            # scheduler's crash report stands in), so every attempt folder holds its report
-            if ex.ship or not (attempt_dir / "report.json").is_file():
-                write_record(t.report, attempt_dir)
-        farm = dict(final.extras.get("farm") or {})
-        farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
-                    attempts=[t.record() for t in tries])
-        final.extras["farm"] = farm
-        record = {"job": job.id, "group": job.group.name, "bundle": str(job.bundle),
-                  "verdict": final.summary.verdict, "exit_code": final.summary.exit_code,
-                  "flaky": flaky, "attempts": [t.record() for t in tries], "report": str(final_dir / "report.json")}
-        if why and not tries:
-            record["error"] = why
-        if history_db is not None and (tries or not interrupted):  # a job the Ctrl-C kept from running is no result
-            from bundlerun.runner.history import store as history
-
-            try:
-                run_id = history.record_report(history_db, final, report_path=final_dir / "report.json")
-                final.run["history_id"] = run_id
-                history.record_farm_attempts(history_db, farm_id, job.id, [
-                    {**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries
-                ] or [{"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": Verdict.ERROR,
-                       "error_kinds": [], "final": True, "flaky": False}], run_id=run_id)
-                record["history_id"] = run_id
-            except Exception as exc:  # noqa: BLE001 - history never changes a verdict
-                final.warnings.append(f"history not recorded in {history_db}: {exc}")
-        write_record(final, final_dir)
-        finals.append(final)
-        job_records.append(record)
+    for job in jobs:  # jobs with no final attempt: not built, no device, stopped by Ctrl-C
+        if job.id not in finished:
+            tries = attempts.get(job.id, []) if job.id not in build_failed else []
+            finish(job, tries)
+    writer.close()  # the last batch, and every report written (with its history id)
+    finals = [finished[j.id][0] for j in jobs]
+    job_records = [finished[j.id][1] for j in jobs]
 
     device_stats: dict[str, dict[str, Any]] = {}
     for rec in job_records:
@@ -248,6 +232,43 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     if interrupted:
         raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)
+
+
+def _job_result(job: Job, tries: list[Attempt], report_dir: Path, farm_id: str, plan: Plan, why: str | None,
+                not_built: bool, interrupted: bool, shipped: bool
+                ) -> tuple[Report, dict[str, Any], Path, list[tuple[Report, Path]]]:
+    """A job's final report (its last attempt's, else one saying why it did not run), its record in
+    the merged report, its folder, and the attempt reports to write there."""
+    from bundlerun.runner.farm.job import _bad_report
+
+    if tries:
+        final = tries[-1].report
+    elif interrupted and not not_built:
+        final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label},
+                            f"not run: the farm was {interrupts.describe()}", FailureKind.INTERRUPTED)
+    else:
+        final = _bad_report({"url": job.group.url, "bundle_path": str(job.bundle), "label": plan.label}, why or "not run",
+                            FailureKind.BAD_BUNDLE if not_built else FailureKind.TOOL_MISSING)
+    flaky = bool(tries) and final.summary.exit_code == EXIT_PASS and any(t.exit_code != EXIT_PASS for t in tries)
+    final_dir = (report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{len(tries)}") if tries else (
+        report_dir / "jobs" / job_dir_name(job.id) / "not-run")
+    writes = []
+    for t in tries:
+        attempt_dir = report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}"
+        # Ray: the reports came back as results; local: a worker that died wrote none (the
+        # scheduler's crash report stands in), so every attempt folder holds its report
+        if shipped or not (attempt_dir / "report.json").is_file():
+            writes.append((t.report, attempt_dir))
+    farm = dict(final.extras.get("farm") or {})
+    farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
+                attempts=[t.record() for t in tries])
+    final.extras["farm"] = farm
+    record = {"job": job.id, "group": job.group.name, "bundle": str(job.bundle),
+              "verdict": final.summary.verdict, "exit_code": final.summary.exit_code,
+              "flaky": flaky, "attempts": [t.record() for t in tries], "report": str(final_dir / "report.json")}
+    if why and not tries:
+        record["error"] = why
+    return final, record, final_dir, writes
 
 
 def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:

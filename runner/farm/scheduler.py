@@ -122,10 +122,17 @@ class Scheduler:
         busy: set[str] = set()
         group_running: Counter = Counter()
         capacity = self.executor.capacity
+        told: list[Attempt] = []  # finished attempts whose callback runs once their devices have new work
+        # when every job needs a device and every device is busy, no pending job can start: the scan
+        # stops there (2,000 pending jobs x 50 devices per finished attempt otherwise)
+        resources = {d.resource for j in self.jobs for d in j.group.devices}
+        devices_only = None not in resources
         try:
             while pending or running:
                 for item in list(pending):
                     if capacity is not None and len(running) >= capacity:
+                        break
+                    if devices_only and len(busy) >= len(resources):
                         break
                     group = item.job.group
                     if group_running[group.name] >= group.concurrency:
@@ -140,7 +147,13 @@ class Scheduler:
                     self._usage[device.url] += 1
                     future = self.executor.submit(self.payload(item.job, item.attempt, device), device.resource)
                     running[future] = (item, device, time.perf_counter())
+                for attempt in told:  # after the submissions: a device never waits for a report to be written
+                    if self.on_attempt:
+                        self.on_attempt(attempt)
+                told = []
                 if not running:
+                    if not pending:
+                        break
                     raise RuntimeError("farm scheduler: jobs pending but none can be placed")  # guarded above
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
@@ -153,14 +166,16 @@ class Scheduler:
                                       time.perf_counter() - t0)
                     attempt.retryable = retryable(attempt.exit_code, attempt.kinds) and item.attempt <= self.retries
                     self.attempts[item.job.id].append(attempt)
-                    if self.on_attempt:
-                        self.on_attempt(attempt)
+                    told.append(attempt)
                     if attempt.retryable:
                         pending.appendleft(_Pending(item.job, item.attempt + 1, item.tried + [device.url]))
         except BaseException:
             for future in running:
                 future.cancel()
             raise
+        for attempt in told:
+            if self.on_attempt:
+                self.on_attempt(attempt)
         return self.attempts
 
     def _result(self, future: Future, item: _Pending, device: Device) -> Report:
