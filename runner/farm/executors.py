@@ -186,13 +186,16 @@ class RayExecutor:
         self._refs.append(ref)
         return ref.future()
 
-    def describe(self) -> dict[str, Any]:
-        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+    def after_run(self) -> dict[str, Any]:
+        """The devices' actors this command reused, created or killed, and where its start went."""
         workers = {"namespace": "bundlerun-farm", "code": self.workers.code, "reused": sorted(self.workers.reused),
                    "created": sorted(self.workers.created), "stale_killed": self.workers.stale_killed,
                    "released": self.release_workers}
-        return {"name": "ray", "address": self.address, "ray_version": self.ray.__version__, "workers": workers,
-                "timing": {k: round(v, 4) for k, v in self.timing.items()},
+        return {"workers": workers, "timing": {k: round(v, 4) for k, v in self.timing.items()}}
+
+    def describe(self) -> dict[str, Any]:
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        return {"name": "ray", "address": self.address, "ray_version": self.ray.__version__, **self.after_run(),
                 "nodes": [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"),
                            "devices": sorted(k for k in n.get("Resources", {}) if ":" in k and not k.startswith("node:"))}
                           for n in nodes]}

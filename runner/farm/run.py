@@ -185,6 +185,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     else:
         ex.close()
     makespan = time.perf_counter() - t0
+    if hasattr(ex, "after_run"):
+        described.update(ex.after_run())  # Ray: the actors the run used (looked up as jobs were sent)
 
     for job in jobs:  # jobs with no final attempt: not built, no device, stopped by Ctrl-C
         if job.id not in finished:
