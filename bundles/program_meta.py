@@ -98,3 +98,24 @@ def program_operators(program: bytes, source: str = "program") -> set[str]:
             overload = op.string(1, f"operator {k} overload", 4096) or ""
             names.add(f"{name}.{overload}" if overload else name)
     return names
+
+
+# ExecutionPlan slot 8 of program.fbs: non_const_buffer_sizes ([int64]; entry 0 is reserved).
+_NON_CONST_BUFFER_SIZES = 8
+
+
+def planned_buffer_sizes(program: bytes, source: str = "program") -> dict[str, list[int]]:
+    """Per method, the sizes of its memory-planned buffers (mem_id 1, 2, ...), as a runner allocates
+    them before loading the method (program.fbs: "non_const_buffer_sizes[0]" is reserved, so it is
+    dropped). Empty for a non-ET12 program."""
+    if bytes(program[4:8]) != PROGRAM_IDENTIFIER:
+        return {}
+    reader = FlatReader(program, source, "embedded ExecuTorch program")
+    sizes: dict[str, list[int]] = {}
+    for i, plan in enumerate(reader.root("program").tables(1, "execution plan")):
+        name = plan.string(0, f"execution plan {i} name", 4096) or ""
+        values = plan.scalars(_NON_CONST_BUFFER_SIZES, "i64", f"method {name!r} planned buffer sizes")
+        if any(v < 0 for v in values):
+            raise reader.fail(f"method {name!r} declares a negative planned buffer size")
+        sizes[name] = [int(v) for v in values[1:]]
+    return sizes

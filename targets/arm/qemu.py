@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bundlerun.bundles.errors import ConfigError, TargetError
 from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
-from bundlerun.targets.arm import qemu_plugin
+from bundlerun.targets.arm import memory_fit, qemu_plugin
 from bundlerun.targets.et_runner.protocol import case_from_session, clear_outputs
 from bundlerun.targets.arm.simulator import run_session_process, session_end
 from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun, expected_layout, safe_name, selected_cases
@@ -65,6 +65,7 @@ class QemuSettings:
     insn_count: bool = True  # load bundlerun's TCG plugin (build_qemu_plugin.sh) for the session_instructions figure
     host_timeout_grace_s: float = 10.0  # added to --timeout for QEMU start-up
     exit_grace_s: float = 3.0  # after the log says done, how long QEMU may linger
+    memory_check: bool = True  # refuse a bundle too big for the runner's pools before QEMU starts (memory_fit.py)
 
     def validate(self) -> None:
         if self.mode not in ("semihosting", "uart"):
@@ -194,10 +195,35 @@ class QemuTarget(TargetBase):
         if self.settings.insn_count and self._plugin is None:
             run.info["insn_count_note"] = (f"no instruction-count plugin built for this QEMU: run "
                                            f"{qemu_plugin.BUILD_HINT} (session_instructions is absent)")
+        memory = memory_fit.runner_memory(elf)
+        run.info["runner_memory"] = memory.describe() if memory else "not read (no pool symbols in the runner ELF)"
+        if self.settings.memory_check and memory is not None:
+            self._refuse_misfit(bundle, memory, selected_cases(bundle, options))
         for method, index in selected_cases(bundle, options):
             result = self._case(bundle, method, index, qemu, elf, work, logs, wall)
+            if result.error_kind == FailureKind.ALLOCATION_FAILURE and memory is not None and result.error:
+                result.error += f"; the runner's pools: {memory.describe()}"
             run.record(result, options)
         return run
+
+    def _refuse_misfit(self, bundle: Bundle, memory: memory_fit.RunnerMemory, cases: list[tuple[str, int]]) -> None:
+        """Raise (every case ERROR allocation-failure, exit 2, no QEMU started) when the planned
+        buffers or the largest case's bundle cannot fit the runner's pools."""
+        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.program_meta import planned_buffer_sizes
+
+        planned = planned_buffer_sizes(bundle.program, "bundle program")
+        model = str(bundle.manifest.model.get("id")) if bundle.manifest is not None else "the bundle's program"
+
+        def case_bytes(mc: tuple[str, int]) -> int:
+            case = bundle.suite(mc[0]).test_cases[mc[1]]
+            return sum(len(v.data or b"") for v in case.inputs + case.expected_outputs)
+
+        largest = max(cases, key=case_bytes, default=None)  # each case's bundle holds the whole program
+        size = len(serialize_bundle(bundle.single_case(*largest))) if largest else len(bundle.program)
+        misfit = memory_fit.check_fit(memory, planned, size, self.settings.mode, model)
+        if misfit is not None:
+            raise TargetError(misfit.message, kind=FailureKind.ALLOCATION_FAILURE)
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, elf: Path, work: Path, logs: Path,
               wall: float) -> CaseResult:
