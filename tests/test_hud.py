@@ -199,3 +199,37 @@ def test_missing_or_off_history_is_a_clear_error(tmp_path, cli):
     assert res.returncode == 2 and "no history database at" in res.stderr and "Traceback" not in res.stderr
     res = cli("hud", "--out", str(tmp_path / "s"), "--db", "off")
     assert res.returncode == 2 and "history is turned off" in res.stderr
+
+
+def test_dataset_accuracy_cells_show_top1_and_the_paired_difference(tmp_path, cli):
+    """A `bundlerun accuracy` run's cell: its top-1 and the paired difference against the float model,
+    the interval in the tooltip and in `bundlerun history`; element-wise FAILs (int8 logits against
+    the float model) neither hide the top-1 nor make a PASS -> FAIL regression."""
+    from bundlerun.runner.pictures.hud_page import cell_text
+
+    path = tmp_path / "h.sqlite"
+    for i, (label, noise) in enumerate((("a1", 1e-5), ("a2", 1e-1))):
+        bundle = make_bundle(cases=3, model="mnist-cnn", dtype="int8", seed=4)
+        run = target_run(bundle, noise=noise, seed=i)
+        run.target = "qemu://mps3-an547"
+        dataset = {"name": "mnist", "samples": 1000, "top1": 0.943, "top5": 0.99, "reference_top1": 0.943,
+                   "reference_top5": 0.99, "top1_diff": 0.0, "top1_diff_ci": [-0.0044, 0.0044], "agreement": 0.998}
+        report = make_report(bundle, run, label=label, dataset=dataset,
+                             started=f"2026-12-0{i + 1}T10:00:00+00:00")
+        history.record_report(path, Report.from_json(report))
+    (rec,) = history.list_runs(path, label="a2")
+    assert (rec.samples, rec.top1_diff, rec.top1_diff_low, rec.top1_diff_high) == (1000, 0.0, -0.0044, 0.0044)
+    grid = hud.build_grid(path)
+    row = _row(grid, "mnist-cnn", "qemu://mps3-an547", "int8")
+    a1, a2 = row.cells["a1"], row.cells["a2"]
+    assert a2.run.verdict == "FAIL" and not a2.regressed and row.culprit is None
+    assert cell_text(a1) == "94.3% +0.0" and cell_text(a2) == "94.3% +0.0"
+    index, _ = hud.write_site(path, tmp_path / "site")
+    page = index.read_text()
+    assert "dataset top-1 94.30% of 1000 samples" in page
+    assert "target - float +0.00 points, 95% CI [-0.44, +0.44] (paired)" in page
+    assert "element-wise: 0 cases PASS, 3 FAIL" in page
+    import os
+
+    res = cli("history", "--history", str(path), env={**os.environ, "COLUMNS": "300"})
+    assert res.returncode == 0 and "+0.00 [-0.44, +0.44]" in res.stdout, res.stdout

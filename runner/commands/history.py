@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from bundlerun.targets.base import Verdict
+
+if TYPE_CHECKING:
+    from bundlerun.runner.history.store import RunRecord
 
 
 def _fmt(v, spec: str = ".1f") -> str:
@@ -91,7 +96,7 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
 
     table = Table(title=f"history: {db}", title_justify="left")
     for col in ("id", "started", "model", "target", "dtype", "series", "label", "verdict", "pass/fail", "min SQNR",
-                "max MAE", "top-1", "agree"):
+                "max MAE", "top-1", "vs float (CI)", "agree"):
         table.add_column(col, justify="right" if col in ("id", "min SQNR", "max MAE", "top-1", "agree") else "left")
     color = {Verdict.PASS: "green", Verdict.FAIL: "red"}
     for r in runs:
@@ -103,12 +108,22 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
             plain(r.dtype or "-"), plain(r.series.tag), plain(r.label or "-"), verdict,
             "-" if r.interrupted else f"{r.n_pass or 0}/{r.n_fail or 0}",
             _fmt(r.min_sqnr), _fmt(r.max_mae, ".3g"),
-            "-" if r.top1 is None else f"{r.top1 * 100:.2f}%", "-" if r.agreement is None else f"{r.agreement * 100:.2f}%",
+            "-" if r.top1 is None else f"{r.top1 * 100:.2f}%", _paired(r),
+            "-" if r.agreement is None else f"{r.agreement * 100:.2f}%",
         )
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))  # piped/CI logs: no squeezed columns
     console.print(table)
+
+
+def _paired(r: RunRecord) -> str:
+    """A dataset run's top-1 minus the float reference's, with its paired interval, in points."""
+    if r.top1_diff is None:
+        return "-"
+    if r.top1_diff_low is None or r.top1_diff_high is None:
+        return f"{r.top1_diff * 100:+.2f}"
+    return f"{r.top1_diff * 100:+.2f} [{r.top1_diff_low * 100:+.2f}, {r.top1_diff_high * 100:+.2f}]"
 
 
 @command.command(name="import")

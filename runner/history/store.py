@@ -452,6 +452,10 @@ class RunRecord:
     inputs_sha256: str | None = None
     criteria_sha256: str | None = None
     status: str | None = None  # complete | interrupted (NULL: a row runner/history/store.py could not migrate)
+    samples: int | None = None  # dataset runs: samples evaluated, the paired top-1 difference (target - float
+    top1_diff: float | None = None  # reference) and its confidence interval (runner/judging/accuracy.py)
+    top1_diff_low: float | None = None
+    top1_diff_high: float | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -479,6 +483,7 @@ def _list_query() -> Any:
                              "exit_code", "bundle_sha256", "report_path", "cases", "outputs", "n_pass", "n_fail")]
     cols += [worst["min_sqnr"], worst["max_mae"], d.c.top1, d.c.reference_top1, d.c.agreement]
     cols += [r.c[n] for n in ("torch_version", "executorch_version", "inputs_sha256", "criteria_sha256", "status")]
+    cols += [d.c.samples, d.c.top1_diff, d.c.top1_diff_low, d.c.top1_diff_high]
     return sa.select(*cols).select_from(r.outerjoin(d, d.c.run_id == r.c.id)), r
 
 
@@ -516,6 +521,7 @@ def list_runs(
 
 
 _RUN_TYPES = {"id": "int", "exit_code": "int", "cases": "int", "outputs": "int", "n_pass": "int", "n_fail": "int",
+              "samples": "int", **{k: "real" for k in ("top1_diff", "top1_diff_low", "top1_diff_high")},
               **{k: "text" for k in ("run_uuid", "started", "model", "target", "backend", "dtype", "label", "verdict",
                                      "bundle_sha256", "report_path", "torch_version", "executorch_version",
                                      "inputs_sha256", "criteria_sha256", "status")},

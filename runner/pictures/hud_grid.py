@@ -123,7 +123,8 @@ def _metric(r: history.RunRecord) -> tuple[str, float | None]:
 def _regressed(cur: Cell, base: Cell, rules: RegressionRules) -> tuple[bool, str]:
     if cur.run.verdict in (Verdict.ERROR, Verdict.TIMEOUT):
         return False, ""
-    if base.run.verdict == Verdict.PASS and cur.run.verdict == Verdict.FAIL:
+    # a dataset run is judged by its top-1 (as `bundlerun accuracy` is), not by element-wise flips
+    if base.metric != "top1" and base.run.verdict == Verdict.PASS and cur.run.verdict == Verdict.FAIL:
         return True, "PASS -> FAIL"
     if cur.value is None or base.value is None or cur.metric != base.metric:
         return False, ""

@@ -229,11 +229,38 @@ def failure(cell: Cell) -> str:
     return text + (f" +{more}" if more > 0 else "")
 
 
+def accuracy_delta(r: history.RunRecord) -> str:
+    """A dataset run's paired top-1 difference against the float reference: `+0.0`."""
+    return "" if r.top1_diff is None else f"{r.top1_diff * 100:+.1f}"
+
+
+def accuracy_tip(r: history.RunRecord) -> list[str]:
+    """A dataset run's accuracy for the tooltip: top-1, the float reference's, the paired difference
+    with its interval (runner/judging/accuracy.py), the agreement."""
+    if r.top1 is None:
+        return []
+    tip = [f"dataset top-1 {r.top1 * 100:.2f}%" + (f" of {r.samples} samples" if r.samples else "")]
+    if r.reference_top1 is not None:
+        tip.append(f"float reference {r.reference_top1 * 100:.2f}%")
+    if r.top1_diff is not None:
+        ci = (f", 95% CI [{r.top1_diff_low * 100:+.2f}, {r.top1_diff_high * 100:+.2f}]"
+              if r.top1_diff_low is not None and r.top1_diff_high is not None else "")
+        tip.append(f"target - float {r.top1_diff * 100:+.2f} points{ci} (paired)")
+    if r.agreement is not None:
+        tip.append(f"agreement {r.agreement * 100:.2f}%")
+    return tip
+
+
 def cell_text(cell: Cell) -> str:
     """The cell's visible text: the metric for a PASS; for a FAIL which output and criterion failed
     (`FAIL out0 sqnr`); for a run that did not complete its status alone, never a number over the
-    cases that happened to run."""
+    cases that happened to run. A dataset run (`bundlerun accuracy`) is judged by its dataset
+    numbers: its top-1 and the paired difference against the float model (`94.3% +0.0`), also
+    when some cases fail element-wise (the tooltip counts them)."""
     shown = status(cell)
+    if cell.metric == "top1" and cell.value is not None and complete(cell):
+        delta = accuracy_delta(cell.run)
+        return fmt(cell) + (f" {delta}" if delta else "")
     if shown == Verdict.PASS:
         return fmt(cell)
     if shown == Verdict.FAIL:
@@ -306,7 +333,12 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
     r = cell.run
     x = cell.extra
     tip = [f"run #{r.id}", f"verdict {r.verdict}" + (f" (shown as {shown})" if shown != r.verdict else "")]
-    if complete(cell):
+    if complete(cell) and cell.metric == "top1":
+        tip += accuracy_tip(r)
+        if r.n_fail:
+            tip.append(f"element-wise: {r.n_pass or 0} cases PASS, {r.n_fail} FAIL (a dataset run is judged by its "
+                       "top-1)")
+    elif complete(cell):
         tip.append(f"{'top-1' if cell.metric == 'top1' else 'worst ' + SQNR_LABEL} {fmt(cell)}")
     else:
         tip.append(f"did not complete ({_count(x.get('n_timeout'))} timed out, {_count(x.get('n_error'))} errors): "
