@@ -377,11 +377,11 @@ def test_large_logs_stream_in_linear_time():
     lines = [f"Output[0][{j}]: (float) {j * 0.25:f}" for j in range(50_000)]
     text = ("\n".join(lines) + "\n#[RUN THIS]\n" f'echo "{base64.b64encode(payload).decode()}" | base64 -d >etdump.bin\n#[END]\n').encode()
     parser = IncrementalLogParser()
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU time: a quadratic parser costs minutes of it; a loaded machine's wall clock lies
     for k in range(0, len(text), 4096):  # UART-sized chunks; one 2 MB line among them
         parser.feed(text[k : k + 4096])
     log = parser.result()
-    assert time.monotonic() - t0 < 10
+    assert time.process_time() - t0 < 10
     assert len(log.printed_outputs[0]) == 50_000 and log.printed_outputs[0][-1] == ("float", 49_999 * 0.25)
     assert base64.b64decode(log.etdump_b64) == payload
 
