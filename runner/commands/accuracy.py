@@ -112,6 +112,9 @@ def print_accuracy(report: Report) -> None:
         f"{bundle.get('model')} {bundle.get('dtype')} on {report.target.get('url')}: "
         f"{ds['name']}, {ds['evaluated']} samples" + (f" ({ds['errored']} errored)" if ds["errored"] else "")
     ))
+    if not ds["evaluated"]:  # every case errored on the target: no accuracy to show (the errors are listed)
+        click.echo("  no sample was evaluated: every case errored on the target")
+        return
     click.echo(f"  {'':18}{'top-1':>9}{'top-5':>9}")
     click.echo(f"  {'target':18}{ds['top1'] * 100:8.2f}%{ds['top5'] * 100:8.2f}%")
     click.echo(f"  {'float reference':18}{ds['reference_top1'] * 100:8.2f}%{ds['reference_top5'] * 100:8.2f}%")

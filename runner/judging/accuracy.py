@@ -78,7 +78,10 @@ def newcombe_unpaired(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.
 
 
 def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-sample bool: is the label among the k largest scores."""
+    """Per-sample bool: is the label among the k largest scores (none when no sample was evaluated:
+    every case errored on the target)."""
+    if len(labels) == 0:
+        return np.zeros(0, dtype=bool)
     logits = np.asarray(logits, dtype=np.float64).reshape(len(labels), -1)
     k = min(k, logits.shape[1])
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
