@@ -103,6 +103,8 @@ def run_accuracy(req: AccuracyRequest) -> Report:
 
 def print_accuracy(report: Report) -> None:
     ds = report.dataset
+    if ds is None:  # not a dataset run: nothing to print
+        return
     conf = int(ds["confidence"] * 100)
     lo, hi = ds["top1_diff_ci"]
     bundle = report.bundle
