@@ -199,7 +199,7 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     try:
         data = path.read_bytes()
         bundle = load_bundle(data, str(path))  # schema, consistency and integrity checks
-        recorded = bundle.manifest.build.get("cache_key") if bundle.manifest else None
+        recorded = bundle.manifest.build.cache_key if bundle.manifest else None
         if recorded != key:
             raise BundlerunError(f"{path}: records cache key {str(recorded)[:16]}..., not {key[:16]}...")
         if bundle.manifest is None or bundle.manifest.integrity is None:

@@ -76,6 +76,6 @@ def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> Buil
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     manifest = bundle.manifest
     assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
-    info = dict(manifest.build.get("lowering") or {})
+    info = dict(manifest.build.lowering or {})
     info.update({"cache": "hit", "cache_key": key})
     return BuildResult(path=path, manifest=manifest, info=info)

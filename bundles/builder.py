@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bundlerun.bundles.manifest_records import BuildInfo, DatasetInfo, ModelInfo
 from bundlerun.bundles import dynamic_shapes, scalar_types as st
 from bundlerun.bundles.backends.base import DTYPES, LoweringRequest, lowering_module
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
@@ -309,9 +310,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         for k, v in enumerate(test_cases[0].inputs)
     ]
     manifest = Manifest(
-        model={"id": model.name, "source": model.source, "description": model.description,
-               **({"weights": model.weights} if model.weights else {})},
-        build={
+        model=ModelInfo.from_dict({"id": model.name, "source": model.source, "description": model.description,
+               **({"weights": model.weights} if model.weights else {})}),
+        build=BuildInfo.from_dict({
             "backend": backend,
             "target": req.target,
             "dtype": req.dtype,
@@ -329,12 +330,12 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             "overrides": dict(req.overrides),
             **({"cache_key": key} if key is not None else {}),
             **_etrecord.manifest_entry(req.etrecord, lowering, model.module, to_torch(case_arrays[0]), req.output),
-        },
+        }),
         versions=_versions(),
         methods={"forward": MethodManifest("forward", inputs_spec, outputs)},
         dataset=None
         if req.dataset is None
-        else {k: v for k, v in req.dataset.items() if k != "samples"},
+        else DatasetInfo.from_dict({k: v for k, v in req.dataset.items() if k != "samples"}),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     bundle = Bundle(

@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterator
 
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.fileio import file_sha256
+from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo
 from bundlerun.bundles.manifest import Manifest
 
 SUFFIX = ".etrecord"
@@ -460,13 +461,13 @@ class EtrecordMissing(Exception):
 
 
 def rebuild_hint(manifest: Manifest | None, bundle_path: str | Path) -> str:
-    build = manifest.build if manifest else {}
-    model = (manifest.model.get("id") if manifest else None) or "MODEL"
+    build = manifest.build if manifest else BuildInfo()
+    model = (manifest.model.id if manifest else None) or "MODEL"
     parts = [f"bundlerun build {model}"]
-    for flag, key in (("--target", "target"), ("--backend", "backend"), ("--dtype", "dtype"),
-                      ("--cases", "cases"), ("--seed", "seed"), ("--reference", "reference")):
-        if build.get(key) is not None:
-            parts.append(f"{flag} {build[key]}")
+    for flag, value in (("--target", build.target), ("--backend", build.backend), ("--dtype", build.dtype),
+                        ("--cases", build.cases), ("--seed", build.seed), ("--reference", build.reference)):
+        if value is not None:
+            parts.append(f"{flag} {value}")
     parts += ["--etrecord", "-o", str(bundle_path)]
     return " ".join(parts)
 
@@ -474,25 +475,26 @@ def rebuild_hint(manifest: Manifest | None, bundle_path: str | Path) -> str:
 def locate(manifest: Manifest | None, bundle_path: str | Path) -> Path:
     """The bundle's ETRecord, checked against the sha256 its manifest records.
     Raises EtrecordMissing naming the rebuild command otherwise."""
-    entry = manifest.build.get("etrecord") if manifest else None
+    entry = manifest.build.etrecord if manifest else None
     hint = rebuild_hint(manifest, bundle_path)
-    if not isinstance(entry, dict) or not entry.get("path"):
+    if not isinstance(entry, EtrecordInfo) or not entry.path:
         raise EtrecordMissing(f"{bundle_path} was built without an ETRecord, which debug needs to map runtime "
                               f"intermediates to the eager graph; rebuild with it: {hint}")
-    path = Path(bundle_path).parent / Path(str(entry["path"])).name
+    path = Path(bundle_path).parent / Path(str(entry.path)).name
     if not path.is_file():
         raise EtrecordMissing(f"the ETRecord {path} recorded by {bundle_path} is missing; rebuild with: {hint}")
     got = file_sha256(path)
-    if entry.get("sha256") and got != entry["sha256"]:
+    if entry.sha256 and got != entry.sha256:
         raise EtrecordMissing(f"the ETRecord {path} does not belong to {bundle_path} (sha256 {got[:16]}..., the "
-                              f"manifest records {str(entry['sha256'])[:16]}...); rebuild with: {hint}")
+                              f"manifest records {str(entry.sha256)[:16]}...); rebuild with: {hint}")
     return path
 
 
 def load_delegate_graphs(manifest: Manifest | None, bundle_path: str | Path) -> tuple[dict | None, str]:
     """(the bundle's delegate graphs, "") or (None, why they are not there) - checked against the
     sha256 the manifest records."""
-    entry = ((manifest.build.get("etrecord") if manifest else None) or {}).get("delegate_graphs")
+    recorded = manifest.build.etrecord if manifest else None
+    entry = recorded.delegate_graphs if isinstance(recorded, EtrecordInfo) else None
     if not isinstance(entry, dict) or not entry.get("path"):
         return None, ("the bundle records no delegate graphs (built before bundlerun recorded them, or the lowering "
                       f"had none); rebuild with: {rebuild_hint(manifest, bundle_path)}")

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bundlerun.bundles.manifest_records import BuildInfo, ModelInfo
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError, BundlerunError
@@ -176,8 +177,8 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
         suites.append(MethodTestSuite(method, test_cases))
         methods[method] = _method_manifest(req, method, test_cases, ops)
     manifest = Manifest(
-        model={"id": req.model, "source": req.model_source, "description": req.description},
-        build={
+        model=ModelInfo.from_dict({"id": req.model, "source": req.model_source, "description": req.description}),
+        build=BuildInfo.from_dict({
             "backend": req.backend,
             "target": req.target,
             "dtype": req.dtype,
@@ -189,7 +190,7 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
             "lowering": dict(req.lowering),
             "ops": ops,
             "overrides": dict(req.overrides),
-        },
+        }),
         versions=_versions(),
         methods=methods,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -30,6 +30,7 @@ import numpy as np
 
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import ARCHS, LLM_BACKENDS, SIZES, SOURCE_QUANTIZED, params_for, quantization, tier
+from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo, ModelInfo
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
 
 PREFIX = "llm:"
@@ -391,7 +392,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     sequences = [SequenceSpec(f"seq{i}", "forward", True, "teacher-forced", s, shown[i]) for i, s in enumerate(steps)]
     manifest = _manifest(req, p, exported, cases, sequences, tokenizer_digest, backend, reference, key)
     if et_path is not None:
-        manifest.build["etrecord"] = _etrecord_entry(et_path)
+        manifest.build.etrecord = EtrecordInfo.from_dict(_etrecord_entry(et_path))
     from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
     from bundlerun.bundles.build_parts import _value_from_tensor
 
@@ -435,16 +436,16 @@ def _manifest(req: Any, p: LlmPlan, exported: Exported, cases: list, sequences: 
            "use_kv_cache": True, "weights": exported.weights, "tokenizer": tokenizer_digest,
            "export_s": round(exported.export_s, 3), "model_class": exported.model_class, "reference": REFERENCE}
     return Manifest(
-        model={"id": req.model, "source": "executorch export_llama",
+        model=ModelInfo.from_dict({"id": req.model, "source": "executorch export_llama",
                "description": f"{p.arch} ({p.size}) through examples.models.llama.export_llama_lib._export_llama, "
-                              f"{exported.weights} weights"},
-        build={"backend": backend, "target": req.target, "dtype": p.dtype, "quantization": exported.quantization,
+                              f"{exported.weights} weights"}),
+        build=BuildInfo.from_dict({"backend": backend, "target": req.target, "dtype": p.dtype, "quantization": exported.quantization,
                "reference": reference,
                "inputs": [{"shape": [1, p.max_seq_len - 1], "dtype": "int64", "distribution": "tokens"},
                           {"shape": [1], "dtype": "int64", "distribution": "input_pos"}],
                "seed": req.seed, "cases": len(cases), "lowering": {"delegate": backend, "exporter": "export_llama", **exported.lowering},
                "ops": sorted(program_operators(exported.program)), "overrides": dict(req.overrides),
-               **({"cache_key": key} if key is not None else {}), "llm": llm},
+               **({"cache_key": key} if key is not None else {}), "llm": llm}),
         versions=_versions(),
         # the inputs vary in length from case to case (prompt, then decode steps): the program declares
         # their bound, build.inputs and build.llm.max_seq_len say it; the per-case check is the program's

@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bundlerun.bundles.manifest_records import (BuildInfo, BuildInput, DatasetInfo, EtrecordInfo, InputSource,
+                                                LlmBuild, ModelInfo, ModelWeights)
 from bundlerun.bundles.sequence import SequenceSpec
 from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
                                                validate_manifest)
 
-__all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "RULE_DEFAULTS", "RULE_FIELDS", "Criteria", "Manifest",
-           "MethodManifest", "OutputSpec", "TensorSpec", "validate_manifest"]
+__all__ = ["CRITERIA_FIELDS", "MANIFEST_SCHEMA", "RULE_DEFAULTS", "RULE_FIELDS", "BuildInfo", "BuildInput", "Criteria",
+           "DatasetInfo", "EtrecordInfo", "InputSource", "LlmBuild", "Manifest", "MethodManifest", "ModelInfo",
+           "ModelWeights", "OutputSpec", "TensorSpec", "validate_manifest"]
 
 
 @dataclass
@@ -155,25 +158,34 @@ class MethodManifest:
 
 @dataclass
 class Manifest:
-    model: dict[str, Any]  # id, source, description
-    build: dict[str, Any]  # backend, target, dtype, quantization, reference, inputs, seed, cases
+    model: ModelInfo  # id, source, description, weights (bundles/manifest_records.py)
+    build: BuildInfo  # backend, target, dtype, quantization, reference, inputs, seed, cases, lowering, ...
     versions: dict[str, str]  # bundlerun, torch, executorch, python, host
     methods: dict[str, MethodManifest]
-    dataset: dict[str, Any] | None = None  # {"name":..., "labels": [...], "num_classes": N}
+    dataset: DatasetInfo | None = None  # name, labels, num_classes
     created: str = ""
     schema: str = MANIFEST_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
     integrity: dict[str, Any] | None = None  # sha256 of program, cases, manifest (bundles/integrity.py)
     sequences: list[SequenceSpec] = field(default_factory=list)  # stateful LLM sequences (bundles/sequence.py)
 
+    def __post_init__(self) -> None:
+        # sections given as the dicts they are written as (a caller's own manifest, a test's) read as records
+        if isinstance(self.model, dict):
+            self.model = ModelInfo.from_dict(self.model)
+        if isinstance(self.build, dict):
+            self.build = BuildInfo.from_dict(self.build)
+        if isinstance(self.dataset, dict):
+            self.dataset = DatasetInfo.from_dict(self.dataset)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "schema": self.schema,
-            "model": self.model,
-            "build": self.build,
+            "model": self.model.to_dict(),
+            "build": self.build.to_dict(),
             "versions": self.versions,
             "methods": {k: m.to_dict() for k, m in self.methods.items()},
-            "dataset": self.dataset,
+            "dataset": self.dataset.to_dict() if self.dataset is not None else None,
             "created": self.created,
             "extra": self.extra,
         }
@@ -190,11 +202,11 @@ class Manifest:
         schema = data["schema"]
         return cls(
             schema=schema,
-            model=data.get("model", {}),
-            build=data.get("build", {}),
+            model=ModelInfo.from_dict(data.get("model", {})),
+            build=BuildInfo.from_dict(data.get("build", {})),
             versions=data.get("versions", {}),
             methods={k: MethodManifest.from_dict(m) for k, m in data.get("methods", {}).items()},
-            dataset=data.get("dataset"),
+            dataset=DatasetInfo.from_dict(data["dataset"]) if data.get("dataset") is not None else None,
             created=data.get("created", ""),
             extra=data.get("extra", {}),
             integrity=data.get("integrity"),
@@ -208,30 +220,29 @@ class Manifest:
         return m.outputs[index]
 
 
-def describe_inputs(model: dict[str, Any], build: dict[str, Any]) -> list[str]:
+def describe_inputs(model: ModelInfo, build: BuildInfo) -> list[str]:
     """Lines saying which weights and which inputs a bundle was built with (inspect and reports)."""
     lines = []
-    weights = model.get("weights")
-    if isinstance(weights, dict):
-        if weights.get("kind") == "state-dict":
-            lines.append(f"weights: the user's state dict {weights.get('file')} (sha256 {str(weights.get('sha256'))[:12]})")
+    weights = model.weights
+    if isinstance(weights, ModelWeights):
+        if weights.kind == "state-dict":
+            lines.append(f"weights: the user's state dict {weights.file} (sha256 {str(weights.sha256)[:12]})")
         else:
-            lines.append(f"weights: seeded random (seed {weights.get('seed')}): {weights.get('how')}")
-    source = build.get("input_source")
-    if isinstance(source, dict):
-        files = source.get("files") or source.get("indices") or []
-        lines.append(f"inputs: {source.get('kind')} from {source.get('from')}, {len(files)} cases"
-                     + (f", normalized by {source['normalize']}" if source.get("normalize") else ""))
+            lines.append(f"weights: seeded random (seed {weights.seed}): {weights.how}")
+    source = build.input_source
+    if isinstance(source, InputSource):
+        lines.append(f"inputs: {source.kind} from {source.origin}, {source.count} cases"
+                     + (f", normalized by {source.normalize}" if source.normalize else ""))
     else:
-        inferred = [i for i in build.get("inputs", []) if isinstance(i, dict) and i.get("distribution_from")]
+        inferred = [i for i in build.inputs or [] if isinstance(i, BuildInput) and i.distribution_from]
         if inferred:
             lines.append("inputs: generated, distribution read from the model's example inputs")
-    dyn = build.get("dynamic_shapes")
+    dyn = build.dynamic_shapes
     if isinstance(dyn, dict):
         dims = ", ".join(f"in{d.get('input')}[{d.get('dim')}] {d.get('name')} {d.get('min')}..{d.get('max')}"
                          for d in dyn.get("dims", []) if isinstance(d, dict))
         points = dyn.get("cases", [])
         lines.append(f"dynamic dims {dims}: cases at " + ", ".join(f"{i} {p}" for i, p in enumerate(points)))
-    if build.get("input_structure"):
-        lines.append(f"inputs flattened from the nested structure {build['input_structure']}")
+    if build.input_structure:
+        lines.append(f"inputs flattened from the nested structure {build.input_structure}")
     return lines

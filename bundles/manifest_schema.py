@@ -246,8 +246,10 @@ def _build(chk: _Checker, build: Any) -> None:
     if not isinstance(build.get("inputs", []), list):
         raise chk.fail("build.inputs", f"expected a list, got {_kind(build['inputs'])}")
     chk.text("build.input_structure", build.get("input_structure"), MAX_TEXT, optional=True)
-    if "input_source" in build and not isinstance(build["input_source"], dict):
-        raise chk.fail("build.input_source", f"expected an object, got {_kind(build['input_source'])}")
+    if "input_source" in build:
+        _input_source(chk, build["input_source"])
+    if "etrecord" in build:
+        _etrecord(chk, build["etrecord"])
     ops = build.get("ops", [])
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
         raise chk.fail("build.ops", "expected a list of operator names")
@@ -258,6 +260,50 @@ def _build(chk: _Checker, build: Any) -> None:
         _llm(chk, build["llm"])
     if "dynamic_shapes" in build:
         _dynamic(chk, build["dynamic_shapes"])
+
+
+def _texts(chk: _Checker, path: str, value: Any, limit: int = MAX_TEXT) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise chk.fail(path, f"expected a list of strings, got {_kind(value)}")
+    for i, item in enumerate(value):
+        chk.text(f"{path}[{i}]", item, limit)
+
+
+def _integers(chk: _Checker, path: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise chk.fail(path, f"expected a list of integers, got {_kind(value)}")
+    for i, item in enumerate(value):
+        chk.integer(f"{path}[{i}]", item, -(2**63), 2**64 - 1)
+
+
+def _input_source(chk: _Checker, source: Any) -> None:
+    """build.input_source: where real inputs came from (bundles/real_inputs.py); shown by inspect and
+    the reports. The keys known here are type-checked; a key another version adds is kept as read."""
+    if not isinstance(source, dict):
+        raise chk.fail("build.input_source", f"expected an object, got {_kind(source)}")
+    for key in ("kind", "from", "resize", "normalize"):
+        chk.text(f"build.input_source.{key}", source.get(key), MAX_TEXT, optional=True)
+    _texts(chk, "build.input_source.files", source.get("files"))
+    _integers(chk, "build.input_source.indices", source.get("indices"))
+    _integers(chk, "build.input_source.labels", source.get("labels"))
+
+
+def _etrecord(chk: _Checker, entry: Any) -> None:
+    """build.etrecord: the ETRecord beside the bundle (bundles/etrecord.py); its sha256 is checked
+    against the file before `bundlerun debug` uses it."""
+    if not isinstance(entry, dict):
+        raise chk.fail("build.etrecord", f"expected an object, got {_kind(entry)}")
+    chk.text("build.etrecord.path", entry.get("path"), MAX_TEXT, optional=True)
+    chk.text("build.etrecord.sha256", entry.get("sha256"), optional=True)
+    chk.integer("build.etrecord.bytes", entry.get("bytes"), 0, 2**63 - 1, optional=True)
+    chk.integer("build.etrecord.debug_handles", entry.get("debug_handles"), 0, 2**63 - 1, optional=True)
+    _texts(chk, "build.etrecord.graphs", entry.get("graphs"))
+    if entry.get("delegate_graphs") is not None and not isinstance(entry["delegate_graphs"], dict):
+        raise chk.fail("build.etrecord.delegate_graphs", f"expected an object, got {_kind(entry['delegate_graphs'])}")
 
 
 def _dynamic(chk: _Checker, dyn: Any) -> None:

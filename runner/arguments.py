@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bundlerun.bundles import limits
-from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.targets import TargetConfig, default_backend, resolve_target
 
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer path cannot be opened anyway
 MAX_LABEL_CHARS = 256  # bundlerun's own: a label is a commit sha or a short name shown in every table
@@ -177,12 +178,16 @@ def choice(value: Any, what: str, options: Sequence[str], optional: bool = True)
 
 def target_url(value: Any, what: str = "--target") -> str:
     """A target URL whose scheme bundlerun knows (targets/__init__.py parses it)."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import default_backend
+    return resolved_target(value, what).raw
 
+
+def resolved_target(value: Any, what: str = "--target") -> TargetConfig:
+    """A target URL whose scheme bundlerun knows, as the `TargetConfig` the run passes down (the
+    URL's one parse, targets/__init__.py `resolve_target`)."""
     url = text(value, what, MAX_PATH_CHARS)
     try:
-        default_backend(url)
+        resolved = resolve_target(url)
+        default_backend(resolved)
     except BundlerunError as exc:
         raise ConfigError(f"{what}: {exc}") from None
-    return url
+    return resolved

@@ -137,10 +137,21 @@ def distribution_option(ctx, param, value):
 
 
 def _target(ctx, param, value):
-    """--target: a URL whose scheme bundlerun knows, before anything runs (as bundlerun.api checks it)."""
-    from bundlerun.runner import arguments
+    """--target: a URL whose scheme bundlerun knows, before anything runs (as bundlerun.api checks it).
+    The command gets the raw URL; its one parse (a `TargetConfig`) waits in the context for the run."""
+    from bundlerun.runner import arguments  # start-up: the CLI loads a check when its option is used
 
-    return _checked(arguments.target_url, value, hint="--target")
+    resolved = _checked(arguments.resolved_target, value, hint="--target")
+    ctx.meta["bundlerun.target"] = resolved
+    return resolved.raw
+
+
+def _resolved(target: str):
+    """The command's --target as parsed by its option (`TargetConfig`), or `target` itself when it is
+    another URL (a farm job's, a plan's)."""
+    ctx = click.get_current_context(silent=True)
+    resolved = ctx.meta.get("bundlerun.target") if ctx is not None else None
+    return resolved if resolved is not None and resolved.raw == target else target
 
 
 def _report_dir(path: Path) -> Path:
@@ -215,8 +226,9 @@ def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -
     from bundlerun.bundles.backends.base import default_dtype
     from bundlerun.targets import default_backend, lowering_info
 
-    backend = backend or default_backend(target)
-    return backend, dtype or default_dtype(backend, lowering_info(target))
+    url = _resolved(target)
+    backend = backend or default_backend(url)
+    return backend, dtype or default_dtype(backend, lowering_info(url))
 
 
 def _default_dtype(model: str, target: str, backend: str | None) -> str:
@@ -241,7 +253,7 @@ def _build(model: str, output: Path, **kw):
     else:
         kw.pop("llm", None)
         kw["backend"], kw["dtype"] = resolve_backend_dtype(kw["target"], kw.get("backend"), kw.get("dtype"))
-    kw["target_info"] = lowering_info(kw["target"])
+    kw["target_info"] = lowering_info(_resolved(kw["target"]))
     console = _progress_console()
     with console.status(f"building {model}") as status:
         result = build_bundle(BuildRequest(model=model, output=output, progress=lambda m: status.update(m), **kw))
@@ -345,17 +357,17 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
     )
     m = result.manifest
     click.echo(
-        f"wrote {result.path} ({result.path.stat().st_size} bytes): {m.model['id']} {m.build['backend']} "
-        f"{m.build['dtype']}, {m.build['cases']} cases, reference {m.build['reference']}"
+        f"wrote {result.path} ({result.path.stat().st_size} bytes): {m.model.id} {m.build.backend} "
+        f"{m.build.dtype}, {m.build.cases} cases, reference {m.build.reference}"
         + (" (cached build)" if result.info.get("cache") == "hit" else "")
     )
     if m.sequences:
-        llm = m.build.get("llm", {})
+        llm = m.build.llm
         click.echo(f"{len(m.sequences)} stateful sequences ({', '.join(str(len(s.steps)) for s in m.sequences)} steps), "
-                   f"weights {llm.get('weights')}, max_seq_len {llm.get('max_seq_len')}"
+                   f"weights {llm.weights if llm else None}, max_seq_len {llm.max_seq_len if llm else None}"
                    + (f", exported in {result.info['export_s']:.1f} s" if "export_s" in result.info else ""))
-    if m.build.get("etrecord"):
-        click.echo(f"wrote {result.path.parent / m.build['etrecord']['path']} (ETRecord for bundlerun debug)")
+    if m.build.etrecord:
+        click.echo(f"wrote {result.path.parent / str(m.build.etrecord.path)} (ETRecord for bundlerun debug)")
     for warning in result.info.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
 
@@ -440,13 +452,21 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
 
     with progress:
         report = session.run(RunRequest(
-            bundle_path=bundle_path, target=target, report_dir=report_dir, case_timeout_s=case_timeout,
+            bundle_path=bundle_path, target=target, resolved_target=_typed(_resolved(target)), report_dir=report_dir,
+            case_timeout_s=case_timeout,
             setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
             overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
             repeat=_repeat(), require_seal=seal.required(),
             replay=_repeat("bundlerun.replay"),
         ), bundle=bundle, amend=amend)
     return report
+
+
+def _typed(url):
+    """`url` if it is a `TargetConfig` (already parsed), else None (the run parses it)."""
+    from bundlerun.targets import TargetConfig  # start-up: targets/ loads with the run
+
+    return url if isinstance(url, TargetConfig) else None
 
 
 def _repeat(key: str = "bundlerun.repeat") -> int:
@@ -516,7 +536,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
         _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json,
-               target_config=session.target_config(target))
+               target_config=session.target_config(_resolved(target)))
     from bundlerun.runner.report.console import exit_code
 
     sys.exit(exit_code(report))
@@ -645,7 +665,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 from bundlerun.runner.commands.debug import debug_on_fail as _drill
 
                 _drill(bundle_path, target, report, out / "debug", quiet=as_json,
-                       target_config=session.target_config(target))
+                       target_config=session.target_config(_resolved(target)))
             from bundlerun.runner.report.console import exit_code
 
             results.append((slug, s.verdict, exit_code(report), str(out / "report.json")))

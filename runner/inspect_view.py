@@ -89,11 +89,11 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     manifest = bundle.manifest
     b = manifest.build
     console.print(
-        f"model [bold]{plain(manifest.model.get('id'))}[/] ("
-        + plain(f"{manifest.model.get('source')}), backend {b.get('backend')}, "
-                f"dtype {b.get('dtype')}, built for {b.get('target')}, reference {b.get('reference')}, "
-                f"quantization {b.get('quantization') or '-'}, seed {b.get('seed')}, inputs "
-                + ", ".join(f"{i['dtype']}{i['shape']} ~ {i['distribution']}" for i in b.get("inputs", [])))
+        f"model [bold]{plain(manifest.model.id)}[/] ("
+        + plain(f"{manifest.model.source}), backend {b.backend}, "
+                f"dtype {b.dtype}, built for {b.target}, reference {b.reference}, "
+                f"quantization {b.quantization or '-'}, seed {b.seed}, inputs "
+                + ", ".join(f"{i.dtype}{i.shape} ~ {i.distribution}" for i in b.inputs))
     )
     from bundlerun.bundles.manifest import describe_inputs
 
@@ -118,14 +118,14 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
                                     + (f"; {e['origin']}" if e.get("origin") else "") + "]" for e in reversed(entries))
                 console.print(f"  [dim]{plain(f'{method.name}.{out.name}.{key}')}:[/] {plain(chain)}")
     if manifest.dataset:
-        labels = manifest.dataset.get("labels") or []
-        console.print(f"dataset {plain(manifest.dataset.get('name'))}: {len(labels)} labelled samples")
-    llm = b.get("llm")
+        labels = manifest.dataset.labels or []
+        console.print(f"dataset {plain(manifest.dataset.name)}: {len(labels)} labelled samples")
+    llm = b.llm
     if llm:  # bundles/llm_build.py: how export_llama built it, and whose weights these are
-        console.print(plain(f"LLM {llm.get('arch')} ({llm.get('size')}), {llm.get('dtype')}: weights {llm.get('weights')}, "
-                            f"max_seq_len {llm.get('max_seq_len')}, dynamic shape {llm.get('dynamic_shape')}, "
-                            f"KV cache {llm.get('use_kv_cache')}, quantization {llm.get('quantization')}, "
-                            f"tokenizer {llm.get('tokenizer') or 'none (seeded token ids)'}"))
+        console.print(plain(f"LLM {llm.arch} ({llm.size}), {llm.dtype}: weights {llm.weights}, "
+                            f"max_seq_len {llm.max_seq_len}, dynamic shape {llm.dynamic_shape}, "
+                            f"KV cache {llm.use_kv_cache}, quantization {llm.quantization}, "
+                            f"tokenizer {llm.tokenizer or 'none (seeded token ids)'}"))
     for seq in manifest.sequences:
         kinds = [s.kind for s in seq.steps]
         console.print(plain(f"sequence {seq.name} ({'stateful' if seq.stateful else 'stateless'}, {seq.mode}): "

@@ -27,7 +27,7 @@ from bundlerun.runner.judging.judge import JudgeContext, judge_run, judge_sequen
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
 from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs, target_section, tool_version, write_record
-from bundlerun.targets import open_target
+from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
 
@@ -61,6 +61,17 @@ class RunRequest:
     repeat: int = 1  # --repeat N: measured executions per case after one warm-up (targets that support it)
     replay: int = 1  # --replay N: each case run N times, every output compared across runs (runner/judging/replay.py)
     require_seal: bool = False  # --require-seal: an unsealed bundle is refused (runner/seal.py)
+    resolved_target: TargetConfig | None = None  # `target` parsed once (the CLI's, or on first use here)
+
+    def url(self) -> "TargetConfig | str":
+        """`target` as the one `TargetConfig` this run passes down (resolved on first use); the raw
+        string when it does not resolve: the run refuses it with its one line (`_open_or_refuse`)."""
+        if self.resolved_target is None or self.resolved_target.raw != self.target:
+            try:
+                self.resolved_target = resolve_target(self.target)
+            except BundlerunError:
+                return self.target
+        return self.resolved_target
 
 
 def _now() -> str:
@@ -145,7 +156,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         retries=req.retries,
         config=dict(req.target_config),
         progress=progress,
-        repeat=req.repeat if _declares(req.target, "repeat") else 1,  # a target that cannot is told nothing
+        repeat=req.repeat if _declares(req.url(), "repeat") else 1,  # a target that cannot is told nothing
         replay=req.replay,
     )
     pairs = selected_cases(bundle, options)
@@ -159,7 +170,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     try:
         from bundlerun.runner.stateful import refusal
 
-        refused = refusal(req.target, bundle, pairs)  # a stateful sequence this lane would misjudge
+        refused = refusal(req.url(), bundle, pairs)  # a stateful sequence this lane would misjudge
         if refused is not None:
             raise refused
         if open_error is not None:
@@ -168,7 +179,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
             from bundlerun.runner.judging.replay import complete
 
-            run.info["replay"] = complete(target, req.target, bundle, Path(req.bundle_path), options, run, req.replay)
+            run.info["replay"] = complete(target, req.url(), bundle, Path(req.bundle_path), options, run, req.replay)
     except BundlerunError as exc:
         kind = FailureKind.BAD_CONFIG if isinstance(exc, ConfigError) else getattr(exc, "kind", FailureKind.TOOL_MISSING)
         run = TargetRun(req.target, [
@@ -212,8 +223,8 @@ def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, Bu
     Any other failure to open (a tool missing, a device away) is the run's finding: returned, and
     reported for every case."""
     try:
-        target = session.open_target(req.target, req.target_config) if session else open_target(req.target,
-                                                                                              req.target_config)
+        url = req.url()
+        target = session.open_target(url, req.target_config) if session else open_target(url, req.target_config)
     except ConfigError:
         raise
     except BundlerunError as exc:
@@ -252,7 +263,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
         warnings=warnings,
         perf_info=perf_conditions(req, run, load_before, warnings),
     )
-    elapsed_figures(report.cases, req.target)  # each finished case's elapsed_s as a labelled figure
+    elapsed_figures(report.cases, req.url())  # each finished case's elapsed_s as a labelled figure
     report.sequences = judge_sequences(ctx, cases)  # LLM bundles: per-step token verdicts ([] otherwise)
     from bundlerun.runner.history.series import criteria_digest  # which criteria judged it: part of the run's series
 
@@ -316,17 +327,15 @@ def finish_run(
     return report
 
 
-def _declares(url: str, capability: str) -> bool:
+def _declares(url: str | TargetURL, capability: str) -> bool:
     """Whether the target at `url` declares a boolean capability (`repeat`, `keep_open`)."""
-    from bundlerun.targets import parse_target_url, spec_for
-
     try:
-        return bool(getattr(spec_for(parse_target_url(url)), capability))
+        return bool(getattr(resolve_target(url).declared, capability))
     except BundlerunError:
         return False  # the run reports the bad URL
 
 
-def _keeps_open(url: str) -> bool:
+def _keeps_open(url: str | TargetURL) -> bool:
     return _declares(url, "keep_open")
 
 
@@ -386,7 +395,7 @@ class Session:
         """The warm worker pool while the session is open (None otherwise)."""
         return self._pool
 
-    def open_target(self, url: str, config: dict[str, Any]):
+    def open_target(self, url: str | TargetURL, config: dict[str, Any]):
         """The target for `url` + `config`. In an open session a target whose module declares
         `keep_open` (it holds something worth keeping between bundles: a connection, a booted
         device) is opened once per URL and settings and closed with the session; any other is
@@ -395,7 +404,7 @@ class Session:
             return open_target(url, config)
         import json
 
-        key = (url, json.dumps(config, sort_keys=True, default=str))
+        key = (str(url), json.dumps(config, sort_keys=True, default=str))
         if key not in self._targets:
             self._targets[key] = open_target(url, config)
         return self._targets[key]
@@ -420,14 +429,13 @@ class Session:
             self._registry = project_registry(self.project)
         return self._registry
 
-    def target_config(self, url: str) -> dict[str, Any]:
+    def target_config(self, url: str | TargetURL) -> dict[str, Any]:
         """[targets.<family>] + [targets.<scheme>] of the project config, then --target-opt KEY=VALUE."""
-        from bundlerun.targets import parse_target_url, spec_for
-
-        scheme = url.split("://", 1)[0].lower()
+        scheme = str(url).split("://", 1)[0].lower()
         family = scheme.split("+")[0]
         try:
-            family = spec_for(parse_target_url(url)).name
+            url = resolve_target(url)
+            family = url.declared.name
         except BundlerunError:
             pass  # the run reports the bad URL itself
         tables = self.project.get("targets", {}) or {}
@@ -439,12 +447,12 @@ class Session:
             if not sep or not key:
                 raise ConfigError(f"--target-opt {item!r}: expected KEY=VALUE")
             section[key] = value
-        from bundlerun.targets import inner_of
-
-        try:
-            inner = inner_of(url)
-        except BundlerunError:
-            inner = None  # the run reports the bad URL
+        inner: str | TargetConfig | None = None
+        if isinstance(url, TargetConfig) and url.inner_url:
+            try:
+                inner = url.inner  # resolved once, kept by the wrapper's config
+            except BundlerunError:
+                inner = url.inner_url  # the wrapper reports its bad inner URL; its sections are read by scheme
         if inner:
             # a wrapper (ssh://HOST/<inner URL>, labgrid://PLACE/<inner URL>): the inner target's own
             # [targets.<inner>] section goes with it (--target-opt stays with the wrapper; inner
@@ -454,7 +462,7 @@ class Session:
                 section["inner_config"] = inner_section
         return section
 
-    def _sections(self, url: str) -> dict[str, Any]:
+    def _sections(self, url: str | TargetURL) -> dict[str, Any]:
         """[targets.<family>] + [targets.<scheme>] of the project config for `url` (no --target-opt)."""
         saved, self.target_opts = self.target_opts, ()
         try:
@@ -467,7 +475,7 @@ class Session:
         (`run` adds history, baseline and the report files; a farm worker leaves those to its
         coordinator, which records each job once after its retries)."""
         if not req.target_config:
-            req.target_config = self.target_config(req.target)
+            req.target_config = self.target_config(req.url())
         if self._pool is None:
             return execute_run(req, bundle=bundle, write=False)
         with self._pool.activate():

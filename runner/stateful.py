@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.bundles.sequence import from_manifest, stateful_prefix_problem
+from bundlerun.targets import TargetURL, resolve_target
 
 
-def refusal(target_url: str, bundle: Any, pairs: list[tuple[str, int]]) -> ConfigError | None:
+def refusal(target_url: "str | TargetURL", bundle: Any, pairs: list[tuple[str, int]]) -> ConfigError | None:
     """Why `target_url` must not run `pairs` of `bundle`, or None (also for every bundle without sequences)."""
     sequences = [s for s in from_manifest(bundle.manifest) if s.stateful]
     if not sequences or not pairs:
         return None
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import parse_target_url, spec_for
-
     try:
-        spec = spec_for(parse_target_url(target_url))
+        spec = resolve_target(target_url).declared
     except BundlerunError:
         return None  # the run reports the bad URL itself
     if not spec.stateful:

@@ -14,6 +14,7 @@ declarations are read at CLI start-up.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets.base import PerfKind
+from bundlerun.targets.base import PerfKind, Target
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.settings import did_you_mean
 
 BUILTIN_TARGETS: tuple[str, ...] = (
     "bundlerun.targets.host",
@@ -188,7 +190,47 @@ def families() -> list[TargetSpec]:
     return list({spec.name: spec for spec in target_specs().values()}.values())
 
 
-def parse_target_url(url: str) -> TargetURL:
+@dataclass(frozen=True)
+class TargetConfig(TargetURL):
+    """A target URL resolved once (`resolve_target`) and passed down CLI -> session -> target: the
+    URL's parts (a `TargetURL`: `raw`, `scheme`, `variant`, `settings`) and the declaration of the
+    target it names (`spec`). A wrapper's inner target (`ssh://HOST/<inner URL>`) is resolved on
+    first use (`inner`), so a bad inner URL is the wrapper's to report, as before. Each target's
+    `create()` still validates its own settings."""
+
+    spec: TargetSpec | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.raw
+
+    @property
+    def variant(self) -> str:
+        """What follows `scheme://` without the query: `xnnpack`, `corstone-300/ethos-u55-128`."""
+        return self.rest
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The URL's query options (`?key=value`), last value wins."""
+        return self.query
+
+    @property
+    def declared(self) -> TargetSpec:
+        assert self.spec is not None  # resolve_target always sets it
+        return self.spec
+
+    @functools.cached_property
+    def inner_url(self) -> str | None:
+        """The URL a wrapper target runs its cases on, or None (not a wrapper, or no inner URL)."""
+        return self.declared.inner(self) if self.declared.inner is not None else None
+
+    @functools.cached_property
+    def inner(self) -> "TargetConfig | None":
+        """The wrapper's inner target, resolved once (raises the inner URL's TargetError)."""
+        return resolve_target(self.inner_url) if self.inner_url else None
+
+
+def parse_target_url(url: str) -> TargetConfig:
+    """Parse `url` (the one parse of a target URL; `resolve_target` reuses a parsed one)."""
     examples = ", ".join(s.examples[0] for s in families() if s.examples)
     if "://" not in url:
         raise TargetError(f"target {url!r} is not a URL; expected e.g. {examples}", kind=FailureKind.BAD_CONFIG)
@@ -196,23 +238,30 @@ def parse_target_url(url: str) -> TargetURL:
     scheme = parts.scheme.lower()
     specs = target_specs()
     if scheme not in specs:
-        from bundlerun.targets.settings import did_you_mean
-
         raise TargetError(f"unknown target scheme {scheme!r} in {url!r}{did_you_mean(scheme, specs)}; "
                           f"known: {', '.join(sorted(specs))}", kind=FailureKind.BAD_CONFIG)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    return TargetURL(raw=url, scheme=scheme, netloc=parts.netloc, path=parts.path, query=query)
+    return TargetConfig(raw=url, scheme=scheme, netloc=parts.netloc, path=parts.path, query=query,
+                        spec=specs[scheme])
+
+
+def resolve_target(url: "str | TargetURL") -> TargetConfig:
+    """`url` as a `TargetConfig`: parsed now if it is a string, as it is if already resolved."""
+    if isinstance(url, TargetConfig):
+        return url
+    if isinstance(url, TargetURL):
+        return TargetConfig(**{**url.__dict__, "spec": target_specs()[url.scheme]})
+    return parse_target_url(url)
 
 
 def spec_for(url: str | TargetURL) -> TargetSpec:
-    parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
-    return target_specs()[parsed.scheme]
+    return resolve_target(url).declared
 
 
-def default_backend(url: str) -> str:
+def default_backend(url: str | TargetURL) -> str:
     """The lowering backend a bundle built for `url` uses by default (the target declares it)."""
-    parsed = parse_target_url(url)
-    return target_specs()[parsed.scheme].backend_for(parsed)
+    resolved = resolve_target(url)
+    return resolved.declared.backend_for(resolved)
 
 
 def inner_default_backend(fallback: str) -> Callable[[TargetURL], str]:
@@ -220,8 +269,8 @@ def inner_default_backend(fallback: str) -> Callable[[TargetURL], str]:
     the inner URL's default backend, or `fallback` when there is no (valid) inner URL."""
 
     def backend(url: TargetURL) -> str:
-        inner = path_inner_url(url)
         try:
+            inner = resolve_target(url).inner  # the wrapper's inner target, parsed once
             return default_backend(inner) if inner else fallback
         except Exception:  # noqa: BLE001 - a bad inner URL is reported by the run
             return fallback
@@ -250,38 +299,35 @@ def path_inner_url(url: TargetURL) -> str | None:
 
 def inner_of(url: str | TargetURL) -> str | None:
     """The URL a wrapper target runs its cases on, or None (not a wrapper, or no inner URL)."""
-    parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
-    spec = spec_for(parsed)
-    return spec.inner(parsed) if spec.inner is not None else None
+    return resolve_target(url).inner_url
 
 
 def _declared(url: str | TargetURL, pick: Callable[[TargetSpec], Any]) -> tuple[TargetSpec, TargetURL] | None:
     """The first spec along the wrapper chain (outer first) for which `pick` holds."""
+    resolved: TargetConfig | None = resolve_target(url)
     seen = 0
-    while url is not None and seen < 8:  # wrappers of wrappers are refused by the targets; this bounds it
-        parsed = url if isinstance(url, TargetURL) else parse_target_url(url)
-        spec = spec_for(parsed)
-        if pick(spec):
-            return spec, parsed
-        url = spec.inner(parsed) if spec.inner is not None else None
+    while resolved is not None and seen < 8:  # wrappers of wrappers are refused by the targets; this bounds it
+        if pick(resolved.declared):
+            return resolved.declared, resolved
+        resolved = resolved.inner
         seen += 1
     return None
 
 
-def lowering_info(url: str) -> dict[str, Any]:
+def lowering_info(url: str | TargetURL) -> dict[str, Any]:
     """What a backend recipe lowers for when building for `url` (the target, or the target a wrapper
     runs its cases on, declares it: e.g. {"kind": "tosa", "tosa_spec": "TOSA-1.0+INT"}); {} if none."""
     found = _declared(url, lambda s: s.lowering is not None)
     return dict(found[0].lowering(found[1])) if found else {}
 
 
-def device_key(url: str) -> str | None:
+def device_key(url: str | TargetURL) -> str | None:
     """The physical device `url` occupies (a farm runs one job at a time on it), None for a CPU job."""
     found = _declared(url, lambda s: s.device_key is not None)
     return found[0].device_key(found[1]) if found else None
 
 
-def elapsed_clock(url: str) -> ElapsedClock:
+def elapsed_clock(url: str | TargetURL) -> ElapsedClock:
     """What a case's elapsed_s measures on `url`: the clock of the process that ran the case (a
     wrapper's inner target), the whole session's host wall clock where nothing is declared."""
     try:
@@ -301,13 +347,11 @@ def capture_schemes() -> list[str]:
     return [f"{spec.name}://" for spec in families() if spec.capture is not None]
 
 
-def open_target(url: str, config: dict | None = None):
+def open_target(url: str | TargetURL, config: dict | None = None):
     """Instantiate the target for `url` with its config section. What `create` returns must be a
     `targets.base.Target` (run + close; deriving from `TargetBase` gives a no-op close)."""
-    from bundlerun.targets.base import Target
-
-    parsed = parse_target_url(url)
-    spec = target_specs()[parsed.scheme]
+    parsed = resolve_target(url)
+    spec = parsed.declared
     target = importlib.import_module(spec.module).create(parsed, dict(config or {}))
     if not isinstance(target, Target):
         raise TargetError(f"target module {spec.module}: create() returned {type(target).__name__}, which lacks "

@@ -45,7 +45,7 @@ class HostTarget(TargetBase):
         if getattr(options, "replay", 1) > 1:  # --replay N: each case N times in the loaded program
             args += ["--replay", str(options.replay)]
         warnings = []
-        built = bundle.manifest.build.get("backend") if bundle.manifest else None
+        built = bundle.manifest.build.backend if bundle.manifest else None
         if self.variant == "portable" and built not in (None, "portable"):
             warnings.append(f"{self.url}: this bundle was lowered for {built}; the runtime runs its {built} "
                             "delegate, not portable kernels (build with --backend portable to test those)")

@@ -293,7 +293,7 @@ class QnnTarget(TargetBase):
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         lib, version = self.libraries()
         info, warnings = self.preflight(bundle)
-        lowering = (bundle.manifest.build.get("lowering") if bundle.manifest else None) or {}
+        lowering = (bundle.manifest.build.lowering if bundle.manifest else None) or {}
         built_version = lowering.get("qnn_version") if isinstance(lowering, dict) else None
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "qnn-outputs"), "--qnn-libs", str(lib)]
         run_info = {"runtime": "executorch pybindings + QNN HTP simulator", "qnn_libraries": str(lib),

@@ -97,7 +97,7 @@ def test_bisect_xnnpack_names_the_planted_conv_and_reuses_the_build_cache(tmp_pa
     from bundlerun.bundles.bpte import read_bundle
 
     search = next(s for s in result["steps"] if s["role"] == "search")
-    control = read_bundle(search["bundle"]).manifest.build["lowering"]["partition_control"]
+    control = read_bundle(search["bundle"]).manifest.build.lowering["partition_control"]
     delegated = [u["key"] for u in control["units"] if u["delegated"]]
     assert delegated == search["delegated"] and "RestrictedPartitioner" in control["mechanism"]
     summary = (tmp_path / "bisect" / "summary.md").read_text()

@@ -71,8 +71,8 @@ def test_second_build_is_a_hit_and_the_same_bundle(baseline, lowerings, tmp_path
     assert again.info["cache"] == "hit" and again.info["cache_key"] == baseline.info["cache_key"]
     assert again.path.read_bytes() == baseline.path.read_bytes()
     bundle = read_bundle(again.path)  # a valid, sealed bundle at the requested place
-    assert bundle.manifest.build["cache_key"] == baseline.info["cache_key"]
-    assert again.manifest.build["dtype"] == "fp32" and again.manifest.build["cases"] == 2
+    assert bundle.manifest.build.cache_key == baseline.info["cache_key"]
+    assert again.manifest.build.dtype == "fp32" and again.manifest.build.cases == 2
     entry = Path(build_cache.builds_dir()) / baseline.info["cache_key"] / build_cache.BUNDLE_FILE
     assert entry.is_file()
 
@@ -89,7 +89,7 @@ def test_each_build_input_change_misses(baseline, lowerings, tmp_path, change):
     result = _build(tmp_path / "changed.bpte", **change)
     assert result.info["cache"] == "miss" and len(lowerings) == 1
     assert result.info["cache_key"] != baseline.info["cache_key"]
-    built = read_bundle(result.path).manifest.build
+    built = read_bundle(result.path).manifest.build.to_dict()
     for key, value in change.items():
         recorded = built["inputs"][0][key] if key == "distribution" else built[key]
         assert recorded == value
@@ -124,7 +124,7 @@ def test_user_model_source_change_misses(lowerings, tmp_path):
     third = _build(tmp_path / "c.bpte", model=f"{src}:make")
     assert third.info["cache"] == "miss" and len(lowerings) == 2
     assert third.info["cache_key"] != first.info["cache_key"]
-    assert "tanh" in " ".join(read_bundle(third.path).manifest.build["ops"]).lower()
+    assert "tanh" in " ".join(read_bundle(third.path).manifest.build.ops).lower()
 
 
 def test_corrupted_entry_is_detected_and_rebuilt(baseline, lowerings, tmp_path):
@@ -136,7 +136,7 @@ def test_corrupted_entry_is_detected_and_rebuilt(baseline, lowerings, tmp_path):
     result = _build(tmp_path / "rebuilt.bpte")
     assert result.info["cache"] == "miss" and len(lowerings) == 1  # rebuilt, not trusted
     assert any("corrupted build-cache entry" in w for w in result.info.get("warnings", []))
-    assert read_bundle(result.path).manifest.build["cache_key"] == key
+    assert read_bundle(result.path).manifest.build.cache_key == key
     assert entry.read_bytes() == result.path.read_bytes()  # the entry was replaced by the good build
     assert _build(tmp_path / "after.bpte").info["cache"] == "hit" and len(lowerings) == 1
 
@@ -149,14 +149,14 @@ def test_an_entry_filed_under_another_key_is_not_used(baseline, lowerings, tmp_p
     wrong.write_bytes(other.path.read_bytes())
     result = _build(tmp_path / "base-again.bpte")
     assert result.info["cache"] == "miss" and len(lowerings) == 2
-    assert read_bundle(result.path).manifest.build["seed"] == 0
+    assert read_bundle(result.path).manifest.build.seed == 0
 
 
 def test_no_cache_builds_and_reads_nothing_from_the_cache(baseline, lowerings, tmp_path):
     result = _build(tmp_path / "fresh.bpte", cache=False)
     assert len(lowerings) == 1 and "cache" not in result.info
     # the key is still recorded (provenance), and it is the same key
-    assert read_bundle(result.path).manifest.build["cache_key"] == baseline.info["cache_key"]
+    assert read_bundle(result.path).manifest.build.cache_key == baseline.info["cache_key"]
 
 
 def test_cli_second_validate_rebuilds_nothing(cli, tmp_path):

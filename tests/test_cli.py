@@ -36,7 +36,7 @@ def test_build_inspect_run_end_to_end(cli, tmp_path):
     r = cli("build", "tiny-cnn", "--backend", "xnnpack", "--dtype", "int8", "--cases", "6", "--seed", "0", "-o", str(bpte))
     assert r.returncode == 0, r.stderr
     manifest = read_bundle(bpte).manifest
-    assert manifest.build["dtype"] == "int8" and manifest.build["cases"] == 6
+    assert manifest.build.dtype == "int8" and manifest.build.cases == 6
     r = cli("inspect", str(bpte))
     assert r.returncode == 0 and "tiny-cnn" in r.stdout and "sqnr_min_db" in r.stdout
     r = cli("inspect", str(bpte), "--json")
@@ -120,7 +120,7 @@ def test_user_factory_model(cli, tmp_path):
     out = tmp_path / "mine.bpte"
     r = cli("build", "my_models.py:make_model", "--backend", "xnnpack", "-o", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert read_bundle(out).manifest.model["source"] == "factory:my_models.py:make_model"
+    assert read_bundle(out).manifest.model.source == "factory:my_models.py:make_model"
     r = cli("validate", "my_models.py:make_model", "--report", str(tmp_path / "v"), "--no-history", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 

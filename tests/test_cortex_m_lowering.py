@@ -102,7 +102,7 @@ def test_tiny_cnn_convolutions_are_cmsis_nn(built):
     # The NHWC layout is produced inside the graph: a dim-order clone, channels_last intermediates.
     assert "dim_order_ops::_clone_dim_order.out" in ops
     assert [0, 2, 3, 1] in _tensor_dim_orders(program)
-    info = result.manifest.build["lowering"]
+    info = result.manifest.build.lowering
     assert "quantized_conv2d" in info["cortex_m_kernels"]
     assert info["layout"].startswith("channels_last")
 
@@ -122,7 +122,7 @@ def test_tiny_gru_float_linears_become_addmm(built):
     assert "cortex_m::quantized_linear.out" in ops  # the head is still quantized
     assert _input_dim_orders(program) == [[0, 1, 2]]
     # What runs outside cortex_m:: kernels is named plainly, not as EdgeOpOverload reprs.
-    portable = result.manifest.build["lowering"]["undelegated_ops"]
+    portable = result.manifest.build.lowering["undelegated_ops"]
     assert "aten::addmm" in portable and not any("EdgeOpOverload" in o or o.startswith("cortex_m") for o in portable)
 
 

@@ -118,11 +118,11 @@ def test_build_etrecord_is_written_and_recorded(fp32_bundles):
     from bundlerun.bundles.fileio import file_sha256
 
     manifest = read_bundle(fp32_bundles / "good.bpte").manifest
-    entry = manifest.build["etrecord"]
-    path = fp32_bundles / entry["path"]
+    entry = manifest.build.etrecord
+    path = fp32_bundles / entry.path
     assert path.name == "good.etrecord" and path.is_file()
-    assert entry["sha256"] == file_sha256(path) and entry["bytes"] == path.stat().st_size
-    assert entry["debug_handles"] >= 9  # tiny-cnn: one per kernel of the program
+    assert entry.sha256 == file_sha256(path) and entry.bytes == path.stat().st_size
+    assert entry.debug_handles >= 9  # tiny-cnn: one per kernel of the program
 
 
 def test_debug_without_etrecord_says_how_to_rebuild(tmp_path, fp32_bundles):
@@ -298,7 +298,7 @@ def test_validate_etrecord_and_debug_on_fail(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = out / "tiny-cnn-fp32"
     manifest = read_bundle(folder / "tiny-cnn-fp32.bpte").manifest
-    assert manifest.build["etrecord"]["path"] == "tiny-cnn-fp32.etrecord"
+    assert manifest.build.etrecord.path == "tiny-cnn-fp32.etrecord"
     assert (folder / "tiny-cnn-fp32.etrecord").is_file()
     report = json.loads((folder / "report.json").read_text())
     from bundlerun.runner.debug.localize import worst_failing_case

@@ -87,7 +87,7 @@ def test_build_records_the_arm_backend_graph(int8):
     from bundlerun.targets.program.tosa_delegate import operator_outputs
 
     manifest = read_bundle(int8 / "good.bpte").manifest
-    entry = manifest.build["etrecord"]["delegate_graphs"]
+    entry = manifest.build.etrecord.delegate_graphs
     assert entry["path"] == "good.delegates.json" and entry["backends"] == ["TOSABackend"]
     assert entry["sha256"] == file_sha256(int8 / "good.delegates.json")
     graphs, why = load_delegate_graphs(manifest, int8 / "good.bpte")

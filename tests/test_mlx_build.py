@@ -107,7 +107,7 @@ def test_cli_builds_an_mlx_bf16_bundle_from_a_cold_cache(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list((tmp_path / "cache" / "mlx-gen").glob("*/COMPLETE")), "the cold cache was regenerated"
     bundle = read_bundle(out)
-    assert bundle.manifest.build["backend"] == "mlx" and bundle.manifest.build["dtype"] == "bf16"
+    assert bundle.manifest.build.backend == "mlx" and bundle.manifest.build.dtype == "bf16"
     assert [d.backend_id for d in read_delegates(bundle.program)] == ["MLXBackend"]
     first = bundle.suite("forward").test_cases[0]
     assert first.inputs[0].to_array().dtype.name == "uint16"  # bfloat16 words: the program takes bf16 inputs
@@ -116,7 +116,7 @@ def test_cli_builds_an_mlx_bf16_bundle_from_a_cold_cache(tmp_path):
 
     from bundlerun.bundles.model_source import resolve_model
 
-    assert bundle.manifest.build["reference"] == "eager-dtype"
+    assert bundle.manifest.build.reference == "eager-dtype"
     words = torch.from_numpy(first.inputs[0].to_array().astype("int32")).to(torch.int16)
     x = words.view(torch.bfloat16)
     model = resolve_model("mlp", None).module.to(torch.bfloat16)

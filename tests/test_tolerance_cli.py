@@ -204,11 +204,11 @@ def test_explain_agrees_with_what_build_embedded(work, key, ops):
     path, _ = bundles[key]
     m = _manifest(path)
     spec = m.output_spec("forward", 0)
-    args = ["explain", "--backend", m.build["backend"], "--target", m.build["target"], "--dtype", m.build["dtype"],
-            "--model", m.model["id"], "--reference", m.build["reference"], "--output-dtype", spec.dtype, "--json",
+    args = ["explain", "--backend", m.build.backend, "--target", m.build.target, "--dtype", m.build.dtype,
+            "--model", m.model.id, "--reference", m.build.reference, "--output-dtype", spec.dtype, "--json",
             "--host-arch", m.versions.get("host") or os.uname().machine]
-    assert set(ops) <= {o.split(".")[-1] for o in m.build["ops"]} | {"convolution"}  # the model's own ops
-    for op in m.build["ops"]:  # explain gets the ops build recorded: op rules must match the same way
+    assert set(ops) <= {o.split(".")[-1] for o in m.build.ops} | {"convolution"}  # the model's own ops
+    for op in m.build.ops:  # explain gets the ops build recorded: op rules must match the same way
         args += ["--op", op]
     if spec.criteria.scale is not None:
         args += ["--scale", repr(spec.criteria.scale), "--zero-point", str(spec.criteria.zero_point)]

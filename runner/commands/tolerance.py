@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from bundlerun.bundles.manifest_records import BuildInfo, BuildInput
 from bundlerun.bundles.errors import BundlerunError
 
 
@@ -349,7 +350,7 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
     if m is None:
         raise BundleFormatError("bundle has no bundlerun manifest: nothing was resolved at build time")
     b = m.build
-    inputs = b.get("inputs") or [{}]
+    inputs = b.inputs or [BuildInput()]
     out = []
     for method in m.methods.values():
         suite = bundle.suite(method.name)
@@ -362,13 +363,13 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
             graph = [float(v) for t in c.trail.get("scale", []) for v in re.findall(r"graph scale (\S+)", str(t.get("source")))]
             ints = [v for t in c.trail.get("exact", []) for v in re.findall(r"^integer output \((\w+)\)", str(t.get("source")))]
             ctx = ToleranceContext(
-                backend=b.get("backend", ""), target=b.get("target", ""), dtype=b.get("dtype", "fp32"),
-                model=m.model.get("id"), method=method.name, output_index=j, output_name=spec.name,
-                output_dtype=spec.dtype, ops=list(b.get("ops") or []) + list(extra_ops),
-                reference=b.get("reference") or "eager-fp32",
-                input_distribution=str(inputs[0].get("distribution") or "randn"),
+                backend=b.backend or "", target=b.target or "", dtype=b.dtype or "fp32",
+                model=m.model.id, method=method.name, output_index=j, output_name=spec.name,
+                output_dtype=spec.dtype, ops=list(b.ops or []) + list(extra_ops),
+                reference=b.reference or "eager-fp32",
+                input_distribution=str(inputs[0].distribution or "randn") if isinstance(inputs[0], BuildInput) else "randn",
                 host_arch=m.versions.get("host"), scale=(graph[-1] if graph else None) if integer else c.scale,
-                zero_point=c.zero_point, expected=expected, quantization=b.get("quantization"),
+                zero_point=c.zero_point, expected=expected, quantization=b.quantization,
                 reference_dtype=ints[-1] if ints and not integer else None,
             )
             out.append((method.name, j, ctx, c))
@@ -396,9 +397,9 @@ def check(bundle_path, ops, no_project, as_json):
     bundle = read_bundle(bundle_path)
     registry = Registry.builtin() if no_project else default_registry()
     rows, drift = [], False
-    build = bundle.manifest.build if bundle.manifest else {}
+    build = bundle.manifest.build if bundle.manifest else BuildInfo()
     for method, j, ctx, embedded in contexts_from_bundle(bundle, ops):
-        now = resolve_criteria(ctx, build.get("overrides") or None, registry)
+        now = resolve_criteria(ctx, build.overrides or None, registry)
         for key in (*CRITERIA, "scale", "exact"):
             a, b = getattr(embedded, key), getattr(now, key)
             same = a == b or (isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-12 * max(abs(a), abs(b)))
@@ -407,7 +408,7 @@ def check(bundle_path, ops, no_project, as_json):
             drift |= not same
             rows.append({"output": f"{method}.{ctx.output_name}", "criterion": key, "embedded": a, "installed": b,
                          "same": same, "installed_source": (now.trail.get(key) or [{}])[-1].get("source")})
-    notes = [] if build.get("ops") or ops else ["the manifest records no model ops: op rules were not replayed (pass --op)"]
+    notes = [] if build.ops or ops else ["the manifest records no model ops: op rules were not replayed (pass --op)"]
     if as_json:
         click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
     else:

@@ -263,7 +263,7 @@ class Bisector:
             logging.disable(previous)
         step.build_s = time.monotonic() - t
         step.cache = built.info.get("cache", "off") if req.cache else "off"
-        lowering = built.manifest.build.get("lowering") or {}
+        lowering = built.manifest.build.lowering or {}
         step.delegate_calls = lowering.get("delegate_calls")
         step.bundle = str(out)
         return built, (lowering.get("partition_control") or {})

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 import numpy as np
+from bundlerun.bundles.manifest_records import ModelInfo
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.manifest import Manifest
 
@@ -384,8 +385,8 @@ def _f(v: Any, fmt: str = ".1f") -> str:
 def eager_model_of(manifest: Manifest | None) -> tuple[Any, str]:
     """The bundle's eager model, reloaded from its recorded source (zoo name or factory file), or
     (None, why not)."""
-    model = (manifest.model if manifest else None) or {}
-    source, ident = str(model.get("source") or ""), model.get("id")
+    model = manifest.model if manifest else ModelInfo()
+    source, ident = str(model.source or ""), model.id
     ref = None
     if source.startswith("factory:"):
         ref = source[len("factory:"):]

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bundlerun.bundles.manifest_records import BuildInfo
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.manifest import Manifest
@@ -697,9 +698,9 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
 
     test_case = suite.test_cases[case]
     inputs = case_inputs(case)
-    build = manifest.build if manifest else {}
-    described = build.get("quantization")  # export_llama's builds say "none (fp32)" (bundles/llm_build.py)
-    quantized = (bool(described) and not str(described).startswith("none")) or build.get("dtype") in ("int8", "int16")
+    build = manifest.build if manifest else BuildInfo()
+    described = build.quantization  # export_llama's builds say "none (fp32)" (bundles/llm_build.py)
+    quantized = (bool(described) and not str(described).startswith("none")) or build.dtype in ("int8", "int16")
     names = _program_ops(bundle.program, method)
     for item in run.intermediates:
         if item.kind != "delegate-op":  # an operator inside a delegate keeps its own name ("tosa.CONV2D")
@@ -715,7 +716,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
 
     expected = test_case.expected_outputs[j].to_array()
     budget, budget_source = output_budget(manifest, method, output, expected)
-    column = "quantized" if (quantized and build.get("reference") == "quantized") else "fp32"
+    column = "quantized" if (quantized and build.reference == "quantized") else "fp32"
     first = judge_rows(rows, column, budget, quantized)
     from bundlerun.runner.judging.numerics import error_statistics
 
@@ -741,7 +742,7 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
         bundle=str(bundle_path), target=target, method=method, case=case, case_source=case_source, output=output,
         granularity=run.granularity, reference_graph=ref_name, judged_column=column, budget_db=budget,
         budget_source=budget_source, rows=rows, first_bad=first, output_stats=out_stats, notes=notes,
-        model=manifest.model.get("id") if manifest else None, dtype=build.get("dtype"), backend=build.get("backend"),
+        model=manifest.model.id if manifest else None, dtype=build.dtype, backend=build.backend,
         export_divergence=None if sequence is not None else  # (per forward call on a fresh model: not for a step)
         _runtime_row(rows, _export_divergence(first, manifest, record, inputs, quantized, actual, expected, method, j,
                                               budget)),

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bundlerun.bundles.manifest_records import DatasetInfo
+
 CI_METHOD = "newcombe-paired-wilson"
 
 
@@ -187,10 +189,10 @@ def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float
     """
     from bundlerun.bundles.errors import BundlerunError
 
-    ds = (bundle.manifest.dataset if bundle.manifest else None) or {}
+    ds = (bundle.manifest.dataset if bundle.manifest else None) or DatasetInfo()
     suites = bundle.method_test_suites
     suite = next((s for s in suites if s.method_name == "forward"), suites[0] if suites else None)
-    labels = ds.get("labels")
+    labels = ds.labels
     if suite is None or labels is None or len(labels) != len(suite.test_cases):
         raise BundlerunError("bundle carries no dataset labels for its test cases (build it with `bundlerun accuracy`)")
     reference = np.stack([tc.expected_outputs[0].to_array().astype(np.float64).reshape(-1) for tc in suite.test_cases])
@@ -201,4 +203,4 @@ def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float
         if arr is not None and np.asarray(arr).size == reference.shape[1]:
             actual[i] = np.asarray(arr, dtype=np.float64).reshape(-1)
             evaluated[i] = True
-    return dataset_summary(actual, reference, labels, ds.get("name", "dataset"), ds.get("num_classes"), confidence, evaluated)
+    return dataset_summary(actual, reference, labels, "dataset" if ds.name is None else ds.name, ds.num_classes, confidence, evaluated)

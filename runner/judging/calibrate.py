@@ -254,19 +254,19 @@ def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> s
         if max_abs == 0:
             lines.append(f"# {visible(p.method)}.{visible(p.output)}: no error observed in {p.cases} case(s); a margin "
                          "cannot scale zero")
-        if m is not None and m.model.get("id") and m.build.get("backend"):
-            backend = m.build["backend"]
+        if m is not None and m.model.id and m.build.backend:
+            backend = m.build.backend
             lines.append("[[tolerances.model_overrides]]")
-            lines.append(f"models = [{_q(m.model['id'])}]")
+            lines.append(f"models = [{_q(m.model.id)}]")
             lines.append(f"backend = {_q(backend)}")
             try:
-                variant = Registry.builtin().variant_for(backend, m.build.get("target"))
+                variant = Registry.builtin().variant_for(backend, m.build.target)
             except Exception:  # noqa: BLE001 - an unknown backend only loses the variant line
                 variant = None
             if variant:
                 lines.append(f"variants = [{_q(variant)}]")
-            if m.build.get("dtype"):
-                lines.append(f"dtypes = [{_q(tier_for(m.build['dtype'], m.build.get('reference') or 'eager-fp32'))}]")
+            if m.build.dtype:
+                lines.append(f"dtypes = [{_q(tier_for(m.build.dtype, m.build.reference or 'eager-fp32'))}]")
             lines.append(f"methods = [{_q(p.method)}]")
             lines.append(f"outputs = [{_q(p.output)}]")
         else:

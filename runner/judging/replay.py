@@ -40,7 +40,7 @@ FLAKY = "flaky-numerics"
 NONDETERMINISTIC = "nondeterministic-output"
 
 
-def _declared(url: str) -> bool:
+def _declared(url: Any) -> bool:
     try:
         from bundlerun.targets import spec_for
 
@@ -49,7 +49,7 @@ def _declared(url: str) -> bool:
         return False
 
 
-def complete(target: Any, url: str, bundle: Any, bundle_path: Path, options: Any, run: Any, n: int) -> dict[str, Any]:
+def complete(target: Any, url: Any, bundle: Any, bundle_path: Path, options: Any, run: Any, n: int) -> dict[str, Any]:
     """Make every finished case of `run` carry n-1 replays: the target's own loop when it declares
     replay, else n-1 more whole runs. Returns how it was done (the report's replay.mode/how)."""
     if n <= 1:

@@ -18,7 +18,8 @@ from bundlerun.bundles.manifest import Criteria
 from bundlerun.runner.judging.stats_records import OutputStats, TensorStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
-from bundlerun.runner.report.kept_shape import read_shaped, write_shaped
+from bundlerun.bundles.kept_shape import read_shaped, write_shaped
+from bundlerun.targets import SESSION_CLOCK, TargetURL, elapsed_clock, families
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.base import CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
@@ -218,17 +219,15 @@ def format_amount(value: Any, unit: Any, exact: bool = False) -> str:
     return f"{value:.4g} {unit}"
 
 
-def elapsed_figures(cases: list["CaseRecord"], target_url: str) -> None:
+def elapsed_figures(cases: list["CaseRecord"], target_url: "str | TargetURL") -> None:
     """Add each finished case's elapsed_s as a labelled figure (in place, cases without one only),
     on the clock the target declares (`SPEC.elapsed`: e.g. host wall time of one execution on
     host://, interpreter time on tosa:// and mlx://; elsewhere the whole session's host wall clock,
     simulator or device start-up and transfers included: never device latency). Where one warm
     process runs every case (`phased`) the first case of a method is its first execution
     ("first"), the later ones "warm". A case that did not finish gives no figure."""
-    from bundlerun.targets import SESSION_CLOCK, elapsed_clock, families
-
     elapsed_names = {spec.elapsed.name for spec in families()} | {SESSION_CLOCK.name}
-    clock = elapsed_clock(str(target_url or "")) if "://" in str(target_url or "") else SESSION_CLOCK
+    clock = elapsed_clock(target_url) if "://" in str(target_url or "") else SESSION_CLOCK
     scheme = str(target_url or "").partition("://")[0].lower()
     seen: set[str] = set()
     for case in cases:

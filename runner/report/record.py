@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from bundlerun.bundles.manifest_records import BuildInfo
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
@@ -30,7 +31,7 @@ def tool_version() -> str:
 
 
 def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) -> dict[str, Any]:
-    build = manifest.build if manifest else {}
+    build = manifest.build if manifest else BuildInfo()
     from bundlerun.bundles.integrity import inputs_digest, program_sha256
 
     return {
@@ -40,13 +41,13 @@ def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) ->
         "sha256": file_sha256(path),
         "size": path.stat().st_size,
         "has_manifest": manifest is not None,
-        "model": manifest.model.get("id") if manifest else None,
-        "backend": build.get("backend"),
-        "dtype": build.get("dtype"),
-        "built_for": build.get("target"),
-        "reference": build.get("reference"),
-        "quantization": build.get("quantization"),
-        "seed": build.get("seed"),
+        "model": manifest.model.id if manifest else None,
+        "backend": build.backend,
+        "dtype": build.dtype,
+        "built_for": build.target,
+        "reference": build.reference,
+        "quantization": build.quantization,
+        "seed": build.seed,
         "versions": manifest.versions if manifest else {},
         **({"inputs_used": used} if (used := _inputs_used(manifest)) else {}),
     }

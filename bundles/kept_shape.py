@@ -40,7 +40,7 @@ def read_shaped(cls: Any, data: dict[str, Any], nested: dict[str, Any] | None = 
     return cls(**kw), Shape(tuple(data), extra, shapes)
 
 
-def _default(f: Any) -> Any:
+def field_default(f: Any) -> Any:
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
@@ -63,6 +63,6 @@ def write_shaped(obj: Any, shape: Shape | None, own: Callable[[Any], dict[str, A
         else:
             out[key] = full[key] if key in full else getattr(obj, key)
     for f in fields(obj):
-        if f.name not in out and f.name in full and getattr(obj, f.name) != _default(f):
+        if f.name not in out and f.name in full and getattr(obj, f.name) != field_default(f):
             out[f.name] = full[f.name]
     return out
