@@ -29,6 +29,8 @@ from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.bundles.flatbuf import FlatReader, FlatTable
 from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.integrity import seal
+from bundlerun.bundles.integrity import validate_bundle
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
@@ -146,8 +148,6 @@ class Bundle:
         case = suite.test_cases[case_index]
         single = replace(self, method_test_suites=[MethodTestSuite(method_name, [case])])
         if isinstance(self.manifest_json, dict) and isinstance(self.manifest_json.get("methods"), dict):
-            from bundlerun.bundles.integrity import seal
-
             manifest = dict(self.manifest_json)
             manifest["methods"] = {k: v for k, v in manifest["methods"].items() if k == method_name}
             single = replace(single, manifest_json=manifest)
@@ -317,7 +317,6 @@ def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) 
     """Parse and validate (manifest schema, consistency with the program, integrity): what
     every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`;
     with `require_seal` an unsealed bundle is an IntegrityError (`--require-seal`)."""
-    from bundlerun.bundles.integrity import validate_bundle
 
     bundle = parse_bundle(buf, source)
     try:
@@ -439,6 +438,5 @@ def write_bundle(bundle: Bundle, path: str | Path) -> Path:
     """Seal (record program, case and manifest sha256 in a bundlerun manifest), serialize
     and write atomically (temp file + rename). Sealing here means every bundle bundlerun
     writes, at build time or edited through this API, is checked by every later reader."""
-    from bundlerun.bundles.integrity import seal
 
     return atomic_write_bytes(path, serialize_bundle(seal(bundle)))

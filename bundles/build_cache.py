@@ -38,6 +38,8 @@ from typing import Any
 
 from bundlerun.bundles import versions
 from bundlerun.bundles.cache_dirs import cache_dir
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.partition_control import cache_material
 
 SCHEMA = "bundlerun.build-cache/1"
 BUNDLE_FILE = "bundle.bpte"
@@ -97,7 +99,7 @@ def _inputs_digest(inputs: Any, count: int) -> Any:
     """The real-input source: a packaged set by name, a user's folder by the contents of the files used."""
     if inputs is None:
         return None
-    from bundlerun.bundles.real_inputs import source_digest
+    from bundlerun.bundles.real_inputs import source_digest  # start-up: loads numpy on use
 
     return source_digest(str(inputs), count)
 
@@ -128,7 +130,7 @@ def _arrays_digest(arrays: Any) -> str | None:
 
 def _registry_digest(registry: Any) -> str:
     if registry is None:
-        from bundlerun.bundles.project_config import default_registry
+        from bundlerun.bundles.project_config import default_registry  # start-up: loads tomli on use
 
         registry = default_registry()
     layers = [[layer.file, layer.label, layer.data] for layer in getattr(registry, "layers", [])]
@@ -172,8 +174,6 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
 
 
 def _partition_control() -> dict[str, Any]:
-    from bundlerun.bundles.partition_control import cache_material
-
     return cache_material()
 
 
@@ -189,8 +189,7 @@ def cacheable(material: dict[str, Any]) -> bool:
 
 def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     """(bundle, bytes) of a valid entry; (None, why) for a miss (why None) or a discarded entry."""
-    from bundlerun.bundles.bpte import load_bundle
-    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.bundles.bpte import load_bundle  # start-up: loads flatbuffers, numpy on use
 
     folder = builds_dir() / key
     path = folder / BUNDLE_FILE

@@ -16,6 +16,8 @@ from bundlerun.bundles.bpte import BundledValue
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.bundles.versions import package_versions
+from bundlerun.bundles import build_cache
+from bundlerun.bundles.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from bundlerun.bundles.builder import BuildRequest
@@ -54,7 +56,6 @@ def _value_from_tensor(t: Any) -> BundledValue:
 
 def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
     """The build-cache key of `req` (None when its model source cannot be hashed)."""
-    from bundlerun.bundles import build_cache
 
     material = build_cache.key_material(req, backend, req.dtype, reference)
     return build_cache.cache_key(material) if build_cache.cacheable(material) else None
@@ -63,8 +64,6 @@ def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
 def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> BuildResult | str | None:
     """A valid cached build of `key` written to req.output; else None (a miss) or why the
     entry was discarded (it is rebuilt)."""
-    from bundlerun.bundles import build_cache
-    from bundlerun.bundles.fileio import atomic_write_bytes
 
     bundle, data = build_cache.lookup(key)
     if bundle is None:

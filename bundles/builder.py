@@ -28,6 +28,17 @@ from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions  # noqa: F401
+from bundlerun.bundles import build_cache
+from bundlerun.bundles import etrecord as _etrecord
+from bundlerun.bundles import real_inputs
+from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.backends.base import default_reference
+from bundlerun.bundles.backends.common import quiet_framework_logs
+from bundlerun.bundles.inputs import case_rng
+from bundlerun.bundles.limits import MAX_CASES
+from bundlerun.bundles.limits import MAX_SEED
+from bundlerun.bundles.llm_build import build_llm_bundle
+from bundlerun.bundles.llm_build import is_llm
 
 
 @dataclass
@@ -101,7 +112,6 @@ def _dynamic_points(req: BuildRequest, backend: str, recipe: Any, model: Resolve
 
 def _dynamic_cases(model: ResolvedModel, points: list[str], seed: int) -> list[list[np.ndarray]]:
     """Case i drawn as generated cases are (the same seed stream), at point i's shapes."""
-    from bundlerun.bundles.inputs import case_rng
 
     examples = [tuple(s.shape) for s in model.inputs]
     cases = []
@@ -130,7 +140,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     """Build and write the bundle; every failure is a one-line BundlerunError. With `req.cache`,
     a build already in the build cache is copied instead (result.info["cache"] == "hit")."""
     say = req.progress or (lambda _msg: None)
-    from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
 
     if is_llm(req.model):  # ExecuTorch's export_llama, with stateful sequences (bundles/llm_build.py)
         if req.backend == "qnn":  # QNN's own static llama, the KV cache as program I/O (bundles/llm_qnn.py)
@@ -145,18 +154,14 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"no lowering information for {req.target}: BuildRequest.target_info is "
                          "bundlerun.targets.lowering_info(target)")
     if req.dtype is None:
-        from bundlerun.bundles.backends.base import default_dtype
-
         req.dtype = default_dtype(backend, req.target_info)
     if req.dtype not in DTYPES:
         raise BuildError(f"unknown dtype {req.dtype!r}; choose one of {', '.join(DTYPES)}")
-    from bundlerun.bundles.limits import MAX_CASES, MAX_SEED
 
     if isinstance(req.cases, bool) or not isinstance(req.cases, int) or not 1 <= req.cases <= MAX_CASES:
         raise BuildError(f"--cases {req.cases!r}: give 1 to {MAX_CASES} test cases (bundlerun's limit, docs/security.md)")
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
         raise BuildError(f"--seed {req.seed!r}: give a whole number from 0 to {MAX_SEED}")
-    from bundlerun.bundles.backends.base import default_reference
 
     if req.distribution is not None:
         check_distribution(req.distribution)  # before the model is imported: one line, exit 2
@@ -173,8 +178,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             return hit
         discarded = hit
 
-    from bundlerun.bundles.backends.common import quiet_framework_logs
-
     quiet_framework_logs()
     import torch
 
@@ -190,8 +193,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     elif req.dataset is not None:
         case_arrays = [list(sample) for sample in req.dataset["samples"]]
     elif req.inputs is not None:
-        from bundlerun.bundles import real_inputs
-
         case_arrays, inputs_used = real_inputs.cases(req.inputs, model, req.cases, req.seed)
     else:
         case_arrays = generate_cases(specs, req.cases, req.seed, "cases")
@@ -199,7 +200,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     to_torch = lambda arrays: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)  # noqa: E731
 
     say(f"lowering for {backend} ({req.dtype})")
-    from bundlerun.bundles import etrecord as _etrecord
 
     from bundlerun.bundles import partition_control  # `bundlerun bisect`: the delegate restricted to some nodes
 
@@ -350,8 +350,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info = lowering.info
     if use_cache:
-        from bundlerun.bundles import build_cache
-
         stored = build_cache.store(key, path)
         info = {**lowering.info, "cache": "miss" if stored else "not stored", "cache_key": key}
         if discarded:

@@ -181,7 +181,7 @@ def load(name: str, state_dict: str | Path | None = None) -> EtModel:
     if not isinstance(examples, tuple):
         examples = (examples,)
     if state_dict is None:
-        from bundlerun.bundles.zoo import _randomize_norm_stats
+        from bundlerun.bundles.zoo import _randomize_norm_stats  # start-up: loads numpy on use
 
         _randomize_norm_stats(module, seed + 1)
         how = offline.how if offline else "the factory's own get_eager_model() (it downloads nothing)"

@@ -60,6 +60,7 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.fileio import file_sha256
 from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo
 from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.backends.common import export_model
 
 SUFFIX = ".etrecord"
 DELEGATES_SUFFIX = ".delegates.json"
@@ -431,7 +432,6 @@ def manifest_entry(enabled: bool, lowering: Any, fp32_module: Any, example_input
                          "could be recorded; build without --etrecord")
     graphs = ["exported_program", "edge_dialect_exported_program"]
     if lowering.quantized_reference is not None:  # keep the float model beside the fake-quantized graph
-        from bundlerun.bundles.backends.common import export_model
 
         record.add_extra_export_modules({FP32_GRAPH: export_model(fp32_module, tuple(example_inputs))})
         graphs.append(f"{FP32_GRAPH}/forward")

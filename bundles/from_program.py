@@ -31,6 +31,7 @@ from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, Ten
 from bundlerun.bundles.program_meta import method_outputs, program_operators
 from bundlerun.bundles.registry import BASE_DTYPES, REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles.dynamic_shapes import shape_over_cases
 
 
 @dataclass
@@ -205,7 +206,7 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
 
 
 def _versions() -> dict[str, str]:
-    from bundlerun.bundles.versions import package_versions
+    from bundlerun.bundles.versions import package_versions  # late: looked up at call time (tests replace it)
 
     return {"python": platform.python_version(), "host": platform.machine(),
             **package_versions(("bundlerun", "torch", "executorch"))}
@@ -214,7 +215,6 @@ def _versions() -> dict[str, str]:
 def _over_cases(method: str, what: str, values: list[BundledValue]) -> tuple[list[int], list[int]]:
     """One tensor's manifest shape over the cases (the largest size of a dim that varies: a dynamic
     dim), and those dims; cases of different kinds or ranks are a BuildError."""
-    from bundlerun.bundles.dynamic_shapes import shape_over_cases
 
     if any(v.kind != "tensor" for v in values):
         raise BuildError(f"method {method!r}: {what} is a tensor in some cases and not in others")

@@ -219,7 +219,7 @@ def import_golden(golden: Golden, out_dir: Path, numbers: Any, *, target: str | 
     `numbers`: what the flow asks of the registry (runner/suite/flows.FlowNumbers: backend, dtype,
     reference, problem), resolved by the caller from the flow's name; `target`: the flow's default
     target or the user's (else host://<backend>)."""
-    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program
+    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program  # start-up: loads flatbuffers, tomli on use
 
     try:
         program, inputs, outputs = read_golden(golden)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.registry_schema import suggest
 
 _FORM = re.compile(r"^\s*(randn|rand|uniform|normal|randint)\s*(?:\(([^)]*)\))?\s*$")
 
@@ -101,8 +103,6 @@ def infer_distribution(values: np.ndarray) -> str:
 def check_distribution(text: Any, what: str = "--distribution") -> str:
     """A distribution given by a user (`--distribution`, `api.build(distribution=)`), parsed before
     any model is imported or built: its text, or ConfigError (one line, exit 2) naming `what`."""
-    from bundlerun.bundles.errors import ConfigError
-    from bundlerun.bundles.registry_schema import suggest
 
     if not isinstance(text, str) or len(text) > 200:
         raise ConfigError(f"{what}: expected text such as randn or uniform(-1,1), got {type(text).__name__} "

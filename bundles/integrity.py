@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import IntegrityError
+from bundlerun.bundles.manifest_schema import validate_manifest
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue
@@ -134,8 +135,7 @@ def validate_bundle(bundle: "Bundle", source: str, require_seal: bool = False) -
     """The checks every reader runs after parsing: manifest schema, consistency of test cases
     with the program and manifest, integrity (`require_seal`: an unsealed bundle is an error).
     Returns the bundle with its warnings set."""
-    from bundlerun.bundles.consistency import check_consistency
-    from bundlerun.bundles.manifest_schema import validate_manifest
+    from bundlerun.bundles.consistency import check_consistency  # start-up: loads numpy on use
 
     if bundle.manifest_json is not None:
         validate_manifest(bundle.manifest_json, source)

@@ -32,6 +32,21 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import ARCHS, LLM_BACKENDS, SIZES, SOURCE_QUANTIZED, params_for, quantization, tier
 from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo, ModelInfo
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
+from bundlerun.bundles import build_cache
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.backends.common import quiet_framework_logs
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.etrecord import etrecord_path_for
+from bundlerun.bundles.fileio import file_sha256
+from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.manifest import MethodManifest
+from bundlerun.bundles.manifest import OutputSpec
+from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
+from bundlerun.bundles.program_meta import method_inputs
+from bundlerun.bundles.program_meta import program_operators
+from bundlerun.bundles.safe_read import load_json_bounded
+from bundlerun.bundles.tolerances import ToleranceContext
+from bundlerun.bundles.tolerances import resolve_criteria
 
 PREFIX = "llm:"
 # A user's params.json sizes the model bundlerun builds in memory (seeded weights, the eager reference and
@@ -136,9 +151,6 @@ def plan(model: str, dtype: str | None, opts: LlmOptions, backend: str = "xnnpac
 
 
 def _read_params(path: Path) -> dict[str, Any]:
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.safe_read import load_json_bounded
-
     try:  # 1 MiB: bundlerun's own bound; a params.json is a few hundred bytes (phi_4_mini's, with rope lists, 2 KiB)
         data = load_json_bounded(Path(path), 1 << 20)
     except (OSError, ValueError, BundlerunError) as exc:
@@ -177,7 +189,6 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
            etrecord: Path | None = None) -> Exported:
     """Run ExecuTorch's `_export_llama` in a temporary folder (it writes the .pte to its output dir
     and reads params/checkpoint from files) and return the program bytes and the eager model."""
-    from bundlerun.bundles.backends.common import quiet_framework_logs
 
     quiet_framework_logs()
     import torch
@@ -265,8 +276,6 @@ def _set_backend(config: Any, p: LlmPlan) -> None:
         config.backend.vulkan.enabled = True
         config.backend.vulkan.force_fp16 = p.dtype == "fp16"
     elif p.backend == "mlx":
-        from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
-
         ensure_mlx_importable()  # the wheel lacks the MLX serializer's generated files (bundles/mlx_codegen.py)
         config.backend.mlx.enabled = True
     else:
@@ -289,7 +298,6 @@ def _keep_etrecord(written: Path, dest: Path) -> None:
 
 def _etrecord_entry(path: Path) -> dict[str, Any]:
     """The manifest's build.etrecord for an ETRecord export_llama recorded (bundles/etrecord.py `locate` reads it)."""
-    from bundlerun.bundles.fileio import file_sha256
 
     return {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size,
             "graphs": ["exported_program", "edge_dialect_exported_program"], "recorded_by": "export_llama"}
@@ -364,8 +372,7 @@ def reference_steps(eager: Any, prompts: list[list[int]], decode_steps: int) -> 
 
 def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     """BuildRequest (model `llm:ARCH`, `req.llm` LlmOptions) -> BuildResult; through the build cache."""
-    from bundlerun.bundles import build_cache
-    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache
+    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache  # start-up: loads flatbuffers on use
 
     opts = req.llm or LlmOptions()
     backend = req.backend or "xnnpack"
@@ -381,7 +388,6 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
         if not isinstance(hit, (str, type(None))):
             return hit
         discarded = hit
-    from bundlerun.bundles.etrecord import etrecord_path_for
 
     # absolute: export_llama runs in a temporary working directory (a relative -o would land the ETRecord there)
     et_path = etrecord_path_for(Path(req.output).resolve()) if etrecord else None
@@ -393,8 +399,8 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     manifest = _manifest(req, p, exported, cases, sequences, tokenizer_digest, backend, reference, key)
     if et_path is not None:
         manifest.build.etrecord = EtrecordInfo.from_dict(_etrecord_entry(et_path))
-    from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
-    from bundlerun.bundles.build_parts import _value_from_tensor
+    from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle  # start-up: loads flatbuffers on use
+    from bundlerun.bundles.build_parts import _value_from_tensor  # start-up: loads flatbuffers on use
 
     test_cases = [BundledTestCase(inputs=[_value_from_tensor(t), _value_from_tensor(pos)],
                                   expected_outputs=[_value_from_tensor(logits)]) for t, pos, logits in cases]
@@ -416,11 +422,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
 
 def _manifest(req: Any, p: LlmPlan, exported: Exported, cases: list, sequences: list[SequenceSpec],
               tokenizer_digest: str | None, backend: str, reference: str, key: str | None) -> Any:
-    from bundlerun.bundles import scalar_types as st
-    from bundlerun.bundles.build_parts import _versions
-    from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec
-    from bundlerun.bundles.program_meta import method_inputs, program_operators
-    from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+    from bundlerun.bundles.build_parts import _versions  # start-up: loads flatbuffers on use
 
     vocab = int(cases[0][2].shape[-1])
     ctx = ToleranceContext(backend=backend, target=req.target, dtype=tier(p.dtype), model=req.model, method="forward",

@@ -116,7 +116,7 @@ def _copy_templates(dest: Path) -> str:
         for t in TEMPLATES:
             shutil.copyfile(folder / t, dest / t)
         return str(folder)
-    from bundlerun.bundles.et_source import third_party_dirs
+    from bundlerun.bundles.et_source import third_party_dirs  # late: looked up at call time (tests replace it)
 
     for d in third_party_dirs():
         tarball = d / "executorch.tar.xz"

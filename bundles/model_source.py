@@ -16,6 +16,9 @@ from typing import Any
 from bundlerun.bundles.errors import ModelSourceError
 from bundlerun.bundles.user_code import _bounded, _FactoryTimeout, _raised, factory_timeout, load_callable
 from bundlerun.bundles.zoo import ZOO, InputSpec
+from bundlerun.bundles import et_models
+from bundlerun.bundles.dynamic_shapes import normalize
+from bundlerun.bundles.inputs import infer_distribution
 
 _TORCH_TO_NAME = {
     "torch.float32": "float32",
@@ -86,8 +89,6 @@ def specs_from_examples(examples: tuple, distribution: str | list[str] | None) -
     drawn from (bundles/inputs.infer_distribution)."""
     import torch
 
-    from bundlerun.bundles.inputs import infer_distribution
-
     specs = []
     for i, x in enumerate(examples):
         if not isinstance(x, torch.Tensor):
@@ -108,7 +109,6 @@ def _from_examples(name: str, source: str, description: str, module: Any, exampl
                    dynamic_shapes: Any = None) -> ResolvedModel:
     """A model record from a module and its (possibly nested) example inputs; `dynamic_shapes`
     as torch.export takes it (bundles/dynamic_shapes.py)."""
-    from bundlerun.bundles.dynamic_shapes import normalize
 
     forward_of = module
     module, flat, structure = flatten_examples(module, examples)
@@ -122,7 +122,6 @@ def _from_examples(name: str, source: str, description: str, module: Any, exampl
 
 def resolve_model(ref: str, distribution: str | None = None, state_dict: str | Path | None = None) -> ResolvedModel:
     """Instantiate the model named by `ref`; `distribution` overrides the declared one."""
-    from bundlerun.bundles import et_models
 
     if ref.startswith(et_models.PREFIX):
         et = et_models.load(ref[len(et_models.PREFIX):], state_dict)

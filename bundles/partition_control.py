@@ -42,6 +42,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from bundlerun.bundles.etrecord import _roots
 
 MECHANISM = ("RestrictedPartitioner: the backend's own partition(), then its delegation tags removed from units not "
              "allowed (by exported-program node) and the rest regrouped cycle-free (bundles/partition_control.py)")
@@ -103,8 +104,6 @@ def cache_material() -> dict[str, Any]:
 
 
 def _root(node: Any) -> str:
-    from bundlerun.bundles.etrecord import _roots
-
     roots = _roots(node.meta.get("from_node"), [])
     return roots[0] if roots else f"~{node.name}"
 

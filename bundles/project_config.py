@@ -25,6 +25,7 @@ from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.registry import BUILTIN_DIR, ENV_PATH, Registry, data_files
+from bundlerun.bundles.toml_read import read_toml
 
 ENV_CONFIG = "BUNDLERUN_CONFIG"
 CONFIG_NAME = "bundlerun.toml"
@@ -76,7 +77,6 @@ def perf_section(config: dict[str, Any] | None, source: str | None = None) -> di
 
 def _read_toml(path: Path) -> dict[str, Any]:
     """Bounded (size, nesting: bundles/toml_read.py): a deeply nested file is one line, not a RecursionError."""
-    from bundlerun.bundles.toml_read import read_toml
 
     return read_toml(path)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.inputs import Distribution, case_rng
+from bundlerun.bundles.et_models import IMAGENET_NORMALIZED
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # bundlerun's own bounds on a user's folder: enough for any test set a bundle should carry
@@ -51,7 +52,6 @@ def _image_spec(model: Any, what: str) -> tuple[int, int, int, int]:
 
 def _normalizer(model: Any, channels: int) -> tuple[str, Any]:
     """How pixels in [0,1] become the model's input, in words and as a function."""
-    from bundlerun.bundles.et_models import IMAGENET_NORMALIZED
 
     dist = Distribution.parse(model.inputs[0].distribution)
     if model.name in IMAGENET_NORMALIZED or (dist.kind in ("randn", "normal") and channels == 3):

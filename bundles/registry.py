@@ -42,6 +42,7 @@ from bundlerun.bundles.registry_schema import (  # noqa: F401  (re-exported: the
     parse_merged,
     quote as _q, suggest, validate,
 )
+from bundlerun.bundles.manifest_schema import RULE_INTEGERS
 
 BUILTIN_DIR = Path(__file__).with_name("data")
 BUILTIN_PATH = BUILTIN_DIR / "tolerances.toml"  # the global file; per-backend files sit beside it
@@ -671,7 +672,6 @@ class _Resolver:
 
 def top_k_value(value: Any, what: str) -> int:
     """top_k as given (a CLI string or a number): a whole number >= 1, else one ConfigError line."""
-    from bundlerun.bundles.manifest_schema import RULE_INTEGERS
 
     lo, hi = RULE_INTEGERS["top_k"]
     if isinstance(value, str):

@@ -30,6 +30,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+from bundlerun.bundles.registry_schema import BUNDLERUN
+from bundlerun.bundles.registry_schema import entry_values
+from bundlerun.bundles.registry_schema import origins_of
+from bundlerun.bundles.registry_schema import parse_merged
 
 TOL_NAMES = {
     "atol": "atol", "rtol": "rtol", "qtol": "qtol", "frobenius_threshold": "frobenius",
@@ -479,8 +483,7 @@ class CitedValue:
 
 def cited_values(registry: Any) -> list[CitedValue]:
     """Every (value, citation) pair of the built-in data; "bundlerun" origins are not citations."""
-    from bundlerun.bundles.registry import iter_entries
-    from bundlerun.bundles.registry_schema import BUNDLERUN, entry_values, origins_of, parse_merged
+    from bundlerun.bundles.registry import iter_entries  # start-up: loads tomli on use
 
     out: list[CitedValue] = []
     for layer in registry.layers:
@@ -509,7 +512,7 @@ def check_value(root: Path, item: CitedValue, cache: dict[str, list[str]] | None
     """None when the cited lines hold the value; else a one-line problem."""
     import math
 
-    from bundlerun.bundles.registry_schema import LIBRARY_DEFAULTS, RULE_EVIDENCE, UNSET_EVIDENCE, parse_citation
+    from bundlerun.bundles.registry_schema import LIBRARY_DEFAULTS, RULE_EVIDENCE, UNSET_EVIDENCE, parse_citation  # late: its name is bound otherwise in this module
 
     parsed = parse_citation(item.citation)
     if parsed is None:

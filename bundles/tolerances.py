@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bundlerun.bundles.manifest import Criteria
+from bundlerun.bundles.errors import ConfigError
 
 
 @dataclass
@@ -50,8 +51,6 @@ def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = N
     cosine_threshold=None` against the float model), and a bundle must not pass it unchecked."""
     res = explain(ctx, overrides, registry)
     if not res.criteria.has_any:
-        from bundlerun.bundles.errors import ConfigError
-
         raise ConfigError(
             f"{ctx.backend} {res.variant or ''} {res.tier} {ctx.model or ''} {ctx.output_name}: no criterion left "
             "(ExecuTorch's own test turns every check of this tier off); build with --reference quantized, "
@@ -61,7 +60,7 @@ def resolve_criteria(ctx: ToleranceContext, overrides: dict[str, Any] | None = N
 
 def explain(ctx: ToleranceContext, overrides: dict[str, Any] | None = None, registry: Any = None):
     """The full resolution (criteria + every matched registry step), for `tolerance explain`."""
-    from bundlerun.bundles.project_config import default_registry
+    from bundlerun.bundles.project_config import default_registry  # start-up: loads tomli on use
 
     reg = registry if registry is not None else default_registry()
     return reg.resolve(ctx, overrides)

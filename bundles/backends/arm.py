@@ -31,6 +31,7 @@ from bundlerun.bundles.backends.common import (
     output_qparams,
 )
 from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.arm_platforms import NPU_FAMILIES
 
 _INT_DTYPES = ("int8", "int16")
 _FP_DTYPES = ("fp32", "fp16")
@@ -81,8 +82,6 @@ def _compile_spec(target: ArmTarget, dtype: str, options: dict[str, Any]):
 
         return TosaCompileSpec(_tosa_spec_string(target, dtype))
     from executorch.backends.arm.ethosu import EthosUCompileSpec
-
-    from bundlerun.bundles.arm_platforms import NPU_FAMILIES
 
     fam = NPU_FAMILIES[target.accelerator.rsplit("-", 1)[0]]  # type: ignore[union-attr]
     defaults = {"system_config": fam.system_config, "memory_mode": fam.memory_mode, "extra_flags": fam.extra_flags}

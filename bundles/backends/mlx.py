@@ -14,13 +14,12 @@ import copy
 from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
 from bundlerun.bundles.backends.common import export_model, graph_ops, lower_and_emit
 from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
 DTYPES = ("fp32", "fp16", "bf16")
 
 
 def _partitioner():
-    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
-
     files = ensure_mlx_importable()
     try:
         from executorch.backends.mlx import MLXPartitioner

@@ -43,6 +43,9 @@ from typing import Any, Iterator
 from bundlerun.bundles.backends.base import LoweringRequest, LoweringResult
 from bundlerun.bundles.backends.common import delegation_summary, export_model, graph_ops, output_qparams, quantize_pt2e
 from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.backends.common import quiet_framework_logs
+from bundlerun.bundles.cache_dirs import cache_dir
+from bundlerun.bundles.partition_control import spec
 
 DEFAULT_SOC = "SM8650"
 # The SoCs whose lowering and simulator run were checked with QNN 2.49.40 (docs/qnn.md).
@@ -56,7 +59,6 @@ INSTALL_COMMAND = "bash firmware_scripts/qnn/install_htp_sim.sh"
 
 def simulator_dir() -> Path:
     """`$BUNDLERUN_CACHE/qnn/<QNN version>/` (qnn.json + lib/), beside builds/ and runners/."""
-    from bundlerun.bundles.cache_dirs import cache_dir
 
     return cache_dir("qnn") / QNN_VERSION
 
@@ -318,7 +320,6 @@ atexit.register(_AOT.close)
 
 def _partition_spec() -> dict[str, Any] | None:
     """The active `bisect` restriction, which the AOT child applies (bundles/partition_control.py)."""
-    from bundlerun.bundles.partition_control import spec
 
     return spec()
 
@@ -347,8 +348,6 @@ def _serve() -> int:
         generate_qnn_executorch_compiler_spec,
         to_edge_transform_and_lower_to_qnn,
     )
-
-    from bundlerun.bundles.backends.common import quiet_framework_logs
 
     quiet_framework_logs()
     for line in sys.stdin:
