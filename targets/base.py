@@ -58,7 +58,7 @@ class RawTensor:
     lossy: bool = False  # decoded from 6-decimal text (UART `Output[i][j]` lines)
 
     def to_array(self):
-        from bundlerun.bundles.scalar_types import to_array
+        from bundlerun.bundles.scalar_types import to_array  # start-up: not loaded by `bundlerun --help`
 
         return to_array(self.scalar_type, self.shape, self.data)
 
@@ -288,7 +288,7 @@ def raw_outputs_from_files(
     Returns (outputs, error). A missing or wrong-size file is an error naming
     the file and both sizes; nothing is guessed.
     """
-    from bundlerun.bundles.scalar_types import itemsize, name
+    from bundlerun.bundles.scalar_types import itemsize, name  # start-up: not loaded by `bundlerun --help`
 
     outputs: list[RawTensor] = []
     if len(files) < len(layout):

@@ -61,7 +61,7 @@ class HostSettings:
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from bundlerun.targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check  # start-up: not loaded by `bundlerun --help`
 
     return [dist_check("executorch", "executorch"), dist_check("torch", "torch")]
 
@@ -70,7 +70,7 @@ def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, 
              debug_buffer_mb: int, prefix: tuple[int, ...] = ()):
     """`bundlerun debug`: the real runtime loaded with ETDump and a debug buffer (targets/workers/debug.py);
     `prefix` cases run first on the same loaded method."""
-    from bundlerun.targets.intermediates import run_worker
+    from bundlerun.targets.intermediates import run_worker  # start-up: not loaded by `bundlerun --help`
 
     create(parse_target_url(url), config)  # the URL and its settings are checked as for a run
     return run_worker(url, "host", bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,

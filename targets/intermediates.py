@@ -33,6 +33,10 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.targets import capture_schemes
+from bundlerun.targets import parse_target_url
+from bundlerun.targets import spec_for
+from bundlerun.targets.program.walker import tensor_to_numpy
 
 DEFAULT_DEBUG_BUFFER_MB = 64
 
@@ -72,7 +76,6 @@ class IntermediateRun:
 def unsupported_message(url: str) -> str:
     """Why `url` cannot return intermediates (its SPEC's capture_note), which targets can, and
     the way to find a failing delegated operator without them (`bundlerun bisect`)."""
-    from bundlerun.targets import capture_schemes, parse_target_url, spec_for
 
     why = "this target has no way to dump intermediates"
     try:
@@ -86,7 +89,6 @@ def unsupported_message(url: str) -> str:
 
 def supports_capture(url: str) -> bool:
     """Whether the URL's target declares `capture` (checked before anything else is loaded)."""
-    from bundlerun.targets import parse_target_url, spec_for
 
     try:
         return spec_for(parse_target_url(url)).capture is not None
@@ -101,7 +103,6 @@ def capture(url: str, bundle_path: str | Path, method: str, case: int, work_dir:
     intermediate output: the target's declared `capture` (targets/__init__.py TargetSpec).
     `prefix`: cases run first on the same loaded method (a stateful sequence's earlier steps); a
     target whose capture cannot replay them refuses, so a decode step is never captured on a fresh cache."""
-    from bundlerun.targets import parse_target_url, spec_for
 
     spec = spec_for(parse_target_url(url))
     if spec.capture is None:
@@ -179,8 +180,6 @@ def intermediate_array(value: Any) -> np.ndarray:
     """An intermediate as numpy for comparison: bfloat16 widened to float32 (numpy has no bfloat16,
     and the raw uint16 words `tensor_to_numpy` keeps for bit-exact outputs would compare as integers)."""
     import torch
-
-    from bundlerun.targets.program.walker import tensor_to_numpy
 
     if isinstance(value, torch.Tensor):
         return tensor_to_numpy(value.float() if value.dtype == torch.bfloat16 else value)

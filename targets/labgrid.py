@@ -47,6 +47,7 @@ from bundlerun.targets import Check, TargetSpec, TargetURL, inner_default_backen
 from bundlerun.targets.base import TargetBase
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import parse_settings
+from bundlerun.targets import parse_target_url
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -181,7 +182,7 @@ class Agent:
         self.ids = 0
         self.buf = b""
         self.proc = None
-        from bundlerun.targets import argv
+        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
         python = argv.program(python, "labgrid python", "labgrid://")  # argv[0]: never an option
         try:
@@ -538,7 +539,7 @@ class LabgridTarget(TargetBase):
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        from bundlerun.targets import open_target
+        from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
 
         _, inner_opts = _split(dict(options.config or {}))
         t0 = time.monotonic()
@@ -615,8 +616,6 @@ SPEC = TargetSpec(
 
 
 def create(url: TargetURL, config: dict) -> LabgridTarget:
-    from bundlerun.targets import parse_target_url
-
     place = url.netloc
     inner = url.path.lstrip("/")
     config = dict(config or {})

@@ -73,8 +73,8 @@ def runtime_for(device: str, settings: MlxSettings) -> str:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from bundlerun.targets.mlx_runner import BUILD_COMMAND, cached_mlx_runners
-    from bundlerun.targets.probes import dist_check
+    from bundlerun.targets.mlx_runner import BUILD_COMMAND, cached_mlx_runners  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.probes import dist_check  # start-up: not loaded by `bundlerun --help`
 
     rows = [dist_check("mlx", "mlx", "mlx.core", "pip install 'bundlerun[apple]' (mlx[cpu] on Linux)")]
     if platform.system() == "Linux":
@@ -122,7 +122,7 @@ class MlxTarget(TargetBase):
     runtime: str
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        from bundlerun.targets.program.walker import WalkError, read_delegates
+        from bundlerun.targets.program.walker import WalkError, read_delegates  # start-up: not loaded by `bundlerun --help`
 
         try:
             ids = sorted({d.backend_id for d in read_delegates(bundle.program)})
@@ -133,7 +133,7 @@ class MlxTarget(TargetBase):
             raise TargetError(f"{self.url} cannot run this bundle: it has {', '.join(foreign)} delegates; "
                               "build it with --backend mlx", kind=FailureKind.UNSUPPORTED)
         if self.runtime == "delegate":
-            from bundlerun.targets import mlx_runner
+            from bundlerun.targets import mlx_runner  # start-up: not loaded by `bundlerun --help`
 
             runner = mlx_runner.resolve_runner(self.settings.runner)
             return mlx_runner.run_bundle(self.url, bundle, options, runner, etdump=self.settings.etdump,

@@ -25,6 +25,10 @@ from pathlib import Path
 
 from bundlerun.bundles.errors import TargetError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesUnsupported, run_worker
+from bundlerun.targets.mlx import MlxSettings
+from bundlerun.targets.program.walker import WalkError
+from bundlerun.targets.program.walker import read_delegates
+from bundlerun.targets.settings import parse_settings
 
 GRANULARITY = ("every kernel call, every MLX delegate call and every MLX instruction of its main chain (program "
                "walker; the mlx package's own kernels)")
@@ -32,16 +36,13 @@ GRANULARITY = ("every kernel call, every MLX delegate call and every MLX instruc
 
 def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path, timeout_s: float,
             debug_buffer_mb: int) -> IntermediateRun:
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets.program.walker import WalkError, read_delegates
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     device = (url.partition("://")[2].split("?", 1)[0] or "cpu").lower()
     if device not in ("cpu", "gpu"):
         raise TargetError(f"unknown MLX device {device!r} in {url}; use mlx://cpu or mlx://gpu")
     if device == "gpu" and platform.system() != "Darwin":
         raise TargetError("mlx://gpu needs a Mac (Metal); on this machine use mlx://cpu")
-    from bundlerun.targets.mlx import MlxSettings
-    from bundlerun.targets.settings import parse_settings
 
     # the mlx:// target's settings; `runtime` does not apply: only the interpreter sees inside the payload
     parse_settings(MlxSettings, dict(config), "targets.mlx")

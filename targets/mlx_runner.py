@@ -41,6 +41,7 @@ from bundlerun.targets.base import (
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, start_program
 from bundlerun.targets.runner_cache import find_runner, read_record, runner_binary
+from bundlerun.targets.runner_cache import cached_runners
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -66,7 +67,6 @@ def default_runner() -> Path | None:
 def cached_mlx_runners() -> list[dict[str, Any]]:
     """Every cached MLX runner (newest first) with `ready` (binary and its libmlx.so present) and a
     one-line `detail`, for `bundlerun doctor`."""
-    from bundlerun.targets.runner_cache import cached_runners
 
     rows = []
     for r in cached_runners(RUNNER_KIND):
@@ -223,7 +223,7 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
 
 def run_case(bundle: Bundle, method: str, index: int, runner: Path, work: Path, timeout_s: float,
              executions: int = 1, *, etdump: bool = False, print_output: str = "none") -> CaseResult:
-    from bundlerun.bundles.bpte import serialize_bundle
+    from bundlerun.bundles.bpte import serialize_bundle  # start-up: loads flatbuffers, numpy on use
 
     folder = work / f"{safe_name(method)}-{index}"
     if folder.exists():

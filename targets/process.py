@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from typing import Any
+from bundlerun.bundles.errors import TargetError
 
 
 def start_program(argv: list[str], what: str, **popen: Any) -> subprocess.Popen:
@@ -18,7 +19,6 @@ def start_program(argv: list[str], what: str, **popen: Any) -> subprocess.Popen:
     except OSError as exc:
         if exc.filename is None or str(exc.filename) != str(argv[0]):
             raise
-        from bundlerun.bundles.errors import TargetError
 
         raise TargetError(f"{what} {argv[0]} cannot be started: {exc.strerror or exc}") from None
 

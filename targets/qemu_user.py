@@ -80,7 +80,7 @@ class QemuUserSettings:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from bundlerun.targets.probes import tool_check
+    from bundlerun.targets.probes import tool_check  # start-up: not loaded by `bundlerun --help`
 
     rows = [tool_check("qemu-aarch64", ["--version"], "apt-get install qemu-user"),
             tool_check("aarch64-linux-gnu-g++", ["--version"], "apt-get install g++-aarch64-linux-gnu (to build the runner)")]
@@ -196,7 +196,7 @@ class QemuUserTarget(TargetBase):
         executions = executor_runner.executions_for(getattr(options, "repeat", 1))
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
-        from bundlerun.targets import argv
+        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
         cpu_args = ["-cpu", argv.word(self.settings.cpu, "qemu cpu")] if self.settings.cpu else []
         threads = ["--cpu_threads", str(int(self.settings.cpu_threads))] if self.settings.cpu_threads is not None else []
@@ -216,7 +216,7 @@ class QemuUserTarget(TargetBase):
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,
               timeout_s: float, executions: int = 1) -> CaseResult:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         folder = work / f"{safe_name(method)}-{index}"
         shutil.rmtree(folder, ignore_errors=True)

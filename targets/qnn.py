@@ -36,6 +36,7 @@ from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.supervisor import run_in_worker
 from bundlerun.targets.base import PerfKind
+from bundlerun.bundles.errors import ConfigError
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -57,7 +58,7 @@ class QnnSettings:
 
 
 def _soc(url: TargetURL) -> str:
-    from bundlerun.bundles.backends.qnn import DEFAULT_SOC
+    from bundlerun.bundles.backends.qnn import DEFAULT_SOC  # start-up: not loaded by `bundlerun --help`
 
     return (url.query.get("soc") or DEFAULT_SOC).strip().upper()
 
@@ -68,8 +69,8 @@ def _lowering(url: TargetURL) -> dict:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from bundlerun.bundles.backends.qnn import INSTALL_COMMAND, QNN_LIBRARIES, simulator_dir, simulator_record
-    from bundlerun.targets.probes import dist_check
+    from bundlerun.bundles.backends.qnn import INSTALL_COMMAND, QNN_LIBRARIES, simulator_dir, simulator_record  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.probes import dist_check  # start-up: not loaded by `bundlerun --help`
 
     rows = [dist_check("executorch", "executorch", "executorch.backends.qualcomm.python.PyQnnManagerAdaptor",
                        "pip install executorch==1.5.1 (its wheel ships the Qualcomm AOT and QNN delegate)")]
@@ -127,7 +128,7 @@ def program_info(program: bytes) -> QnnProgramInfo:
     from flatbuffers.number_types import BoolFlags, Int32Flags
     from flatbuffers.table import Table
 
-    from bundlerun.targets.program.walker import WalkError, read_delegates
+    from bundlerun.targets.program.walker import WalkError, read_delegates  # start-up: not loaded by `bundlerun --help`
 
     try:
         delegates = read_delegates(program)
@@ -258,7 +259,7 @@ class QnnTarget(TargetBase):
 
     def libraries(self) -> tuple[Path, str | None]:
         """(folder of the QNN libraries, their QNN version if known); TargetError when absent."""
-        from bundlerun.bundles.backends.qnn import INSTALL_COMMAND, simulator_dir, simulator_record
+        from bundlerun.bundles.backends.qnn import INSTALL_COMMAND, simulator_dir, simulator_record  # start-up: not loaded by `bundlerun --help`
 
         if self.lib_dir is not None:
             if not (self.lib_dir / "libQnnHtp.so").is_file():
@@ -319,8 +320,7 @@ def create(url: TargetURL, config: dict) -> QnnTarget:
         raise TargetError(f"unknown qnn target {variant!r} in {url.raw}{did_you_mean(variant, VARIANTS)}; "
                           "use qnn://htp-sim", kind=FailureKind.BAD_CONFIG)
     settings = parse_settings(QnnSettings, {**config, **url.query}, "targets.qnn")
-    from bundlerun.bundles.backends.qnn import SOCS
-    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.backends.qnn import SOCS  # start-up: not loaded by `bundlerun --help`
 
     soc = settings.soc.strip().upper()
     if soc not in SOCS:
@@ -348,7 +348,7 @@ def _worker_main(argv: list[str]) -> int:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = protocol
-    from bundlerun.targets.workers.host import main
+    from bundlerun.targets.workers.host import main  # start-up: not loaded by `bundlerun --help`
 
     return main(rest)
 

@@ -59,7 +59,7 @@ def coerce(section: str, key: str, value: Any, kind: Any) -> Any:
             number = float(value)
             if number != number or number in (float("inf"), float("-inf")):
                 raise ValueError("not a finite number")  # an infinite timeout overflows OS timers
-            from bundlerun.bundles.limits import MAX_TIMEOUT_S
+            from bundlerun.bundles.limits import MAX_TIMEOUT_S  # optional: its failure to load is handled here
 
             if key.endswith(("timeout", "_s", "timeout_s")) and number > MAX_TIMEOUT_S:
                 raise ValueError(f"more than {MAX_TIMEOUT_S:g} seconds (bundlerun's limit, docs/security.md)")

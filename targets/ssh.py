@@ -36,6 +36,10 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBas
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits, tail_lines as _tail
+from bundlerun._version import __version__
+from bundlerun.targets import parse_target_url
+from bundlerun.targets import target_specs
+from bundlerun.targets.process import kill_process_group
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle
@@ -92,7 +96,7 @@ def split_url(url: TargetURL) -> tuple[str | None, str, int | None, str, dict[st
         host, port = hostport.rsplit(":", 1)
     if not host:
         raise TargetError(f"{url.raw}: no host; expected ssh://[user@]host[:port]/<inner target URL>", kind=FailureKind.BAD_CONFIG)
-    from bundlerun.targets import argv
+    from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
     # host and user reach ssh's argv: `ssh://-oProxyCommand=.../...` must never be an ssh option
     host = argv.host(host, "ssh host", url.raw)
@@ -110,7 +114,6 @@ def split_url(url: TargetURL) -> tuple[str | None, str, int | None, str, dict[st
 
 def _check_inner(inner: str, inner_q: dict[str, str], raw: str) -> str:
     """The inner URL with its query; its scheme and keys checked here, before connecting."""
-    from bundlerun.targets import parse_target_url, target_specs
 
     if inner.lower().startswith("ssh://"):
         raise TargetError(f"{raw}: ssh:// inside ssh:// is not supported", kind=FailureKind.BAD_CONFIG)
@@ -128,8 +131,8 @@ def _check_inner(inner: str, inner_q: dict[str, str], raw: str) -> str:
 
 def _kind(transport_kind: str) -> FailureKind:
     """SSH's own faults first (credentials, host key, no ssh client), then any transport fault's."""
-    from bundlerun.targets.remote.ssh_transport import HOST_KEY
-    from bundlerun.targets.remote.transport import ABSENT, UNAUTHORIZED, failure_kind
+    from bundlerun.targets.remote.ssh_transport import HOST_KEY  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.remote.transport import ABSENT, UNAUTHORIZED, failure_kind  # start-up: not loaded by `bundlerun --help`
 
     return {UNAUTHORIZED: FailureKind.AUTH_REFUSED, HOST_KEY: FailureKind.HOST_KEY,
             ABSENT: FailureKind.TOOL_MISSING}.get(transport_kind) or failure_kind(transport_kind)
@@ -152,7 +155,7 @@ class SshTarget(TargetBase):
         return f"ssh://{self.user + '@' if self.user else ''}{self.host}{f':{self.port}' if self.port else ''}"
 
     def transport(self) -> "SshTransport":
-        from bundlerun.targets.remote.ssh_transport import SshTransport
+        from bundlerun.targets.remote.ssh_transport import SshTransport  # start-up: not loaded by `bundlerun --help`
 
         s = self.settings
         return SshTransport(self.host, self.user, self.port, s.identity_file, s.known_hosts, s.ssh_config,
@@ -160,8 +163,8 @@ class SshTarget(TargetBase):
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
-        from bundlerun.targets.remote.device_cache import Artifact, DeviceCache
-        from bundlerun.targets.remote.transport import TransportError
+        from bundlerun.targets.remote.device_cache import Artifact, DeviceCache  # start-up: not loaded by `bundlerun --help`
+        from bundlerun.targets.remote.transport import TransportError  # start-up: not loaded by `bundlerun --help`
 
         s = self.settings
         t = self.transport()
@@ -200,7 +203,7 @@ class SshTarget(TargetBase):
         return run
 
     def _step(self, fn, what: str):
-        from bundlerun.targets.remote.transport import TransportError
+        from bundlerun.targets.remote.transport import TransportError  # start-up: not loaded by `bundlerun --help`
 
         try:
             return fn()
@@ -211,8 +214,7 @@ class SshTarget(TargetBase):
             raise TargetError(message, kind=_kind(exc.kind).value) from None
 
     def _check_version(self, t) -> str:
-        from bundlerun._version import __version__
-        from bundlerun.targets.remote.ssh_transport import parse_version
+        from bundlerun.targets.remote.ssh_transport import parse_version  # start-up: not loaded by `bundlerun --help`
 
         cmd = f"{self.settings.bundlerun} --version"
         res = self._step(lambda: t.run(cmd, self.settings.command_timeout), "checking the remote bundlerun")
@@ -232,8 +234,8 @@ class SshTarget(TargetBase):
         return version
 
     def _workspace(self, t) -> str:
-        from bundlerun.targets.remote.ssh_transport import remote_path_expr
-        from bundlerun.targets.remote.transport import check_shell
+        from bundlerun.targets.remote.ssh_transport import remote_path_expr  # start-up: not loaded by `bundlerun --help`
+        from bundlerun.targets.remote.transport import check_shell  # start-up: not loaded by `bundlerun --help`
 
         expr = remote_path_expr(self.settings.workspace)
         out = check_shell(t, f"mkdir -p {expr} && cd {expr} && pwd -P", self.settings.command_timeout,
@@ -246,8 +248,6 @@ class SshTarget(TargetBase):
 
     # ---- the worker session -----------------------------------------------------------------
     def _worker_command(self, remote_bundle: str, workspace: str, options: RunOptions, session_id: str) -> str:
-        from bundlerun._version import __version__
-
         s = self.settings
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items() if k.isidentifier())
         parts = [f"exec env {env}" if env else "exec", s.bundlerun, "worker", "--target", shlex.quote(self.inner),
@@ -259,7 +259,7 @@ class SshTarget(TargetBase):
         return " ".join([*parts, shlex.quote(remote_bundle)])
 
     def _run_cases(self, t, remote_bundle: str, workspace: str, pairs: list[tuple[str, int]], options: RunOptions):
-        from bundlerun.targets.remote.transport import TransportError
+        from bundlerun.targets.remote.transport import TransportError  # start-up: not loaded by `bundlerun --help`
 
         results: dict[tuple[str, int], CaseResult] = {}
         info: dict = {}
@@ -304,7 +304,6 @@ class SshTarget(TargetBase):
 
     def _session(self, t, remote_bundle, workspace, pairs, options: RunOptions, log_path: Path, results: dict):
         """One remote worker over one SSH channel. Returns (outcome, finished-event fields)."""
-        from bundlerun.targets.process import kill_process_group
 
         s = self.settings
         options.work_dir.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ class TosaTarget(TargetBase):
 
     def preflight(self, bundle: Bundle) -> dict:
         """Refuse programs whose delegates the reference model cannot execute."""
-        from bundlerun.targets.program.walker import WalkError, read_delegates
+        from bundlerun.targets.program.walker import WalkError, read_delegates  # start-up: not loaded by `bundlerun --help`
 
         try:
             delegates = read_delegates(bundle.program)
@@ -76,7 +76,7 @@ class TosaTarget(TargetBase):
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from bundlerun.targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check  # start-up: not loaded by `bundlerun --help`
 
     return [dist_check("tosa-tools", "tosa-tools", "tosa_reference_model", "pip install 'bundlerun[arm]'")]
 
@@ -85,7 +85,7 @@ def _capture(url: str, config: dict, bundle_path: Path, method: str, case: int, 
              debug_buffer_mb: int):
     """`bundlerun debug`: the program walker with an observer; the reference model runs each TOSA
     payload once with every operator's output made a graph output (targets/program/tosa_delegate.py)."""
-    from bundlerun.targets.intermediates import run_worker
+    from bundlerun.targets.intermediates import run_worker  # start-up: not loaded by `bundlerun --help`
 
     create(parse_target_url(url), config)
     return run_worker(url, "tosa", bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,

@@ -57,6 +57,8 @@ from bundlerun.targets.process import kill_process_group, start_program, wait_ex
 from bundlerun.targets.runner_cache import cached_runners, find_runner, runner_binary
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.base import PerfKind
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets import parse_target_url
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -397,7 +399,7 @@ class VulkanTarget(TargetBase):
 
     def _case(self, bundle: Bundle, method: str, index: int, runner: Path, env: dict[str, str], probe: dict,
               work: Path, timeout_s: float, executions: int) -> CaseResult:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         folder = work / f"{safe_name(method)}-{index}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -435,11 +437,9 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
     """Every intermediate output of `method`[`case`] on this driver: bundlerun's debug runner (built with
     the same Vulkan libraries as the runner, firmware_scripts/android/debug_runner/) with an ETDump and
     a debug buffer; read like the aarch64 lanes' (targets/android/intermediates.py)."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import parse_target_url
-    from bundlerun.targets.android import intermediates as dbg
-    from bundlerun.targets.intermediates import IntermediatesFailed
+    from bundlerun.bundles.bpte import read_bundle  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.android import intermediates as dbg  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.intermediates import IntermediatesFailed  # start-up: not loaded by `bundlerun --help`
 
     work_dir, bundle_path = Path(work_dir), Path(bundle_path)
     try:

@@ -12,7 +12,7 @@ from bundlerun.targets.android.config import AndroidTargetConfig
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from bundlerun.targets.probes import dist_check, tool_check
+    from bundlerun.targets.probes import dist_check, tool_check  # start-up: not loaded by `bundlerun --help`
 
     return [tool_check("adb", ["version"], "adb:// targets; adb+tcp:// works without it"),
             dist_check("adb-shell", "adb-shell", "adb_shell", "adb+tcp:// and adb+usb:// targets")]
@@ -53,12 +53,12 @@ def _device_key(url: TargetURL) -> str | None:
 def make_transport(url, cfg: AndroidTargetConfig):
     """The transport a target URL names."""
     if url.scheme == "adb":
-        from bundlerun.targets.android.adb_cli import AdbCliTransport
+        from bundlerun.targets.android.adb_cli import AdbCliTransport  # start-up: not loaded by `bundlerun --help`
 
         serial = (url.netloc + url.path).strip("/") or None
         return AdbCliTransport(serial, adb_path=cfg.adb_path, server_host=cfg.server_host, server_port=cfg.server_port,
                                auto_connect=cfg.auto_connect, connect_timeout_s=cfg.connect_timeout_s)
-    from bundlerun.targets.android.adb_direct import AdbShellTransport
+    from bundlerun.targets.android.adb_direct import AdbShellTransport  # start-up: not loaded by `bundlerun --help`
 
     if url.scheme == "adb+tcp":
         host, _, port = url.netloc.rpartition(":") if ":" in url.netloc else (url.netloc, "", "5555")
@@ -79,7 +79,7 @@ def make_transport(url, cfg: AndroidTargetConfig):
 
 def create(url, config: dict):
     """Entry point used by targets.open_target."""
-    from bundlerun.targets.android.target import AndroidTarget
+    from bundlerun.targets.android.target import AndroidTarget  # start-up: not loaded by `bundlerun --help`
 
     cfg = AndroidTargetConfig.from_dict(config, url.query)
     return AndroidTarget(url.raw, make_transport(url, cfg), cfg)

@@ -21,6 +21,8 @@ from pathlib import Path
 from bundlerun.targets.remote.transport import (
     ABSENT, MISSING_FILE, OFFLINE, TIMEOUT, TRANSPORT, UNAUTHORIZED, RemoteStat, TransportError, classify_message,
 )
+from bundlerun.targets import argv
+from bundlerun.targets.remote.transport import shell
 
 
 @dataclass
@@ -183,8 +185,6 @@ class AdbCliTransport:
         return out
 
     def push(self, local: Path, remote: str, timeout_s: float) -> None:
-        from bundlerun.targets import argv
-
         res = _run(self._device_argv() + ["push", argv.local_path(local, "push source"),
                                           argv.remote_path(remote, "push destination")], timeout_s)
         if res.returncode != 0:
@@ -193,7 +193,6 @@ class AdbCliTransport:
     def pull(self, remote: str, local: Path, timeout_s: float) -> None:
         local = Path(local)
         tmp = local.with_name(f".{local.name}.partial")
-        from bundlerun.targets import argv
 
         res = _run(self._device_argv() + ["pull", argv.remote_path(remote, "pull source"),
                                           argv.local_path(tmp, "pull destination")], timeout_s)
@@ -206,8 +205,6 @@ class AdbCliTransport:
         os.replace(tmp, local)
 
     def stat(self, remote: str, timeout_s: float) -> RemoteStat | None:
-        from bundlerun.targets.remote.transport import shell
-
         res = shell(self, f"stat -c '%f %s' {shlex.quote(remote)} 2>/dev/null", timeout_s)
         if res.exit_status != 0 or not res.output.strip():
             return None
@@ -218,8 +215,6 @@ class AdbCliTransport:
         return RemoteStat(int(match.group(1), 16), int(match.group(2)))
 
     def listdir(self, remote: str, timeout_s: float) -> list[str]:
-        from bundlerun.targets.remote.transport import shell
-
         res = shell(self, f"ls -1a {shlex.quote(remote)}", timeout_s)
         if res.exit_status != 0:
             return []

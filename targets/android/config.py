@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.limits import MAX_REPEAT
+from bundlerun.bundles.limits import MAX_TIMEOUT_S
+from bundlerun.targets.settings import check_keys
 
 PROFILES = ("executor-runner", "qnn-executor-runner")
 WORKSPACE_ROOT = "/data/local/tmp/"
@@ -69,7 +72,6 @@ class AndroidTargetConfig:
             raw.setdefault("soc_model", query.pop("soc"))
         for k, v in query.items():
             raw.setdefault(k.replace("-", "_"), v)
-        from bundlerun.targets.settings import check_keys
 
         check_keys("targets.adb", raw, (f.name for f in fields(cls)))
         cfg = cls()
@@ -80,8 +82,6 @@ class AndroidTargetConfig:
 
     def validate(self) -> None:
         import math
-
-        from bundlerun.bundles.limits import MAX_REPEAT, MAX_TIMEOUT_S
 
         for name in ("connect_timeout_s", "auth_timeout_s", "transfer_timeout_s", "command_timeout_s"):
             value = getattr(self, name)

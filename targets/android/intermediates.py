@@ -49,6 +49,24 @@ import numpy as np
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, parse_etdump
 from bundlerun.targets.remote.transport import MISSING_FILE
+from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.targets import parse_target_url
+from bundlerun.targets.android import profiles
+from bundlerun.targets.base import raw_outputs_from_files
+from bundlerun.targets.base import safe_name
+from bundlerun.targets.et_runner import executor_runner
+from bundlerun.targets.qemu_user import ARCHES
+from bundlerun.targets.qemu_user import QemuUserSettings
+from bundlerun.targets.qemu_user import qemu_for
+from bundlerun.targets.qemu_user import run_under_qemu
+from bundlerun.targets.remote.device_cache import Artifact
+from bundlerun.targets.remote.device_cache import DeviceCache
+from bundlerun.targets.remote.transport import TransportError
+from bundlerun.targets.remote.transport import check_shell
+from bundlerun.targets.runner_cache import find_runner
+from bundlerun.targets.runner_cache import read_record
+from bundlerun.targets.runner_cache import run_build
+from bundlerun.targets.settings import parse_settings
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "firmware_scripts" / "android" / "build_executor_runner.sh"
 RUNNER_KIND = "debug_runner"
@@ -85,7 +103,6 @@ def debug_runner_args(method: str, case: int, buffer_size: int, model: str = "mo
 
 def qnn_debug_args(method_index: int, buffer_size: int) -> list[str]:
     """qnn_executor_runner's own debug flags on top of its usual command line (one inference)."""
-    from bundlerun.targets.android import profiles
 
     args = profiles.qnn_runner_args(method_index, ETDUMP)
     return args + ["--dump_intermediate_outputs", "--debug_output_path", DEBUG_OUTPUT,
@@ -97,7 +114,6 @@ def cached_debug_runner(arch: str, log_dir: Path, build: bool = True, timeout_s:
     the current debug_runner sources): found by `build_executor_runner.sh --debug-runner --cached-only`,
     else built now (minutes: the ExecuTorch libraries are compiled once per cache key). Without the
     script (an installed wheel) the newest cached build of that arch is used."""
-    from bundlerun.targets.runner_cache import find_runner
 
     if not BUILD_SCRIPT.is_file():
         found = find_runner(RUNNER_KIND, "binary", arch=arch)
@@ -113,7 +129,6 @@ def cached_debug_runner(arch: str, log_dir: Path, build: bool = True, timeout_s:
     if probe.returncode != 3 or not build:
         reason = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
         raise IntermediatesFailed(f"no {arch} debug runner: {reason} (build it: {' '.join(base[1:])})")
-    from bundlerun.targets.runner_cache import run_build
 
     log = log_dir / f"build_debug_runner-{arch}.log"
     cmd = base + ["--jobs", "2"]
@@ -126,8 +141,6 @@ def cached_debug_runner(arch: str, log_dir: Path, build: bool = True, timeout_s:
 
 
 def _runner_binary(folder: Path) -> Path:
-    from bundlerun.targets.runner_cache import read_record
-
     meta = read_record(folder) or {}
     binary = Path(str(meta.get("binary", "")))
     if meta.get("kind") != RUNNER_KIND or not binary.is_file():
@@ -146,7 +159,6 @@ def _buffer_size(configured: int | None, debug_buffer_mb: int, url: str) -> int:
 def _check_run(url: str, method: str, case: int, output: str, exit_status: int | None, timeout_s: float,
                buffer_size: int, runner: str, log: Path) -> None:
     """IntermediatesFailed, one line, when the run produced no usable ETDump + outputs."""
-    from bundlerun.targets.et_runner import executor_runner
 
     where = f" (log: {log})"
     if exit_status is None:
@@ -169,8 +181,6 @@ def _check_run(url: str, method: str, case: int, output: str, exit_status: int |
 
 
 def _read_outputs(bundle, method: str, case: int, folder: Path) -> list[np.ndarray]:
-    from bundlerun.targets.base import raw_outputs_from_files
-
     expected = bundle.suite(method).test_cases[case].expected_outputs
     slots = [k for k, v in enumerate(expected) if v.kind == "tensor"]
     layout = [(expected[k].scalar_type, list(expected[k].sizes)) for k in slots]
@@ -206,11 +216,6 @@ def _result(url: str, bundle, method: str, case: int, folder: Path, buffer_size:
 
 def _capture_qemu_user(url: str, config: dict, bundle, bundle_path: Path, method: str, case: int, work_dir: Path,
                        timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
-    from bundlerun.targets import parse_target_url
-    from bundlerun.targets.base import safe_name
-    from bundlerun.targets.qemu_user import ARCHES, QemuUserSettings, qemu_for, run_under_qemu
-    from bundlerun.targets.settings import parse_settings
-
     parsed = parse_target_url(url)
     arch = parsed.rest.lower()
     if arch not in ARCHES:
@@ -259,12 +264,8 @@ def _device_arch(target) -> tuple[str, str | None]:
 
 def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str, case: int, work_dir: Path,
                  timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
-    from bundlerun.bundles.fileio import atomic_write_bytes
-    from bundlerun.targets import open_target
-    from bundlerun.targets.android import profiles
-    from bundlerun.targets.android.target import _Budget, _safe
-    from bundlerun.targets.remote.device_cache import Artifact, DeviceCache
-    from bundlerun.targets.remote.transport import TransportError
+    from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
+    from bundlerun.targets.android.target import _Budget, _safe  # start-up: loads flatbuffers on use
 
     target = open_target(url, config)
     c = target.cfg
@@ -374,8 +375,6 @@ def _remove_run_dir(target, run_dir: str) -> bool:
     """The per-case device folder goes whatever happened; after a cut link, on a fresh connection."""
     import shlex
 
-    from bundlerun.targets.remote.transport import TransportError, check_shell
-
     for attempt in range(2):
         try:
             if attempt:
@@ -394,8 +393,7 @@ def _remove_run_dir(target, run_dir: str) -> bool:
 def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path,
             timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
     """Run `method`[`case`] of the bundle with every intermediate output on qemu-user:// or adb://."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets import parse_target_url
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from bundlerun.targets.remote.transport import MISSING_FILE, TIMEOUT, Transport,
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, raw_outputs_from_files,
                                     selected_cases)
+from bundlerun.targets.et_runner.server import stateful_methods
 
 _LOG_HINT = re.compile(r"(^[EF] |error|Error|ERROR|fault|Fault|dlopen|CANNOT LINK|not found|Abort|Segmentation|Test_result)")
 
@@ -132,7 +133,6 @@ class AndroidTarget(TargetBase):
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
         t0 = time.monotonic()
         pairs = selected_cases(bundle, options)
-        from bundlerun.targets.et_runner.server import stateful_methods
 
         stateful = sorted(stateful_methods(bundle) & {m for m, _ in pairs})
         if stateful:  # the LLM contract: a decode step is never run on a fresh method

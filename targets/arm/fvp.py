@@ -37,6 +37,7 @@ from bundlerun.targets import Check, TargetSpec, TargetURL, lazy
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
                                     safe_name as _safe, selected_cases)
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.settings import check_keys
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -342,7 +343,7 @@ class FVPTarget(TargetBase):
     # -- semihosting: one FVP session per test case ---------------------------------
 
     def _semihosting_case(self, bundle: Bundle, method: str, index: int, plan: _Plan) -> CaseResult:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         assert len(SEMIHOSTING_CMD_LINE) < SEMIHOSTING_CMDLINE_MAX  # relative names keep it short by construction
         case_dir = plan.work / f"{_safe(method)}-{index}"
@@ -360,7 +361,7 @@ class FVPTarget(TargetBase):
     # -- UART: bundle in the ELF or placed with --data ------------------------------
 
     def _uart_case(self, bundle: Bundle, method: str, index: int, plan: _Plan, first: bool) -> CaseResult:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         linked = plan.model_addr is None
         if linked and (not first or index != 0 or method != bundle.method_test_suites[0].method_name):
@@ -404,7 +405,6 @@ SETTINGS = ("mode", "fvp_path", "runner_elf", "uart_runner_elf", "timelimit", "h
 
 def check_settings(cfg: dict[str, Any]) -> None:
     """Unknown keys are errors (with a did-you-mean), at the top and in per-platform tables."""
-    from bundlerun.targets.settings import check_keys
 
     for key, value in cfg.items():
         if isinstance(value, dict) and key not in SETTINGS:
@@ -416,7 +416,7 @@ def check_settings(cfg: dict[str, Any]) -> None:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from bundlerun.targets.probes import dist_check, tool_check
+    from bundlerun.targets.probes import dist_check, tool_check  # start-up: not loaded by `bundlerun --help`
 
     rows = []
     for name in FVP_BINARIES:

@@ -39,6 +39,23 @@ import numpy as np
 from bundlerun.bundles.errors import BundlerunError, TargetError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, IntermediatesUnsupported, parse_etdump
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.backends.common import quiet_framework_logs
+from bundlerun.targets import parse_target_url
+from bundlerun.targets.arm.fvp import _lookup
+from bundlerun.targets.arm.fvp import parse_variant
+from bundlerun.targets.arm.qemu import debug_runner
+from bundlerun.targets.base import CaseStatus
+from bundlerun.targets.base import RunOptions
+from bundlerun.targets.base import expected_layout
+from bundlerun.targets.base import safe_name
+from bundlerun.targets.et_runner.log import DEBUG_BUFFER_FULL_RE
+from bundlerun.targets.et_runner.log import EtdumpBlockError
+from bundlerun.targets.et_runner.log import RunnerLog
+from bundlerun.targets.et_runner.log import debug_buffer_size
+from bundlerun.targets.et_runner.log import etdump_block_files
+from bundlerun.targets.et_runner.log import parse_runner_log
+from bundlerun.targets.et_runner.outputs import OutputDecodeError
+from bundlerun.targets.et_runner.outputs import outputs_from_etdump
 
 GRANULARITY = ("every kernel call and every delegate call (arm_executor_runner's ETDump + debug buffer, "
                "ET_DUMP_INTERMEDIATE_OUTPUTS)")
@@ -77,9 +94,6 @@ class _Lane:
 
     def __init__(self, url: str, config: dict[str, Any], bundle_path: Path, method: str, case: int,
                  work_dir: Path, debug_buffer_mb: int):
-        from bundlerun.targets import parse_target_url
-        from bundlerun.targets.base import safe_name
-
         self.url = url
         parsed = parse_target_url(url)
         self.family = parsed.scheme.split("+", 1)[0]
@@ -93,8 +107,6 @@ class _Lane:
         self.case_dir: Path | None = None
         stem = f"{safe_name(method)}-{case}"
         if self.family == "qemu":
-            from bundlerun.targets.arm.qemu import debug_runner
-
             self.mode = str({**cfg, **parsed.query}.get("mode") or "semihosting").lower()
             if self.elf is None:
                 if debug_buffer_mb > 64:
@@ -110,8 +122,6 @@ class _Lane:
             if self.mode == "semihosting":
                 self.case_dir = work_dir / "qemu" / stem
         elif self.family == "fvp":
-            from bundlerun.targets.arm.fvp import _lookup, parse_variant
-
             merged = {**cfg, **parsed.query}
             self.mode = str(_lookup(merged, parse_variant(parsed.netloc, parsed.path), "mode")
                             or "semihosting").lower()
@@ -157,8 +167,6 @@ def _quiet_inspector_imports() -> None:
     import contextlib
     import io
 
-    from bundlerun.bundles.backends.common import quiet_framework_logs
-
     quiet_framework_logs()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         import torch  # noqa: F401
@@ -168,11 +176,8 @@ def _quiet_inspector_imports() -> None:
 def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path,
             timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
     """Run `method`[`case`] of the bundle on an Arm runner lane with every intermediate output."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets import open_target
-    from bundlerun.targets.et_runner.log import (DEBUG_BUFFER_FULL_RE, EtdumpBlockError, RunnerLog, debug_buffer_size,
-                                           etdump_block_files, parse_runner_log)
-    from bundlerun.targets.base import CaseStatus, RunOptions, expected_layout
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
+    from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +277,6 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
 
     outputs: list[np.ndarray] = [t.to_array() for t in result.outputs]
     if not outputs:
-        from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump
-
         try:
             outputs = [t.to_array() for t in outputs_from_etdump(
                 etdump_path.read_bytes(), debug_path.read_bytes(), expected_layout(bundle, method, case))]

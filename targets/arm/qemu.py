@@ -40,6 +40,8 @@ from bundlerun.targets.base import CaseResult, RunOptions, TargetBase, TargetRun
 from bundlerun.targets.runner_cache import cached_runners, read_record, run_build
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.failures import FailureKind
+from bundlerun.bundles.program_meta import program_operators
+from bundlerun.targets.arm.fvp import platform_lowering
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -77,7 +79,7 @@ class QemuSettings:
 
 
 def _doctor(section: dict) -> list[Check]:
-    from bundlerun.targets.probes import tool_check
+    from bundlerun.targets.probes import tool_check  # start-up: not loaded by `bundlerun --help`
 
     rows = [tool_check(str(section.get("qemu", "qemu-system-arm")), ["--version"], "apt-get install qemu-system-arm"),
             tool_check("arm-none-eabi-gcc", ["--version"], "apt-get install gcc-arm-none-eabi (to build the runner)")]
@@ -119,8 +121,6 @@ QEMU_MACHINES = {"mps3-an547": ("corstone-300", "cortex-m55")}
 
 
 def _lowering(url: TargetURL) -> dict:
-    from bundlerun.targets.arm.fvp import platform_lowering
-
     machine = url.rest.lower()
     if machine not in QEMU_MACHINES:
         raise TargetError(f"unknown QEMU machine {machine!r} in {url.raw!r}; known: {', '.join(QEMU_MACHINES)}",
@@ -144,7 +144,6 @@ class QemuTarget(TargetBase):
             if not s.runner_elf.is_file():
                 raise TargetError(f"runner ELF {s.runner_elf} does not exist; {BUILD_HINT}")
             return s.runner_elf
-        from bundlerun.bundles.program_meta import program_operators
 
         needed = program_operators(bundle.program, "bundle program")
         record, lacking = pick_cached_runner(needed, s.mode)
@@ -167,7 +166,7 @@ class QemuTarget(TargetBase):
                 plugin_log: Path | None = None) -> list[str]:
         """The QEMU command line of one session (`plugin_log`: load the instruction-count plugin).
         Paths are absolute and commas inside QEMU's key=value options escaped (targets/argv.py)."""
-        from bundlerun.targets import argv
+        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
         cmd = [argv.program(qemu, "qemu", self.url), "-M", self.machine, "-nographic", "-monitor", "none"]
         if self.settings.icount:
@@ -227,7 +226,7 @@ class QemuTarget(TargetBase):
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, elf: Path, work: Path, logs: Path,
               wall: float) -> CaseResult:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         case_dir = work / f"{safe_name(method)}-{index}"
         case_dir.mkdir(parents=True, exist_ok=True)
@@ -301,8 +300,7 @@ def debug_runner(bundle_path: Path, mode: str, debug_buffer_size: int, log_dir: 
     `log_dir`; a failed build is a TargetError naming the script's own one-line reason."""
     import sys
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.program_meta import program_operators
+    from bundlerun.bundles.bpte import read_bundle  # start-up: not loaded by `bundlerun --help`
 
     if not 16 <= debug_buffer_size <= MAX_DEBUG_BUFFER:
         raise ConfigError(f"qemu://: the debug buffer must be 16 B..{MAX_DEBUG_BUFFER >> 20} MiB (it comes out of the "

@@ -62,7 +62,7 @@ def find_plugin(qemu: str) -> Path | None:
 
 def plugin_args(plugin: Path, log_path: Path) -> list[str]:
     """QEMU options that load the plugin and send its exit line to `log_path` (not the UART)."""
-    from bundlerun.targets import argv
+    from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
     # -plugin is parsed as QEMU key=value options: a comma in the path is escaped (targets/argv.py)
     return ["-plugin", argv.qemu_opt(argv.local_path(plugin, "QEMU plugin")), "-d", "plugin",

@@ -39,6 +39,7 @@ from bundlerun.targets.et_runner.protocol import SessionEnd, case_from_session
 from bundlerun.targets.base import (CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun, expected_layout,
                                     safe_name as _safe, selected_cases)
 from bundlerun.targets.failures import FailureKind
+from bundlerun.targets.et_runner.log import parse_runner_log
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -59,7 +60,7 @@ class SerialTarget(TargetBase):
         self._config = dict(config or {})  # kept to re-merge RunOptions.config at run time
 
     def _values(self, bundle_path: Path, case_bundle: Path | None, work: Path) -> dict[str, str]:
-        from bundlerun.targets import argv
+        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
 
         s = self.settings
         where = self.url
@@ -147,11 +148,11 @@ class SerialTarget(TargetBase):
                 flashed_once = True
                 state["setup_s"] = time.monotonic() - setup_start
                 if not res.ok:
-                    from bundlerun.bundles.errors import TargetError
+                    from bundlerun.bundles.errors import TargetError  # late: its name is bound otherwise in this module
 
                     raise TargetError(res.message)
             if s.launch and not per_case_launch and state["board"] is None:
-                from bundlerun.bundles.errors import TargetError
+                from bundlerun.bundles.errors import TargetError  # late: its name is bound otherwise in this module
 
                 argv = render_command(s.launch, self._values(bundle_path, None, work))
                 try:
@@ -182,7 +183,7 @@ class SerialTarget(TargetBase):
         per_case_launch: bool = False,
         run_board: Board | None = None,
     ) -> CaseResult:
-        from bundlerun.bundles.bpte import write_bundle
+        from bundlerun.bundles.bpte import write_bundle  # start-up: not loaded by `bundlerun --help`
 
         stem = f"{_safe(method)}-case{index}"
         case_bundle = work / f"{stem}.bpte"
@@ -261,8 +262,6 @@ class SerialTarget(TargetBase):
         board: Board | None,
         launched_for_case: bool,
     ) -> CaseResult:
-        from bundlerun.targets.et_runner.log import parse_runner_log
-
         values = self._values(bundle_path, case_bundle, work)
         log_path = work / f"{stem}.uart.log"
         base = CaseResult(method, index, CaseStatus.ERROR, log_path=None)
@@ -340,7 +339,7 @@ class SerialTarget(TargetBase):
 
 
 def _doctor(_section: dict) -> list[Check]:
-    from bundlerun.targets.probes import dist_check
+    from bundlerun.targets.probes import dist_check  # start-up: not loaded by `bundlerun --help`
 
     import shutil
 

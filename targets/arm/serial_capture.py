@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from bundlerun.targets.arm.serial_settings import SerialSettings
+from bundlerun.targets.et_runner.log import IncrementalLogParser
 
 _BOOT_MARKERS = ("PTE @ ", "Running executor with parameter:", "Ethos-U rev ")
 # ET_CHECK_MSG(model_ok == true, "Problem running model") follows a failed BundleIO
@@ -37,8 +38,6 @@ def capture_uart(port, settings: SerialSettings, deadline: float, sink=None, sta
     monotonic time the deadline counts from, so a timeout's elapsed time is never short of it.
     """
     import serial
-
-    from bundlerun.targets.et_runner.log import IncrementalLogParser
 
     parser = IncrementalLogParser()
     data = bytearray()

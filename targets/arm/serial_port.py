@@ -61,7 +61,7 @@ def port_holders(device: str) -> list[str]:
     pids: set[int] = set()
     if "://" in device or not device:
         return []  # a socket:// or rfc2217:// port is no file to ask about
-    from bundlerun.targets import argv as checked
+    from bundlerun.targets import argv as checked  # start-up: not loaded by `bundlerun --help`
 
     device = checked.local_path(device, "serial port")  # absolute: `fuser -k` must never come from a URL
     for argv in (["fuser", device], ["lsof", "-t", "--", device]):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.targets.settings import check_keys
 
 RESET_MODES = ("none", "dtr", "rts", "dtr+rts", "command", "exec")
 
@@ -70,7 +71,6 @@ def settings_from(url, config: dict[str, Any]) -> SerialSettings:
     known = {f for f in SerialSettings.__dataclass_fields__ if f != "port_url"}
     aliases = {"baud": "baudrate"}
     kwargs: dict[str, Any] = {}
-    from bundlerun.targets.settings import check_keys
 
     check_keys("targets.serial", [aliases.get(k, k) for k in merged], [*known, *aliases])
     for key, value in merged.items():

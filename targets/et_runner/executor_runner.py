@@ -25,6 +25,10 @@ from bundlerun.targets.et_runner.protocol import Failure, cause_of
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import PerfKind, Verdict
+from bundlerun.targets.base import CaseResult
+from bundlerun.targets.base import CaseStatus
+from bundlerun.targets.base import expected_layout
+from bundlerun.targets.base import raw_outputs_from_files
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -139,7 +143,7 @@ def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
     an emulator (qemu-user), so its clock measures emulation, not device latency."""
     from statistics import median
 
-    from bundlerun.targets.arm.perf import planned_buffer
+    from bundlerun.targets.arm.perf import planned_buffer  # start-up: not loaded by `bundlerun --help`
 
     kind = PerfKind.SIMULATION_TIME if simulated else PerfKind.DEVICE_LATENCY
     src = "executor_runner log (executor_runner.cpp)"
@@ -185,7 +189,6 @@ def case_result(bundle, method: str, index: int, folder, rc: int | None, output:
     `runner_args(..., "out/output", etdump=...)`: a timeout (rc None: its process group was killed),
     the lane's classified failure, or the outputs it wrote (out/output-K.bin, checked against the
     bundle's layout). `base` holds the CaseResult fields the lane measured (log path, elapsed, ...)."""
-    from bundlerun.targets.base import CaseResult, CaseStatus, expected_layout, raw_outputs_from_files
 
     tail = output.splitlines()[-10:]
     if rc is None:

@@ -262,7 +262,7 @@ def collect_outputs(
     semihosting files (`out-<i>.bin`, bit exact), else the ETDump block or
     semihosting `etdump.bin`+`debug_buffer.bin` (bit exact), else the printed
     `Output[i][j]` lines (6 decimals, lossy). `prefer`: auto | files | etdump | printed."""
-    from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed
+    from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump, outputs_from_etdump_b64, outputs_from_printed  # start-up: not loaded by `bundlerun --help`
 
     problems: list[str] = []
     if files_dir is not None and prefer in ("auto", "files"):
@@ -313,7 +313,7 @@ def case_from_session(log: RunnerLog, end, method: str, index: int, layout, file
                         device_verdict=device_verdict(log), extra=dict(extra or {}))
     if log.partial_last_line:
         result.extra["partial_last_line"] = log.partial_last_line
-    from bundlerun.targets.arm.perf import SIMULATORS, arm_runner_figures
+    from bundlerun.targets.arm.perf import SIMULATORS, arm_runner_figures  # start-up: not loaded by `bundlerun --help`
 
     result.add_perf(arm_runner_figures(log, simulated=getattr(end, "tool", None) in SIMULATORS))
     got: Collected | Failure | None = classify(log, end)

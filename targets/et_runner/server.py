@@ -47,6 +47,13 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from bundlerun.bundles import sequence
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
+from bundlerun.bundles.errors import BundleError
+from bundlerun.bundles.errors import TargetError
+from bundlerun.bundles.program_meta import method_inputs
+from bundlerun.targets.base import safe_name
+from bundlerun.targets.base import selected_cases
+from bundlerun.targets.et_runner.executor_runner import case_result
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledValue
@@ -180,8 +187,6 @@ def unservable(bundle: Bundle, method: str) -> str | None:
     load_bundled_input sets each input from the case (its dtype checked, its shape resized);
     the files are copied raw into tensors of the declared meta. So each case's input must be what
     the program declares, byte for byte the same layout: the dtype, the sizes, the dim order."""
-    from bundlerun.bundles.errors import BundleError
-    from bundlerun.bundles.program_meta import method_inputs
 
     try:
         declared = method_inputs(bundle.program, "bundle")
@@ -211,8 +216,6 @@ def out_of_bounds(bundle: Bundle, method: str) -> str | None:
     larger than the program declares (past a static size, or past a dynamic input's upper bound).
     Checked before bundled serving, where BundleIO would try to resize the input past what the method
     planned. A dtype or rank the program does not take is left to the runtime, which names it."""
-    from bundlerun.bundles.errors import BundleError
-    from bundlerun.bundles.program_meta import method_inputs
 
     try:
         declared = method_inputs(bundle.program, "bundle")
@@ -250,14 +253,12 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
     lane's one-case path: all of them when the server does not reach its loop (the program does not
     load: that path says why), else from the case it died on. `bundled`: the runner takes the whole
     bundle and a case index per trigger (module docstring), not --inputs files."""
-    from bundlerun.targets.base import safe_name
-    from bundlerun.targets.et_runner.executor_runner import case_result
 
     folder = work / f"{safe_name(method)}-served"
     (folder / "out").mkdir(parents=True, exist_ok=True)
     cases = bundle.suite(method).test_cases
     if bundled:
-        from bundlerun.bundles.bpte import serialize_bundle
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         model = "model.bpte"
         (folder / model).write_bytes(serialize_bundle(bundle))
@@ -318,8 +319,7 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
 def not_run(method: str, indices: list[int], who: str) -> list[CaseResult]:
     """The cases of a stateful sequence left after its server stopped: not run, since running one on a
     fresh method would judge it on an empty KV cache."""
-    from bundlerun.targets.base import CaseResult, CaseStatus
-    from bundlerun.targets.failures import FailureKind
+    from bundlerun.targets.base import CaseResult, CaseStatus  # late: its name is bound otherwise in this module
 
     return [CaseResult(method=method, case_index=index, status=CaseStatus.ERROR, error_kind=FailureKind.NOT_RUN,
                        error=f"not run: {who} stopped before this step of a stateful sequence, and a step is never "
@@ -375,8 +375,6 @@ def run_cases(bundle: Bundle, options: RunOptions, run: TargetRun, one_case: str
     `bundled`: the server takes the bundle and a case index per trigger (any input shape is servable).
     A stateful sequence the lane cannot run on one loaded method is refused (TargetError, bad-config)
     before any case runs. `run.info["runner_mode"]` says which, per method."""
-    from bundlerun.bundles.errors import TargetError
-    from bundlerun.targets.base import selected_cases
 
     by_method: dict[str, list[int]] = {}
     for method, index in selected_cases(bundle, options):

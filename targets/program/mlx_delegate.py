@@ -29,6 +29,16 @@ from typing import Any
 import numpy as np
 
 from bundlerun.targets.program.walker import DelegateInvocation, InnerOutput, WalkError
+from bundlerun.bundles.etrecord import mlx_ops_digest
+from bundlerun.targets.program.mlx_graph import SLOT_INT
+from bundlerun.targets.program.mlx_graph import SLOT_TENSOR
+from bundlerun.targets.program.mlx_graph import count_outputs
+from bundlerun.targets.program.mlx_graph import decode
+from bundlerun.targets.program.mlx_ops import CONTROL_FLOW
+from bundlerun.targets.program.mlx_ops import HANDLERS
+from bundlerun.targets.program.mlx_ops import State
+from bundlerun.targets.program.mlx_ops import UNSUPPORTED
+from bundlerun.targets.program.mlx_ops import _dtype
 
 MLX_BACKEND_ID = "MLXBackend"
 MAX_SCHEMA_VERSION = 1
@@ -81,8 +91,6 @@ class MLXDelegateRunner:
         self.last_inner: list[InnerOutput] = []
 
     def num_outputs(self, payload: bytes) -> int:
-        from bundlerun.targets.program.mlx_graph import count_outputs
-
         key = hashlib.sha1(payload).hexdigest()
         if key not in self._output_counts:
             self._output_counts[key] = count_outputs(payload)
@@ -99,8 +107,6 @@ class MLXDelegateRunner:
         key = hashlib.sha1(call.payload).hexdigest()
         if key in self._loaded:
             return self._loaded[key]
-        from bundlerun.targets.program.mlx_graph import SLOT_TENSOR, decode
-        from bundlerun.targets.program.mlx_ops import CONTROL_FLOW, HANDLERS, UNSUPPORTED, State, _dtype
 
         mx.set_default_device(mx.gpu if self.device == "gpu" else mx.cpu)
         graph = decode(call.payload)
@@ -151,9 +157,6 @@ class MLXDelegateRunner:
     # -- execute ------------------------------------------------------------------------
 
     def _execute(self, mx, loaded: _Loaded, call: DelegateInvocation) -> list[np.ndarray]:
-        from bundlerun.targets.program.mlx_graph import SLOT_INT, SLOT_TENSOR
-        from bundlerun.targets.program.mlx_ops import State
-
         graph = loaded.graph
         if len(call.inputs) != len(graph.input_map):
             raise WalkError("runner-error", f"MLX graph takes {len(graph.input_map)} inputs, the program passes {len(call.inputs)}")
@@ -175,8 +178,6 @@ class MLXDelegateRunner:
             else:
                 raise WalkError("runner-error", f"MLX input slot type {slot_type} is not handled")
         if self.capture_inner:
-            from bundlerun.bundles.etrecord import mlx_ops_digest
-
             self.last_inner = []
             digest = mlx_ops_digest([[ins.op for ins in chain] for chain in graph.chains])
             self._run_chain(st, graph.main_chain, record=(self.last_inner, digest))
@@ -201,8 +202,6 @@ class MLXDelegateRunner:
         return outputs
 
     def _run_chain(self, st, chain_idx: int, record: tuple[list[InnerOutput], str] | None = None) -> None:
-        from bundlerun.targets.program.mlx_ops import HANDLERS
-
         graph = st.graph
         if not 0 <= chain_idx < len(graph.chains):
             raise WalkError("runner-error", f"MLX chain index {chain_idx} out of range")
@@ -261,8 +260,6 @@ class MLXDelegateRunner:
 
 
 def _dtype_for(mx, code: int):
-    from bundlerun.targets.program.mlx_ops import _dtype
-
     return _dtype(mx, code)
 
 

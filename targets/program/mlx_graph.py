@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bundlerun.targets.program.walker import WalkError
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
 HEADER_LENGTH = 24
 MAGIC = b"MLX0"
@@ -80,8 +82,6 @@ def parse_header(payload: bytes) -> tuple[int, int]:
 
 def _bindings():
     """Generated flatbuffer package + inspector field table (after the codegen overlay)."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 
     try:
         ensure_mlx_importable()

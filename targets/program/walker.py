@@ -30,6 +30,7 @@ import numpy as np
 
 from bundlerun.bundles import scalar_types as st
 from bundlerun.targets.failures import FailureKind
+from bundlerun.bundles.scalar_types import code_from_numpy
 
 MAX_INSTRUCTIONS = 10_000_000  # bound a runaway JumpFalse loop
 
@@ -532,7 +533,6 @@ class ProgramWalker:
             want = [int(s) for s in spec.sizes]
             if list(arr.shape) != want:
                 raise WalkError("bad-bundle", f"input {pos} has shape {list(arr.shape)}, the program expects {want}")
-            from bundlerun.bundles.scalar_types import code_from_numpy
 
             got = 15 if code == 15 and arr.dtype == np.uint16 else code_from_numpy(arr.dtype)
             if got != code:

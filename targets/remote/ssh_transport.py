@@ -44,6 +44,7 @@ from bundlerun.targets.remote.transport import (
     TransportError,
     check_shell,
 )
+from bundlerun.targets import argv
 
 HOST_KEY = "host-key"  # transport fault kind: unknown/changed/unpinned host key
 SSH_FAILED = 255  # ssh's own exit status for a connection or authentication failure
@@ -117,7 +118,6 @@ class SshTransport:
     def __post_init__(self) -> None:
         """Every value that reaches ssh's argv, checked (targets/argv.py): the host is also put
         after `--`, so neither can ever be read as an ssh option."""
-        from bundlerun.targets import argv
 
         where = "ssh"
         self.host = argv.host(self.host, "ssh host", where)
@@ -202,7 +202,6 @@ class SshTransport:
             raise TransportError("ssh-keyscan is not installed (package openssh-client); it is needed to check "
                                  "the pinned fingerprint", "absent")
         hostname, port = self._resolved()
-        from bundlerun.targets import argv
 
         hostname = argv.host(hostname, "host name (from `ssh -G`)", self.description)
         try:

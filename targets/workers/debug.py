@@ -21,6 +21,9 @@ import logging
 import sys
 import warnings
 from pathlib import Path
+from bundlerun.targets.workers.host import _quiet_imports
+from bundlerun.targets.workers.host import _register_kernels
+from bundlerun.targets.workers.program import _load
 
 def _inputs(bundle, method: str, case: int) -> list:
     test_case = bundle.suite(method).test_cases[case]
@@ -31,9 +34,8 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
               prefix: tuple[int, ...] = ()) -> tuple[dict, list, list]:
     import numpy as np
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets.workers.host import _quiet_imports, _register_kernels
-    from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.targets.program.walker import numpy_to_tensor, tensor_to_numpy  # start-up: loads numpy on use
 
     bundle = read_bundle(bundle_path)
     torch, portable_lib = _quiet_imports()
@@ -50,7 +52,7 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
     outputs = module.run_method(method, inputs(case))
     etdump, buffer = work / "case.etdump", work / "case.debug"
     module.write_etdump_result_to_file(str(etdump), str(buffer))
-    from bundlerun.targets.intermediates import keep_last_run, parse_etdump
+    from bundlerun.targets.intermediates import keep_last_run, parse_etdump  # start-up: loads numpy on use
 
     if prefix:
         keep_last_run(etdump)
@@ -63,8 +65,7 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
 
 
 def _run_walker(bundle_path: str, method: str, case: int, delegates: str) -> tuple[dict, list, list]:
-    from bundlerun.targets.intermediates import walker_observer
-    from bundlerun.targets.workers.program import _load
+    from bundlerun.targets.intermediates import walker_observer  # start-up: loads numpy on use
 
     bundle, loaded, walker, runtime, _dists = _load(bundle_path, delegates)
     items: list = []
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    from bundlerun.targets.intermediates import save
+    from bundlerun.targets.intermediates import save  # start-up: loads numpy on use
 
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # library chatter goes to the log

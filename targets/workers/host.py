@@ -21,6 +21,9 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from bundlerun.bundles.fileio import named
+from bundlerun.bundles.program_meta import program_operators
+from bundlerun.targets.workers.supervisor import serve
 
 
 def _emit(**event) -> None:
@@ -113,8 +116,6 @@ def _register_kernels(program: bytes) -> list[str]:
     """Import the kernel libraries `program` calls operators of; the modules imported."""
     import importlib
 
-    from bundlerun.bundles.program_meta import program_operators
-
     ops = program_operators(program)
     loaded = []
     for prefix, module in KERNEL_LIBRARIES:
@@ -161,8 +162,8 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
                 repeat: int = 1, replay: int = 1) -> int:
     """Load one bundle in the runtime, run `pairs`, emit its events (ready ... finished, or fatal).
     Everything of this bundle is dropped on return: a warm worker's next bundle starts clean."""
-    from bundlerun.bundles.bpte import parse_bundle
-    from bundlerun.bundles.scalar_types import BFLOAT16
+    from bundlerun.bundles.bpte import parse_bundle  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.bundles.scalar_types import BFLOAT16  # start-up: loads numpy on use
 
     t0 = time.perf_counter() if t0 is None else t0
     try:
@@ -172,7 +173,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         kernels = _register_kernels(bundle.program)
         bundled = portable_lib._load_bundled_program_from_buffer(buf)
         module = portable_lib._load_for_executorch_from_bundled_program(bundled)
-        from bundlerun.bundles import scalar_types as st
+        from bundlerun.bundles import scalar_types as st  # optional: its failure to load is handled here
 
         code_of = {st.torch_dtype(c): c for c in (0, 1, 2, 3, 4, 5, 6, 7, 11, BFLOAT16)}
         torch_of = {v: k for k, v in code_of.items()}
@@ -252,7 +253,6 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             try:
                 path.write_bytes(data)
             except OSError as exc:  # a full disk: the supervisor says which file (host-io)
-                from bundlerun.bundles.fileio import named
 
                 raise named(exc, path) from None
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
@@ -329,8 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.serve:
-        from bundlerun.targets.workers.supervisor import serve
-
         t_import = time.perf_counter()
         try:
             _quiet_imports()  # the expensive part, paid once for every bundle of the command

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from bundlerun.targets.workers.supervisor import serve
 
 
 def _emit(**event) -> None:
@@ -25,11 +26,11 @@ def _emit(**event) -> None:
 # --delegates NAME -> (delegate runners, runtime description, distributions to record)
 def _runners(name: str):
     if name == "tosa":
-        from bundlerun.targets.program.tosa_delegate import delegate_runners
+        from bundlerun.targets.program.tosa_delegate import delegate_runners  # start-up: loads numpy on use
 
         return delegate_runners(), "bundlerun pte walker + TOSA reference model", ("tosa-tools",)
     if name.startswith("mlx-"):
-        from bundlerun.targets.program.mlx_delegate import delegate_runners
+        from bundlerun.targets.program.mlx_delegate import delegate_runners  # start-up: loads numpy on use
 
         return delegate_runners(device=name[4:]), f"bundlerun pte walker + MLX ({name[4:]})", ("mlx",)
     raise ValueError(f"unknown delegate set {name!r}")
@@ -37,8 +38,8 @@ def _runners(name: str):
 
 def _load(bundle_path: str, delegates: str = "tosa"):
     """Read the bundle and load the program; library chatter goes to stderr."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.targets.program.walker import ProgramWalker, load_program
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.targets.program.walker import ProgramWalker, load_program  # start-up: loads numpy on use
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -55,7 +56,7 @@ def _load(bundle_path: str, delegates: str = "tosa"):
 
 
 def _tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
-    from bundlerun.bundles.versions import package_versions
+    from bundlerun.bundles.versions import package_versions  # late: looked up at call time (tests replace it)
 
     return package_versions((*dists, "executorch", "torch"))
 
@@ -66,7 +67,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, delegates: str = "t
     t0 = time.perf_counter() if t0 is None else t0
     try:
         bundle, loaded, walker, runtime, dists = _load(bundle_path, delegates)
-        from bundlerun.targets.program.walker import WalkError
+        from bundlerun.targets.program.walker import WalkError  # optional: its failure to load is handled here
     except Exception as exc:  # noqa: BLE001 - reported as a classified load failure
         kind = getattr(exc, "kind", "load-failure")
         _emit(event="fatal", error=f"could not load the program: {getattr(exc, 'message', exc)}", kind=kind)
@@ -131,8 +132,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.serve:
         import gc
-
-        from bundlerun.targets.workers.supervisor import serve
 
         t_import = time.perf_counter()
         real_stdout = sys.stdout

@@ -48,6 +48,9 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits
 from bundlerun.targets.process import kill_process_group
+from bundlerun.bundles.sequence import from_manifest
+from bundlerun.targets.base import TargetRun
+from bundlerun.targets.base import selected_cases
 
 MAX_RESTARTS = 3
 
@@ -367,7 +370,6 @@ def run_in_worker(url: str, module: str, args: list[str], bundle, options: RunOp
     `warm=True` says `module` also serves (`--serve`, see the module docstring) and `args` are
     `[bundle, out_dir, *worker flags]`: while a WorkerPool is active (a command's Session), the
     cases then run on the pool's warm worker for `module + worker flags`, shared across bundles."""
-    from bundlerun.targets.base import TargetRun, selected_cases
 
     pool = active_pool() if warm else None
     spec = None
@@ -375,7 +377,6 @@ def run_in_worker(url: str, module: str, args: list[str], bundle, options: RunOp
         spec = WarmSpec(argv=(sys.executable, "-m", module, "--serve", *args[2:]),
                         request={"bundle": str(args[0]), "out_dir": str(args[1])})
     supervisor = WorkerSupervisor(python_module_command(module, *args), options, name, warm=spec, pool=pool)
-    from bundlerun.bundles.sequence import from_manifest
 
     supervisor.chains = [[(s.method, c) for c in s.cases] for s in from_manifest(bundle.manifest) if s.stateful]
     start = time.perf_counter()
