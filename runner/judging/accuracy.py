@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bundlerun.bundles.manifest_records import DatasetInfo
+from bundlerun.bundles.errors import BundlerunError
 
 CI_METHOD = "newcombe-paired-wilson"
 
@@ -187,7 +188,6 @@ def dataset_from_outputs(bundle: Any, outputs: dict[str, Any], confidence: float
     outputs.npz); the reference is the bundle's expected output of each case.
     A case without an output (errored on the target) is left out and counted.
     """
-    from bundlerun.bundles.errors import BundlerunError
 
     ds = (bundle.manifest.dataset if bundle.manifest else None) or DatasetInfo()
     suites = bundle.method_test_suites

@@ -22,6 +22,10 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.manifest import Criteria, Manifest
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.judging.numerics import error_statistics
+from bundlerun.runner.report.safe_text import visible
 
 
 @dataclass
@@ -55,14 +59,12 @@ class Proposal:
 
 
 def _float(code: int, array: np.ndarray) -> np.ndarray:
-    from bundlerun.bundles import scalar_types as st
-
     return st.to_float_array(code, array).astype(np.float64)
 
 
 def collect_from_run_dirs(run_dirs: list[Path], bundle_path: Path | None = None) -> Observations:
-    from bundlerun.runner.judging.judge import load_context
-    from bundlerun.runner.history.saved_run import load_saved_run
+    from bundlerun.runner.judging.judge import load_context  # start-up: loads flatbuffers on use
+    from bundlerun.runner.history.saved_run import load_saved_run  # start-up: loads flatbuffers on use
 
     outputs: dict[tuple[str, int], OutputObservations] = {}
     manifest = None
@@ -82,8 +84,6 @@ def collect_from_run_dirs(run_dirs: list[Path], bundle_path: Path | None = None)
                 if actual.shape == ref.shape:
                     obs.pairs.append((actual, ref))
     if not any(o.pairs for o in outputs.values()):
-        from bundlerun.bundles.errors import BundlerunError
-
         raise BundlerunError("no successful case with saved outputs in the given runs")
     return Observations(manifest, outputs, len(run_dirs))
 
@@ -91,7 +91,7 @@ def collect_from_run_dirs(run_dirs: list[Path], bundle_path: Path | None = None)
 def run_and_collect(bundle_path: Path, target: str, case_timeout: float = 120.0, session=None) -> Observations:
     """Run the bundle now through the session's run machinery (its [targets] config included,
     no history record), then read it back."""
-    from bundlerun.runner.session import RunRequest, Session
+    from bundlerun.runner.session import RunRequest, Session  # start-up: loads flatbuffers on use
 
     session = session or Session.load()
     with tempfile.TemporaryDirectory(prefix="bundlerun-suggest-") as tmp:
@@ -119,7 +119,6 @@ def _round_down(x: float) -> float:
 
 def measure(obs: OutputObservations) -> dict[str, float]:
     """What each criterion needs to just pass, over every case (others held at current values)."""
-    from bundlerun.runner.judging.numerics import error_statistics
 
     c = obs.criteria
     atol, rtol = c.atol or 0.0, c.rtol or 0.0
@@ -204,7 +203,7 @@ def default_keys(c: Criteria) -> list[str]:
 
 
 def propose(obs: Observations, margin: float, wanted: list[str] | None = None) -> list[Proposal]:
-    from bundlerun.bundles.registry import CRITERIA
+    from bundlerun.bundles.registry import CRITERIA  # start-up: loads tomli on use
 
     proposals = []
     for (method, index), o in sorted(obs.outputs.items()):
@@ -238,8 +237,7 @@ def _toml_value(key: str, v: float) -> str:
 
 def toml_block(obs: Observations, proposals: list[Proposal], margin: float) -> str:
     """Ready-to-paste bundlerun.toml text: one model override per output."""
-    from bundlerun.bundles.registry import Registry, tier_for
-    from bundlerun.runner.report.safe_text import visible
+    from bundlerun.bundles.registry import Registry, tier_for  # start-up: loads tomli on use
 
     lines = [f"# bundlerun tolerance suggest --margin {margin:g}: {obs.runs} run(s)",
              "# paste into bundlerun.toml (in pyproject.toml: [[tool.bundlerun.tolerances.model_overrides]])"]

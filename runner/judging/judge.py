@@ -22,6 +22,11 @@ from bundlerun.runner.report.model import CaseRecord, OutputRecord, Summary
 from bundlerun.targets.base import CaseResult, CaseStatus, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.judging.numerics import judge_output
+from bundlerun.runner.judging.token_metrics import step_metrics
+from bundlerun.runner.judging.vacuity import CRITERION
+from bundlerun.runner.judging.vacuity import vacuous_reason
+from bundlerun.runner.report.sequences import sequence_records
 
 NO_MANIFEST_WARNING = (
     "bundle has no bundlerun manifest (made by ExecuTorch's BundledProgram API?): "
@@ -84,7 +89,6 @@ def _failed(detail: str, criterion: str = "missing") -> list[FailedCriterion]:
 
 def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
     """One report case record (see docs/report-schema.md)."""
-    from bundlerun.runner.judging.numerics import judge_output
 
     test_case = bundle.suite(result.method).test_cases[result.case_index]
     expected_values = [v for v in test_case.expected_outputs]
@@ -140,7 +144,6 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         entry.stats = verdict.stats.json_safe() if verdict.stats else None
         token = ctx.step_token(result.method, result.case_index) if j == 0 else None
         if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
-            from bundlerun.runner.judging.token_metrics import step_metrics
 
             m = ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
                                                                                     stats=verdict.stats)
@@ -150,7 +153,6 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
         if verdict.verdict == Verdict.PASS:  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
-            from bundlerun.runner.judging.vacuity import CRITERION, vacuous_reason
 
             why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
             if why:
@@ -201,7 +203,6 @@ def judge_sequences(ctx: JudgeContext, cases: list[CaseRecord]) -> list[Any]:
     manifest has no sequences."""
     if ctx.manifest is None or not ctx.manifest.sequences:
         return []
-    from bundlerun.runner.report.sequences import sequence_records
 
     threaded = {(c.method, c.case): int(c.extra["kv_state_from_case"]) for c in cases
                 if isinstance(c.extra.get("kv_state_from_case"), int)}

@@ -37,7 +37,7 @@ class Override:
 
 def parse_override(text: str) -> Override:
     """One `--override` string -> Override; a one-line ConfigError when malformed."""
-    from bundlerun.bundles.registry import check_number, suggest
+    from bundlerun.bundles.registry import check_number, suggest  # start-up: loads tomli on use
 
     lhs, sep, rhs = str(text).partition("=")
     lhs, rhs = lhs.strip(), rhs.strip()
@@ -56,7 +56,7 @@ def parse_override(text: str) -> Override:
     if rhs.lower() in _NONE:
         value = None
     elif key == "top_k":
-        from bundlerun.bundles.registry import top_k_value
+        from bundlerun.bundles.registry import top_k_value  # start-up: loads tomli on use
 
         value = top_k_value(rhs, f"override {text!r}")
     elif key == "exact":
@@ -114,7 +114,7 @@ def apply_overrides(ctx: Any, bundle: Any, overrides: list[str] | list[Override]
         return []
     if ctx.manifest is not None:
         return apply_to_manifest(ctx.manifest, parsed)
-    from bundlerun.runner.judging.judge import default_criteria
+    from bundlerun.runner.judging.judge import default_criteria  # start-up: loads flatbuffers, numpy on use
 
     slots = []
     for suite in bundle.method_test_suites:

@@ -29,6 +29,8 @@ from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.safe_text import markdown_text as _md, visible  # the writers' own escapes
 from bundlerun.targets.base import CaseStatus, Verdict
+from bundlerun.bundles import scalar_types as st
+from bundlerun.targets.base import CaseResult
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -42,7 +44,7 @@ NONDETERMINISTIC = "nondeterministic-output"
 
 def _declared(url: Any) -> bool:
     try:
-        from bundlerun.targets import spec_for
+        from bundlerun.targets import spec_for  # optional: its failure to load is handled here
 
         return bool(getattr(spec_for(url), "replay", False))
     except Exception:  # noqa: BLE001 - an unknown URL was reported by the run itself
@@ -85,8 +87,6 @@ def complete(target: Any, url: Any, bundle: Any, bundle_path: Path, options: Any
 
 
 def _values(raw: Any) -> np.ndarray:
-    from bundlerun.bundles import scalar_types as st
-
     arr = raw.to_array()
     return st.to_float_array(raw.scalar_type, arr) if raw.scalar_type == st.BFLOAT16 else arr
 
@@ -110,8 +110,7 @@ def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how
     """Judge every replay, put each output's `replay` record and the report's `replay` section in."""
     if n <= 1:
         return
-    from bundlerun.runner.judging.judge import judge_case
-    from bundlerun.targets.base import CaseResult, CaseStatus
+    from bundlerun.runner.judging.judge import judge_case  # start-up: loads flatbuffers on use
 
     records = {(c.method, c.case): c for c in report.cases}
     findings: list[dict[str, Any]] = []

@@ -25,6 +25,7 @@ import numpy as np
 from bundlerun.bundles.manifest import CRITERIA_FIELDS, Criteria
 from bundlerun.bundles.manifest_schema import RULE_NUMBERS
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.judging.numerics import judge_output
 
 CRITERION = "vacuous"
 
@@ -39,7 +40,6 @@ def _shown(criteria: Criteria) -> str:
 
 def vacuous_reason(reference: np.ndarray, criteria: Criteria, expected_dtype: str, lossy: bool = False) -> str | None:
     """Why `criteria` would also pass an all-zero output for this reference, or None."""
-    from bundlerun.runner.judging.numerics import judge_output
 
     if criteria.exact or getattr(criteria, "top1", False) or expected_dtype == "bool":
         return None
