@@ -18,6 +18,7 @@ import re
 from typing import Any, Callable
 
 from bundlerun.runner.judging.outcome import EXIT_CODES, VERDICTS
+from bundlerun.runner.report.safe_text import visible
 
 MAX_ITEMS = 10_000_000  # cases, outputs, list entries of one report
 MAX_TEXT = 1 << 20  # characters of one string (log lines and error texts included)
@@ -39,8 +40,6 @@ def _kind(value: Any) -> str:
 
 
 def _fail(path: str, want: str, value: Any) -> ReportCheckError:
-    from bundlerun.runner.report.safe_text import visible
-
     return ReportCheckError(visible(f"{path}: expected {want}, got {_kind(value)}"))
 
 

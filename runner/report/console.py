@@ -14,6 +14,9 @@ from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import REPORT_FILE, CaseRecord, OutputRecord, Report, format_amount
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.judging.outcome import EXIT_INFRA
+from bundlerun.runner.judging.quant_steps import suffix
+from bundlerun.runner.report.safe_text import visible
 
 # C0 controls but tab and newline, DEL, the C1 controls (0x9b is a one-byte CSI) and lone
 # surrogates (from surrogateescape'd bytes): shown as escapes, never sent to the terminal
@@ -27,8 +30,6 @@ def plain(text: object) -> str:
     (runner/report/safe_text.py), rich markup escaped. Print it with soft_wrap=True (or in a table
     cell): rich's own wrapping must not start a line with it either."""
     from rich.markup import escape
-
-    from bundlerun.runner.report.safe_text import visible
 
     return escape(visible(text))
 
@@ -208,8 +209,6 @@ def echo_must_show(report: Report) -> None:
     """Print `must_show` warnings on stderr, one inert line each (for the quiet and JSON modes)."""
     import sys
 
-    from bundlerun.runner.report.safe_text import visible
-
     for warning in must_show(report):
         print(f"warning: {visible(warning)}", file=sys.stderr, flush=True)
 
@@ -227,8 +226,6 @@ def wide_console(stderr: bool = False):
 
 
 def _steps(stats: OutputStats | None, key: str) -> str:
-    from bundlerun.runner.judging.quant_steps import suffix
-
     return suffix(stats, key, "q")
 
 
@@ -325,7 +322,7 @@ def print_sequences(report: Report, console) -> None:
     """LLM bundles: one table per sequence, a row per step (runner/report/sequences.py)."""
     from rich.table import Table
 
-    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells  # start-up: loads numpy on use
 
     style = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold yellow", Verdict.TIMEOUT: "bold yellow", Verdict.SKIP: "dim"}
     for seq in report.sequences:
@@ -357,8 +354,6 @@ def say_report(report: Report, report_dir: Path) -> None:
 def exit_code(report: Report) -> int:
     """The process exit code of a run: its verdict's, except that a run whose record (report.json)
     could not be written never exits 0: no command says success when its record was not written."""
-    from bundlerun.runner.judging.outcome import EXIT_INFRA
-
     code = report.summary.exit_code
     if code == 0 and any(Path(u["file"]).name == REPORT_FILE for u in report.unwritten):
         return EXIT_INFRA

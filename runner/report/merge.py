@@ -50,6 +50,9 @@ from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_s
 from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 from bundlerun.targets.base import CaseStatus, Verdict
+from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED
+from bundlerun.runner.judging.outcome import STOPPED_CODES
+from bundlerun.runner.judging.outcome import combine_exit_codes
 
 
 class MergeError(ReportError):
@@ -165,8 +168,7 @@ def _unique(items: list[Any]) -> list[Any]:
 
 
 def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict[str, Any]:
-    from bundlerun.runner.judging.judge import summarize
-    from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
+    from bundlerun.runner.judging.judge import summarize  # start-up: not loaded by `bundlerun --help`
 
     summary = summarize([CaseRecord.from_json(c) for c in cases]).to_json()
     codes = [(r.get("summary") or {}).get("exit_code") for r in reports]

@@ -316,7 +316,7 @@ class Report:
         if schema not in READABLE_SCHEMAS:
             raise ReportError(f"not a bundlerun report this version reads (schema {repr(schema)[:80]}; "
                               f"reads {', '.join(READABLE_SCHEMAS)})")
-        from bundlerun.runner.report.check import ReportCheckError, check_report
+        from bundlerun.runner.report.check import ReportCheckError, check_report  # start-up: not loaded by `bundlerun --help`
 
         try:  # every field a reader relies on has its type checked, with its path (runner/report/check.py)
             check_report(data)
@@ -383,7 +383,7 @@ class Report:
 def _sequences(data: Any) -> list[Any]:
     if not data:
         return []
-    from bundlerun.runner.report.sequences import SequenceRecord
+    from bundlerun.runner.report.sequences import SequenceRecord  # start-up: not loaded by `bundlerun --help`
 
     return [SequenceRecord.from_json(s) for s in data]
 

@@ -20,19 +20,22 @@ from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun
 from bundlerun.targets.base import Verdict
+from bundlerun._version import __version__
+from bundlerun.bundles.integrity import inputs_digest
+from bundlerun.bundles.integrity import program_sha256
+from bundlerun.bundles.manifest import describe_inputs
+from bundlerun.runner.report.check import check_report
+from bundlerun.runner.report.model import Summary
 
 OUTPUTS_FILE = "outputs.npz"
 
 
 def tool_version() -> str:
-    from bundlerun._version import __version__
-
     return __version__
 
 
 def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) -> dict[str, Any]:
     build = manifest.build if manifest else BuildInfo()
-    from bundlerun.bundles.integrity import inputs_digest, program_sha256
 
     return {
         "program_sha256": program_sha256(manifest, bundle),  # what `compare` tells builds apart by
@@ -55,7 +58,6 @@ def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) ->
 
 def _inputs_used(manifest: Manifest | None) -> list[str]:
     """Which weights and inputs the bundle was built with (et: sources, --inputs), in words."""
-    from bundlerun.bundles.manifest import describe_inputs
 
     return describe_inputs(manifest.model, manifest.build) if manifest is not None else []
 
@@ -96,7 +98,6 @@ def _sanitize(obj: Any) -> Any:
 def write_report(report: Report, out_dir: Path) -> Path:
     """report.json from the typed report, checked as every reader checks it (runner/report/check.py):
     what we write is what every reader accepts."""
-    from bundlerun.runner.report.check import check_report
 
     data = report.to_json()
     check_report(data)
@@ -138,8 +139,6 @@ def build_failure_report(model: str, target: str, message: str, label: str | Non
     code 2, the reason in its warnings, so the folder says what happened to that model."""
     import uuid
     from datetime import datetime, timezone
-
-    from bundlerun.runner.report.model import Summary
 
     now = datetime.now(timezone.utc).isoformat()
     return Report(summary=Summary(Verdict.ERROR, 2, {}, 0, 0), cases=[], tool={"name": "bundlerun", "version": tool_version()},
