@@ -44,6 +44,7 @@ from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.history.series import short_repr as _short
 from bundlerun.targets.base import PerfFigure
 from bundlerun.targets.base import PerfKind, Verdict
+from bundlerun.runner.history.series import of_report
 
 
 @dataclass
@@ -178,7 +179,7 @@ def _dataset_regressions(base: Report, cur: Report, rules: RegressionRules) -> l
     bd, cd = base.dataset or None, cur.dataset or None
     if not bd or not cd or bd.get("top1") is None or cd.get("top1") is None:
         return []
-    from bundlerun.runner.judging.accuracy import paired_change
+    from bundlerun.runner.judging.accuracy import paired_change  # start-up: loads numpy on use
 
     change, low, high, how = paired_change(bd, cd, rules.confidence)
     drop_points = -change * 100
@@ -403,9 +404,7 @@ def check_baseline(
     other than the current one) or a report.json path. Unresolvable REF raises
     HistoryError (one line, exit code 2).
     """
-    from bundlerun.runner.history.store import resolve_run
-
-    from bundlerun.runner.history.series import of_report
+    from bundlerun.runner.history.store import resolve_run  # start-up: loads numpy on use
 
     ident = of_report(current_report)
     prefer = {"model": ident.model, "dtype": ident.dtype, "target": ident.target, "inputs_sha256": ident.inputs,
@@ -470,7 +469,7 @@ class PerfRules:
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> "PerfRules":
         """From the `[perf]` section (validated by bundles.project_config.perf_section)."""
-        from bundlerun.bundles.project_config import perf_section
+        from bundlerun.bundles.project_config import perf_section  # start-up: loads tomli on use
 
         return cls(**perf_section(config, (config or {}).get("_file")))
 

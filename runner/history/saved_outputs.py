@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.fileio import file_sha256
 
 NPY_HEADER_MAX = 65536  # a .npy header (magic, version, dict) is far smaller; numpy's own cap is 10,000
 MAX_MEMBERS = 1_000_000  # members of one outputs.npz
@@ -42,8 +43,6 @@ class Expect:
 
 
 def file_digest(path: str | Path) -> str:
-    from bundlerun.bundles.fileio import file_sha256
-
     return file_sha256(path)
 
 

@@ -16,6 +16,15 @@ from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 from bundlerun.targets.failures import FailureKind
+from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles.fileio import file_sha256
+from bundlerun.runner.history.saved_outputs import Expect
+from bundlerun.runner.history.saved_outputs import OutputsError
+from bundlerun.runner.history.saved_outputs import file_digest
+from bundlerun.runner.history.saved_outputs import read_outputs
+from bundlerun.runner.report.model import read_report
+from bundlerun.runner.report.record import OUTPUTS_FILE
+from bundlerun.runner.report.record import REPORT_FILE
 
 
 @dataclass
@@ -34,9 +43,6 @@ def _expectations(report: Report, bundle: Bundle, where: str) -> dict[str, Any]:
     finished case, with the dtype the report recorded and at most the bytes of the bundle's
     expected output (a recorded wrong-size actual output: at most 16x that, plus 1 MiB)."""
     import math
-
-    from bundlerun.bundles import scalar_types as st
-    from bundlerun.runner.history.saved_outputs import Expect
 
     expect: dict[str, Expect] = {}
     for i, case in enumerate(report.cases):
@@ -79,15 +85,11 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
     before it is used: the report by the strict reader, the bundle by its own (and its seal with
     `require_seal`), outputs.npz by its sha256 in the report and member by member against the
     bundle (runner/history/saved_outputs.py)."""
-    from bundlerun.bundles import scalar_types as st
-    from bundlerun.bundles.fileio import file_sha256
-    from bundlerun.runner.report.record import OUTPUTS_FILE, REPORT_FILE
 
     directory = Path(directory)
     report_file = directory / REPORT_FILE if directory.is_dir() else directory
     if directory.is_file():
         directory = directory.parent
-    from bundlerun.runner.report.model import read_report
 
     report = read_report(report_file)
     outputs_file = directory / OUTPUTS_FILE  # the directory's own file first: copies stay self-contained
@@ -115,8 +117,6 @@ def load_saved_run(directory: str | Path, bundle_path: str | Path | None = None,
                                  "--bundle to judge anyway")
         warnings.append(f"bundle {path} is not the file the run used (sha256 differs)")
     bundle = read_bundle(path, require_seal=require_seal)
-
-    from bundlerun.runner.history.saved_outputs import OutputsError, file_digest, read_outputs
 
     recorded_sha = report.outputs_sha256
     if recorded_sha:

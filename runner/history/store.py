@@ -56,6 +56,12 @@ from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.judging.replay import history_rows  # --replay: flaky vs wrong numerics per output
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.history.series import Series
+from bundlerun.runner.history.series import of_report
+from bundlerun.runner.history.series import of_row
+from bundlerun.runner.report.model import ReportError
+from bundlerun.runner.report.model import read_report
+from bundlerun.runner.report.sequences import history_rows as sequence_rows
 
 __all__ = ["HistoryError", "SERIES_COLUMNS", "DISABLED", "ENV_VAR", "History", "HistoryServer"]
 
@@ -94,7 +100,6 @@ _SUMMARY_COLUMNS = ("verdict", "cases", "outputs", "n_pass", "n_fail", "n_error"
 
 def series_fields(report: Report) -> dict[str, Any]:
     """The series columns of a run (runner/history/series.py) and its status."""
-    from bundlerun.runner.history.series import of_report
 
     ident = of_report(report)
     return {"inputs_sha256": ident.inputs, "criteria_sha256": ident.criteria,
@@ -333,7 +338,6 @@ def record_reports(db_path: Any, items: list[tuple[Report, str | Path | None, di
         else:
             perf = list(_perf_rows(run_id, report))
             if report.sequences:  # LLM bundles: per-sequence figures, trended like perf figures
-                from bundlerun.runner.report.sequences import history_rows as sequence_rows
 
                 perf += list(sequence_rows(run_id, report))
             figures = [(t.case_outputs, _output_rows(run_id, report)), (t.perf_figures, perf),
@@ -464,7 +468,6 @@ class RunRecord:
     @property
     def series(self) -> Any:
         """Which series the run belongs to (runner/history/series.py)."""
-        from bundlerun.runner.history.series import of_row
 
         return of_row(self)
 
@@ -540,7 +543,6 @@ def stored_report(db_path: Any, run_id: int, text: Any) -> Report:
     """The report JSON stored with a run, through the one strict report reader
     (runner/report/model.py), its `run.history_id` set: a corrupted database row is one
     HistoryError naming the database, the run and the field, never an internal error."""
-    from bundlerun.runner.report.model import ReportError
 
     where = f"history {as_history(db_path)}: run #{run_id}: report_json"
     if isinstance(text, bytes):
@@ -584,8 +586,6 @@ def resolve_run(
     if path.is_dir() and (path / "report.json").is_file():
         path = path / "report.json"
     if path.suffix == ".json" or path.is_file():
-        from bundlerun.runner.report.model import ReportError, read_report
-
         if not path.exists():
             raise HistoryError(f"baseline report {ref} does not exist")
         try:
@@ -644,7 +644,6 @@ class TrendPoint:
     @property
     def series(self) -> Any:
         """Which line the point belongs to: one per series (runner/history/series.py), never mixed."""
-        from bundlerun.runner.history.series import Series
 
         return Series(self.model, self.target, self.dtype, self.inputs, self.criteria)
 
