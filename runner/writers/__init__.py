@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.errors import BundleFormatError
+from bundlerun.runner.report.record import note_unwritten
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -129,8 +131,7 @@ PLOT_OUTPUTS_MAX = 1 << 30  # bytes of saved outputs the HTML report's plots rea
 
 
 def _load_bundle(bundle: Any, report: "Report"):
-    from bundlerun.bundles.bpte import Bundle, read_bundle
-    from bundlerun.bundles.errors import BundleFormatError
+    from bundlerun.bundles.bpte import Bundle, read_bundle  # start-up: loads flatbuffers on use
 
     if isinstance(bundle, Bundle):
         return bundle
@@ -174,7 +175,6 @@ def write_reports(
     was written; a failure is a warning in `report.warnings` and an entry in `report.unwritten`.
     An unknown format name raises WriterError before anything is written.
     """
-    from bundlerun.runner.report.record import note_unwritten
 
     chosen = _chosen(formats)
     out_dir = Path(out_dir)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from bundlerun.runner.report.safe_text import visible  # stdlib only
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.writers.markdown import render_markdown
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -142,7 +143,5 @@ def _write_step_summary(report: "Report", path: None, inputs: Inputs) -> None:
     """The Markdown summary appended to $GITHUB_STEP_SUMMARY, when set (a convenience: an
     unwritable step summary is ignored, the report folder is what counts)."""
     if os.environ.get("GITHUB_STEP_SUMMARY"):
-        from bundlerun.runner.writers.markdown import render_markdown
-
         append_step_summary(render_markdown(report, inputs.regressions))
     return None

@@ -30,6 +30,15 @@ from bundlerun.runner.report.criteria_text import criteria_items, failed_text, i
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.history import store as history
+from bundlerun.runner.history.series import of_report
+from bundlerun.runner.judging.numerics import elementwise_bound
+from bundlerun.runner.pictures import plots
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN
+from bundlerun.runner.report.sequences import STEP_COLUMNS
+from bundlerun.runner.report.sequences import headline
+from bundlerun.runner.report.sequences import step_cells
+from bundlerun.runner.writers.markdown import perf_conditions
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -162,7 +171,6 @@ def _confusion(ds: dict[str, Any]) -> str:
     labels, preds, n = ds.get("labels"), ds.get("predictions"), ds.get("num_classes")
     if not labels or not preds or not n or len(labels) != len(preds) or n > 100:
         return ""
-    from bundlerun.runner.pictures import plots
 
     png = plots.confusion(labels, preds, int(n), f"{ds.get('name')}: target predictions")
     return "<div class='plots'>" + _img(png, "confusion matrix", "confusion matrix of the target's top-1") + "</div>"
@@ -211,7 +219,6 @@ def _cases_table(cases: list[CaseRecord], max_pass_rows: int = 100) -> str:
 
 def _bound(out: OutputRecord) -> tuple[float, float] | None:
     """The output's element-wise bound (atol, rtol) as judge_output formed it, None when it has none."""
-    from bundlerun.runner.judging.numerics import elementwise_bound
 
     try:
         crit = out.criteria or Criteria()
@@ -290,7 +297,6 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
 def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
     criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
-    from bundlerun.runner.pictures import plots
 
     parts = ["<h2 id='outputs'>Outputs</h2>"]
     seen: dict[tuple[str, int], OutputRecord] = {}
@@ -349,12 +355,8 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
 def _trend_section(report: Report, history_db: Any) -> str:
     if not history_db:
         return ""
-    from bundlerun.runner.history import store as history
-
     if not history.exists(history_db):
         return ""
-    from bundlerun.runner.pictures import plots
-    from bundlerun.runner.history.series import of_report
 
     series = of_report(report)  # only runs of this run's series: this bundle's inputs and criteria (runner/history/series.py)
     model = report.bundle.get("model")
@@ -412,7 +414,6 @@ def _perf_section(report: Report, max_rows: int = 40) -> str:
     """The run's perf figures (median, min..max over the cases, with the kind of clock), the
     conditions they were measured in, the figures against the baseline, and the operator profile
     from ETDump when one was read."""
-    from bundlerun.runner.writers.markdown import perf_conditions
 
     rows = report.perf_summary()
     base = report.baseline or {}
@@ -523,8 +524,6 @@ def _sequence_section(report: Report) -> str:
     table (runner/report/sequences.py)."""
     if not report.sequences:
         return ""
-    from bundlerun.runner.pictures import plots
-    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
 
     parts = ["<h2 id='sequences'>Sequences</h2>"]
     for seq in report.sequences:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.runner.writers import Inputs, writer
+from bundlerun.runner.report.record import write_record
 
 
 @writer("json", REPORT_FILE, "JSON report", record=True)
 def _write(report: Report, path: Path, inputs: Inputs) -> Path | None:
     """None when the folder refused it: then `report.unwritten` says so (record.write_record), and
     the command still prints the verdict and exits with its code."""
-    from bundlerun.runner.report.record import write_record
 
     return write_record(report, path.parent)

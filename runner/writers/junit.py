@@ -24,6 +24,9 @@ from bundlerun.runner.report.criteria_text import criteria_items
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.report.safe_text import visible
+from bundlerun.runner.report.sequences import figures
+from bundlerun.runner.report.sequences import text_lines
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
 # Also made visible: DEL and the C1 controls (0x9b is a terminal CSI), and lone surrogates (valid
@@ -34,7 +37,6 @@ _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\u
 def _clean(text: Any) -> str:
     """Untrusted text for an attribute or element: everything XML forbids, plus newlines, bidi
     and invisible characters, made visible (runner/report/safe_text.py)."""
-    from bundlerun.runner.report.safe_text import visible
 
     return visible(text)
 
@@ -192,7 +194,6 @@ def build_junit(report: Report) -> ET.Element:
 def _sequences(report: Report, method: str, suite: ET.Element, props: ET.Element) -> None:
     """LLM bundles: each sequence of this method as properties (its figures) and the per-step
     table as the suite's system-out (runner/report/sequences.py)."""
-    from bundlerun.runner.report.sequences import figures, text_lines
 
     seqs = [s for s in report.sequences if _clean(s.method) == method]
     for seq in seqs:

@@ -19,6 +19,11 @@ from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, form
 from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.report.criteria_text import failed_text
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN
+from bundlerun.runner.report.sequences import STEP_COLUMNS
+from bundlerun.runner.report.sequences import headline
+from bundlerun.runner.report.sequences import step_cells
 
 _ICON = {Verdict.PASS: "✅", Verdict.FAIL: "❌", Verdict.ERROR: "⚠️", Verdict.TIMEOUT: "⏱️", Verdict.SKIP: "⏭️"}
 
@@ -37,7 +42,6 @@ def _cell(v: Any, fmt: str = "{:.4g}") -> str:
 
 def _failed(f: FailedCriterion) -> str:
     """`sqnr_min_db 45.35 < 48` for floors, `elementwise 0.2 > 0.002` for ceilings (runner/report/criteria_text.py)."""
-    from bundlerun.runner.report.criteria_text import failed_text
 
     return failed_text(f, _md)
 
@@ -236,7 +240,6 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
 
 def _sequence_lines(report: Report) -> list[str]:
     """LLM bundles: each sequence's headline and per-step table (runner/report/sequences.py)."""
-    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
 
     lines: list[str] = []
     for seq in report.sequences:
