@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.history.series import tags
+from bundlerun.runner.report.criteria_text import number
 
 MAX_SCATTER_POINTS = 20_000
 
@@ -59,7 +61,6 @@ def within_bound(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: fl
 
 def bound_text(atol: float, rtol: float) -> str:
     """The element-wise bound as a plot's legend says it."""
-    from bundlerun.runner.report.criteria_text import number
 
     if rtol:  # the lines are at ±atol; each element's own bound is wider by rtol·|expected|
         return f"bound ±{number(atol)} + {number(rtol)}·|expected| per element (lines: ±{number(atol)})"
@@ -179,8 +180,6 @@ def case_strip(values: Sequence[Any], verdicts: Sequence[str], title: str, ylabe
                        label=_text(f"{verdict}, no value: {len(xs)}"))
     drawn_floor = isinstance(floor, (int, float)) and not isinstance(floor, bool) and np.isfinite(floor)
     if drawn_floor:
-        from bundlerun.runner.report.criteria_text import number
-
         ax.axhline(float(floor), color=_verdict_colour(Verdict.FAIL), linestyle="--", linewidth=1.4, zorder=2,
                    label=_text(floor_label.format(number(float(floor)))))
         finite.append(float(floor))
@@ -221,7 +220,6 @@ def series_name(key: Any, among: Any = ()) -> str:
     if not hasattr(key, "tag"):
         target, dtype = key
         return f"{target or '?'} {dtype or '?'}"
-    from bundlerun.runner.history.series import tags
 
     tag = tags([key, *among]).get(key, "")
     return f"{key.target or '?'} {key.dtype or '?'}" + (f" {tag}" if tag else "")
