@@ -45,6 +45,10 @@ from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.targets import lowering_info
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles import limits
+from bundlerun.bundles import partition_control
+from bundlerun.bundles.partition_control import MECHANISM
+from bundlerun.runner import interrupts
 
 SCHEMA = "bundlerun.bisect/1"
 # Failure kinds (targets/failures.py) that say the case could not be run at all - not a crash of the
@@ -139,13 +143,11 @@ class BisectResult:
     @property
     def exit_code(self) -> int:
         if self.interrupted:
-            from bundlerun.runner import interrupts
-
             return interrupts.exit_code()
         return {"culprit": 1, "fails-undelegated": 1, "nothing-fails": 0}.get(self.outcome, 2)
 
     def to_json(self) -> dict[str, Any]:
-        from bundlerun.runner.judging.numerics import _clean
+        from bundlerun.runner.judging.numerics import _clean  # start-up: loads numpy on use
 
         body = asdict(self)
         body["lowerings"] = self.lowerings
@@ -157,10 +159,9 @@ def check_request(req: BisectRequest) -> None:
     """Every option that could make the baseline unrunnable, checked before any lowering: a bad
     one is a one-line BisectError (exit 2), never a wrong answer ("fails with nothing delegated"
     for a timeout of nan) found after minutes of builds."""
-    from bundlerun.bundles import limits
-    from bundlerun.bundles.inputs import check_distribution
+    from bundlerun.bundles.inputs import check_distribution  # start-up: loads numpy on use
 
-    from bundlerun.bundles.llm_build import is_llm
+    from bundlerun.bundles.llm_build import is_llm  # start-up: loads numpy on use
 
     llm = isinstance(req.model, str) and is_llm(req.model)
     if req.llm is not None and not llm:
@@ -240,8 +241,7 @@ class Bisector:
     # ---------------------------------------------------------------- one candidate
 
     def _build(self, step: Step, allowed: frozenset[str] | None, folder: Path):
-        from bundlerun.bundles import partition_control
-        from bundlerun.bundles.builder import BuildRequest, build_bundle
+        from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: loads flatbuffers, numpy, tomli on use
 
         req = self.req
         folder.mkdir(parents=True, exist_ok=True)
@@ -269,8 +269,8 @@ class Bisector:
         return built, (lowering.get("partition_control") or {})
 
     def _run(self, step: Step, bundle_path: Path, folder: Path, target: str | None = None) -> None:
-        from bundlerun.runner.report.record import write_record
-        from bundlerun.runner.session import RunRequest
+        from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
+        from bundlerun.runner.session import RunRequest  # start-up: loads flatbuffers, numpy on use
 
         req = self.req
         t = time.monotonic()
@@ -416,8 +416,7 @@ class Bisector:
     # ---------------------------------------------------------------- the whole search
 
     def run(self) -> BisectResult:
-        from bundlerun.bundles.model_source import resolve_model
-        from bundlerun.bundles.partition_control import MECHANISM
+        from bundlerun.bundles.model_source import resolve_model  # start-up: loads numpy on use
 
         req = self.req
         check_request(req)
@@ -466,8 +465,6 @@ class Bisector:
             if result.outcome != "culprit":
                 result.outcome = "stopped"
         except KeyboardInterrupt:
-            from bundlerun.runner import interrupts
-
             result.interrupted = interrupts.describe()
             result.notes.append(f"{interrupts.describe()} after {len(result.steps)} lowering(s); what was found so far is "
                                 "kept")

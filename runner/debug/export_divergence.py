@@ -31,6 +31,22 @@ import numpy as np
 from bundlerun.bundles.manifest_records import ModelInfo
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.backends.common import export_model
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.model_source import resolve_model
+from bundlerun.bundles.partition_control import source_line
+from bundlerun.runner.debug.eager_ops import capture
+from bundlerun.runner.debug.eager_ops import compared_nodes
+from bundlerun.runner.debug.eager_ops import eager_key
+from bundlerun.runner.debug.eager_ops import match_nodes
+from bundlerun.runner.debug.eager_ops import node_key
+from bundlerun.runner.debug.eager_ops import node_module
+from bundlerun.runner.debug.eager_ops import node_source
+from bundlerun.runner.debug.eager_ops import op_name
+from bundlerun.runner.debug.eager_ops import traced
+from bundlerun.runner.judging.numerics import error_statistics
+from bundlerun.runner.judging.numerics import judge_output
+from bundlerun.runner.report.console import plain
 
 DEFAULT_FLOOR_DB = 100.0
 # ops whose values are uninitialized memory or random draws (eager_ops.op_name spelling): never compared
@@ -52,8 +68,6 @@ def _numpy(value: Any) -> np.ndarray | None:
 
 
 def _stats(actual: np.ndarray | None, expected: np.ndarray | None) -> dict[str, Any] | None:
-    from bundlerun.runner.judging.numerics import error_statistics
-
     if actual is None or expected is None or actual.size != expected.size:
         return None
     s = error_statistics(actual.reshape(expected.shape).astype(np.float64), expected.astype(np.float64))
@@ -103,8 +117,6 @@ def _diverges(stats: dict[str, Any] | None, floor: float) -> bool | None:
 
 
 def _source(node: Any) -> str | None:
-    from bundlerun.bundles.partition_control import source_line
-
     trace = node.meta.get("stack_trace")
     return source_line(trace) if isinstance(trace, str) else None
 
@@ -119,7 +131,6 @@ def compare_ops(nodes: list[Any], values: dict[str, Any], run: Any, floor: float
     """One row per exported ATen node, in graph order: its eager op, SQNR and status. A node whose own
     value diverges while none of its inputs does (through nodes not compared) is where a divergence
     starts ("diverges"); one with a diverging input is "downstream"."""
-    from bundlerun.runner.debug.eager_ops import match_nodes, node_module, node_source, op_name
 
     matches = match_nodes(nodes, values, run)
     tainted: set[str] = set()
@@ -196,7 +207,6 @@ def _first_divergent(rows: list[dict[str, Any]], nodes: list[Any], run: Any = No
 def _eager_only(run: Any, nodes: list[Any], before: list[dict[str, Any]], until: int | None) -> list[dict[str, Any]]:
     """Eager ops on a (module, line) where the exported program has no node, run after the last eager op
     paired before the first divergence and before its own: code that ran only in eager, right there."""
-    from bundlerun.runner.debug.eager_ops import eager_key, node_key, traced
 
     if until is None or not traced(nodes):
         return []
@@ -243,7 +253,6 @@ def compare_modules(run: Any, values: dict[str, Any], graph_module: Any, floor: 
 
 def localize(eager: Any, exported_program: Any, inputs: tuple, floor_db: float | None = None) -> dict[str, Any]:
     """Compare eager with the exported program per operation and per module (see the module docstring)."""
-    from bundlerun.runner.debug.eager_ops import capture, compared_nodes
 
     floor = DEFAULT_FLOOR_DB if floor_db is None else float(floor_db)
     gm = exported_program.module()
@@ -356,8 +365,6 @@ def print_divergence(found: dict[str, Any], console: Any, context: int = 6) -> N
     """The finding, the operations around the first divergence, the per-module table (console)."""
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain
-
     console.print(found.get("finding", ""), markup=False)
     numeric = {"SQNR dB", "max err", "input SQNR", "output SQNR"}
     for title, head, rows in divergence_tables(found, context):
@@ -394,8 +401,6 @@ def eager_model_of(manifest: Manifest | None) -> tuple[Any, str]:
         ref = ident
     if not ref:
         return None, f"the manifest records no model source to reload the eager model from ({source!r})"
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.model_source import resolve_model
 
     try:
         return resolve_model(str(ref)).module, str(ref)
@@ -408,7 +413,6 @@ def check_debug(manifest: Manifest | None, record: Any, inputs: tuple, quantized
                 budget_db: float | None, output_index: int) -> dict[str, Any] | None:
     """For `debug` when no layer exceeds: does the runtime output fail against eager while it matches
     the exported program? Then localize where eager and the exported program part."""
-    from bundlerun.runner.judging.numerics import judge_output
 
     if runtime_output is None:
         return None
@@ -465,9 +469,7 @@ def _nth(result: Any, index: int) -> Any:
 def check_model(resolved: Any, bisect_result: Any, report_dir: Any) -> dict[str, Any] | None:
     """For `bisect` when the case fails with nothing delegated: export the model as the recipes do
     and localize where it parts from eager on the case's inputs (None when it does not)."""
-    from bundlerun.bundles.backends.common import export_model
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.errors import BundlerunError
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     step = next((s for s in bisect_result.steps if s.bundle), None)
     if resolved is None or step is None:

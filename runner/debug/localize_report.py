@@ -11,6 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.runner.debug.localize import DebugResult, LayerRow
+from bundlerun._version import __version__
+from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.debug.export_divergence import divergence_lines
+from bundlerun.runner.debug.export_divergence import divergence_tables
+from bundlerun.runner.debug.export_divergence import summary_line
+from bundlerun.runner.debug.localize import _QDQ
+from bundlerun.runner.pictures.plots import _figure
+from bundlerun.runner.pictures.plots import _png
+from bundlerun.runner.pictures.plots import _text
+from bundlerun.runner.report.safe_text import visible
 
 
 def _f(x: Any, fmt: str = ".3g") -> str:
@@ -66,7 +77,6 @@ def status_text(row: LayerRow, result: DebugResult) -> str:
 def ops_text(aot_ops: list[str], limit: int = 4) -> str:
     """The eager nodes of a row, compact: quantize/dequantize nodes left out when others exist, a long
     group (a whole delegate) shortened to its first and last nodes with the count (report.json has all)."""
-    from bundlerun.runner.debug.localize import _QDQ
 
     if not aot_ops:
         return "—"
@@ -82,7 +92,6 @@ def verdict_line(result: DebugResult) -> str:
     row = result.first_bad_row
     where = f"{result.target}, case {result.case} ({result.case_source}), output {result.output}"
     if row is None and (result.export_divergence or {}).get("finding"):  # runner/debug/export_divergence.py
-        from bundlerun.runner.debug.export_divergence import summary_line
 
         return (f"divergence at export, not at run time: no runtime layer exceeds its budget against the exported "
                 f"program, but the output fails against eager; {summary_line(result.export_divergence)} ({where})")
@@ -135,15 +144,12 @@ def rich_table(result: DebugResult):
             cells.append(r.attribution or "")
         from rich.text import Text
 
-        from bundlerun.runner.report.safe_text import visible
-
         table.add_row(*[Text(visible(c)) for c in cells], style=style)
     return table
 
 
 def plot_png(result: DebugResult) -> bytes:
     """SQNR (and max error) of every compared row along the graph; the first bad layer marked."""
-    from bundlerun.runner.pictures.plots import _figure, _png, _text
 
     rows = [r for r in result.rows if r.status == "matched"]
     fig = _figure(9.0, 5.2)
@@ -214,7 +220,6 @@ def summary_md(result: DebugResult) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     found = result.export_divergence or {}
     if found.get("finding"):  # runner/debug/export_divergence.py: where eager and the exported program part
-        from bundlerun.runner.debug.export_divergence import divergence_lines, divergence_tables
 
         lines += ["", "## Divergence at export", "", found["finding"]]
         for title, head, rows in divergence_tables(found):
@@ -267,7 +272,6 @@ def _divergence_html(result: DebugResult, e) -> str:
     found = result.export_divergence or {}
     if not found.get("finding"):
         return ""
-    from bundlerun.runner.debug.export_divergence import divergence_lines, divergence_tables
 
     parts = [f"<h2>Divergence at export</h2><p>{e(found['finding'])}</p>"]
     for title, head, rows in divergence_tables(found):
@@ -279,11 +283,8 @@ def _divergence_html(result: DebugResult, e) -> str:
 
 
 def write_debug_reports(result: DebugResult, report_dir: Path) -> dict[str, Path]:
-    from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text
-
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    from bundlerun._version import __version__
 
     body = {"schema": "bundlerun.debug/1", "kind": "debug", "tool": {"name": "bundlerun", "version": __version__},
             "debug": result.to_json()}
