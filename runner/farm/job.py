@@ -26,6 +26,8 @@ from bundlerun.runner.judging.outcome import EXIT_INFRA, VERDICTS
 from bundlerun.runner.report.model import CaseRecord, Report, Summary
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import CaseStatus, Verdict
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner import interrupts
 
 _SESSION: Any = None
 _SESSION_KEY: str | None = None
@@ -39,7 +41,7 @@ def _session(project: dict[str, Any]):
         return _SESSION
     if _SESSION is not None:
         _SESSION.close()
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy on use
 
     _SESSION, _SESSION_KEY = Session(project=project, no_history=True).open(), key
     global _FINALIZER
@@ -59,8 +61,6 @@ def pool_worker_init() -> None:
     workers killed); idle, at once, after killing its warm runtime workers. Ctrl-C reaches the
     coordinator, which tells the workers: a terminal's SIGINT to the whole group is ignored here."""
     import signal
-
-    from bundlerun.runner import interrupts
 
     interrupts.reset()
 
@@ -87,7 +87,7 @@ def close_session() -> None:
 def _bad_report(payload: dict[str, Any], error: str, kind: FailureKind) -> Report:
     """A report for an attempt that could not even start (bundle unreadable, worker failure):
     one ERROR case, so the job still ends with a verdict."""
-    from bundlerun.runner.report.record import tool_version
+    from bundlerun.runner.report.record import tool_version  # start-up: loads numpy on use
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     return Report(
@@ -113,9 +113,8 @@ def run_job(payload: dict[str, Any]) -> Report:
 
 
 def _run_job(payload: dict[str, Any], t0: float, started: float) -> Report:
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.report.record import write_record
-    from bundlerun.runner.session import RunRequest
+    from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
+    from bundlerun.runner.session import RunRequest  # start-up: loads flatbuffers, numpy on use
 
     scratch = None
     report_dir = Path(payload["report_dir"])
@@ -127,7 +126,7 @@ def _run_job(payload: dict[str, Any], t0: float, started: float) -> Report:
             bundle_path = Path(scratch) / bundle_path.name
             bundle_path.write_bytes(payload["bundle_bytes"])
         report_dir.mkdir(parents=True, exist_ok=True)
-        from bundlerun.bundles.bpte import read_bundle
+        from bundlerun.bundles.bpte import read_bundle  # optional: its failure to load is handled here
 
         try:
             bundle = read_bundle(bundle_path, require_seal=bool(payload.get("require_seal")))

@@ -43,6 +43,18 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.limits import (MAX_CASES, MAX_CONCURRENCY, MAX_JOBS, MAX_RETRIES, MAX_SEED,
                                       seconds)
 from bundlerun.targets.settings import did_you_mean
+from bundlerun.bundles.backends.base import BACKENDS
+from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.shard import parse_shard
+from bundlerun.runner.shard import select
+from bundlerun.runner.shard import shard_record
+from bundlerun.targets import argv
+from bundlerun.targets import default_backend
+from bundlerun.targets import device_key
+from bundlerun.targets import lowering_info
+from bundlerun.targets import parse_target_url
+from bundlerun.targets import target_specs
 
 TOP_KEYS = ("bundles", "models", "dtypes", "backend", "cases", "seed", "targets", "retries", "timeout",
             "setup_timeout", "label", "concurrency", "pools")
@@ -55,8 +67,6 @@ DEFAULT_RETRIES = 2
 def _device_key(url: str) -> str | None:
     """The device a URL occupies, as its target declares (SPEC.device_key, through wrappers); an
     unknown scheme is reported by the plan check itself, so it occupies nothing here."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import device_key
 
     try:
         return device_key(url)
@@ -157,8 +167,6 @@ class Plan:
                 for group in self.groups:
                     chosen, backend, target = dtype, group.backend or self.backend, group.build_url
                     if chosen is None:  # the target's default, named in the job id (mlp-int8@tosa://int)
-                        from bundlerun.bundles.backends.base import default_dtype
-                        from bundlerun.targets import default_backend, lowering_info
 
                         chosen = default_dtype(backend or default_backend(target), lowering_info(target))
                     spec = BuildSpec(model, chosen, backend, target, self.cases, self.seed)
@@ -218,7 +226,6 @@ def _positive_int(where: str, value: Any, minimum: int = 1, maximum: int = MAX_C
 
 def _url(where: str, value: Any) -> str:
     _typed(where, value, str, "a target URL")
-    from bundlerun.targets import parse_target_url
 
     try:
         parse_target_url(value)
@@ -230,7 +237,6 @@ def _url(where: str, value: Any) -> str:
 
 def _url_chain(url: str) -> list[Any]:
     """The parsed URL and every URL wrapped inside it (ssh://h/<URL>, labgrid://P/<URL>)."""
-    from bundlerun.targets import parse_target_url
 
     chain = []
     while url and len(chain) < 8:
@@ -261,15 +267,12 @@ def _no_commands(where: str, url: str, options: dict[str, Any] | None = None) ->
     (`TargetSpec.command_settings`: ssh's client and options, a serial flash command, an adb
     binary, QEMU, a runner...) is refused in a plan's URL query and its options; it belongs in
     the user's bundlerun.toml or --target-opt (docs/security.md)."""
-    from bundlerun.targets import target_specs
 
     try:
         chain = _url_chain(url)
     except Exception as exc:  # noqa: BLE001 - one line naming the plan key
         raise ConfigError(f"{where}: {exc}") from None
     from urllib.parse import unquote
-
-    from bundlerun.targets import argv
 
     for u in chain:  # hosts and users reach argvs (ssh, adb): never an option (targets/argv.py, also at run time)
         user, _, hostport = u.netloc.rpartition("@")
@@ -321,8 +324,6 @@ def _options(where: str, value: Any) -> dict[str, Any]:
 
 
 def _backend(where: str, value: Any) -> str:
-    from bundlerun.bundles.backends.base import BACKENDS
-
     _typed(where, value, str, "a backend name")
     if value not in BACKENDS:
         raise ConfigError(f"{where}: unknown backend {value!r}{did_you_mean(value, BACKENDS)}; "
@@ -335,8 +336,6 @@ def _check_build(where: str, backend: str | None, build_url: str) -> None:
     (the Arm family is checked here without importing torch; the others at build time)."""
     if backend not in ("arm", "cortex-m"):  # None: the target's own default backend, which builds for it
         return
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import lowering_info
 
     try:
         kind = lowering_info(build_url).get("arm")
@@ -354,7 +353,7 @@ def _check_build(where: str, backend: str | None, build_url: str) -> None:
 def load_plan(path: str | Path, retries: int | None = None) -> Plan:
     """Read and check PLAN.toml; `retries` (the command's --retries) wins over the plan's. The
     file is read bounded (size, nesting: bundles/toml_read.py): a plan is data from other people."""
-    from bundlerun.bundles.toml_read import read_toml
+    from bundlerun.bundles.toml_read import read_toml  # start-up: loads tomli on use
 
     path = Path(path)
     return parse_plan(read_toml(path, "plan"), path, retries)
@@ -488,7 +487,6 @@ def shard_jobs(jobs: list[Job], shard: Any) -> tuple[list[Job], dict[str, Any] |
     """`--shard i/n` of a farm: (this shard's jobs in plan order, the merged report's "shard"
     record). Jobs are split by their id with the balanced split of runner/shard.py, so every
     shard of a CI matrix computes the same one and `bundlerun merge` finds missing shards."""
-    from bundlerun.runner.shard import parse_shard, select, shard_record
 
     shard = parse_shard(shard)
     if shard is None:

@@ -23,6 +23,7 @@ from bundlerun.runner.farm.plan import Device, Job
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.farm.job import _bad_report
 
 # Failure kinds a second try cannot fix: never retried.
 FINAL_KINDS = frozenset({
@@ -182,7 +183,6 @@ class Scheduler:
         try:
             return future.result()
         except Exception as exc:  # noqa: BLE001 - the worker process or the Ray task died: infrastructure
-            from bundlerun.runner.farm.job import _bad_report
 
             report = _bad_report({"url": device.url, "bundle_path": str(item.job.bundle)},
                                  f"the attempt's worker died: {type(exc).__name__}: {exc}", FailureKind.CRASH)
