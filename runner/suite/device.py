@@ -32,6 +32,7 @@ from bundlerun.runner.suite.flows import FlowNumbers, numbers_for
 from bundlerun.runner.suite.item_messages import error_message, failure_message
 from bundlerun.targets.base import Verdict
 from bundlerun.targets.failures import FailureKind
+from bundlerun.bundles.errors import BundlerunError
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -137,7 +138,7 @@ class TargetRunner:
         if self._provider is not None:
             return self._provider()
         if self._own is None:
-            from bundlerun.runner.session import Session
+            from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy on use
 
             self._own = Session.load(None, no_history=True).open()
         return self._own
@@ -147,7 +148,7 @@ class TargetRunner:
         return self.session().registry
 
     def run(self, bundle_path: Path, report_dir: Path) -> "Report":
-        from bundlerun.runner.session import RunRequest
+        from bundlerun.runner.session import RunRequest  # start-up: loads flatbuffers, numpy on use
 
         session = self.session()
         config = {**session.target_config(self.url), **self.target_config}
@@ -244,7 +245,7 @@ def reference_outputs(tester: Any, inputs: Any) -> tuple[list[Any], list[tuple[f
 
 def delegate_backend(program: bytes) -> str:
     """The registry backend of the program's (first) delegate; portable when it has none."""
-    from bundlerun.targets.program.walker import WalkError, read_delegates
+    from bundlerun.targets.program.walker import WalkError, read_delegates  # start-up: loads numpy on use
 
     try:
         ids = [d.backend_id for d in read_delegates(program)]
@@ -326,8 +327,7 @@ class _DeviceArtifact:
 
     def _run(self, inputs: list[Any], reference: list[Any], qparams: list, numbers: FlowNumbers,
              report_dir: Path) -> DeviceRecord:
-        from bundlerun.bundles.errors import BundlerunError
-        from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program
+        from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program  # start-up: loads flatbuffers, numpy, tomli on use
 
         base = dict(name=self.spec.name, target=self.runner.url, backend=numbers.backend, dtype=numbers.dtype,
                     reference=numbers.reference)

@@ -38,6 +38,12 @@ from typing import TYPE_CHECKING, Any
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES, MAX_TIMEOUT_S
 from bundlerun.targets.base import CaseStatus, Verdict
+from bundlerun.runner.history import commits
+from bundlerun.runner.judging.outcome import EXIT_PASS
+from bundlerun.runner.report.model import ReportError
+from bundlerun.runner.report.model import read_report
+from bundlerun.runner.suite.flows import numbers_from_name
+from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -340,8 +346,6 @@ def operator_of(row: SuiteRow, known: list[str]) -> str:
 
 
 def _dtype(row: SuiteRow, flow: str) -> tuple[str | None, str]:
-    from bundlerun.runner.suite.flows import numbers_from_name
-
     numbers = numbers_from_name(flow)
     text = f"{row.test_id} {row.columns.get('Params') or ''}"
     if numbers.reference == "quantized":
@@ -350,8 +354,6 @@ def _dtype(row: SuiteRow, flow: str) -> tuple[str | None, str]:
 
 
 def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | None, str | None]:
-    from bundlerun.runner.history import commits
-
     if given:
         return given, "--commit"
     for var in commits.CI_VARS:
@@ -368,11 +370,9 @@ def _commit_of(given: str | None, environment: dict[str, Any]) -> tuple[str | No
 def synthesized_report(row: SuiteRow, flow: str, target: str, started: str | None, run_id: str,
                        source_file: str) -> "Report":
     """A bundlerun report for one suite subtest, from the suite's own columns."""
-    from bundlerun.runner.judging.judge import summarize
-    from bundlerun.runner.judging.outcome import EXIT_PASS
-    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, partial_stats
-    from bundlerun.runner.report.record import tool_version
-    from bundlerun.targets.failures import FailureKind
+    from bundlerun.runner.judging.judge import summarize  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, partial_stats  # late: its name is bound otherwise in this module
+    from bundlerun.runner.report.record import tool_version  # start-up: loads numpy on use
 
     result = RESULTS.get(str(row.columns.get("Result") or "").strip().lower(), Verdict.FAIL)
     bundlerun_verdict = str(row.columns.get("bundlerun Verdict") or "")
@@ -436,8 +436,7 @@ def _is_file(path: str) -> bool:
 
 def import_suite_report(db_path: str | Path, path: str | Path, commit: str | None = None,
                         time: str | None = None) -> ImportSummary:
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.report.model import ReportError, read_report
+    from bundlerun.runner.history import store as history  # start-up: loads numpy on use
 
     suite = read_suite_file(path)
     if commit is not None:

@@ -26,6 +26,12 @@ import pytest
 
 from bundlerun.runner.suite import compat
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.suite.device import CompareSpec
+from bundlerun.runner.suite.device import DeviceRecord
+from bundlerun.runner.suite.device import TargetRunner
+from bundlerun.runner.suite.device import attach
+from bundlerun.runner.suite.device import safe
 
 VERDICT_ORDER = {Verdict.PASS: 0, Verdict.SKIP: 1, Verdict.TIMEOUT: 2, Verdict.ERROR: 3, Verdict.FAIL: 4}
 
@@ -47,8 +53,6 @@ class SuitePlugin:
 
     def runner(self):
         if self._runner is None:
-            from bundlerun.runner.suite.device import TargetRunner
-
             pools = self.host.pools()
             leased = self.host.lease(pools[0])
             cfg = self.host.config
@@ -102,8 +106,6 @@ class SuitePlugin:
         self.records.setdefault(item.nodeid, {})[subtest] = record
 
     def report_dir(self, item: Any, subtest: int) -> Path:
-        from bundlerun.runner.suite.device import safe
-
         return self.host.report_root / safe(item.name) / f"sub{subtest}"
 
     def _finish(self, item: pytest.Item) -> None:
@@ -134,9 +136,6 @@ class SuitePlugin:
         import csv
         import io
 
-        from bundlerun.bundles.fileio import atomic_write_text
-        from bundlerun.runner.suite.device import DeviceRecord
-
         fields = compat.csv_fields()
         extra_outputs = sorted({k for r in self.rows for k in r if k.startswith("Output ") and k not in fields},
                                key=lambda k: (int(k.split()[1]), ("Error Max", "Error MAE", "SNR").index(k.split(" ", 2)[2])))
@@ -162,8 +161,6 @@ class _DeviceFactory:
         self.original, self.plugin, self.flow = original, plugin, flow
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from bundlerun.runner.suite.device import CompareSpec, attach
-
         tester = self.original(*args, **kwargs)
         item = self.plugin.current
         if item is None:  # a Tester made outside a test's call phase: leave it alone
