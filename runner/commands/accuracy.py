@@ -18,6 +18,10 @@ import click
 
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.cli import make_session
+from bundlerun.runner.cli import parse_tolerances
+from bundlerun.runner.cli import resolve_backend_dtype
+from bundlerun.targets import lowering_info
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -44,11 +48,10 @@ class AccuracyRequest:
 
 def run_accuracy(req: AccuracyRequest) -> Report:
     """Build, run, measure; write report.json (+ derived reports) and record history. Returns the report."""
-    from bundlerun.bundles.builder import BuildRequest, build_bundle
-    from bundlerun.targets import lowering_info
-    from bundlerun.bundles.datasets import fit_to_inputs, load_dataset
-    from bundlerun.bundles.model_source import resolve_model
-    from bundlerun.runner.session import RunRequest, Session
+    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.datasets import fit_to_inputs, load_dataset  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.model_source import resolve_model  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.session import RunRequest, Session  # start-up: not loaded by `bundlerun --help`
 
     session = req.session or Session()
     say = req.progress or (lambda _m: None)
@@ -127,7 +130,7 @@ def print_accuracy(report: Report) -> None:
     s = report.summary
     click.echo(f"  element-wise: {s.verdict} ({', '.join(f'{k} {v}' for k, v in s.counts.items() if v)})")
     if report.regressions is not None:
-        from bundlerun.runner.history.regression import format_regressions
+        from bundlerun.runner.history.regression import format_regressions  # start-up: not loaded by `bundlerun --help`
 
         click.echo(format_regressions(report.regressions))
 
@@ -160,8 +163,6 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
     import json
     import sys
 
-    from bundlerun.runner.cli import make_session, parse_tolerances, resolve_backend_dtype
-
     if not 0 < confidence < 1:
         raise click.BadParameter("--confidence must be between 0 and 1")
     session = make_session(None, (), history_db, no_history, baseline)
@@ -180,7 +181,7 @@ def command(model, dataset, samples, target, dtype, backend, report_dir, label, 
         click.echo(json.dumps(ds, indent=2))
     else:
         print_accuracy(report)
-    from bundlerun.runner.report.console import echo_must_show, say_report
+    from bundlerun.runner.report.console import echo_must_show, say_report  # start-up: not loaded by `bundlerun --help`
 
     echo_must_show(report)  # print_accuracy shows no warnings: a run missing from the history is said anyway
     say_report(report, req.report_dir)

@@ -124,12 +124,12 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     import json
     import sys
 
-    from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner.history import store as history
+    from bundlerun.bundles.project_config import load_project_config  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
     from bundlerun.runner.history.regression import (
         DELTA_LABELS, DELTA_METRICS, PerfRules, RegressionRules, UnrelatedRuns, check_related, comparison_notes,
         find_regressions, format_perf_deltas, format_regressions, metric_deltas, perf_deltas, unrelated_reasons,
-    )
+    )  # start-up: not loaded by `bundlerun --help`
 
     config = load_project_config() or {}
     rules = _overridden(RegressionRules.from_config(config), {
@@ -174,7 +174,7 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
 
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console  # start-up: not loaded by `bundlerun --help`
 
     def who(r):
         i = ident(r)

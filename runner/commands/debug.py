@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING
 import click
 
 from bundlerun.targets import capture_schemes
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.sequence import first_failing_step
+from bundlerun.bundles.sequence import from_manifest
+from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -23,9 +27,9 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
               timeout: float = 600.0, debug_buffer_mb: int = 64, as_json: bool = False, quiet: bool = False,
               case_source: str | None = None, target_config: dict | None = None):
     """The command's work (also used by `run --debug-on-fail`); returns the DebugResult."""
-    from bundlerun.runner.debug.localize import debug_bundle
-    from bundlerun.runner.debug.localize_report import rich_table, verdict_line, write_debug_reports
-    from bundlerun.runner.report.console import wide_console
+    from bundlerun.runner.debug.localize import debug_bundle  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.debug.localize_report import rich_table, verdict_line, write_debug_reports  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
 
     work = (report_dir / "work") if report_dir else None
     result = debug_bundle(bundle, target, case=case, output=output, method=method, work_dir=work,
@@ -41,9 +45,9 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 
         console = wide_console()
         console.print(rich_table(result))
-        from bundlerun.runner.debug.localize_report import merged_into
+        from bundlerun.runner.debug.localize_report import merged_into  # start-up: not loaded by `bundlerun --help`
 
-        from bundlerun.runner.debug.localize_report import where_text
+        from bundlerun.runner.debug.localize_report import where_text  # start-up: not loaded by `bundlerun --help`
 
         merged = steps = 0
         for row in result.rows:
@@ -65,7 +69,7 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
         for note in result.notes:
             console.print(f"note: {visible(note)}", markup=False)
         if (result.export_divergence or {}).get("finding"):  # runner/debug/export_divergence.py
-            from bundlerun.runner.debug.export_divergence import print_divergence
+            from bundlerun.runner.debug.export_divergence import print_divergence  # start-up: not loaded by `bundlerun --help`
 
             print_divergence(result.export_divergence, console)
         found = result.first_bad is not None or (result.export_divergence or {}).get("finding")
@@ -101,8 +105,8 @@ def run_debug(bundle: Path, target: str, case: int | None = None, output: str | 
 def command(bundle, target, case, output, method, report_dir, timeout, debug_buffer_mb, config_path, target_opts,
             history_db, as_json):
     """Name the first layer of BUNDLE that goes wrong on --target (needs `build --etrecord`)."""
-    from bundlerun.runner.history.store import resolve_history_path
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.history.store import resolve_history_path  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.session import Session  # start-up: not loaded by `bundlerun --help`
 
     session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db)
     db = resolve_history_path(history_db, session.project)
@@ -114,12 +118,9 @@ def command(bundle, target, case, output, method, report_dir, timeout, debug_buf
 def debug_on_fail(bundle: Path, target: str, report: "Report", report_dir: Path, quiet: bool = False,
                   target_config: dict | None = None) -> None:
     """`run --debug-on-fail`: drill into the run's worst failing case; never changes the run's exit code."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.debug.localize import worst_failing_case
-    from bundlerun.targets.base import Verdict
+    from bundlerun.runner.debug.localize import worst_failing_case  # start-up: not loaded by `bundlerun --help`
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.sequence import first_failing_step, from_manifest
+    from bundlerun.bundles.bpte import read_bundle  # start-up: not loaded by `bundlerun --help`
 
     sequences = from_manifest(read_bundle(bundle).manifest)
     for method in dict.fromkeys(c.method for c in report.cases):

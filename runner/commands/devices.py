@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import click
+from bundlerun.bundles.errors import BundlerunError
 
 
 @click.command(name="devices")
@@ -22,8 +23,7 @@ def command(host, port, as_json):
     Exit code: 0 when at least one device is ready, 1 when none is, 2 when adb
     itself cannot be used.
     """
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets.android.adb_cli import AdbCliTransport
+    from bundlerun.targets.android.adb_cli import AdbCliTransport  # start-up: not loaded by `bundlerun --help`
 
     transport = AdbCliTransport(None, server_host=host, server_port=port)
     try:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.targets import Check
+from bundlerun.targets import families
 
 def collect(project: dict) -> list[dict]:
     """Rows of {target, component, ok, detail, where} from every registered target's own probe;
     `ok` None means not applicable. Plus the runners in the build cache."""
     from dataclasses import asdict
-
-    from bundlerun.targets import families
 
     targets_cfg = project.get("targets", {}) if isinstance(project, dict) else {}
     rows: list[dict] = []
@@ -28,8 +29,6 @@ def collect(project: dict) -> list[dict]:
         try:
             checks = spec.doctor(section if isinstance(section, dict) else {})
         except Exception as exc:  # noqa: BLE001 - a probe must never take doctor down
-            from bundlerun.bundles.errors import BundlerunError
-            from bundlerun.targets import Check
 
             # a BundlerunError (a damaged runner entry) is its own one line
             said = str(exc) if isinstance(exc, BundlerunError) else f"{type(exc).__name__}: {exc}"
@@ -57,7 +56,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
     """Report which targets this machine can drive (FVPs, toolchain, runners, TOSA, Vela, adb)."""
     project: dict = {}
     try:
-        from bundlerun.bundles.project_config import load_project_config
+        from bundlerun.bundles.project_config import load_project_config  # optional: its failure to load is handled here
 
         project = load_project_config(config_path, validate_tolerances=False) or {}
     except ImportError:
@@ -69,7 +68,7 @@ def command(config_path: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"checks": rows, "targets": {k: {"ready": r, "missing": m}
                                                           for k, (r, m) in readiness(rows).items()}}, indent=2))
         return
-    from bundlerun.runner.report.console import wide_console
+    from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
     from rich.markup import escape
     from rich.table import Table
 

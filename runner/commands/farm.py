@@ -9,6 +9,7 @@ import click
 
 from bundlerun.runner import seal
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.shard import parse_shard
 
 
 def _print_jobs(plan, jobs, as_json: bool) -> None:
@@ -20,7 +21,7 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console  # start-up: not loaded by `bundlerun --help`
 
     table = Table(title=f"farm plan {plain(plan.path)}: {len(jobs)} jobs, retries {plan.retries}", title_justify="left")
     for col in ("#", "job", "bundle", "target", "devices", "concurrency"):
@@ -70,9 +71,8 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     Markdown, HTML) and one history record per job. Exit codes as `run`: 0, 1, 2.
     See docs/farm.md for the plan format.
     """
-    from bundlerun.runner.farm.plan import load_plan, shard_jobs
-    from bundlerun.runner.report.safe_text import visible
-    from bundlerun.runner.shard import parse_shard
+    from bundlerun.runner.farm.plan import load_plan, shard_jobs  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.safe_text import visible  # start-up: not loaded by `bundlerun --help`
 
     shard = parse_shard(shard)  # a bad value: one line, exit 2, before anything is read or built
     plan = load_plan(plan_path, retries)
@@ -83,9 +83,9 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     if dry_run:
         _print_jobs(plan, jobs, as_json)
         return
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.farm.run import run_farm
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.farm.run import run_farm  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.session import Session  # start-up: not loaded by `bundlerun --help`
 
     session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db, no_history=no_history)
     db = None if no_history else history.resolve_db_path(history_db, session.project)
@@ -106,7 +106,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     else:
         from rich.table import Table
 
-        from bundlerun.runner.report.console import plain, wide_console
+        from bundlerun.runner.report.console import plain, wide_console  # start-up: not loaded by `bundlerun --help`
 
         table = Table(title=f"farm: {len(result.jobs)} jobs, {result.report.extras['farm']['makespan_s']:.1f} s",
                       title_justify="left")
@@ -123,7 +123,7 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
         for d in bad:
             click.echo(f"device {visible(d['url'])}: {d['infra_failures']} of {d['attempts']} attempts failed with an "
                        f"infrastructure error ({d['infra_rate'] * 100:.0f}%)")
-    from bundlerun.runner.report.console import echo_must_show, say_report
+    from bundlerun.runner.report.console import echo_must_show, say_report  # start-up: not loaded by `bundlerun --help`
 
     echo_must_show(result.report)  # jobs missing from the history: said in every output mode
     say_report(result.report, report_dir)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.errors import BundlerunError
 
 if TYPE_CHECKING:
     from bundlerun.runner.history.store import RunRecord
@@ -30,7 +31,7 @@ def _print_flaky(stats: dict, db, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain
+    from bundlerun.runner.report.console import plain  # start-up: not loaded by `bundlerun --help`
 
     console = Console()
     if not console.is_terminal:
@@ -73,8 +74,8 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
         return
     import json
 
-    from bundlerun.runner.history import store as history
-    from bundlerun.bundles.project_config import load_project_config
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.project_config import load_project_config  # start-up: not loaded by `bundlerun --help`
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
     if db is None:
@@ -92,7 +93,7 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     from rich.console import Console
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain
+    from bundlerun.runner.report.console import plain  # start-up: not loaded by `bundlerun --help`
 
     table = Table(title=f"history: {db}", title_justify="left")
     for col in ("id", "started", "model", "target", "dtype", "series", "label", "verdict", "pass/fail", "min SQNR",
@@ -138,11 +139,10 @@ def import_command(ctx, files, commit, when, history_db):
     (--json-report, with the suite's per-test metadata) or its CSV (also the suite.csv the
     bundlerun plugin writes). One run per subtest, with its error max / MAE / SNR per output,
     its flow, operator and commit, shown by `bundlerun hud` beside bundlerun's own runs."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.report.safe_text import visible
-    from bundlerun.runner.suite.importer import import_suite_report
+    from bundlerun.bundles.project_config import load_project_config  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.safe_text import visible  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.suite.importer import import_suite_report  # start-up: not loaded by `bundlerun --help`
 
     db = history.resolve_history_path(history_db or (ctx.obj or {}).get("history_db"), load_project_config() or {})
     if db is None:

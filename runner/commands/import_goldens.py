@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from bundlerun.bundles.errors import BundlerunError
 
 
 @click.command(name="import-goldens")
@@ -21,14 +22,13 @@ def command(root, out_dir, target, backend, dtype):
     read from the program) into bundles with resolved tolerances, replayable with `bundlerun run`
     on any target. A bad golden is one line naming its file; the others are still imported.
     Exit code 2 when any golden could not be imported."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.goldens import find_goldens, import_golden
-    from bundlerun.runner.suite.flows import default_target, numbers_from_name
-    from bundlerun.runner.report.safe_text import visible
+    from bundlerun.bundles.goldens import find_goldens, import_golden  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.suite.flows import default_target, numbers_from_name  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.safe_text import visible  # start-up: not loaded by `bundlerun --help`
 
     try:
         goldens, problems = find_goldens(root)
-        from bundlerun.runner.session import Session
+        from bundlerun.runner.session import Session  # optional: its failure to load is handled here
 
         registry = Session.load(None).registry
     except BundlerunError as exc:

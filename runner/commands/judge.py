@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from bundlerun.runner import seal
+from bundlerun.runner.report.model import elapsed_figures
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -43,10 +44,10 @@ def command(ctx, report_dir, overrides, bundle_path, out_dir, as_json, quiet):
         click.echo(json.dumps({"summary": report.summary.to_json(), "overrides": report.overrides,
                                "previous_summary": report.judged["previous_summary"]}, indent=2))
     elif not quiet:
-        from bundlerun.runner.report.console import print_summary
+        from bundlerun.runner.report.console import print_summary  # start-up: not loaded by `bundlerun --help`
 
         print_summary(report)
-    from bundlerun.runner.report.console import exit_code, warn_unwritten
+    from bundlerun.runner.report.console import exit_code, warn_unwritten  # start-up: not loaded by `bundlerun --help`
 
     warn_unwritten(report)
     ctx.exit(exit_code(report))
@@ -59,13 +60,12 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
     import datetime as _dt
     import shutil
 
-    from bundlerun.runner.judging.judge import judge_run, judge_sequences, load_context, summarize
-    from bundlerun.runner.judging.overrides import apply_overrides
-    from bundlerun.runner.report.model import elapsed_figures
-    from bundlerun.runner.report.record import OUTPUTS_FILE
-    from bundlerun.runner.history.saved_run import load_saved_run
+    from bundlerun.runner.judging.judge import judge_run, judge_sequences, load_context, summarize  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.judging.overrides import apply_overrides  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.record import OUTPUTS_FILE  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history.saved_run import load_saved_run  # start-up: not loaded by `bundlerun --help`
 
-    from bundlerun.runner.judging.overrides import parse_overrides
+    from bundlerun.runner.judging.overrides import parse_overrides  # start-up: not loaded by `bundlerun --help`
 
     parsed = parse_overrides(overrides)  # bad input fails before anything is read
     saved = load_saved_run(report_dir, bundle_path, require_seal=require_seal)
@@ -91,8 +91,8 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
         "note": "re-judged from saved outputs with the bundle's embedded criteria",
     }
     if out_dir is not None:
-        from bundlerun.bundles.fileio import named
-        from bundlerun.runner import arguments
+        from bundlerun.bundles.fileio import named  # start-up: not loaded by `bundlerun --help`
+        from bundlerun.runner import arguments  # start-up: not loaded by `bundlerun --help`
 
         out_dir = arguments.report_folder(out_dir)
         src = saved.outputs_file or saved.directory / OUTPUTS_FILE  # the file that was checked and judged
@@ -104,10 +104,10 @@ def rejudge(report_dir: Path, overrides: list[str], bundle_path: Path | None = N
             (out_dir / OUTPUTS_FILE).unlink(missing_ok=True)
             raise named(exc, out_dir / OUTPUTS_FILE) from None
         report.outputs_file = str(out_dir / OUTPUTS_FILE)
-        from bundlerun.runner.history.saved_outputs import file_digest
+        from bundlerun.runner.history.saved_outputs import file_digest  # start-up: not loaded by `bundlerun --help`
 
         report.outputs_sha256 = file_digest(out_dir / OUTPUTS_FILE)
-        from bundlerun.runner.writers import write_reports
+        from bundlerun.runner.writers import write_reports  # start-up: not loaded by `bundlerun --help`
 
         write_reports(report, out_dir, bundle=saved.bundle)  # every format of the new verdict, report.json last
     return report

@@ -17,11 +17,12 @@ import click
 
 from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
 from bundlerun.runner.report.model import Report
+from bundlerun.runner.report.model import read_report
 
 
 def write_merged(report: Report, out_dir: Path) -> dict[str, Path]:
     """Every registered format into out_dir (report.json last, with the file list)."""
-    from bundlerun.runner.writers import write_reports
+    from bundlerun.runner.writers import write_reports  # start-up: not loaded by `bundlerun --help`
 
     out_dir = Path(out_dir)
     bundle_path = report.bundle.get("path")
@@ -44,9 +45,8 @@ def command(reports, report_dir, force, allow_partial, as_json):
     """
     import json
 
-    from bundlerun.runner.writers import github
-    from bundlerun.runner.report.model import read_report
-    from bundlerun.runner.report.safe_text import visible
+    from bundlerun.runner.writers import github  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.safe_text import visible  # start-up: not loaded by `bundlerun --help`
 
     paths = [p / "report.json" if p.is_dir() else p for p in reports]
     loaded = [read_report(p) for p in paths]
@@ -68,7 +68,7 @@ def command(reports, report_dir, force, allow_partial, as_json):
         click.echo(f"merged {len(paths)} report(s): {s.verdict} ({s.cases} cases; {counts or 'no outputs'})")
         for w in merged.warnings:
             click.echo(f"warning: {visible(w)}", err=True)  # warnings come from the merged files
-    from bundlerun.runner.report.console import say_report
+    from bundlerun.runner.report.console import say_report  # start-up: not loaded by `bundlerun --help`
 
     say_report(merged, report_dir)
     sys.exit(s.exit_code)

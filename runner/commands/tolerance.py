@@ -16,6 +16,11 @@ import click
 
 from bundlerun.bundles.manifest_records import BuildInfo, BuildInput
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.errors import BundleFormatError
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.manifest import RULE_DEFAULTS
+from bundlerun.targets import lowering_info
+from bundlerun.targets import parse_target_url
 
 
 @click.group(name="tolerance")
@@ -39,7 +44,7 @@ def _fmt(value) -> str:
 def _short(file: str | None) -> str:
     if not file:
         return "-"
-    from bundlerun.bundles.registry import BUILTIN_NAME
+    from bundlerun.bundles.registry import BUILTIN_NAME  # start-up: not loaded by `bundlerun --help`
 
     path = Path(file)
     if file.startswith(BUILTIN_NAME) and "/" not in file[len(BUILTIN_NAME):] and path.name.startswith("tolerances"):
@@ -77,10 +82,8 @@ def _from_build(ctx, explicit: dict, registry, distribution_given: bool):
     build embedded for that output."""
     import tempfile
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.builder import BuildRequest, build_bundle
-    from bundlerun.bundles.errors import ConfigError
-    from bundlerun.targets import lowering_info, parse_target_url
+    from bundlerun.bundles.bpte import read_bundle  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: not loaded by `bundlerun --help`
 
     target = ctx.target or "host://xnnpack"
     parse_target_url(target)
@@ -103,7 +106,7 @@ def _from_build(ctx, explicit: dict, registry, distribution_given: bool):
 def _buildable(model: str) -> bool:
     """A model `build` can build (a zoo name or path.py:factory), not only a name that registry
     model overrides match (ExecuTorch's `mobilenet_v2`, `lstm`)."""
-    from bundlerun.bundles.zoo import ZOO
+    from bundlerun.bundles.zoo import ZOO  # start-up: not loaded by `bundlerun --help`
 
     return model in ZOO or (":" in model and model.rsplit(":", 1)[0].endswith(".py"))
 
@@ -118,16 +121,15 @@ def _check_explain_args(registry, backend: str, target: str | None, distribution
     input distribution that does not parse, a scale that is not a positive finite number."""
     import math
 
-    from bundlerun.bundles.errors import ConfigError
-    from bundlerun.bundles.inputs import check_distribution
-    from bundlerun.bundles.registry import suggest as did_you_mean
+    from bundlerun.bundles.inputs import check_distribution  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.registry import suggest as did_you_mean  # start-up: not loaded by `bundlerun --help`
 
     if backend not in registry.backends():
         raise ConfigError(f"unknown backend {backend!r}{did_you_mean(backend, registry.backends())}; "
                           f"known: {', '.join(registry.backends())}")
     if target:
         if "://" in target:
-            from bundlerun.targets import open_target
+            from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
 
             try:
                 open_target(target, {})  # checks scheme, variant and options; opens nothing
@@ -176,11 +178,11 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     data-dependent rules read are the build's own: what is shown is what `build` embeds."""
     import json
 
-    from bundlerun.bundles.project_config import default_registry
+    from bundlerun.bundles.project_config import default_registry  # start-up: not loaded by `bundlerun --help`
 
-    from bundlerun.bundles.registry import LEVELS, Registry
-    from bundlerun.bundles.tolerances import ToleranceContext, explain as resolve
-    from bundlerun.runner.judging.overrides import as_build_overrides, parse_overrides
+    from bundlerun.bundles.registry import LEVELS, Registry  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.tolerances import ToleranceContext, explain as resolve  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.judging.overrides import as_build_overrides, parse_overrides  # start-up: not loaded by `bundlerun --help`
 
     registry = Registry.builtin() if no_project else default_registry()
     _check_explain_args(registry, backend, target, distribution, scale)
@@ -198,8 +200,6 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
     res = resolve(ctx, explicit, registry)
     crit = res.criteria
     if embedded is not None and _comparable(embedded) != _comparable(crit):
-        from bundlerun.bundles.errors import BundlerunError
-
         raise BundlerunError(f"explain resolved {_comparable(crit)} but the build embeds {_comparable(embedded)} for "
                              f"{method}.{output_name}: a bundlerun bug, please report it")
     if as_json:
@@ -207,7 +207,7 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
                                "executorch_commit": res.commit, "criteria": crit.to_dict()}, indent=2))
         return
 
-    from bundlerun.runner.report.console import wide_console
+    from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
     from rich.table import Table
 
     console = wide_console()
@@ -238,7 +238,6 @@ def explain(backend, target, dtype, model, ops, reference, distribution, output_
                 extra.append("[dim]other tests of this key (tighter, the loosest applies): " + "; ".join(step.merged) + "[/]")
             chain.add_row(level, step.source, "\n".join([", ".join(parts) or "-", *extra]), origins, _short(step.file))
     console.print(chain)
-    from bundlerun.bundles.manifest import RULE_DEFAULTS
 
     result = Table(title="resolved criteria and rules (all that are set must hold)", title_justify="left")
     for col in ("criterion", "value", "from", "origin", "file"):
@@ -284,9 +283,8 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     """
     import json
 
-    from bundlerun.bundles.errors import ConfigError
-    from bundlerun.bundles.registry import CRITERIA
-    from bundlerun.runner.judging.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block
+    from bundlerun.bundles.registry import CRITERIA  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.judging.calibrate import collect_from_run_dirs, propose, run_and_collect, toml_block  # start-up: not loaded by `bundlerun --help`
 
     if margin < 1.0:
         raise ConfigError(f"--margin must be at least 1.0, got {margin}")
@@ -295,7 +293,7 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
         wanted = [c.strip() for c in criteria_names.split(",") if c.strip()]
         for c in wanted:
             if c not in CRITERIA:
-                from bundlerun.bundles.registry import suggest as did_you_mean
+                from bundlerun.bundles.registry import suggest as did_you_mean  # start-up: not loaded by `bundlerun --help`
 
                 raise ConfigError(f"unknown criterion {c!r}{did_you_mean(c, CRITERIA)}; known: {', '.join(CRITERIA)}")
         if len([c for c in wanted if c in ("atol", "rtol", "qtol")]) > 1:
@@ -313,7 +311,7 @@ def suggest(bundle, target, run_dirs, margin, criteria_names, case_timeout, as_j
     if as_json:
         click.echo(json.dumps({"margin": margin, "runs": obs.runs, "outputs": [p.to_dict() for p in proposals]}, indent=2))
         return
-    from bundlerun.runner.report.console import wide_console
+    from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
     from rich.table import Table
 
     console = wide_console()
@@ -343,8 +341,7 @@ def contexts_from_bundle(bundle, extra_ops: list[str] | tuple[str, ...] = ()) ->
 
     import re
 
-    from bundlerun.bundles.errors import BundleFormatError
-    from bundlerun.bundles.tolerances import ToleranceContext
+    from bundlerun.bundles.tolerances import ToleranceContext  # start-up: not loaded by `bundlerun --help`
 
     m = bundle.manifest
     if m is None:
@@ -389,10 +386,10 @@ def check(bundle_path, ops, no_project, as_json):
     """
     import json
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.project_config import default_registry
-    from bundlerun.bundles.registry import CRITERIA, Registry
-    from bundlerun.bundles.tolerances import resolve_criteria
+    from bundlerun.bundles.bpte import read_bundle  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.project_config import default_registry  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.registry import CRITERIA, Registry  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.tolerances import resolve_criteria  # start-up: not loaded by `bundlerun --help`
 
     bundle = read_bundle(bundle_path)
     registry = Registry.builtin() if no_project else default_registry()
@@ -412,7 +409,7 @@ def check(bundle_path, ops, no_project, as_json):
     if as_json:
         click.echo(json.dumps({"drift": drift, "rows": rows, "notes": notes}, indent=2))
     else:
-        from bundlerun.runner.report.console import wide_console
+        from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
         from rich.table import Table
 
         from bundlerun.runner.report.console import plain  # output names and sources come from the bundle
@@ -455,11 +452,11 @@ def audit(executorch_src, backends, uncovered, check, no_project, as_json):
     """
     import json
 
-    from bundlerun.bundles import et_source
-    from bundlerun.bundles.project_config import default_registry
-    from bundlerun.bundles.registry import Registry
-    from bundlerun.bundles.registry_schema import parse_citation
-    from bundlerun.bundles.tolerance_audit import Citation, check_citations, held, scan
+    from bundlerun.bundles import et_source  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.project_config import default_registry  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.registry import Registry  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.registry_schema import parse_citation  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.tolerance_audit import Citation, check_citations, held, scan  # start-up: not loaded by `bundlerun --help`
 
     root = et_source.source_tree(executorch_src)
     registry = Registry.builtin() if no_project else default_registry()
@@ -491,7 +488,7 @@ def audit(executorch_src, backends, uncovered, check, no_project, as_json):
     else:
         from rich.table import Table
 
-        from bundlerun.runner.report.console import wide_console
+        from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
 
         console = wide_console()
         console.print(f"ExecuTorch tests in {root} (registry citations refer to {registry.commit or 'no pinned commit'}): "

@@ -41,10 +41,10 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
     SQNR is the mean over the case-outputs that did not match exactly; exact matches
     (SQNR infinite) are counted apart, never averaged in as a capped number.
     """
-    from bundlerun.bundles.fileio import atomic_write_bytes
-    from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.pictures import plots
+    from bundlerun.bundles.fileio import atomic_write_bytes  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.bundles.project_config import load_project_config  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.pictures import plots  # start-up: not loaded by `bundlerun --help`
     from bundlerun.runner.report.safe_text import visible as plain  # click.echo prints no markup: only visible()
 
     db = history.resolve_history_path(history_db, load_project_config() or {})
@@ -78,9 +78,9 @@ def command(model, target, metric, phase, dtype, limit, output, history_db):
 def _perf_command(db, model, target, metric, phase, dtype, limit, output, plain) -> None:
     import re
 
-    from bundlerun.bundles.fileio import atomic_write_bytes
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.pictures import plots
+    from bundlerun.bundles.fileio import atomic_write_bytes  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.pictures import plots  # start-up: not loaded by `bundlerun --help`
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", metric):
         raise click.BadParameter(f"{metric!r} is neither a metric ({', '.join(history.METRICS)}) nor a perf figure name",

@@ -35,6 +35,12 @@ from pathlib import Path
 
 import click
 from bundlerun.targets.failures import FailureKind
+from bundlerun._version import __version__
+from bundlerun.bundles.errors import BundleError
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.targets.base import RunOptions
+from bundlerun.targets.workers.protocol import result_event
 
 _OUT = None  # the protocol stream (the real stdout); sys.stdout goes to stderr
 _LOCK = threading.Lock()
@@ -157,8 +163,6 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         signal.signal(sig, lambda signum, _frame: _shutdown(f"got {signal.Signals(signum).name}"))
     t0 = time.perf_counter()
 
-    from bundlerun._version import __version__
-
     request_line = sys.stdin.buffer.readline()
     if not request_line:
         _shutdown("stdin closed before the request")
@@ -174,11 +178,10 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
         _emit(event="fatal", kind=FailureKind.BAD_CONFIG, error=f"bad worker request: {exc}")
         _shutdown("bad request", 3)
 
-    from bundlerun.bundles.errors import BundleError, BundlerunError, ConfigError
-    from bundlerun.targets import open_target
+    from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
 
     try:
-        from bundlerun.bundles.bpte import read_bundle
+        from bundlerun.bundles.bpte import read_bundle  # optional: its failure to load is handled here
 
         bundle_obj = read_bundle(bundle)
         target = open_target(inner, config)
@@ -199,9 +202,6 @@ def command(bundle: Path, inner: str, case_timeout: float, setup_timeout: float,
     _emit(event="ready", version=__version__, load_s=time.perf_counter() - t0,
           info={"remote_host": platform.node(), "remote_platform": f"{platform.system()} {platform.machine()}",
                 "remote_python": platform.python_version(), "remote_bundlerun": __version__, "inner_target": inner})
-
-    from bundlerun.targets.base import RunOptions
-    from bundlerun.targets.workers.protocol import result_event
 
     sent: set[tuple[str, int]] = set()
     order = list(pairs)
