@@ -27,6 +27,18 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from bundlerun.bundles import limits
+from bundlerun.bundles.backends.base import BACKENDS
+from bundlerun.bundles.backends.base import DTYPES
+from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.dynamic_shapes import from_exported
+from bundlerun.bundles.errors import BuildError
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.errors import ModelSourceError
+from bundlerun.bundles.registry_schema import REFERENCES
+from bundlerun.runner import arguments
+from bundlerun.targets import default_backend
+from bundlerun.targets import lowering_info
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -36,7 +48,7 @@ __all__ = ["build", "bundle_program", "run", "judge", "validate", "Report"]
 
 def __getattr__(name: str):  # `api.Report` without importing the report model at `import bundlerun.api`
     if name == "Report":
-        from bundlerun.runner.report.model import Report
+        from bundlerun.runner.report.model import Report  # late: its name is bound otherwise in this module
 
         return Report
     raise AttributeError(name)
@@ -57,15 +69,11 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
     command line. Inputs are generated from the examples' shapes and dtypes (`distribution`,
     seeded by `seed`); the expected outputs come from the eager model (`reference` "quantized":
     from the fake-quantized one). Returns the .bpte path (a temporary file when `output` is None)."""
-    from bundlerun.bundles.builder import BuildRequest, build_bundle
-    from bundlerun.runner.session import Session
-
-    from bundlerun.bundles.backends.base import default_dtype
-    from bundlerun.targets import default_backend, lowering_info
+    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: loads flatbuffers, numpy, tomli on use
+    from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy on use
 
     tolerances = _check_build(model, output, backend, target, dtype, cases, seed, reference, distribution, tolerances,
                               etrecord, config, cache)
-    from bundlerun.runner import arguments
 
     if inputs is not None:
         arguments.path(inputs, "inputs")
@@ -93,12 +101,7 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
                  cache: Any) -> dict[str, float]:
     """build's arguments, by the CLI's own checks (`bundlerun build`'s options), before any work;
     returns the tolerances as numbers."""
-    from bundlerun.bundles import limits
-    from bundlerun.bundles.backends.base import BACKENDS, DTYPES
-    from bundlerun.bundles.errors import ModelSourceError
-    from bundlerun.bundles.inputs import check_distribution
-    from bundlerun.bundles.registry_schema import REFERENCES
-    from bundlerun.runner import arguments
+    from bundlerun.bundles.inputs import check_distribution  # start-up: loads numpy on use
 
     if isinstance(model, str):
         arguments.text(model, "model", arguments.MAX_PATH_CHARS)
@@ -125,8 +128,7 @@ def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any,
 
 def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: str | None):
     """An nn.Module (or an ExportedProgram's module) as the builder's model record."""
-    from bundlerun.bundles.errors import ModelSourceError
-    from bundlerun.bundles.model_source import _from_examples
+    from bundlerun.bundles.model_source import _from_examples  # start-up: loads numpy on use
 
     exported = hasattr(model, "graph_module") and hasattr(model, "module")  # torch.export.ExportedProgram
     dynamic_shapes: Any = None  # an ExportedProgram's symbolic dims, honoured in the lowering
@@ -138,7 +140,6 @@ def _resolved(model: Any, example_inputs: Sequence[Any] | None, distribution: st
                                        "pass example_inputs as a tuple")
             example_inputs = args
         name = "ExportedProgram"
-        from bundlerun.bundles.dynamic_shapes import from_exported
 
         dynamic_shapes = from_exported(model)
         # ep.module() refuses .eval()/.train() (torch: "Calling eval() is not supported yet"); it
@@ -171,10 +172,7 @@ def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] |
     each a tuple of inputs (a plain list means "forward"). The expected outputs are `expected`
     (per method, one entry per case) or `reference(*inputs)` (an nn.Module or callable, or a dict
     of them per method): the eager model, never the program itself."""
-    from bundlerun.bundles.backends.base import BACKENDS, DTYPES
-    from bundlerun.bundles.errors import BuildError
-    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program as _bundle
-    from bundlerun.runner import arguments
+    from bundlerun.bundles.from_program import ProgramBundleRequest, ProgramCase, bundle_program as _bundle  # start-up: loads flatbuffers, numpy, tomli on use
 
     arguments.choice(backend, "backend", sorted(BACKENDS), optional=False)
     arguments.choice(dtype, "dtype", DTYPES, optional=False)
@@ -231,7 +229,6 @@ def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] |
 
 def _per_method(value: Any, what: str) -> dict[str, list]:
     """`inputs` / `expected`: per method a list (a plain list means "forward")."""
-    from bundlerun.runner import arguments
 
     if isinstance(value, Mapping):
         out = {arguments.text(k, f"{what} method"): v for k, v in value.items()}
@@ -247,8 +244,6 @@ def _per_method(value: Any, what: str) -> dict[str, list]:
 def _eager(fn: Any, inputs: tuple) -> Any:
     """The reference's outputs; whatever it raises is one BuildError (Ctrl-C stays an interrupt)."""
     import torch
-
-    from bundlerun.bundles.errors import BuildError
 
     try:
         with torch.no_grad():
@@ -272,8 +267,8 @@ def run(bundle: str | Path, target: str = "host://xnnpack", *, report_dir: str |
     only when asked for. Infrastructure problems are verdicts (ERROR), not exceptions; a bundle
     that cannot be read raises BundleError. `require_seal` None: refused unsealed under $CI, as
     `bundlerun run` does."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.session import RunRequest, Session
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.runner.session import RunRequest, Session  # start-up: loads flatbuffers, numpy on use
 
     checked = _check_run(bundle, target, report_dir, cases, methods, overrides, timeout, setup_timeout,
                          target_config, config, label, save_outputs, history, require_seal)
@@ -304,8 +299,8 @@ def judge(report_dir: str | Path, overrides: Sequence[str] = (), bundle: str | P
     """Judge the outputs a run saved (`run(..., save_outputs=True)` or `bundlerun run --save-outputs`)
     again, with `overrides`; nothing runs. Returns the new Report (written to `out_dir` if given).
     `require_seal` None: refused unsealed under $CI, as `bundlerun judge` does."""
-    from bundlerun.runner import arguments, seal
-    from bundlerun.runner.commands.judge import rejudge
+    from bundlerun.runner import arguments, seal  # start-up: loads click on use
+    from bundlerun.runner.commands.judge import rejudge  # start-up: loads click on use
 
     report_dir = arguments.path(report_dir, "report_dir")
     overrides = arguments.overrides(overrides)
@@ -319,7 +314,7 @@ def _check_run(bundle: Any, target: Any, report_dir: Any, cases: Any, methods: A
                setup_timeout: Any, target_config: Any, config: Any, label: Any, save_outputs: Any, history: Any,
                require_seal: Any) -> dict[str, Any]:
     """run's arguments, by the checks `bundlerun run`'s options use, before any work."""
-    from bundlerun.runner import arguments, seal
+    from bundlerun.runner import arguments, seal  # start-up: loads click on use
 
     arguments.path(bundle, "bundle")
     arguments.target_url(target, "target")
@@ -349,8 +344,6 @@ def validate(model: Any, example_inputs: Sequence[Any] | None = None, target: st
     build_keys = set(inspect.signature(build).parameters) - {"model", "example_inputs", "target"}
     unknown = sorted(set(kw) - run_keys - build_keys)
     if unknown:
-        from bundlerun.bundles.errors import ConfigError
-
         raise ConfigError(f"api.validate: unknown argument(s) {', '.join(map(str, unknown))[:200]}")
     run_kw = {k: kw.pop(k) for k in list(kw) if k in run_keys}
     defaults = {k: p.default for k, p in inspect.signature(run).parameters.items() if k in run_keys}

@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 from bundlerun.bundles import limits
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.targets import TargetConfig, default_backend, resolve_target
+from bundlerun.bundles.manifest import CRITERIA_FIELDS
+from bundlerun.runner.judging.overrides import parse_overrides
 
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer path cannot be opened anyway
 MAX_LABEL_CHARS = 256  # bundlerun's own: a label is a commit sha or a short name shown in every table
@@ -132,10 +134,9 @@ def mapping(value: Any, what: str) -> dict[str, Any]:
 def tolerance(key: Any, value: Any, what: str = "--tolerance") -> float:
     """One explicit criterion (KEY=VALUE of `build --tolerance`): a known key, a finite number >= 0
     (top_k: a whole number >= 1)."""
-    from bundlerun.bundles.manifest import CRITERIA_FIELDS
 
     if key == "top_k":
-        from bundlerun.bundles.registry import top_k_value
+        from bundlerun.bundles.registry import top_k_value  # start-up: loads tomli on use
 
         return top_k_value(value, f"{what}: top_k")
     if key not in CRITERIA_FIELDS:
@@ -159,7 +160,6 @@ def tolerances(value: Any, what: str = "tolerances") -> dict[str, float]:
 
 def overrides(value: Any, what: str = "overrides") -> list[str]:
     """`[METHOD.]OUTPUT.KEY=VALUE` strings, parsed (runner/judging/overrides.py) so a bad one fails now."""
-    from bundlerun.runner.judging.overrides import parse_overrides
 
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ConfigError(f"{what}: expected a list of OUTPUT.KEY=VALUE strings, got {_kind(value)}")

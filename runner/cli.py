@@ -44,7 +44,7 @@ LAZY_COMMANDS: dict[str, str] = {
 
 
 def _version() -> str:
-    from bundlerun._version import __version__
+    from bundlerun._version import __version__  # start-up: loaded on use, not with the CLI
 
     return __version__
 
@@ -52,7 +52,7 @@ def _version() -> str:
 class LazyGroup(click.Group):
     def format_epilog(self, ctx, formatter):
         """The target table, generated from each target module's declaration."""
-        from bundlerun.targets import url_help
+        from bundlerun.targets import url_help  # start-up: loaded on use, not with the CLI
 
         formatter.write_paragraph()
         formatter.write_text("Targets (--target URL; host://xnnpack is the default):")
@@ -92,7 +92,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _checked(check, *args, hint: str | None = None):
     """One of runner/arguments.py's checks (the same ones bundlerun.api runs) as click's usage error."""
-    from bundlerun.bundles.errors import ConfigError
+    from bundlerun.bundles.errors import ConfigError  # start-up: loaded on use, not with the CLI
 
     try:
         return check(*args)
@@ -102,21 +102,21 @@ def _checked(check, *args, hint: str | None = None):
 
 def _positive_seconds(ctx, param, value):
     """--timeout/--setup-timeout: a positive, finite number of seconds (at most MAX_TIMEOUT_S)."""
-    from bundlerun.runner import arguments
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     return _checked(arguments.seconds, value, param.opts[0] if param is not None else "--timeout")
 
 
 def _label(ctx, param, value):
     """--label: printable text of bundlerun's bounded length, checked before the run (not at recording)."""
-    from bundlerun.runner import arguments
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     return _checked(arguments.label, value)
 
 
 def _overrides(ctx, param, value):
     """--override: every item parsed before the run (as bundlerun.api parses `overrides`)."""
-    from bundlerun.runner import arguments
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     _checked(arguments.overrides, list(value or ()), hint="--override")
     return value
@@ -127,8 +127,8 @@ def distribution_option(ctx, param, value):
     imported or built (bundles/inputs.check_distribution, which the API and `tolerance explain` use too)."""
     if value is None:
         return value
-    from bundlerun.bundles.errors import ConfigError
-    from bundlerun.bundles.inputs import check_distribution
+    from bundlerun.bundles.errors import ConfigError  # start-up: loaded on use, not with the CLI
+    from bundlerun.bundles.inputs import check_distribution  # start-up: loaded on use, not with the CLI
 
     try:
         return check_distribution(value)
@@ -156,7 +156,7 @@ def _resolved(target: str):
 
 def _report_dir(path: Path) -> Path:
     """The report folder, checked before anything runs: it must be (or become) a writable folder."""
-    from bundlerun.runner import arguments
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     return _checked(arguments.report_folder, path, hint="--report")
 
@@ -203,8 +203,8 @@ def _parse_cases(text: str | None, limit: int = MAX_CASES) -> list[int] | None:
 
 def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
     """--tolerance KEY=VALUE items, each by the check api.build(tolerances=) runs (runner/arguments.py)."""
-    from bundlerun.bundles.manifest import CRITERIA_FIELDS
-    from bundlerun.runner import arguments
+    from bundlerun.bundles.manifest import CRITERIA_FIELDS  # start-up: loaded on use, not with the CLI
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     out: dict[str, float] = {}
     for item in items:
@@ -223,8 +223,8 @@ def _progress_console():
 
 def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -> tuple[str, str]:
     """The backend the target declares as its default, and that backend's default dtype for it."""
-    from bundlerun.bundles.backends.base import default_dtype
-    from bundlerun.targets import default_backend, lowering_info
+    from bundlerun.bundles.backends.base import default_dtype  # start-up: loaded on use, not with the CLI
+    from bundlerun.targets import default_backend, lowering_info  # start-up: loaded on use, not with the CLI
 
     url = _resolved(target)
     backend = backend or default_backend(url)
@@ -242,12 +242,12 @@ def _default_dtype(model: str, target: str, backend: str | None) -> str:
 
 
 def _build(model: str, output: Path, **kw):
-    from bundlerun.bundles.builder import BuildRequest, build_bundle
-    from bundlerun.targets import lowering_info
+    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: loaded on use, not with the CLI
+    from bundlerun.targets import lowering_info  # start-up: loaded on use, not with the CLI
 
     if model.startswith("llm:"):  # export_llama's own path for the target's backend, its own dtypes (bundles/llm_arch.py)
-        from bundlerun.bundles.llm_arch import llm_backend
-        from bundlerun.targets import default_backend
+        from bundlerun.bundles.llm_arch import llm_backend  # start-up: loaded on use, not with the CLI
+        from bundlerun.targets import default_backend  # start-up: loaded on use, not with the CLI
 
         kw["backend"] = kw.get("backend") or llm_backend(default_backend(kw["target"]))
     else:
@@ -315,7 +315,7 @@ def llm_request(model: str, size, params, checkpoint, tokenizer, prompts, decode
         if given or size != "tiny":
             raise click.BadParameter(f"{(given or ['--size'])[0]} is for llm:ARCH models only", param_hint="MODEL")
         return None
-    from bundlerun.bundles.llm_build import LlmOptions
+    from bundlerun.bundles.llm_build import LlmOptions  # start-up: loaded on use, not with the CLI
 
     return LlmOptions(size=size, params=params, checkpoint=checkpoint, tokenizer=tokenizer, prompts=list(prompts),
                       decode_steps=decode_steps, max_seq_len=max_seq_len)
@@ -345,7 +345,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
           max_seq_len, inputs_source=None, state_dict=None):
     """Build MODEL (zoo name, et:NAME for ExecuTorch's example models, path.py:factory, or llm:ARCH through
     ExecuTorch's export_llama) into a .bpte with embedded tolerances."""
-    from bundlerun.runner import arguments
+    from bundlerun.runner import arguments  # start-up: loaded on use, not with the CLI
 
     _checked(arguments.output_file, output, hint="-o")
     result = _build(
@@ -377,7 +377,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
 @click.option("--json", "as_json", is_flag=True, help="Print the parsed structure as JSON.")
 def inspect(bundle, as_json):
     """Show methods, test cases, dtypes/shapes and the embedded manifest of BUNDLE."""
-    from bundlerun.runner.inspect_view import inspect_bundle
+    from bundlerun.runner.inspect_view import inspect_bundle  # start-up: loaded on use, not with the CLI
 
     inspect_bundle(bundle, as_json)
 
@@ -420,7 +420,7 @@ run_options = [
 def make_session(config_path: Path | None, target_opts: tuple[str, ...], history_db=None, no_history: bool = False,
                  baseline: str | None = None, runner_elf: Path | None = None):
     """The one Session of a command (config read once)."""
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.session import Session  # start-up: loaded on use, not with the CLI
 
     if runner_elf:
         target_opts = (*target_opts, f"runner_elf={runner_elf}")
@@ -436,7 +436,7 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             label, methods=None, cases=None, quiet=False, bundle=None, amend=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bundlerun.runner.session import RunRequest
+    from bundlerun.runner.session import RunRequest  # start-up: loaded on use, not with the CLI
 
     console = _progress_console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -491,8 +491,8 @@ def _repeat(key: str = "bundlerun.repeat") -> int:
 def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, case_timeout, setup_timeout, save_outputs,
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.runner.report.console import print_summary
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loaded on use, not with the CLI
+    from bundlerun.runner.report.console import print_summary  # start-up: loaded on use, not with the CLI
 
     parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
@@ -500,12 +500,12 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
     plan = None
     if shard:  # runner/shard.py: this shard's cases, recorded in the report for `bundlerun merge`
-        from bundlerun.runner.shard import empty_shard_report, plan_run_shard
+        from bundlerun.runner.shard import empty_shard_report, plan_run_shard  # start-up: loaded on use, not with the CLI
 
         plan = plan_run_shard(parsed, shard, list(methods) or None, cases)
         methods, cases = plan.methods, plan.cases
     if plan is not None and plan.empty:
-        from bundlerun.runner.session import finish_run
+        from bundlerun.runner.session import finish_run  # start-up: loaded on use, not with the CLI
 
         report = finish_run(empty_shard_report(bundle, parsed, target, plan, label), report_dir, parsed, session.project,
                             None, None, True)
@@ -513,7 +513,7 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         report = _do_run(session, bundle, report_dir, target, case_timeout, setup_timeout, save_outputs, overrides,
                          label, methods=list(methods) or None, cases=cases, quiet=quiet or as_json, bundle=parsed,
                          amend=plan.amend if plan else None)
-    from bundlerun.runner.writers import github
+    from bundlerun.runner.writers import github  # start-up: loaded on use, not with the CLI
 
     github.annotate(report, report_dir / "report.json", stream=sys.stderr if as_json else None)
     if as_json:
@@ -524,20 +524,20 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
     elif not quiet:
         print_summary(report)
         if report.regressions:
-            from bundlerun.runner.history.regression import format_regressions
+            from bundlerun.runner.history.regression import format_regressions  # start-up: loaded on use, not with the CLI
 
             click.echo(format_regressions(report.regressions))
-    from bundlerun.runner.report.console import echo_must_show, say_report
+    from bundlerun.runner.report.console import echo_must_show, say_report  # start-up: loaded on use, not with the CLI
 
     if quiet or as_json:  # --quiet hides the table, never that the run is missing from the history
         echo_must_show(report)
     say_report(report, report_dir)
     if debug_on_fail and report.summary.exit_code == EXIT_FAIL:  # runner/commands/debug.py
-        from bundlerun.runner.commands.debug import debug_on_fail as _drill
+        from bundlerun.runner.commands.debug import debug_on_fail as _drill  # start-up: loaded on use, not with the CLI
 
         _drill(bundle, target, report, report_dir / "debug", quiet=quiet or as_json,
                target_config=session.target_config(_resolved(target)))
-    from bundlerun.runner.report.console import exit_code
+    from bundlerun.runner.report.console import exit_code  # start-up: loaded on use, not with the CLI
 
     sys.exit(exit_code(report))
 
@@ -593,12 +593,12 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     bundle and report (and with --etrecord its ETRecord; with --debug-on-fail a failing one's debug
     report in debug/).
     """
-    from bundlerun.runner.report.console import plain, wide_console
+    from bundlerun.runner.report.console import plain, wide_console  # start-up: loaded on use, not with the CLI
     from rich.table import Table
 
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.zoo import names as zoo_names
-    from bundlerun.runner.report.console import print_summary
+    from bundlerun.bundles.errors import BundlerunError  # start-up: loaded on use, not with the CLI
+    from bundlerun.bundles.zoo import names as zoo_names  # start-up: loaded on use, not with the CLI
+    from bundlerun.runner.report.console import print_summary  # start-up: loaded on use, not with the CLI
 
     report_dir = _report_dir(report_dir)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)
@@ -606,7 +606,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
     results = []
     mine = None
     if shard:  # runner/shard.py: models x dtypes split by their report folder name
-        from bundlerun.runner.shard import parse_shard, select, shard_record
+        from bundlerun.runner.shard import parse_shard, select, shard_record  # start-up: loaded on use, not with the CLI
 
         shard = parse_shard(shard)
         universe = [_validate_slug(m, d or _default_dtype(m, target, backend), expanded) for m in expanded
@@ -634,7 +634,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 if built.info.get("cache") == "hit":
                     click.echo(f"{slug}: cached build {built.info['cache_key'][:12]} (--no-cache rebuilds)", err=True)
             except BundlerunError as exc:  # the model's ERROR report says why (a factory that raised or exited)
-                from bundlerun.runner.report.record import build_failure_report, write_record
+                from bundlerun.runner.report.record import build_failure_report, write_record  # start-up: loaded on use, not with the CLI
 
                 click.echo(f"{slug}: build failed: {exc}", err=True)
                 written = write_record(build_failure_report(model, target, str(exc), label), out)
@@ -644,29 +644,29 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                              label, quiet=as_json, amend=None if mine is None else (
                                  lambda r, key=slug: r.extras.__setitem__("shard", {
                                      **shard_record(shard, "models", mine, universe), "key": key})))
-            from bundlerun.runner.writers import github
+            from bundlerun.runner.writers import github  # start-up: loaded on use, not with the CLI
 
             github.annotate(report, out / "report.json", stream=sys.stderr if as_json else None)
             if as_json:  # the JSON mode hides the table, never that the run is missing from the history
-                from bundlerun.runner.report.console import echo_must_show
+                from bundlerun.runner.report.console import echo_must_show  # start-up: loaded on use, not with the CLI
 
                 echo_must_show(report)
             else:
                 print_summary(report)
                 if report.regressions:
-                    from bundlerun.runner.history.regression import format_regressions
+                    from bundlerun.runner.history.regression import format_regressions  # start-up: loaded on use, not with the CLI
 
                     click.echo(format_regressions(report.regressions))
-            from bundlerun.runner.report.console import warn_unwritten
+            from bundlerun.runner.report.console import warn_unwritten  # start-up: loaded on use, not with the CLI
 
             warn_unwritten(report)
             s = report.summary
             if debug_on_fail and s.exit_code == EXIT_FAIL:  # runner/commands/debug.py, as `run --debug-on-fail`
-                from bundlerun.runner.commands.debug import debug_on_fail as _drill
+                from bundlerun.runner.commands.debug import debug_on_fail as _drill  # start-up: loaded on use, not with the CLI
 
                 _drill(bundle_path, target, report, out / "debug", quiet=as_json,
                        target_config=session.target_config(_resolved(target)))
-            from bundlerun.runner.report.console import exit_code
+            from bundlerun.runner.report.console import exit_code  # start-up: loaded on use, not with the CLI
 
             results.append((slug, s.verdict, exit_code(report), str(out / "report.json")))
     codes = [r[2] for r in results]
@@ -690,7 +690,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: BundlerunError -> one line on stderr, exit code 2."""
-    from bundlerun.runner import interrupts
+    from bundlerun.runner import interrupts  # start-up: loaded on use, not with the CLI
 
     debug = "--debug" in (argv or sys.argv) or bool(os.environ.get("BUNDLERUN_DEBUG"))
     interrupts.install()  # SIGTERM (a CI cancelling the job) ends a command exactly like Ctrl-C
@@ -720,7 +720,7 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exception(exc)
-        from bundlerun.runner.report.safe_text import visible
+        from bundlerun.runner.report.safe_text import visible  # start-up: loaded on use, not with the CLI
 
         where = exc.filename2 or exc.filename  # a copy's destination, else the file
         click.echo(f"bundlerun: error: cannot write {visible(where) if where else 'a file'}: {exc.strerror or exc}",
@@ -733,8 +733,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _internal(exc: BaseException, debug: bool) -> None:
     """A BundlerunError: its one line and exit code; anything else: "internal error" (a bug), exit 2."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.runner.report.safe_text import visible
+    from bundlerun.bundles.errors import BundlerunError  # start-up: loaded on use, not with the CLI
+    from bundlerun.runner.report.safe_text import visible  # start-up: loaded on use, not with the CLI
 
     if debug:  # the traceback, then the same line and exit code as without --debug
         import traceback

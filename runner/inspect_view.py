@@ -9,6 +9,9 @@ from typing import Any
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS
+from bundlerun.bundles.manifest import describe_inputs
+from bundlerun.runner.report.console import plain
+from bundlerun.runner.report.console import wide_console
 
 # How each rule reads in `inspect` (what the judge will do differently from the default rule).
 RULE_TEXT = {
@@ -68,7 +71,6 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    from bundlerun.runner.report.console import plain, wide_console
 
     console = wide_console()
     console.highlighter = None  # bundle text can be long: rich's regex highlighter is quadratic on it
@@ -95,7 +97,6 @@ def inspect_bundle(path: Path, as_json: bool = False) -> None:
                 f"quantization {b.quantization or '-'}, seed {b.seed}, inputs "
                 + ", ".join(f"{i.dtype}{i.shape} ~ {i.distribution}" for i in b.inputs))
     )
-    from bundlerun.bundles.manifest import describe_inputs
 
     for line in describe_inputs(manifest.model, b):
         console.print(plain(line))

@@ -94,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _active(config) and not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(BundlerunPlugin(config), PLUGIN_NAME)
         if config.getoption("bundlerun_target"):  # ExecuTorch's backend test suite on the target (docs/suite.md)
-            from bundlerun.runner.suite.plugin import SuitePlugin
+            from bundlerun.runner.suite.plugin import SuitePlugin  # start-up: pytest loads this plugin in every session
 
             config.pluginmanager.register(SuitePlugin(config.pluginmanager.get_plugin(PLUGIN_NAME)), SuitePlugin.name)
 
@@ -189,7 +189,7 @@ class BundlerunPlugin:
 
     def plan(self):
         if self._plan is None and self.config.getoption("bundlerun_plan"):
-            from bundlerun.runner.farm.plan import load_plan
+            from bundlerun.runner.farm.plan import load_plan  # start-up: pytest loads this plugin in every session
 
             self._plan = load_plan(self.config.getoption("bundlerun_plan"))
         return self._plan
@@ -258,16 +258,16 @@ class BundlerunPlugin:
 
     def session(self):
         if self._session is None:
-            from bundlerun.runner.session import Session
+            from bundlerun.runner.session import Session  # start-up: pytest loads this plugin in every session
 
             self._session = Session.load(None, no_history=True).open()
         return self._session
 
     def build(self, build: "BuildSpec", url: str) -> Path:
         """Build for the spec's build target (a plan's `build_target`), else for the device's URL."""
-        from bundlerun.bundles.builder import BuildRequest, build_bundle
-        from bundlerun.runner.cli import resolve_backend_dtype
-        from bundlerun.targets import lowering_info
+        from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: pytest loads this plugin in every session
+        from bundlerun.runner.cli import resolve_backend_dtype  # start-up: pytest loads this plugin in every session
+        from bundlerun.targets import lowering_info  # start-up: pytest loads this plugin in every session
 
         target = build.target or url
         backend, dtype = resolve_backend_dtype(target, build.backend, build.dtype)
@@ -281,7 +281,7 @@ class BundlerunPlugin:
     def run_bundle(self, bundle: Path, url: str, report_dir: Path, options: dict[str, Any] | None = None,
                    timeout: float | None = None, overrides: list[str] | None = None,
                    cases: list[int] | None = None) -> dict[str, Any]:
-        from bundlerun.runner.session import RunRequest
+        from bundlerun.runner.session import RunRequest  # start-up: pytest loads this plugin in every session
 
         session = self.session()
         config = {**session.target_config(url), **(options or {})}
@@ -332,7 +332,7 @@ class BundleItem(pytest.Item):
         report_dir = plugin.report_root / _safe(self.name)
         self.user_properties += [("bundlerun_target", leased.url), ("bundlerun_worker", leased.worker),
                                  ("bundlerun_report", str(report_dir))]
-        from bundlerun.bundles.errors import BundlerunError
+        from bundlerun.bundles.errors import BundlerunError  # start-up: pytest loads this plugin in every session
 
         try:
             bundle = self.spec.bundle or plugin.build(self.spec.build, leased.url)
@@ -394,7 +394,7 @@ def bundlerun_tester(request: pytest.FixtureRequest):
     pools = plugin.pools() if plugin is not None else []
     if not pools:
         pytest.skip("the bundlerun_tester fixture needs --bundlerun-target URL")
-    from bundlerun.runner.suite.tester import TargetRunner, attach_target, detach
+    from bundlerun.runner.suite.tester import TargetRunner, attach_target, detach  # start-up: pytest loads this plugin in every session
 
     leased = plugin.lease(pools[0])
     runner = TargetRunner(leased.url, plugin.report_root, timeout_s=request.config.getoption("bundlerun_timeout"),

@@ -30,6 +30,15 @@ from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_se
 from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
+from bundlerun.bundles.integrity import require_sealed
+from bundlerun.runner.history import store as history
+from bundlerun.runner.history.regression import check_baseline
+from bundlerun.runner.judging.accuracy import dataset_from_outputs
+from bundlerun.runner.judging.replay import add_to_report
+from bundlerun.runner.report.profile import method_profiles
+from bundlerun.runner.writers import write_reports
+from bundlerun.targets import repeat_schemes
+from bundlerun.targets.workers.supervisor import WorkerPool
 
 
 class RunInterrupted(BundlerunError):
@@ -109,7 +118,6 @@ def perf_conditions(req: RunRequest, run: TargetRun | None, load_before: list[fl
             out.update(repeat=info["repeat"], warmup=info.get("warmup", 0))
         else:
             out["repeat"] = 1
-            from bundlerun.targets import repeat_schemes
 
             note = (f"--repeat {req.repeat} not applied: {req.target} runs each case once (repeated "
                     f"executions are supported on {', '.join(s + '://' for s in repeat_schemes())})")
@@ -127,7 +135,6 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     started, t0 = _now(), time.perf_counter()
     bundle = bundle or read_bundle(req.bundle_path, require_seal=req.require_seal)
     if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
-        from bundlerun.bundles.integrity import require_sealed
 
         require_sealed(bundle, str(req.bundle_path))
     ctx = load_context(bundle)
@@ -168,7 +175,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     load_before = _loadavg()
     refused = None
     try:
-        from bundlerun.runner.stateful import refusal
+        from bundlerun.runner.stateful import refusal  # optional: its failure to load is handled here
 
         refused = refusal(req.url(), bundle, pairs)  # a stateful sequence this lane would misjudge
         if refused is not None:
@@ -177,7 +184,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             raise open_error
         run = target.run(bundle, Path(req.bundle_path), options)
         if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
-            from bundlerun.runner.judging.replay import complete
+            from bundlerun.runner.judging.replay import complete  # optional: its failure to load is handled here
 
             run.info["replay"] = complete(target, req.url(), bundle, Path(req.bundle_path), options, run, req.replay)
     except BundlerunError as exc:
@@ -269,16 +276,12 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
 
     report.bundle["criteria_sha256"] = criteria_digest(report.cases)
     if req.replay > 1 and not interrupted:  # runner/judging/replay.py: distinct results, spread and flips per output
-        from bundlerun.runner.judging.replay import add_to_report
 
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
     if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
-        from bundlerun.runner.report.profile import method_profiles
 
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.dataset:
-        from bundlerun.runner.judging.accuracy import dataset_from_outputs
-
         report.dataset = dataset_from_outputs(bundle, {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
         }, req.confidence)
@@ -306,9 +309,6 @@ def finish_run(
     """After a run (plain or accuracy): record it in the history, check it against a
     baseline (a regression makes the exit code 1), and write every registered format,
     report.json last with all of that in it."""
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.history.regression import check_baseline
-    from bundlerun.runner.writers import write_reports
 
     db = None if no_history else history.resolve_db_path(history_db, project)
     if db is not None:
@@ -368,8 +368,6 @@ class Session:
     def open(self) -> "Session":
         """Start keeping targets and warm workers for the bundles of this command."""
         if self._pool is None:
-            from bundlerun.targets.workers.supervisor import WorkerPool
-
             self._pool = WorkerPool()
         return self
 
@@ -416,7 +414,7 @@ class Session:
 
     @classmethod
     def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
-        from bundlerun.bundles.project_config import load_project_config
+        from bundlerun.bundles.project_config import load_project_config  # start-up: loads tomli on use
 
         return cls(project=load_project_config(config_path) or {}, **kw)
 
@@ -424,7 +422,7 @@ class Session:
     def registry(self):
         """The tolerance registry builds use: built-in data + this session's [tolerances]."""
         if self._registry is None:
-            from bundlerun.bundles.registry import project_registry
+            from bundlerun.bundles.registry import project_registry  # start-up: loads tomli on use
 
             self._registry = project_registry(self.project)
         return self._registry

@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.limits import MAX_SHARDS
+from bundlerun.runner.judging.outcome import EXIT_PASS
+from bundlerun.runner.judging.outcome import VERDICTS
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -59,7 +62,6 @@ def parse_shard(text: "str | Shard | None") -> Shard | None:
     if not m:
         raise ShardError(f"--shard {text!r}: expected I/N, e.g. 2/4 (shard 2 of 4, counted from 1)")
     index, count = int(m.group(1)), int(m.group(2))
-    from bundlerun.bundles.limits import MAX_SHARDS
 
     if count > MAX_SHARDS:
         raise ShardError(f"--shard {text!r}: at most {MAX_SHARDS} shards (bundlerun's limit, docs/security.md)")
@@ -136,7 +138,7 @@ class RunShardPlan:
     def amend(self, report: "Report") -> None:
         """Session.run's amend hook: keep this shard's cases (a bundle whose methods got different
         index sets ran their union), recompute the summary, record the shard."""
-        from bundlerun.runner.judging.judge import summarize
+        from bundlerun.runner.judging.judge import summarize  # start-up: not loaded by `bundlerun --help`
 
         keep = set(self.keep)
         cases = [c for c in report.cases if case_key(c.method, c.case) in keep]
@@ -172,9 +174,8 @@ def empty_shard_report(bundle_path, bundle, target: str, plan: RunShardPlan, lab
     import uuid
     from pathlib import Path
 
-    from bundlerun.runner.judging.outcome import EXIT_PASS, VERDICTS
-    from bundlerun.runner.report.model import Report, Summary
-    from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version
+    from bundlerun.runner.report.model import Report, Summary  # late: its name is bound otherwise in this module
+    from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version  # start-up: not loaded by `bundlerun --help`
 
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     return Report(
