@@ -179,3 +179,131 @@ def test_the_cycle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ---------------------------------------------------------------- rooms (docs/architecture.md "Rooms and layers")
+
+# runner/'s rooms in layers, lowest first: a module may import its own room and any room in a lower
+# layer, never a higher one. The front door is two rooms: `run` (what the CLI and the API call first:
+# session, interrupts, seal, shard, stateful, arguments, inspect_view) sits above the rooms it
+# assembles a run from, `entry` (cli, pytest_plugin) on top.
+ROOM_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("judging",),
+    ("report",),
+    ("history",),
+    ("writers",),
+    ("pictures",),
+    ("run",),
+    ("debug", "farm", "suite"),
+    ("commands",),
+    ("entry",),
+)
+ENTRY = {"__init__", "cli", "pytest_plugin"}
+# Imports against the layers, each with its reason. A new one goes here with a reason, or the module moves.
+ROOM_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("bundlerun.runner.judging.judge", "bundlerun.runner.report.model"):
+        "the judge makes the report's own records (CaseRecord, OutputRecord, Summary)",
+    ("bundlerun.runner.judging.judge", "bundlerun.runner.report.sequences"):
+        "a stateful sequence's verdict is judged into the report's sequence records",
+    ("bundlerun.runner.judging.replay", "bundlerun.runner.report.safe_text"):
+        "replay's findings quote outside text, made inert as every report line is",
+    ("bundlerun.runner.judging.calibrate", "bundlerun.runner.report.safe_text"):
+        "the proposed TOML quotes outside names, made inert as every report line is",
+    ("bundlerun.runner.judging.calibrate", "bundlerun.runner.history.saved_run"):
+        "`tolerance suggest` reads an earlier run back from the history",
+    ("bundlerun.runner.judging.calibrate", "bundlerun.runner.session"):
+        "`tolerance suggest` runs the bundle itself when no earlier run is given",
+    ("bundlerun.runner.report.merge", "bundlerun.runner.shard"):
+        "merging shard reports reads the shard plan each shard recorded",
+    ("bundlerun.runner.writers.html", "bundlerun.runner.pictures.plots"):
+        "the HTML report embeds the PNGs plots.py draws",
+    ("bundlerun.runner.commands.accuracy", "bundlerun.runner.cli"):
+        "`accuracy` shares the run options and the progress bar of `run`",
+    ("bundlerun.runner.commands.bisect", "bundlerun.runner.cli"):
+        "`bisect` shares the build options of `build`",
+}
+
+
+def _room(module: str) -> str | None:
+    """The room of a runner/ module (None outside runner/)."""
+    prefix = "bundlerun.runner."
+    if module == "bundlerun.runner":
+        return "entry"
+    if not module.startswith(prefix):
+        return None
+    first = module[len(prefix):].split(".")[0]
+    if (ROOT / "runner" / first).is_dir():
+        return first
+    return "entry" if first in ENTRY else "run"
+
+
+def _layer(room: str) -> int:
+    return next(i for i, rooms in enumerate(ROOM_LAYERS) if room in rooms)
+
+
+def _against_layers(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    found = []
+    for a, targets in graph.items():
+        room_a = _room(a)
+        if room_a is None:
+            continue
+        for b in targets:
+            room_b = _room(b)
+            if room_b is None or room_b == room_a:
+                continue
+            if _layer(room_b) >= _layer(room_a):
+                found.append((a, b))
+    return sorted(found)
+
+
+def test_every_room_has_a_layer():
+    rooms = {p.name for p in (ROOT / "runner").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    placed = {room for layer in ROOM_LAYERS for room in layer}
+    assert rooms | {"run", "entry"} == placed, f"rooms without a layer (add them to ROOM_LAYERS): {rooms - placed}"
+
+
+def test_rooms_import_only_lower_layers():
+    wrong = [edge for edge in _against_layers(_graph()) if edge not in ROOM_EXCEPTIONS]
+    assert wrong == [], ("imports from a room in the same or a higher layer (move the module, or list the "
+                         "import in ROOM_EXCEPTIONS with its reason):\n" + "\n".join(f"{a} -> {b}" for a, b in wrong))
+
+
+def test_every_room_exception_is_still_needed():
+    stale = sorted(set(ROOM_EXCEPTIONS) - set(_against_layers(_graph())))
+    assert stale == [], f"ROOM_EXCEPTIONS no longer needed (remove them): {stale}"
+
+
+# ---------------------------------------------------------------- function-level imports
+
+
+def _function_level_imports() -> list[tuple[str, int, bool]]:
+    """(path, line, says why) for every import of bundlerun's own modules inside a function."""
+    found = []
+    for name, path in _modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        for fn in ast.walk(ast.parse(source, filename=str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                if isinstance(node, ast.Import):
+                    ours = any(a.name.split(".")[0] == "bundlerun" for a in node.names)
+                else:
+                    ours = bool(node.level) or (node.module or "").split(".")[0] == "bundlerun"
+                if not ours:
+                    continue
+                text = "\n".join(lines[node.lineno - 1: node.end_lineno])
+                above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+                found.append((str(path.relative_to(ROOT)), node.lineno, "#" in text or above.startswith("#")))
+    return sorted(set(found))
+
+
+def test_every_function_level_import_says_why():
+    """bundlerun's own modules are imported at a module's top; one imported inside a function says why
+    in a comment on its line or the line above (start-up time, an optional dependency, a name looked up
+    at call time)."""
+    silent = [f"{path}:{line}" for path, line, why in _function_level_imports() if not why]
+    assert silent == [], ("imports inside functions without a comment saying why (hoist them to the module's "
+                          "top, or say why they are late):\n" + "\n".join(silent))
