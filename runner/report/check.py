@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from bundlerun.runner.judging.outcome import EXIT_CODES, VERDICTS
 from bundlerun.runner.report.safe_text import visible
+from bundlerun.targets.base import Verdict
 
 MAX_ITEMS = 10_000_000  # cases, outputs, list entries of one report
 MAX_TEXT = 1 << 20  # characters of one string (log lines and error texts included)
@@ -233,8 +234,8 @@ def _case(value: Any, path: str) -> None:
     outputs = lst(case.get("outputs"), f"{path}.outputs")
     for i, out in enumerate(outputs):
         _output(out, f"{path}.outputs[{i}]")
-    bad = [o["verdict"] for o in outputs if o["verdict"] not in ("PASS", "SKIP")]
-    if case["verdict"] == "PASS" and (bad or case["status"] != "ok"):
+    bad = [o["verdict"] for o in outputs if o["verdict"] not in (Verdict.PASS, Verdict.SKIP)]
+    if case["verdict"] == Verdict.PASS and (bad or case["status"] != "ok"):
         # the judge never writes this: a case passes only when it ran and every output passed
         raise ReportCheckError(f"{path}.verdict: PASS, but " + (f"an output is {bad[0]}" if bad else
                                                                f"its status is {case['status']}"))
@@ -438,7 +439,7 @@ def check_report(data: Any) -> None:
         _case(case, f"cases[{i}]")
     summary = report["summary"]
     failing = next((c["verdict"] for c in cases if c["verdict"] in ("FAIL", "ERROR", "TIMEOUT")), None)
-    if failing and (summary["verdict"] == "PASS" or summary["exit_code"] == 0):
+    if failing and (summary["verdict"] == Verdict.PASS or summary["exit_code"] == 0):
         # a PASS summary over a failing case is no report bundlerun writes (edited or corrupted)
         raise ReportCheckError(f"summary: verdict {summary['verdict']}, exit code {summary['exit_code']}, but a "
                                f"case is {failing}")
