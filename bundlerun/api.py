@@ -28,17 +28,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from bundlerun.bundles import limits
-from bundlerun.bundles.backends.base import BACKENDS
-from bundlerun.bundles.backends.base import DTYPES
-from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.backends.base import BACKENDS, DTYPES, default_dtype
 from bundlerun.bundles.dynamic_shapes import from_exported
-from bundlerun.bundles.errors import BuildError
-from bundlerun.bundles.errors import ConfigError
-from bundlerun.bundles.errors import ModelSourceError
+from bundlerun.bundles.errors import BuildError, ConfigError, ModelSourceError
 from bundlerun.bundles.registry_schema import REFERENCES
 from bundlerun.runner import arguments
-from bundlerun.targets import default_backend
-from bundlerun.targets import lowering_info
+from bundlerun.targets import default_backend, lowering_info
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report

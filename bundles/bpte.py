@@ -29,8 +29,7 @@ from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.bundles.flatbuf import FlatReader, FlatTable
 from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 from bundlerun.bundles.manifest import Manifest
-from bundlerun.bundles.integrity import seal
-from bundlerun.bundles.integrity import validate_bundle
+from bundlerun.bundles.integrity import seal, validate_bundle
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2

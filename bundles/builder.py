@@ -28,17 +28,13 @@ from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions  # noqa: F401
-from bundlerun.bundles import build_cache
-from bundlerun.bundles import etrecord as _etrecord
-from bundlerun.bundles import real_inputs
-from bundlerun.bundles.backends.base import default_dtype
-from bundlerun.bundles.backends.base import default_reference
+from bundlerun.bundles import build_cache, etrecord as _etrecord, real_inputs
+from bundlerun.bundles.backends.base import default_dtype, default_reference
 from bundlerun.bundles.backends.common import quiet_framework_logs
 from bundlerun.bundles.inputs import case_rng
-from bundlerun.bundles.limits import MAX_CASES
-from bundlerun.bundles.limits import MAX_SEED
-from bundlerun.bundles.llm_build import build_llm_bundle
-from bundlerun.bundles.llm_build import is_llm
+from bundlerun.bundles.limits import MAX_CASES, MAX_SEED
+from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
+from bundlerun.bundles.llm_qnn import build_qnn_llm_bundle
 
 
 @dataclass
@@ -143,8 +139,6 @@ def build_bundle(req: BuildRequest) -> BuildResult:
 
     if is_llm(req.model):  # ExecuTorch's export_llama, with stateful sequences (bundles/llm_build.py)
         if req.backend == "qnn":  # QNN's own static llama, the KV cache as program I/O (bundles/llm_qnn.py)
-            from bundlerun.bundles.llm_qnn import build_qnn_llm_bundle
-
             return build_qnn_llm_bundle(req, say)
         return build_llm_bundle(req, say)
     if not req.backend:

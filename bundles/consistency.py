@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.errors import BundleError
 from bundlerun.bundles.program_meta import DeclaredOutput, method_inputs, method_outputs
+from bundlerun.bundles.sequence import from_manifest, kv_link_problem, kv_links
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle, BundledValue
@@ -70,7 +71,6 @@ def _kv_io_fits(bundle: "Bundle", source: str) -> None:
     """Every step of a sequence whose state is threaded through inputs and outputs (`state: "io"`) has
     the outputs and inputs `build.llm.kv_io` names, of one dtype and shape, with room at the step's
     position: a manifest naming a value the cases lack is a broken bundle before anything runs."""
-    from bundlerun.bundles.sequence import from_manifest, kv_link_problem, kv_links
 
     manifest = bundle.manifest_json
     sequences = [s for s in from_manifest(manifest) if s.state == "io"] if manifest else []

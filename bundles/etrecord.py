@@ -432,7 +432,6 @@ def manifest_entry(enabled: bool, lowering: Any, fp32_module: Any, example_input
                          "could be recorded; build without --etrecord")
     graphs = ["exported_program", "edge_dialect_exported_program"]
     if lowering.quantized_reference is not None:  # keep the float model beside the fake-quantized graph
-
         record.add_extra_export_modules({FP32_GRAPH: export_model(fp32_module, tuple(example_inputs))})
         graphs.append(f"{FP32_GRAPH}/forward")
     record.update_representative_inputs([tuple(example_inputs)])

@@ -32,21 +32,16 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import ARCHS, LLM_BACKENDS, SIZES, SOURCE_QUANTIZED, params_for, quantization, tier
 from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo, ModelInfo
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
-from bundlerun.bundles import build_cache
-from bundlerun.bundles import scalar_types as st
+from bundlerun.bundles import build_cache, scalar_types as st
 from bundlerun.bundles.backends.common import quiet_framework_logs
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.etrecord import etrecord_path_for
 from bundlerun.bundles.fileio import file_sha256
-from bundlerun.bundles.manifest import Manifest
-from bundlerun.bundles.manifest import MethodManifest
-from bundlerun.bundles.manifest import OutputSpec
+from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec
 from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
-from bundlerun.bundles.program_meta import method_inputs
-from bundlerun.bundles.program_meta import program_operators
+from bundlerun.bundles.program_meta import method_inputs, program_operators
 from bundlerun.bundles.safe_read import load_json_bounded
-from bundlerun.bundles.tolerances import ToleranceContext
-from bundlerun.bundles.tolerances import resolve_criteria
+from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 
 PREFIX = "llm:"
 # A user's params.json sizes the model bundlerun builds in memory (seeded weights, the eager reference and

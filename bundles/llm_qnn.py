@@ -36,7 +36,14 @@ from typing import Any, Callable
 
 from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import OWN_LLM_BACKENDS
+from bundlerun.bundles.manifest_records import BuildInfo, ModelInfo
 from bundlerun.bundles.sequence import KvLink, SequenceSpec, SequenceStep
+from bundlerun.bundles import build_cache
+from bundlerun.bundles.backends.base import LoweringRequest
+from bundlerun.bundles.backends.qnn import lower
+from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec
+from bundlerun.bundles.program_meta import program_operators
+from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 
 PACKAGE = "executorch.examples.qualcomm.oss_scripts.llama"
 AR_LEN = 1  # QNN's "kv" model_mode (wrappers/base_component.py:93-101)
@@ -103,7 +110,7 @@ def _decoder(p: Any, seed: int, checkpoint: Any) -> tuple[Any, str]:
                          "(scripts/setup.sh installs it)") from None
     arch = QNN_ARCHS[p.arch]
     if checkpoint is not None:
-        from bundlerun.bundles.llm_build import _file_digest
+        from bundlerun.bundles.llm_build import _file_digest  # start-up: loads numpy on use
 
         state = torch.load(checkpoint, weights_only=True, map_location="cpu")
         state = state.get("model", state) if isinstance(state, dict) else state
@@ -203,9 +210,8 @@ def reference_cases(decoder: Any, prompts: list[list[int]], decode_steps: int,
 
 def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     """BuildRequest (model `llm:ARCH`, backend qnn) -> BuildResult; through the build cache."""
-    from bundlerun.bundles import build_cache
-    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _value_from_tensor
-    from bundlerun.bundles.llm_build import LlmOptions, _prompts, plan
+    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _value_from_tensor  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.bundles.llm_build import LlmOptions, _prompts, plan  # start-up: loads numpy on use
 
     opts = req.llm or LlmOptions()
     dtypes = OWN_LLM_BACKENDS["qnn"]
@@ -230,8 +236,6 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     prompts, shown, tokenizer_digest = _prompts(p, opts, req.seed)
     say(f"stepping the eager static model through {len(prompts)} prompts + {p.decode_steps} decode steps each")
     cases, steps = reference_cases(decoder, prompts, p.decode_steps, p.max_seq_len)
-    from bundlerun.bundles.backends.base import LoweringRequest
-    from bundlerun.bundles.backends.qnn import lower
 
     say("lowering with QNN (fp16, to_edge_transform_and_lower_to_qnn)")
     start = time.perf_counter()
@@ -244,7 +248,7 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
                  for i, s in enumerate(steps)]
     manifest = _manifest(req, p, decoder, cases, sequences, program, lowered.info, weights, tokenizer_digest,
                          export_s, reference, key)
-    from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle
+    from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle  # start-up: loads flatbuffers, numpy on use
 
     test_cases = [BundledTestCase(inputs=[_value_from_tensor(t) for t in ins],
                                   expected_outputs=[_value_from_tensor(t) for t in outs]) for ins, outs in cases]
@@ -272,12 +276,9 @@ def _manifest(req: Any, p: Any, decoder: Any, cases: list, sequences: list[Seque
 
     import numpy as np
 
-    from bundlerun.bundles import scalar_types as st
-    from bundlerun.bundles.build_parts import _versions
-    from bundlerun.bundles.llm_build import REFERENCE
-    from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec
-    from bundlerun.bundles.program_meta import program_operators
-    from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+    from bundlerun.bundles import scalar_types as st  # start-up: loads numpy on use
+    from bundlerun.bundles.build_parts import _versions  # start-up: loads flatbuffers, numpy on use
+    from bundlerun.bundles.llm_build import REFERENCE  # start-up: loads numpy on use
 
     n = decoder.n_layers
     names = ["logits", *[f"k_cache_{i}" for i in range(n)], *[f"v_cache_{i}" for i in range(n)]]
@@ -303,14 +304,14 @@ def _manifest(req: Any, p: Any, decoder: Any, cases: list, sequences: list[Seque
                 for t, d in zip(cases[0][0], ["tokens", "attention-mask", "input_pos", *["kv-cache"] * (2 * n)])]
     lowering = {k: v for k, v in lowering.items() if k != "warnings"}
     return Manifest(
-        model={"id": req.model, "source": "executorch examples/qualcomm/oss_scripts/llama (static llama)",
+        model=ModelInfo.from_dict({"id": req.model, "source": "executorch examples/qualcomm/oss_scripts/llama (static llama)",
                "description": f"{p.arch} ({p.size}) as QNN's static LlamaModel, KV cache as inputs/outputs, "
-                              f"{weights} weights"},
-        build={"backend": "qnn", "target": req.target, "dtype": req.dtype, "quantization": None,
+                              f"{weights} weights"}),
+        build=BuildInfo.from_dict({"backend": "qnn", "target": req.target, "dtype": req.dtype, "quantization": None,
                "reference": reference, "inputs": declared, "seed": req.seed, "cases": len(cases),
                "lowering": {**lowering, "exporter": "qnn static llama"},
                "ops": sorted(program_operators(program)), "overrides": dict(req.overrides),
-               **({"cache_key": key} if key is not None else {}), "llm": llm},
+               **({"cache_key": key} if key is not None else {}), "llm": llm}),
         versions=_versions(),
         methods={"forward": MethodManifest("forward", [], outputs)},
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

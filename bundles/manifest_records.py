@@ -145,7 +145,8 @@ class EtrecordInfo(Record):
 @dataclass
 class LlmBuild(Record):
     """`build.llm`: the export_llama configuration of an LLM bundle (bundles/llm_build.py); shown,
-    never used to judge. Open: a field another version adds (the QNN lane's `kv_io`) is kept."""
+    never used to judge, except `kv_io`, which threads a QNN static llama's KV cache from step to step.
+    Open: a field another version adds is kept as read."""
 
     arch: str | None = None
     size: str | None = None
@@ -160,6 +161,10 @@ class LlmBuild(Record):
     export_s: float | None = None
     model_class: str | None = None
     reference: str | None = None
+    # QNN's static llama (bundles/llm_qnn.py): its KV cache as program I/O, threaded by bundlerun
+    kv_io: list[dict[str, Any]] | None = None  # [{"output", "input", "axis"}] (bundles/sequence.py KvLink)
+    kv_update: str | None = None
+    exporter: str | None = None
 
 
 @dataclass

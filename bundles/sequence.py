@@ -53,9 +53,14 @@ def kv_links(manifest: "Manifest | dict[str, Any] | None") -> list[KvLink]:
     """The manifest's `build.llm.kv_io` ([] when it has none)."""
     if manifest is None:
         return []
-    build = manifest.get("build") if isinstance(manifest, dict) else manifest.build
-    llm = (build or {}).get("llm") if isinstance(build, dict) else None
-    return [KvLink.from_dict(d) for d in (llm or {}).get("kv_io") or []] if isinstance(llm, dict) else []
+    if isinstance(manifest, dict):  # the manifest as stored (manifest_json)
+        build = manifest.get("build")
+        llm = build.get("llm") if isinstance(build, dict) else None
+        links = llm.get("kv_io") if isinstance(llm, dict) else None
+    else:  # the typed Manifest: build.llm is an LlmBuild (bundles/manifest_records.py)
+        llm = manifest.build.llm
+        links = llm.kv_io if llm is not None else None
+    return [KvLink.from_dict(d) for d in links or []]
 
 
 def kv_link_problem(links: list[KvLink], inputs: list[tuple[str, list[int]] | None],

@@ -30,10 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
-from bundlerun.bundles.registry_schema import BUNDLERUN
-from bundlerun.bundles.registry_schema import entry_values
-from bundlerun.bundles.registry_schema import origins_of
-from bundlerun.bundles.registry_schema import parse_merged
+from bundlerun.bundles.registry_schema import BUNDLERUN, entry_values, origins_of, parse_merged
 
 TOL_NAMES = {
     "atol": "atol", "rtol": "rtol", "qtol": "qtol", "frobenius_threshold": "frobenius",

@@ -234,8 +234,8 @@ def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -
 def _default_dtype(model: str, target: str, backend: str | None) -> str:
     """validate's dtype when none is given: an LLM's default on its backend (fp32; fp16 on qnn), else the backend's for the target."""
     if model.startswith("llm:"):
-        from bundlerun.bundles.llm_arch import default_llm_dtype, llm_backend
-        from bundlerun.targets import default_backend
+        from bundlerun.bundles.llm_arch import default_llm_dtype, llm_backend  # start-up: loaded on use, not with the CLI
+        from bundlerun.targets import default_backend  # start-up: loaded on use, not with the CLI
 
         return default_llm_dtype(llm_backend(backend or default_backend(target)))
     return resolve_backend_dtype(target, backend, None)[1]

@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
-from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS
-from bundlerun.bundles.manifest import describe_inputs
-from bundlerun.runner.report.console import plain
-from bundlerun.runner.report.console import wide_console
+from bundlerun.bundles.manifest import CRITERIA_FIELDS, RULE_DEFAULTS, describe_inputs
+from bundlerun.runner.report.console import plain, wide_console
 
 # How each rule reads in `inspect` (what the judge will do differently from the default rule).
 RULE_TEXT = {

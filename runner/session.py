@@ -135,7 +135,6 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     started, t0 = _now(), time.perf_counter()
     bundle = bundle or read_bundle(req.bundle_path, require_seal=req.require_seal)
     if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
-
         require_sealed(bundle, str(req.bundle_path))
     ctx = load_context(bundle)
     override_records = apply_overrides(ctx, bundle, req.overrides)
@@ -276,10 +275,8 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
 
     report.bundle["criteria_sha256"] = criteria_digest(report.cases)
     if req.replay > 1 and not interrupted:  # runner/judging/replay.py: distinct results, spread and flips per output
-
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
     if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
-
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.dataset:
         report.dataset = dataset_from_outputs(bundle, {

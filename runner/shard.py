@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.limits import MAX_SHARDS
-from bundlerun.runner.judging.outcome import EXIT_PASS
-from bundlerun.runner.judging.outcome import VERDICTS
+from bundlerun.runner.judging.outcome import EXIT_PASS, VERDICTS
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report

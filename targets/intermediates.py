@@ -33,9 +33,7 @@ from typing import Any
 import numpy as np
 
 from bundlerun.bundles.errors import TargetError
-from bundlerun.targets import capture_schemes
-from bundlerun.targets import parse_target_url
-from bundlerun.targets import spec_for
+from bundlerun.targets import capture_schemes, parse_target_url, spec_for
 from bundlerun.targets.program.walker import tensor_to_numpy
 
 DEFAULT_DEBUG_BUFFER_MB = 64

@@ -26,8 +26,7 @@ from pathlib import Path
 from bundlerun.bundles.errors import TargetError
 from bundlerun.targets.intermediates import IntermediateRun, IntermediatesUnsupported, run_worker
 from bundlerun.targets.mlx import MlxSettings
-from bundlerun.targets.program.walker import WalkError
-from bundlerun.targets.program.walker import read_delegates
+from bundlerun.targets.program.walker import WalkError, read_delegates
 from bundlerun.targets.settings import parse_settings
 
 GRANULARITY = ("every kernel call, every MLX delegate call and every MLX instruction of its main chain (program "

@@ -40,8 +40,7 @@ from bundlerun.targets.base import (
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, start_program
-from bundlerun.targets.runner_cache import find_runner, read_record, runner_binary
-from bundlerun.targets.runner_cache import cached_runners
+from bundlerun.targets.runner_cache import find_runner, read_record, runner_binary, cached_runners
 
 if TYPE_CHECKING:
     from bundlerun.bundles.bpte import Bundle

@@ -37,8 +37,7 @@ from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
 from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits, tail_lines as _tail
 from bundlerun._version import __version__
-from bundlerun.targets import parse_target_url
-from bundlerun.targets import target_specs
+from bundlerun.targets import parse_target_url, target_specs
 from bundlerun.targets.process import kill_process_group
 
 if TYPE_CHECKING:

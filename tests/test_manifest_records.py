@@ -1,7 +1,7 @@
 """The manifest's `model`, `build` and `dataset` sections as typed records (bundles/manifest_records.py).
 
 A manifest is read into records once and written back byte-identical: the keys in the order read,
-keys no field holds kept (a newer version's, such as the QNN lane's `build.llm.kv_io`), every value
+keys no field holds kept (a newer version's, where the schema leaves a record open), every value
 as read. Real bundles built here (tiny-cnn in fp32, fp16 and int8) and every bundle in the build
 cache round-trip; `build.input_source` and `build.etrecord` are schema-checked, fuzzed below.
 No test double: real manifests, the real schema check.
@@ -72,14 +72,19 @@ def test_round_trip_keeps_order_unknown_keys_and_value_kinds():
     assert m.build.input_source.extra == {"camera": {"exposure": 1.0}}
 
 
-def test_an_llm_build_keeps_a_field_another_version_adds():
-    """The QNN lane records its KV cache as I/O in build.llm.kv_io: read, kept, written back as read."""
+def test_an_llm_build_round_trips_with_its_kv_io():
+    """QNN's static llama records its KV cache as I/O in build.llm.kv_io (bundles/llm_qnn.py): typed,
+    read by bundles/sequence.py `kv_links`, written back as read."""
+    from bundlerun.bundles.sequence import kv_links
+
     data = _sample()
-    data["build"]["llm"] = {"arch": "llama3", "dtype": "fp32", "max_seq_len": 32, "weights": "random",
-                            "kv_io": {"layers": 2, "layout": ["k0", "v0"]}}
+    data["build"]["llm"] = {"arch": "llama3", "dtype": "fp16", "max_seq_len": 32, "weights": "random",
+                            "exporter": "qnn static llama", "kv_update": "shift",
+                            "kv_io": [{"output": 1, "input": 3, "axis": 3}]}
     m = Manifest.from_dict(data)
-    assert isinstance(m.build.llm, LlmBuild) and m.build.llm.max_seq_len == 32
-    assert m.build.llm.extra == {"kv_io": {"layers": 2, "layout": ["k0", "v0"]}}
+    assert isinstance(m.build.llm, LlmBuild) and m.build.llm.max_seq_len == 32 and m.build.llm.kv_update == "shift"
+    assert [(k.output, k.input, k.axis) for k in kv_links(m)] == [(1, 3, 3)] == [
+        (k.output, k.input, k.axis) for k in kv_links(data)]
     assert _dumps(m.to_dict()) == _dumps(data)
 
 

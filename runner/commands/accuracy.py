@@ -18,9 +18,7 @@ import click
 
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 from bundlerun.targets.base import Verdict
-from bundlerun.runner.cli import make_session
-from bundlerun.runner.cli import parse_tolerances
-from bundlerun.runner.cli import resolve_backend_dtype
+from bundlerun.runner.cli import make_session, parse_tolerances, resolve_backend_dtype
 from bundlerun.targets import lowering_info
 
 if TYPE_CHECKING:

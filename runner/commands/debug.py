@@ -14,8 +14,7 @@ import click
 
 from bundlerun.targets import capture_schemes
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.sequence import first_failing_step
-from bundlerun.bundles.sequence import from_manifest
+from bundlerun.bundles.sequence import first_failing_step, from_manifest
 from bundlerun.targets.base import Verdict
 
 if TYPE_CHECKING:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import click
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.targets import Check
-from bundlerun.targets import families
+from bundlerun.targets import Check, families
 
 def collect(project: dict) -> list[dict]:
     """Rows of {target, component, ok, detail, where} from every registered target's own probe;
@@ -29,7 +28,6 @@ def collect(project: dict) -> list[dict]:
         try:
             checks = spec.doctor(section if isinstance(section, dict) else {})
         except Exception as exc:  # noqa: BLE001 - a probe must never take doctor down
-
             # a BundlerunError (a damaged runner entry) is its own one line
             said = str(exc) if isinstance(exc, BundlerunError) else f"{type(exc).__name__}: {exc}"
             checks = [Check(spec.name, False, f"probe failed: {said}")]

@@ -16,8 +16,7 @@ from pathlib import Path
 import click
 
 from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports  # noqa: F401 - MergeError re-exported
-from bundlerun.runner.report.model import Report
-from bundlerun.runner.report.model import read_report
+from bundlerun.runner.report.model import Report, read_report
 
 
 def write_merged(report: Report, out_dir: Path) -> dict[str, Path]:

@@ -15,12 +15,9 @@ from pathlib import Path
 import click
 
 from bundlerun.bundles.manifest_records import BuildInfo, BuildInput
-from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.errors import BundleFormatError
-from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.errors import BundlerunError, BundleFormatError, ConfigError
 from bundlerun.bundles.manifest import RULE_DEFAULTS
-from bundlerun.targets import lowering_info
-from bundlerun.targets import parse_target_url
+from bundlerun.targets import lowering_info, parse_target_url
 
 
 @click.group(name="tolerance")

@@ -36,9 +36,7 @@ from pathlib import Path
 import click
 from bundlerun.targets.failures import FailureKind
 from bundlerun._version import __version__
-from bundlerun.bundles.errors import BundleError
-from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.errors import ConfigError
+from bundlerun.bundles.errors import BundleError, BundlerunError, ConfigError
 from bundlerun.targets.base import RunOptions
 from bundlerun.targets.workers.protocol import result_event
 

@@ -45,8 +45,7 @@ from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.targets import lowering_info
 from bundlerun.targets.base import Verdict
-from bundlerun.bundles import limits
-from bundlerun.bundles import partition_control
+from bundlerun.bundles import limits, partition_control
 from bundlerun.bundles.partition_control import MECHANISM
 from bundlerun.runner import interrupts
 

@@ -35,17 +35,9 @@ from bundlerun.bundles.backends.common import export_model
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.model_source import resolve_model
 from bundlerun.bundles.partition_control import source_line
-from bundlerun.runner.debug.eager_ops import capture
-from bundlerun.runner.debug.eager_ops import compared_nodes
-from bundlerun.runner.debug.eager_ops import eager_key
-from bundlerun.runner.debug.eager_ops import match_nodes
-from bundlerun.runner.debug.eager_ops import node_key
-from bundlerun.runner.debug.eager_ops import node_module
-from bundlerun.runner.debug.eager_ops import node_source
-from bundlerun.runner.debug.eager_ops import op_name
-from bundlerun.runner.debug.eager_ops import traced
-from bundlerun.runner.judging.numerics import error_statistics
-from bundlerun.runner.judging.numerics import judge_output
+from bundlerun.runner.debug.eager_ops import (capture, compared_nodes, eager_key, match_nodes, node_key, node_module,
+                                              node_source, op_name, traced)
+from bundlerun.runner.judging.numerics import error_statistics, judge_output
 from bundlerun.runner.report.console import plain
 
 DEFAULT_FLOOR_DB = 100.0

@@ -12,15 +12,10 @@ from typing import Any
 
 from bundlerun.runner.debug.localize import DebugResult, LayerRow
 from bundlerun._version import __version__
-from bundlerun.bundles.fileio import atomic_write_bytes
-from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.debug.export_divergence import divergence_lines
-from bundlerun.runner.debug.export_divergence import divergence_tables
-from bundlerun.runner.debug.export_divergence import summary_line
+from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text
+from bundlerun.runner.debug.export_divergence import divergence_lines, divergence_tables, summary_line
 from bundlerun.runner.debug.localize import _QDQ
-from bundlerun.runner.pictures.plots import _figure
-from bundlerun.runner.pictures.plots import _png
-from bundlerun.runner.pictures.plots import _text
+from bundlerun.runner.pictures.plots import _figure, _png, _text
 from bundlerun.runner.report.safe_text import visible
 
 
@@ -92,7 +87,6 @@ def verdict_line(result: DebugResult) -> str:
     row = result.first_bad_row
     where = f"{result.target}, case {result.case} ({result.case_source}), output {result.output}"
     if row is None and (result.export_divergence or {}).get("finding"):  # runner/debug/export_divergence.py
-
         return (f"divergence at export, not at run time: no runtime layer exceeds its budget against the exported "
                 f"program, but the output fails against eager; {summary_line(result.export_divergence)} ({where})")
     if row is None:
@@ -220,7 +214,6 @@ def summary_md(result: DebugResult) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     found = result.export_divergence or {}
     if found.get("finding"):  # runner/debug/export_divergence.py: where eager and the exported program part
-
         lines += ["", "## Divergence at export", "", found["finding"]]
         for title, head, rows in divergence_tables(found):
             lines += ["", f"{title}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

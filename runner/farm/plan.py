@@ -43,18 +43,10 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.limits import (MAX_CASES, MAX_CONCURRENCY, MAX_JOBS, MAX_RETRIES, MAX_SEED,
                                       seconds)
 from bundlerun.targets.settings import did_you_mean
-from bundlerun.bundles.backends.base import BACKENDS
-from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.backends.base import BACKENDS, default_dtype
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.runner.shard import parse_shard
-from bundlerun.runner.shard import select
-from bundlerun.runner.shard import shard_record
-from bundlerun.targets import argv
-from bundlerun.targets import default_backend
-from bundlerun.targets import device_key
-from bundlerun.targets import lowering_info
-from bundlerun.targets import parse_target_url
-from bundlerun.targets import target_specs
+from bundlerun.runner.shard import parse_shard, select, shard_record
+from bundlerun.targets import argv, default_backend, device_key, lowering_info, parse_target_url, target_specs
 
 TOP_KEYS = ("bundles", "models", "dtypes", "backend", "cases", "seed", "targets", "retries", "timeout",
             "setup_timeout", "label", "concurrency", "pools")
@@ -167,7 +159,6 @@ class Plan:
                 for group in self.groups:
                     chosen, backend, target = dtype, group.backend or self.backend, group.build_url
                     if chosen is None:  # the target's default, named in the job id (mlp-int8@tosa://int)
-
                         chosen = default_dtype(backend or default_backend(target), lowering_info(target))
                     spec = BuildSpec(model, chosen, backend, target, self.cases, self.seed)
                     # named by what is built: groups building the same bundle share its file

@@ -183,7 +183,6 @@ class Scheduler:
         try:
             return future.result()
         except Exception as exc:  # noqa: BLE001 - the worker process or the Ray task died: infrastructure
-
             report = _bad_report({"url": device.url, "bundle_path": str(item.job.bundle)},
                                  f"the attempt's worker died: {type(exc).__name__}: {exc}", FailureKind.CRASH)
             report.extras["farm"] = {"job": item.job.id, "attempt": item.attempt, "device": device.resource, "node": {}}

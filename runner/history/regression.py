@@ -42,8 +42,7 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.report.model import OutputRecord, Report, format_amount
 from bundlerun.runner.history.series import short_repr as _short
-from bundlerun.targets.base import PerfFigure
-from bundlerun.targets.base import PerfKind, Verdict
+from bundlerun.targets.base import PerfFigure, PerfKind, Verdict
 from bundlerun.runner.history.series import of_report
 
 

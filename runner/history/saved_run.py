@@ -18,13 +18,9 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.fileio import file_sha256
-from bundlerun.runner.history.saved_outputs import Expect
-from bundlerun.runner.history.saved_outputs import OutputsError
-from bundlerun.runner.history.saved_outputs import file_digest
-from bundlerun.runner.history.saved_outputs import read_outputs
+from bundlerun.runner.history.saved_outputs import Expect, OutputsError, file_digest, read_outputs
 from bundlerun.runner.report.model import read_report
-from bundlerun.runner.report.record import OUTPUTS_FILE
-from bundlerun.runner.report.record import REPORT_FILE
+from bundlerun.runner.report.record import OUTPUTS_FILE, REPORT_FILE
 
 
 @dataclass

@@ -24,8 +24,7 @@ from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.judging.numerics import judge_output
 from bundlerun.runner.judging.token_metrics import step_metrics
-from bundlerun.runner.judging.vacuity import CRITERION
-from bundlerun.runner.judging.vacuity import vacuous_reason
+from bundlerun.runner.judging.vacuity import CRITERION, vacuous_reason
 from bundlerun.runner.report.sequences import sequence_records
 
 NO_MANIFEST_WARNING = (
@@ -144,7 +143,6 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
         entry.stats = verdict.stats.json_safe() if verdict.stats else None
         token = ctx.step_token(result.method, result.case_index) if j == 0 else None
         if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
-
             m = ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
                                                                                     stats=verdict.stats)
             if m.reference_argmax is not None and m.reference_argmax != token:
@@ -153,7 +151,6 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
         if verdict.verdict == Verdict.PASS:  # criteria an all-zero output would also pass check nothing (runner/judging/vacuity.py)
-
             why = vacuous_reason(reference, criteria, st.name(expected.scalar_type), raw.lossy)
             if why:
                 entry.verdict, entry.failed = Verdict.ERROR, _failed(why, CRITERION)

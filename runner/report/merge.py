@@ -50,9 +50,7 @@ from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_s
 from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 from bundlerun.targets.base import CaseStatus, Verdict
-from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED
-from bundlerun.runner.judging.outcome import STOPPED_CODES
-from bundlerun.runner.judging.outcome import combine_exit_codes
+from bundlerun.runner.judging.outcome import EXIT_INTERRUPTED, STOPPED_CODES, combine_exit_codes
 
 
 class MergeError(ReportError):

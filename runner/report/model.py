@@ -20,8 +20,7 @@ from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.bundles.kept_shape import read_shaped, write_shaped
 from bundlerun.targets import SESSION_CLOCK, TargetURL, elapsed_clock, families
-from bundlerun.targets.base import PerfFigure
-from bundlerun.targets.base import CaseStatus, Verdict
+from bundlerun.targets.base import PerfFigure, CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
 
 SCHEMA = "bundlerun.report/2"

@@ -18,11 +18,9 @@ from bundlerun.bundles.manifest_records import BuildInfo
 from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
-from bundlerun.targets.base import TargetRun
-from bundlerun.targets.base import Verdict
+from bundlerun.targets.base import TargetRun, Verdict
 from bundlerun._version import __version__
-from bundlerun.bundles.integrity import inputs_digest
-from bundlerun.bundles.integrity import program_sha256
+from bundlerun.bundles.integrity import inputs_digest, program_sha256
 from bundlerun.bundles.manifest import describe_inputs
 from bundlerun.runner.report.check import check_report
 from bundlerun.runner.report.model import Summary

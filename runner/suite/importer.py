@@ -40,8 +40,7 @@ from bundlerun.bundles.limits import MAX_CASES, MAX_FILE_BYTES, MAX_TIMEOUT_S
 from bundlerun.targets.base import CaseStatus, Verdict
 from bundlerun.runner.history import commits
 from bundlerun.runner.judging.outcome import EXIT_PASS
-from bundlerun.runner.report.model import ReportError
-from bundlerun.runner.report.model import read_report
+from bundlerun.runner.report.model import ReportError, read_report
 from bundlerun.runner.suite.flows import numbers_from_name
 from bundlerun.targets.failures import FailureKind
 

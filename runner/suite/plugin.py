@@ -27,11 +27,7 @@ import pytest
 from bundlerun.runner.suite import compat
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.fileio import atomic_write_text
-from bundlerun.runner.suite.device import CompareSpec
-from bundlerun.runner.suite.device import DeviceRecord
-from bundlerun.runner.suite.device import TargetRunner
-from bundlerun.runner.suite.device import attach
-from bundlerun.runner.suite.device import safe
+from bundlerun.runner.suite.device import CompareSpec, DeviceRecord, TargetRunner, attach, safe
 
 VERDICT_ORDER = {Verdict.PASS: 0, Verdict.SKIP: 1, Verdict.TIMEOUT: 2, Verdict.ERROR: 3, Verdict.FAIL: 4}
 

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from bundlerun.bundles.errors import BundlerunError
-from bundlerun.bundles.errors import BundleFormatError
+from bundlerun.bundles.errors import BundlerunError, BundleFormatError
 from bundlerun.runner.report.record import note_unwritten
 
 if TYPE_CHECKING:

@@ -34,10 +34,7 @@ from bundlerun.runner.history import store as history
 from bundlerun.runner.history.series import of_report
 from bundlerun.runner.judging.numerics import elementwise_bound
 from bundlerun.runner.pictures import plots
-from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN
-from bundlerun.runner.report.sequences import STEP_COLUMNS
-from bundlerun.runner.report.sequences import headline
-from bundlerun.runner.report.sequences import step_cells
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
 from bundlerun.runner.writers.markdown import perf_conditions
 
 _CSS = """

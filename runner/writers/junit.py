@@ -25,8 +25,7 @@ from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.report.safe_text import visible
-from bundlerun.runner.report.sequences import figures
-from bundlerun.runner.report.sequences import text_lines
+from bundlerun.runner.report.sequences import figures, text_lines
 
 # XML 1.0 forbids most control characters; device logs are full of them (EOT, ANSI).
 # Also made visible: DEL and the C1 controls (0x9b is a terminal CSI), and lone surrogates (valid

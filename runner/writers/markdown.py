@@ -20,10 +20,7 @@ from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.report.criteria_text import failed_text
-from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN
-from bundlerun.runner.report.sequences import STEP_COLUMNS
-from bundlerun.runner.report.sequences import headline
-from bundlerun.runner.report.sequences import step_cells
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
 
 _ICON = {Verdict.PASS: "✅", Verdict.FAIL: "❌", Verdict.ERROR: "⚠️", Verdict.TIMEOUT: "⏱️", Verdict.SKIP: "⏭️"}
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.bundles.limits import MAX_REPEAT
-from bundlerun.bundles.limits import MAX_TIMEOUT_S
+from bundlerun.bundles.limits import MAX_REPEAT, MAX_TIMEOUT_S
 from bundlerun.targets.settings import check_keys
 
 PROFILES = ("executor-runner", "qnn-executor-runner")

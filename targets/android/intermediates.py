@@ -52,20 +52,12 @@ from bundlerun.targets.remote.transport import MISSING_FILE
 from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.targets import parse_target_url
 from bundlerun.targets.android import profiles
-from bundlerun.targets.base import raw_outputs_from_files
-from bundlerun.targets.base import safe_name
+from bundlerun.targets.base import raw_outputs_from_files, safe_name
 from bundlerun.targets.et_runner import executor_runner
-from bundlerun.targets.qemu_user import ARCHES
-from bundlerun.targets.qemu_user import QemuUserSettings
-from bundlerun.targets.qemu_user import qemu_for
-from bundlerun.targets.qemu_user import run_under_qemu
-from bundlerun.targets.remote.device_cache import Artifact
-from bundlerun.targets.remote.device_cache import DeviceCache
-from bundlerun.targets.remote.transport import TransportError
-from bundlerun.targets.remote.transport import check_shell
-from bundlerun.targets.runner_cache import find_runner
-from bundlerun.targets.runner_cache import read_record
-from bundlerun.targets.runner_cache import run_build
+from bundlerun.targets.qemu_user import ARCHES, QemuUserSettings, qemu_for, run_under_qemu
+from bundlerun.targets.remote.device_cache import Artifact, DeviceCache
+from bundlerun.targets.remote.transport import TransportError, check_shell
+from bundlerun.targets.runner_cache import find_runner, read_record, run_build
 from bundlerun.targets.settings import parse_settings
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "firmware_scripts" / "android" / "build_executor_runner.sh"

@@ -41,21 +41,12 @@ from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.backends.common import quiet_framework_logs
 from bundlerun.targets import parse_target_url
-from bundlerun.targets.arm.fvp import _lookup
-from bundlerun.targets.arm.fvp import parse_variant
+from bundlerun.targets.arm.fvp import _lookup, parse_variant
 from bundlerun.targets.arm.qemu import debug_runner
-from bundlerun.targets.base import CaseStatus
-from bundlerun.targets.base import RunOptions
-from bundlerun.targets.base import expected_layout
-from bundlerun.targets.base import safe_name
-from bundlerun.targets.et_runner.log import DEBUG_BUFFER_FULL_RE
-from bundlerun.targets.et_runner.log import EtdumpBlockError
-from bundlerun.targets.et_runner.log import RunnerLog
-from bundlerun.targets.et_runner.log import debug_buffer_size
-from bundlerun.targets.et_runner.log import etdump_block_files
-from bundlerun.targets.et_runner.log import parse_runner_log
-from bundlerun.targets.et_runner.outputs import OutputDecodeError
-from bundlerun.targets.et_runner.outputs import outputs_from_etdump
+from bundlerun.targets.base import CaseStatus, RunOptions, expected_layout, safe_name
+from bundlerun.targets.et_runner.log import (DEBUG_BUFFER_FULL_RE, EtdumpBlockError, RunnerLog, debug_buffer_size,
+                                             etdump_block_files, parse_runner_log)
+from bundlerun.targets.et_runner.outputs import OutputDecodeError, outputs_from_etdump
 
 GRANULARITY = ("every kernel call and every delegate call (arm_executor_runner's ETDump + debug buffer, "
                "ET_DUMP_INTERMEDIATE_OUTPUTS)")

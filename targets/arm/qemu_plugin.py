@@ -22,8 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from bundlerun.bundles.cache_dirs import cache_dir
-from bundlerun.targets.base import PerfFigure
-from bundlerun.targets.base import PerfKind
+from bundlerun.targets.base import PerfFigure, PerfKind
 
 PLUGIN_LINE = re.compile(rb"^bundlerun-insn-count: insns=(\d+)\s*$", re.MULTILINE)
 FIGURE = "session_instructions"

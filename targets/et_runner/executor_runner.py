@@ -24,11 +24,7 @@ from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure, cause_of
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
-from bundlerun.targets.base import PerfKind, Verdict
-from bundlerun.targets.base import CaseResult
-from bundlerun.targets.base import CaseStatus
-from bundlerun.targets.base import expected_layout
-from bundlerun.targets.base import raw_outputs_from_files
+from bundlerun.targets.base import PerfKind, Verdict, CaseResult, CaseStatus, expected_layout, raw_outputs_from_files
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}

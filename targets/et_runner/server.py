@@ -47,11 +47,9 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from bundlerun.bundles import sequence
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
-from bundlerun.bundles.errors import BundleError
-from bundlerun.bundles.errors import TargetError
+from bundlerun.bundles.errors import BundleError, TargetError
 from bundlerun.bundles.program_meta import method_inputs
-from bundlerun.targets.base import safe_name
-from bundlerun.targets.base import selected_cases
+from bundlerun.targets.base import safe_name, selected_cases
 from bundlerun.targets.et_runner.executor_runner import case_result
 from bundlerun.targets.failures import FailureKind
 

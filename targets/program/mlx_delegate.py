@@ -30,15 +30,8 @@ import numpy as np
 
 from bundlerun.targets.program.walker import DelegateInvocation, InnerOutput, WalkError
 from bundlerun.bundles.etrecord import mlx_ops_digest
-from bundlerun.targets.program.mlx_graph import SLOT_INT
-from bundlerun.targets.program.mlx_graph import SLOT_TENSOR
-from bundlerun.targets.program.mlx_graph import count_outputs
-from bundlerun.targets.program.mlx_graph import decode
-from bundlerun.targets.program.mlx_ops import CONTROL_FLOW
-from bundlerun.targets.program.mlx_ops import HANDLERS
-from bundlerun.targets.program.mlx_ops import State
-from bundlerun.targets.program.mlx_ops import UNSUPPORTED
-from bundlerun.targets.program.mlx_ops import _dtype
+from bundlerun.targets.program.mlx_graph import SLOT_INT, SLOT_TENSOR, count_outputs, decode
+from bundlerun.targets.program.mlx_ops import CONTROL_FLOW, HANDLERS, State, UNSUPPORTED, _dtype
 
 MLX_BACKEND_ID = "MLXBackend"
 MAX_SCHEMA_VERSION = 1

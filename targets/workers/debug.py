@@ -21,8 +21,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from bundlerun.targets.workers.host import _quiet_imports
-from bundlerun.targets.workers.host import _register_kernels
+from bundlerun.targets.workers.host import _quiet_imports, _register_kernels
 from bundlerun.targets.workers.program import _load
 
 def _inputs(bundle, method: str, case: int) -> list:

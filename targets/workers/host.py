@@ -180,7 +180,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         methods = set(module.method_names())  # the runtime parses the program lazily: part of the load
         mismatch = {suite.method_name: _layout_mismatch(module, suite, code_of) for suite in bundle.method_test_suites
                     if suite.method_name in methods}
-        from bundlerun.targets.workers.io_state import IoStateError, IoThreader
+        from bundlerun.targets.workers.io_state import IoStateError, IoThreader  # optional: its failure to load is handled here
 
         threader = IoThreader.from_manifest(bundle.manifest_json)  # state "io": the KV cache threaded here
     except Exception as exc:  # reported as a classified load failure
@@ -253,7 +253,6 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             try:
                 path.write_bytes(data)
             except OSError as exc:  # a full disk: the supervisor says which file (host-io)
-
                 raise named(exc, path) from None
             records.append({"scalar_type": code, "shape": list(out.shape), "file": str(path)})
         else:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bundlerun.bundles.sequence import KvLink, SequenceSpec
+from bundlerun.bundles.sequence import KvLink, SequenceSpec, from_manifest, kv_links
 
 
 class IoStateError(Exception):
@@ -47,7 +47,6 @@ class IoThreader:
     @classmethod
     def from_manifest(cls, manifest: Any) -> "IoThreader | None":
         """The threader of a manifest with io-state sequences, else None."""
-        from bundlerun.bundles.sequence import from_manifest, kv_links
 
         sequences = [s for s in from_manifest(manifest) if s.state == "io"]
         links = kv_links(manifest)

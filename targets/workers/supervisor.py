@@ -49,8 +49,7 @@ from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.workers.protocol import Buffer, Ending, EventDriver, Limits
 from bundlerun.targets.process import kill_process_group
 from bundlerun.bundles.sequence import from_manifest
-from bundlerun.targets.base import TargetRun
-from bundlerun.targets.base import selected_cases
+from bundlerun.targets.base import TargetRun, selected_cases
 
 MAX_RESTARTS = 3
 
