@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from bundlerun.bundles.errors import BundlerunError
 
 
 @click.command(name="hud")
@@ -27,12 +28,11 @@ def command(out_dir, history_db, baseline, limit, all_run_pages, window, page_ro
     verdict with top-1 (dataset runs) or the worst SQNR, red where it regressed against the
     baseline, the label where each regression began, sparklines, links to every run's report.
     The site is self-contained (no network) and can be published as it is."""
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.bundles.project_config import load_project_config
-    from bundlerun.runner.history import store as history
-    from bundlerun.runner.pictures import hud_site
-    from bundlerun.runner.history.regression import RegressionRules
-    from bundlerun.runner.report.safe_text import visible
+    from bundlerun.bundles.project_config import load_project_config  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.pictures import hud_site  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.history.regression import RegressionRules  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.safe_text import visible  # start-up: not loaded by `bundlerun --help`
 
     try:
         config = load_project_config() or {}

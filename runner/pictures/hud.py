@@ -27,6 +27,7 @@ from bundlerun.runner.history.regression import RegressionRules
 # names stay importable from here.
 from bundlerun.runner.pictures.hud_grid import Cell, Column, Grid, Row, build_grid  # noqa: F401
 from bundlerun.runner.pictures.hud_page import render
+from bundlerun.runner.pictures.hud_site import ROWS, WINDOW, write_site as build
 
 __all__ = ["Cell", "Column", "Grid", "Row", "build_grid", "render", "write_site"]
 
@@ -37,7 +38,6 @@ def write_site(db_path: str | Path, out: str | Path, baseline: str | None = None
                ) -> tuple[Path, Grid]:
     """Bring `out/` up to date (index.html, the other pages, runs/<id>.html): only new runs are read
     and only changed pages written (runner/pictures/hud_site.py); returns the index path and the grid."""
-    from bundlerun.runner.pictures.hud_site import ROWS, WINDOW, write_site as build
 
     built = build(db_path, out, baseline, rules, limit, all_run_pages, window or WINDOW, rows_per_page or ROWS)
     return built.index, built.grid

@@ -29,6 +29,7 @@ from bundlerun.runner.history import store as history
 from bundlerun.runner.history.regression import RegressionRules
 from bundlerun.runner.history.series import Series, tags
 from bundlerun.targets.base import Verdict
+from bundlerun.runner.history.tags import run_extras
 
 SEVERITY: dict[str, int] = {Verdict.PASS: 0, Verdict.SKIP: 1, Verdict.TIMEOUT: 2, Verdict.ERROR: 3, Verdict.FAIL: 4}
 MODELS = "models"  # the operator group of bundlerun's own (model) runs
@@ -267,7 +268,6 @@ def fill(db_path: Any, cells: list[Cell], chunk: int = 4000, known: dict[int, hi
     """Replace the stub runs of these cells (and their worst runs) by the history's full records
     and extras (what the page shows): read by id, only for the cells being drawn and not `known`
     (the runs the caller has just read)."""
-    from bundlerun.runner.history.tags import run_extras
 
     records: dict[int, history.RunRecord] = dict(known or {})
     extras: dict[int, dict[str, Any]] = dict(known_extras or {})
@@ -286,7 +286,6 @@ def fill(db_path: Any, cells: list[Cell], chunk: int = 4000, known: dict[int, hi
 def build_grid(db_path: Any, baseline: str | None = None, rules: RegressionRules | None = None,
                limit: int | None = None) -> Grid:
     """The HUD's grid from the history database, every cell's full record read."""
-    from bundlerun.runner.history.tags import run_extras
 
     data = Compact()
     data.add(list(reversed(history.list_runs(db_path, limit=limit or None))), run_extras(db_path))  # oldest first

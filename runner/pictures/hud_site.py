@@ -38,6 +38,11 @@ from bundlerun.runner.pictures.hud_grid import Cell, Column, Compact, Grid, Row,
 from bundlerun.runner.pictures.hud_page import Page, render, status
 from bundlerun.runner.writers.html import _e
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.fileio import named
+from bundlerun.runner.history.tags import load_reports, run_extras
+from bundlerun.runner.pictures.hud_page import href
+from bundlerun.runner.report.safe_text import one_line
+from bundlerun.runner.writers.html import render_html
 
 STATE_NAME = ".hud-state.json"
 STATE_VERSION = 1
@@ -108,7 +113,6 @@ def write_site(db_path: Any, out: str | Path, baseline: str | None = None,
                all_run_pages: bool = False, window: int = WINDOW, rows_per_page: int = ROWS) -> Built:
     """Bring the site in `out` up to date with the history; see the module's docstring. `window`
     commits x `rows_per_page` rows per page."""
-    from bundlerun.runner.history.tags import run_extras
 
     out = Path(out)
     if not history.exists(db_path):
@@ -267,10 +271,6 @@ def _directory(grid: Grid, windows: list[list[Column]], parts: list[list[Row]], 
 def _write_run_pages(db_path: Any, out: Path, cells: list[Cell]) -> tuple[set[int], set[int]]:
     """runs/<id>.html for these cells' runs, from the stored reports (one damaged run is said on its
     own page, never stops the site, and is tried again next build); (kept, every page written)."""
-    from bundlerun.runner.history.tags import load_reports
-    from bundlerun.runner.pictures.hud_page import href
-    from bundlerun.runner.report.safe_text import one_line
-    from bundlerun.runner.writers.html import render_html
 
     todo: dict[int, Cell] = {}
     done: set[int] = set()
@@ -318,8 +318,6 @@ def _write_page(path: Path, text: str) -> None:
     replaced atomically (a reader never sees half a page) but not fsynced (15,000 fsyncs cost
     minutes at suite scale; the pages of the grid are written with atomic_write_text, synced)."""
     import os
-
-    from bundlerun.bundles.fileio import named
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
