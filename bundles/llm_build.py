@@ -42,6 +42,8 @@ from bundlerun.bundles.mlx_codegen import ensure_mlx_importable
 from bundlerun.bundles.program_meta import method_inputs, program_operators
 from bundlerun.bundles.safe_read import load_json_bounded
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
+from bundlerun.bundles import partition_control
+from bundlerun.bundles.backends.common import delegation_summary
 
 PREFIX = "llm:"
 # A user's params.json sizes the model bundlerun builds in memory (seeded weights, the eager reference and
@@ -231,7 +233,6 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         if "pt2e_quantize" in quant:
             config.quantization.pt2e_quantize = Pt2eQuantize(quant["pt2e_quantize"])
         say(f"exporting llm:{p.arch} ({p.size}, {p.dtype}) with export_llama for {p.backend}")
-        from bundlerun.bundles import partition_control
 
         # `bundlerun bisect`: export_llama builds its partitioners itself (XNNPACK's in export_llama_lib.py:1154
         # `_to_edge_and_lower_llama_xnnpack`) and hands them to the `to_edge_transform_and_lower` that
@@ -253,7 +254,6 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         if etrecord is not None:
             _keep_etrecord(folder / "etrecord.bin", etrecord)
     described = ", ".join(f"{k}={v}" for k, v in quant.items()) or "none (fp32)"
-    from bundlerun.bundles.backends.common import delegation_summary
 
     edge = getattr(manager, "edge_manager", None)
     lowering = {"delegate": p.backend, "exporter": "export_llama", **(delegation_summary(edge) if edge is not None else {}),

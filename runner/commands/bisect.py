@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from bundlerun.runner.cli import _apply, llm_options
+from bundlerun.runner.cli import _apply, llm_options, _report_dir, llm_request, parse_tolerances, resolve_backend_dtype
+from bundlerun.targets import default_backend
 
 
 def _seconds(ctx, param, value):
@@ -55,16 +56,14 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
             tolerances, no_cache, timeout, max_lowerings, undelegated_target, config_path, target_opts, as_json,
             size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len):
     """Find the delegated node(s) of MODEL (zoo name, path.py:factory or llm:ARCH) that make a case fail on --target."""
-    from bundlerun.runner.debug.bisect import BisectRequest, Bisector
-    from bundlerun.runner.debug.bisect_report import print_result, write_reports
-    from bundlerun.runner.cli import _report_dir, llm_request, parse_tolerances, resolve_backend_dtype
-    from bundlerun.runner.report.console import wide_console
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.debug.bisect import BisectRequest, Bisector  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.debug.bisect_report import print_result, write_reports  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.console import wide_console  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.session import Session  # start-up: not loaded by `bundlerun --help`
 
     llm = llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len)
     if llm is not None:  # export_llama's own path for the target's backend, its own dtypes, as `build` does
-        from bundlerun.bundles.llm_arch import llm_backend
-        from bundlerun.targets import default_backend
+        from bundlerun.bundles.llm_arch import llm_backend  # start-up: not loaded by `bundlerun --help`
 
         backend = backend or llm_backend(default_backend(target))
     else:
@@ -72,7 +71,7 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
     slug = Path(model.split(":")[0]).stem if ":" in model else model
     report_dir = _report_dir(report_dir or Path("out") / f"bisect-{slug}")
     session = Session.load(config_path, target_opts=tuple(target_opts), no_history=True)
-    from bundlerun.runner.debug.bisect import check_request
+    from bundlerun.runner.debug.bisect import check_request  # start-up: not loaded by `bundlerun --help`
 
     req = BisectRequest(model=model, target=target, report_dir=report_dir, case=case, method=method, output=output,
                         backend=backend, dtype=dtype, cases=num_cases, seed=seed, reference=reference,
@@ -85,7 +84,7 @@ def command(model, target, case, method, output, report_dir, backend, dtype, num
         bisector = Bisector(req, session, progress=lambda m: console.print(m, markup=False, highlight=False))
         result = bisector.run()
     if result.outcome == "fails-undelegated" and not result.interrupted and bisector.model is not None:
-        from bundlerun.runner.debug.export_divergence import check_model
+        from bundlerun.runner.debug.export_divergence import check_model  # start-up: not loaded by `bundlerun --help`
 
         result.export_divergence = check_model(bisector.model, result, report_dir)
     files = write_reports(result, report_dir)

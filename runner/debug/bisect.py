@@ -48,6 +48,7 @@ from bundlerun.targets.base import Verdict
 from bundlerun.bundles import limits, partition_control
 from bundlerun.bundles.partition_control import MECHANISM
 from bundlerun.runner import interrupts
+from bundlerun.bundles.sequence import first_failing_step, from_manifest, sequence_prefix
 
 SCHEMA = "bundlerun.bisect/1"
 # Failure kinds (targets/failures.py) that say the case could not be run at all - not a crash of the
@@ -229,7 +230,7 @@ class Bisector:
         self.model = None
         self.order: dict[str, int] = {}
         self.t0 = time.monotonic()
-        from bundlerun.bundles.llm_build import is_llm
+        from bundlerun.bundles.llm_build import is_llm  # start-up: loads numpy on use
 
         self.llm = isinstance(req.model, str) and is_llm(req.model)
         # the case judged and the cases run before it on the same loaded method (a sequence's earlier
@@ -307,8 +308,7 @@ class Bisector:
     def _choose_step(self, report: Any, bundle_path: Path) -> None:
         """An LLM without --case: the first diverging step of the full build's run (step order, first
         sequence first: later steps inherit the damage through the cache), else its first case."""
-        from bundlerun.bundles.bpte import read_bundle
-        from bundlerun.bundles.sequence import first_failing_step, from_manifest
+        from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
 
         req = self.req
         bad = (Verdict.FAIL, Verdict.ERROR, Verdict.TIMEOUT)
@@ -329,7 +329,6 @@ class Bisector:
 
     def _set_prefix(self, sequences: list[Any], chosen: bool) -> None:
         """The sequence holding the case and its earlier steps, run first in every candidate."""
-        from bundlerun.bundles.sequence import sequence_prefix
 
         assert self.result is not None and self.case is not None
         seq, self.prefix = sequence_prefix(sequences, self.req.method, self.case)
@@ -387,8 +386,7 @@ class Bisector:
         return step
 
     def _given_case(self, built: Any) -> None:
-        from bundlerun.bundles.bpte import read_bundle
-        from bundlerun.bundles.sequence import from_manifest
+        from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
 
         assert self.case is not None
         suite_cases = len(read_bundle(built.path).suite(self.req.method).test_cases)

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.runner.debug.bisect import BisectResult, unit_label
+from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.runner.report.console import plain
+from bundlerun.runner.report.safe_text import markdown_text as _md
 
 
 def _num(v: Any, fmt: str = ".3g") -> str:
@@ -66,8 +69,6 @@ def culprit_text(result: BisectResult) -> str:
 def print_result(result: BisectResult, console: Any) -> None:
     from rich.table import Table
 
-    from bundlerun.runner.report.console import plain
-
     table = Table(title=f"bisect {plain(_where(result))}",
                   title_justify="left")
     for col in ("#", "candidate", "delegated", "calls", "verdict", "error", "build", "run"):
@@ -92,7 +93,7 @@ def print_result(result: BisectResult, console: Any) -> None:
         console.print(f"  with only them delegated: {_stats(cs['with']['outputs'])}", markup=False)
         console.print(f"  with everything else delegated: {_stats(cs['without']['outputs'])}", markup=False)
     if result.export_divergence:
-        from bundlerun.runner.debug.export_divergence import summary_line
+        from bundlerun.runner.debug.export_divergence import summary_line  # start-up: loads numpy on use
 
         console.print(f"export divergence: {summary_line(result.export_divergence)}", markup=False)
     for note in result.notes:
@@ -101,8 +102,6 @@ def print_result(result: BisectResult, console: Any) -> None:
 
 
 def render_markdown(result: BisectResult) -> str:
-    from bundlerun.runner.report.safe_text import markdown_text as _md
-
     lines = [f"# bisect: {_md(result.model)} on {_md(result.target)}", "",
              f"Case {_md(_where(result))}, {result.backend or ''} {result.dtype or ''}; "
              f"{len(result.units)} delegated unit(s); mechanism: {_md(result.mechanism)}.", "",
@@ -123,7 +122,7 @@ def render_markdown(result: BisectResult) -> str:
                      f"{_md(s.verdict or '—')} | {_md(_stats(s.outputs) if s.outputs else (s.error or '—'))} | "
                      f"{_md(s.cache or '—')} |")
     if result.export_divergence:
-        from bundlerun.runner.debug.export_divergence import summary_line
+        from bundlerun.runner.debug.export_divergence import summary_line  # start-up: loads numpy on use
 
         lines += ["", f"Export divergence: {_md(summary_line(result.export_divergence))}"]
     if result.notes:
@@ -132,8 +131,6 @@ def render_markdown(result: BisectResult) -> str:
 
 
 def write_reports(result: BisectResult, report_dir: Path) -> dict[str, Path]:
-    from bundlerun.bundles.fileio import atomic_write_text
-
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": report_dir / "report.json", "markdown": report_dir / "summary.md"}

@@ -62,6 +62,14 @@ from bundlerun.bundles.manifest_records import BuildInfo
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.targets.base import Verdict
 from bundlerun.bundles.manifest import Manifest
+from bundlerun.bundles.backends.common import quiet_framework_logs
+from bundlerun.bundles.etrecord import EtrecordMissing, FP32_GRAPH, load_delegate_graphs, locate
+from bundlerun.bundles.fileio import file_sha256
+from bundlerun.bundles.sequence import first_failing_step, from_manifest, sequence_prefix
+from bundlerun.runner.debug.export_divergence import capture_graph, check_debug
+from bundlerun.runner.judging.numerics import _clean, error_statistics
+from bundlerun.targets.intermediates import IntermediatesUnsupported, capture, supports_capture, unsupported_message
+from bundlerun.targets.workers.host import _register_kernels
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -83,8 +91,6 @@ class Column:
 
     @classmethod
     def of(cls, actual: np.ndarray | None, expected: np.ndarray | None) -> "Column | None":
-        from bundlerun.runner.judging.numerics import error_statistics
-
         if actual is None or expected is None:
             return None
         a, r = np.asarray(actual), np.asarray(expected)
@@ -152,8 +158,6 @@ class DebugResult:
         return None if self.first_bad is None else self.rows[self.first_bad]
 
     def to_json(self) -> dict[str, Any]:
-        from bundlerun.runner.judging.numerics import _clean
-
         body = asdict(self)
         body["first_bad_layer"] = None
         if self.first_bad_row is not None:
@@ -170,9 +174,8 @@ class DebugResult:
 
 def default_case(bundle_path: Path, history_db: Any, method: str, output: str | None) -> tuple[int, str]:
     """(case, where it came from): the worst failing case of the newest run of this bundle file."""
-    from bundlerun.bundles.fileio import file_sha256
 
-    from bundlerun.runner.history import store as history
+    from bundlerun.runner.history import store as history  # start-up: loads sqlalchemy on use
 
     if history_db is None or not history.exists(history_db):
         return 0, "case 0 (no history database to find the last run's worst case)"
@@ -181,8 +184,7 @@ def default_case(bundle_path: Path, history_db: Any, method: str, output: str | 
     if run_id is None:
         return 0, "case 0 (this bundle has no recorded run)"
     report = history.load_report(history_db, run_id)
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.sequence import first_failing_step, from_manifest
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     sequences = from_manifest(read_bundle(bundle_path).manifest)
     if sequences:  # a sequence: its first diverging step (later steps inherit the damage through the cache)
@@ -286,7 +288,6 @@ def _reference_graph(record) -> tuple[Any, str]:
 
 def _capture_by_name(graph_module, inputs: tuple) -> dict[str, Any]:
     """Every call_function node's output of `graph_module` on `inputs`, by node name."""
-    from bundlerun.runner.debug.export_divergence import capture_graph
 
     return capture_graph(graph_module, inputs)[0]
 
@@ -519,8 +520,6 @@ def compare_layers(run, record, case_inputs: tuple, method: str, quantized: bool
     )
     from executorch.devtools.inspector._intermediate_output_capturer import IntermediateOutputCapturer
 
-    from bundlerun.bundles.etrecord import FP32_GRAPH
-
     ref_gm, ref_name = _reference_graph(record)
     with torch.no_grad():
         _replay(ref_gm, prefix_inputs or [])
@@ -638,14 +637,11 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
                  target_config: dict[str, Any] | None = None) -> DebugResult:
     import tempfile
 
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.etrecord import EtrecordMissing, locate
-    from bundlerun.targets.intermediates import capture
+    from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     bundle_path = Path(bundle_path)
     bundle = read_bundle(bundle_path)
     manifest = bundle.manifest
-    from bundlerun.targets.intermediates import IntermediatesUnsupported, supports_capture, unsupported_message
 
     if not supports_capture(target):  # say so (and point to `bisect`) before asking for an ETRecord
         raise IntermediatesUnsupported(unsupported_message(target))
@@ -670,16 +666,12 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     output = output or out_names[0]
     j = out_names.index(output)
 
-    from bundlerun.bundles.sequence import from_manifest, sequence_prefix
-
     sequence, prefix = sequence_prefix(from_manifest(manifest), method, case)
     if any(not 0 <= k < len(suite.test_cases) for k in prefix):  # the manifest names cases the suite lacks
         raise DebugError(f"{bundle_path}: sequence {sequence.name if sequence else '?'!r} names cases the method's "
                          f"suite does not hold (it has {len(suite.test_cases)})")
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
     run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config, tuple(prefix))
-
-    from bundlerun.bundles.backends.common import quiet_framework_logs
 
     quiet_framework_logs()
     import contextlib
@@ -688,8 +680,6 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         import torch  # torchao prints about optional CUDA kernels while it loads
         from executorch.devtools.etrecord import parse_etrecord
-
-    from bundlerun.targets.workers.host import _register_kernels
 
     _register_kernels(bundle.program)  # llama::update_cache in the reference graph needs its schema (mutation)
     record = parse_etrecord(str(et_path))
@@ -707,8 +697,6 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
             item.op = names.get((item.chain, item.instruction), item.op)
     graphs, graphs_reason = None, ""
     if any(item.kind == "delegate-op" for item in run.intermediates):
-        from bundlerun.bundles.etrecord import load_delegate_graphs
-
         graphs, graphs_reason = load_delegate_graphs(manifest, bundle_path)
     with torch.no_grad():
         rows, ref_name = compare_layers(run, record, inputs, method, quantized, graphs, graphs_reason,
@@ -718,7 +706,6 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     budget, budget_source = output_budget(manifest, method, output, expected)
     column = "quantized" if (quantized and build.reference == "quantized") else "fp32"
     first = judge_rows(rows, column, budget, quantized)
-    from bundlerun.runner.judging.numerics import error_statistics
 
     actual = run.outputs[j] if j < len(run.outputs) else None
     out_stats = error_statistics(actual.astype(np.float64), expected.astype(np.float64)).to_dict() \
@@ -767,7 +754,6 @@ def _export_divergence(first: int | None, manifest: Manifest | None, record: Any
     """No layer exceeds but the output fails against eager: is the exported program already off?"""
     if first is not None or actual is None:
         return None
-    from bundlerun.runner.debug.export_divergence import check_debug
 
     spec = manifest.output_spec(method, j) if manifest else None
     if spec is None:

@@ -16,6 +16,7 @@ import json
 
 import sqlalchemy as sa
 from alembic import op
+from bundlerun.runner.report.model import Report
 
 revision = "0002"
 down_revision = "0001"
@@ -28,8 +29,7 @@ FIGURE_TABLES = ("case_outputs", "perf_figures", "datasets", "replay_outputs")
 
 
 def upgrade() -> None:
-    from bundlerun.runner.history.store import INTERRUPTED, series_fields
-    from bundlerun.runner.report.model import Report
+    from bundlerun.runner.history.store import INTERRUPTED, series_fields  # circle: store runs these migrations
 
     conn = op.get_bind()
     have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
