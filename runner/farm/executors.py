@@ -19,6 +19,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from bundlerun.bundles.errors import ConfigError
+from bundlerun.runner import interrupts
+from bundlerun.runner.farm.job import pool_worker_init, run_job, run_job_ray
+from bundlerun.runner.farm.ray_workers import DeviceWorkers
+from bundlerun.targets import target_specs
 
 
 class LocalExecutor:
@@ -41,7 +45,6 @@ class LocalExecutor:
             import bundlerun.runner.judging.judge  # noqa: F401
             import bundlerun.runner.report.record  # noqa: F401
             import bundlerun.runner.session  # noqa: F401
-            from bundlerun.targets import target_specs
 
             target_specs()
         self._context = multiprocessing.get_context(method)
@@ -50,8 +53,6 @@ class LocalExecutor:
 
     def _new_pool(self):
         from concurrent.futures import ProcessPoolExecutor
-
-        from bundlerun.runner.farm.job import pool_worker_init
 
         return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context, initializer=pool_worker_init)
 
@@ -67,8 +68,6 @@ class LocalExecutor:
         attempts it held come back as crashes (the scheduler retries them) and a new pool takes
         the later ones, so one dead worker does not fail the rest of the run."""
         from concurrent.futures.process import BrokenProcessPool
-
-        from bundlerun.runner.farm.job import run_job
 
         try:
             return self._pool.submit(run_job, payload)
@@ -153,14 +152,11 @@ class RayExecutor:
                 time.sleep(2.0 * attempt)
         self.address = address or "local"
         self.timing["connect_s"] = time.perf_counter() - t0 - self.timing["import_ray_s"]
-        from bundlerun.runner import interrupts
 
         interrupts.install()  # Ray's core worker installs a SIGTERM handler that exits at once: ours again
-        from bundlerun.runner.farm.job import run_job_ray
 
         self._task = ray.remote(run_job_ray)
         self._refs: list[Any] = []  # every task sent, so a stopped farm can cancel the running ones
-        from bundlerun.runner.farm.ray_workers import DeviceWorkers
 
         t1 = time.perf_counter()
         self.workers = DeviceWorkers(ray)  # device jobs: the devices' detached actors (runner/farm/ray_workers.py)

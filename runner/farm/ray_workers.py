@@ -24,6 +24,8 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from bundlerun.runner.farm.job import run_job_ray
+from bundlerun.targets import target_specs
 
 NAMESPACE = "bundlerun-farm"
 PACKAGES = ("bundlerun", "bundlerun.bundles", "bundlerun.targets", "bundlerun.runner")  # bundlerun's own code
@@ -71,14 +73,11 @@ class DeviceWorker:
         import bundlerun.runner.judging.judge  # noqa: F401
         import bundlerun.runner.report.record  # noqa: F401
         import bundlerun.runner.session  # noqa: F401
-        from bundlerun.targets import target_specs
 
         target_specs()
         self.device = device
 
     def run(self, payload: dict[str, Any]) -> Any:
-        from bundlerun.runner.farm.job import run_job_ray
-
         return run_job_ray(payload)
 
     def pid(self) -> int:

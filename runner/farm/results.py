@@ -80,8 +80,8 @@ class ResultWriter:
                 self._failed = self._failed or exc
 
     def _write(self, batch: list[_Done]) -> None:
-        from bundlerun.runner.history import store as history
-        from bundlerun.runner.report.record import write_record
+        from bundlerun.runner.history import store as history  # start-up: loads numpy, sqlalchemy on use
+        from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
 
         for d in batch:
             for report, folder in d.writes:

@@ -35,6 +35,13 @@ from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS, VERDICTS, com
 from bundlerun.runner.report.model import Report
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import Verdict
+from bundlerun.bundles.backends.base import default_dtype
+from bundlerun.bundles.errors import BundlerunError
+from bundlerun.runner.farm.executors import make_executor
+from bundlerun.runner.farm.job import _bad_report
+from bundlerun.runner.farm.plan import shard_jobs
+from bundlerun.runner.report.model import Summary
+from bundlerun.targets import default_backend, lowering_info
 
 
 @dataclass
@@ -63,10 +70,7 @@ def job_dir_name(job_id: str) -> str:
 def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Build each distinct bundle the plan asks for (through the build cache); job id -> error
     for the jobs whose build failed."""
-    from bundlerun.bundles.backends.base import default_dtype
-    from bundlerun.bundles.builder import BuildRequest, build_bundle
-    from bundlerun.bundles.errors import BundlerunError
-    from bundlerun.targets import default_backend, lowering_info
+    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: loads flatbuffers, numpy, tomli on use
 
     failed: dict[str, str] = {}
     done: dict[Path, str | None] = {}
@@ -100,11 +104,9 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
     every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job.
     `release_workers`: on Ray, the devices' actors are killed at the end (else the next command reuses them)."""
-    from bundlerun.runner.farm.executors import make_executor
-    from bundlerun.runner.farm.plan import shard_jobs
-    from bundlerun.runner.report.merge import MergeOptions, merge_reports
-    from bundlerun.runner.report.record import write_record
-    from bundlerun.runner.session import Session
+    from bundlerun.runner.report.merge import MergeOptions, merge_reports  # start-up: loads numpy on use
+    from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
+    from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy, sqlalchemy on use
 
     session = session or Session()
     report_dir = Path(report_dir).resolve()
@@ -227,7 +229,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
         merged.extras["shard"] = shard_rec
         merged.extras["farm"]["shard"] = shard_rec["spec"]
-    from bundlerun.runner.writers import write_reports
+    from bundlerun.runner.writers import write_reports  # start-up: loads numpy on use
 
     write_record(merged, report_dir)  # the verdicts first, whatever a writer does
     write_reports(merged, report_dir)
@@ -241,7 +243,6 @@ def _job_result(job: Job, tries: list[Attempt], report_dir: Path, farm_id: str, 
                 ) -> tuple[Report, dict[str, Any], Path, list[tuple[Report, Path]]]:
     """A job's final report (its last attempt's, else one saying why it did not run), its record in
     the merged report, its folder, and the attempt reports to write there."""
-    from bundlerun.runner.farm.job import _bad_report
 
     if tries:
         final = tries[-1].report
@@ -276,9 +277,8 @@ def _job_result(job: Job, tries: list[Attempt], report_dir: Path, farm_id: str, 
 def _empty_shard(plan: Plan, report_dir: Path, record: dict[str, Any], farm_id: str, started: str) -> FarmResult:
     """A farm shard that holds no job (more shards than jobs): nothing ran, verdict SKIP, exit 0;
     its report still carries the shard record so `bundlerun merge` counts it."""
-    from bundlerun.runner.report.model import Summary
-    from bundlerun.runner.report.record import tool_version
-    from bundlerun.runner.writers import write_reports
+    from bundlerun.runner.report.record import tool_version  # start-up: loads numpy on use
+    from bundlerun.runner.writers import write_reports  # start-up: loads numpy on use
 
     report = Report(
         summary=Summary(Verdict.SKIP, EXIT_PASS, {v: 0 for v in VERDICTS}, 0, 0), cases=[],

@@ -42,6 +42,7 @@ from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.program_meta import program_operators
 from bundlerun.targets.arm.fvp import platform_lowering
+from bundlerun.bundles.program_meta import planned_buffer_sizes
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
     from bundlerun.bundles.bpte import Bundle
@@ -208,8 +209,7 @@ class QemuTarget(TargetBase):
     def _refuse_misfit(self, bundle: Bundle, memory: memory_fit.RunnerMemory, cases: list[tuple[str, int]]) -> None:
         """Raise (every case ERROR allocation-failure, exit 2, no QEMU started) when the planned
         buffers or the largest case's bundle cannot fit the runner's pools."""
-        from bundlerun.bundles.bpte import serialize_bundle
-        from bundlerun.bundles.program_meta import planned_buffer_sizes
+        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         planned = planned_buffer_sizes(bundle.program, "bundle program")
         model = str(bundle.manifest.model.get("id")) if bundle.manifest is not None else "the bundle's program"
