@@ -75,7 +75,7 @@ def test_bisect_llm_names_the_planted_layer_at_the_first_diverging_step(tmp_path
     from bundlerun.bundles.bpte import read_bundle
 
     search = next(s for s in result["steps"] if s["role"] == "search")
-    control = read_bundle(search["bundle"]).manifest.build["lowering"]["partition_control"]
+    control = read_bundle(search["bundle"]).manifest.build.lowering["partition_control"]
     assert [u["key"] for u in control["units"] if u["delegated"]] == search["delegated"]
 
 

@@ -212,7 +212,7 @@ class QemuTarget(TargetBase):
         from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
 
         planned = planned_buffer_sizes(bundle.program, "bundle program")
-        model = str(bundle.manifest.model.get("id")) if bundle.manifest is not None else "the bundle's program"
+        model = str(bundle.manifest.model.id) if bundle.manifest is not None else "the bundle's program"
 
         def case_bytes(mc: tuple[str, int]) -> int:
             case = bundle.suite(mc[0]).test_cases[mc[1]]
