@@ -46,7 +46,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_sequences
 from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report, ReportError
 from bundlerun.runner.shard import assignment, case_key
 from bundlerun.targets.base import CaseStatus, Verdict
@@ -344,6 +343,9 @@ def merge_reports(reports: Sequence[Report], options: MergeOptions | None = None
     carried: list[tuple[str, list[dict], dict]] = []
     owner: dict[str, str] = {}
     overlaps: list[str] = []
+    # start-up: token_metrics loads numpy, and `bundlerun --help` imports this module
+    from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_sequences
+
     sequences: list[dict] = []  # LLM reports' per-sequence records (runner/report/merge_sequences.py)
     for doc, path in jobsets:
         by_job: dict[str, list[dict]] = {}
