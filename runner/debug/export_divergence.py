@@ -468,7 +468,9 @@ def check_model(resolved: Any, bisect_result: Any, report_dir: Any) -> dict[str,
         return None
     try:
         bundle = read_bundle(step.bundle)
-        case = bundle.suite(bisect_result.method).test_cases[bisect_result.case]
+        # no case chosen (the run failed before bisect picked its first diverging step): case 0, as before
+        index = bisect_result.case if bisect_result.case is not None else 0
+        case = bundle.suite(bisect_result.method).test_cases[index]
         import torch
 
         inputs = tuple(torch.from_numpy(np.ascontiguousarray(v.to_array()).copy()).float()
