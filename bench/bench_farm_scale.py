@@ -64,6 +64,8 @@ def farm(plan_path: Path, report: Path, *extra: str) -> tuple[dict, dict, float,
     r, t0, rss = bundlerun("farm", str(plan_path), "--report", str(report), "--no-history", "--json", *extra)
     if r.returncode not in (0, 1):
         raise SystemExit(f"farm failed ({r.returncode}): {r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    if not r.stdout.strip():
+        raise SystemExit(f"farm printed no result ({r.returncode}): {r.stderr[-3000:]}")
     return json.loads(r.stdout), json.loads((report / "report.json").read_text()), t0 or t, rss, time.time() - t
 
 
