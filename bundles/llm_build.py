@@ -32,7 +32,7 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import ARCHS, LLM_BACKENDS, SIZES, SOURCE_QUANTIZED, params_for, quantization, tier
 from bundlerun.bundles.manifest_records import BuildInfo, EtrecordInfo, ModelInfo
 from bundlerun.bundles.sequence import SequenceSpec, SequenceStep
-from bundlerun.bundles import build_cache, scalar_types as st
+from bundlerun.bundles import build_cache, scalar_types as st, vulkan_rms_norm_eps
 from bundlerun.bundles.backends.common import quiet_framework_logs
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.etrecord import etrecord_path_for
@@ -239,8 +239,11 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         # extension/llm/export/builder.py:24 imports; under a restriction that binding is patched to wrap them.
         restriction = partition_control.active()
         start = time.perf_counter()
+        # vulkan_8w: the Vulkan rms_norm fusion cannot read the pt2e-lifted epsilon (bundles/vulkan_rms_norm_eps.py)
+        eps_fix: contextlib.AbstractContextManager[list[str]] = (
+            vulkan_rms_norm_eps.lifted_eps_resolved() if p.backend == "vulkan" else contextlib.nullcontext([]))
         try:
-            with partition_control.applied(restriction, write=False) as record:
+            with partition_control.applied(restriction, write=False) as record, eps_fix as eps_resolved:
                 manager = _export_llama(config)
         except Exception as exc:  # noqa: BLE001 - ExecuTorch's exporter: one line, exit 2
             raise BuildError(f"export_llama failed for llm:{p.arch}: {type(exc).__name__}: {str(exc)[:300]}") from None
@@ -258,6 +261,9 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
     edge = getattr(manager, "edge_manager", None)
     lowering = {"delegate": p.backend, "exporter": "export_llama", **(delegation_summary(edge) if edge is not None else {}),
                 **({"partition_control": control} if control is not None else {})}
+    if eps_resolved:
+        lowering["workarounds"] = [f"{vulkan_rms_norm_eps.WHERE}: the rms_norm fusion's epsilon read from the program's "
+                                   f"lifted constants ({', '.join(eps_resolved)}), bundles/vulkan_rms_norm_eps.py"]
     return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager, lowering)
 
 
