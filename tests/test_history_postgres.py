@@ -217,3 +217,29 @@ def test_a_server_that_goes_away_mid_run_is_one_line_exit_2_and_the_report_is_wr
                              if p.is_file() and p.suffix in (".json", ".md", ".html", ".xml", ".log"))):
         assert server.password not in text
     assert settled(lambda: tagged(tag, b"")) == []  # the run's processes are gone
+
+
+def test_revision_0003_upgrades_a_server_in_place_as_it_does_a_file(pg, request, tmp_path):
+    """A server history at revision 0002 (the sequence figures as perf_figures rows) opened by this
+    bundlerun: sequence_figures is created and filled from the stored reports, the old rows go, and
+    the figures and trends read back as from an SQLite file upgraded the same way."""
+    from test_sequence_history import _llm_report, upgrade_from_0002
+
+    from bundlerun.runner.history import database
+
+    url = _db(pg, request)
+    answers = []
+    for db in (tmp_path / "h.sqlite", url):
+        ids = upgrade_from_0002(db, [_llm_report(0), _llm_report(1, missing=1)])
+        figures = history.sequence_figures(db, ids)  # opening upgrades
+        trend = history.sequence_trend(db, "llm:llama3", "sequence_first_divergence")[0]
+        answers.append(_rounded(([[{k: v for k, v in r.items() if k != "run_id"} for r in figures[i]] for i in ids],
+                                 [(p.value, p.low, p.high) for p in trend])))
+        listing = history.perf_trend(db, "llm:llama3", "sequence_greedy_agreement")[0]
+        assert listing == []  # moved out of perf_figures
+    assert answers[0] == answers[1]
+    assert [r["first_divergence"] for r in answers[1][0][0]] == [None, 1]
+    import sqlalchemy as sa
+
+    with database.engine_for(url).connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == database.HEAD

@@ -294,22 +294,6 @@ def test_merge_of_jobs_names_each_jobs_sequences_as_its_cases():
     assert [(s.method, s.name) for s in again.sequences] == [(s.method, s.name) for s in merged.sequences]
 
 
-def test_history_records_sequence_figures_for_trend(tmp_path):
-    from bundlerun.runner.history import store as history
-
-    report, _, _ = _report()
-    db = tmp_path / "history.db"
-    history.record_report(db, report)
-    points, info = history.perf_trend(db, "llm:llama3", "sequence_greedy_agreement")
-    assert len(points) == 1 and info["unit"] == "steps"
-    assert (points[0].value, points[0].low, points[0].high) == (2.0, 1.0, 3.0)  # median of seq0 3, seq1 1
-    first, _ = history.perf_trend(db, "llm:llama3", "sequence_first_divergence")
-    assert (first[0].low, first[0].high) == (1.0, 3.0)  # seq1 at step 1; seq0 never: its 3 steps
-    ratio, _ = history.perf_trend(db, "llm:llama3", "sequence_perplexity_ratio")
-    assert ratio[0].high > 1.0
-    assert history.load_report(db, 1).sequences[1].first_divergence == 1  # the stored report keeps them
-
-
 def test_sequence_section_renders_in_headless_chromium(tmp_path):
     """The HTML's sequence plots load as real images in a browser (tests/browser.py)."""
     from tests import browser

@@ -61,10 +61,13 @@ def _print_flaky(stats: dict, db, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (times in UTC, ISO-8601 with offset).")
 @click.option("--utc", is_flag=True, help="Show times in UTC (default: local time), with their offset.")
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
+@click.option("--sequences", is_flag=True,
+              help="LLM runs: one line per sequence (first diverging step, greedy agreement, perplexity target vs "
+                   "eager, worst/median step SQNR) of the listed runs.")
 @click.option("--flaky", is_flag=True,
               help="Farm runs: devices by infrastructure-failure rate and jobs by flake rate (passed after a retry).")
 @click.pass_context
-def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, flaky):
+def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, sequences, flaky):
     """List recorded runs (database: --history, $BUNDLERUN_HISTORY, [history] path, or
     ~/.local/share/bundlerun/history.sqlite). Times show their UTC offset; runs recorded
     before times carried one are read as UTC. `history import FILE` adds the backend test
@@ -84,6 +87,9 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
         _print_flaky(history.flaky_stats(db, limit=limit or None), db, as_json)
         return
     runs = history.list_runs(db, model=model, target=target, label=label, dtype=dtype, limit=limit or None)
+    if sequences:
+        _print_sequences(runs, history.sequence_figures(db, [r.id for r in runs]), db, as_json, utc)
+        return
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in runs], indent=2))
         return
@@ -115,6 +121,52 @@ def command(ctx, model, target, label, dtype, limit, as_json, utc, history_db, f
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))  # piped/CI logs: no squeezed columns
+    console.print(table)
+
+
+def _print_sequences(runs: list[RunRecord], figures: dict[int, list[dict]], db, as_json: bool, utc: bool) -> None:
+    """`history --sequences`: the listed runs' per-sequence figures (table sequence_figures), newest run first."""
+    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+
+    lines = [({"run": r.id, "started": history.utc_iso(r.started) if as_json else history.display_time(r.started, utc),
+               "model": r.model, "target": r.target, "dtype": r.dtype, "label": r.label}, f)
+             for r in runs for f in figures.get(r.id, [])]
+    if as_json:
+        import json
+        import math
+
+        def clean(v):
+            return ("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v) else v
+
+        click.echo(json.dumps([{**run, **{k: clean(v) for k, v in f.items() if k != "run_id"}} for run, f in lines],
+                              indent=2))
+        return
+    if not lines:
+        click.echo(f"no per-sequence figures recorded in {db}" + (" for the listed runs" if runs else "")
+                   + " (LLM bundles, llm:ARCH, record them)")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from bundlerun.runner.report.console import plain  # start-up: not loaded by `bundlerun --help`
+
+    table = Table(title=f"per-sequence figures: {db}", title_justify="left")
+    cols = ("run", "started", "model", "target", "dtype", "label", "sequence", "verdict", "steps", "first diverging",
+            "greedy agree", "ppl target", "ppl eager", "ratio", "worst SQNR", "median SQNR")
+    for col in cols:
+        table.add_column(col, justify="right" if cols.index(col) >= 8 or col == "run" else "left")
+    for run, f in lines:
+        first = "none" if f["first_divergence"] is None else str(f["first_divergence"])
+        table.add_row(str(run["run"]), str(run["started"] or "-"), plain(run["model"] or "-"), plain(run["target"] or "-"),
+                      plain(run["dtype"] or "-"), plain(run["label"] or "-"),
+                      plain(f["name"] if f["method"] == "forward" else f"{f['method']}:{f['name']}"),
+                      plain(f["verdict"] or "-"), _fmt(f["steps"], "d"), first,
+                      f"{_fmt(f['greedy_agreement'], 'd')}/{_fmt(f['steps'], 'd')}", _fmt(f["perplexity_target"], ".4g"),
+                      _fmt(f["perplexity_reference"], ".4g"), _fmt(f["perplexity_ratio"], ".4f"),
+                      _fmt(f["sqnr_worst"]), _fmt(f["sqnr_median"]))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 200))
     console.print(table)
 
 

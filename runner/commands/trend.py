@@ -1,5 +1,6 @@
 """`bundlerun trend MODEL --metric sqnr|mae|top1|cycles|latency|memory|FIGURE -o trend.png`: plot a metric
-over recorded runs. A performance figure (any name of a report's `perf` section, or an alias:
+over recorded runs. A per-sequence figure of an LLM run (sequence_*: runner/report/sequences.py
+TREND_FIGURES) is drawn as the median over each run's sequences with the min..max band. A performance figure (any name of a report's `perf` section, or an alias:
 cycles, npu-cycles, latency, memory, program-size) is drawn as the median over each run's cases
 with the min..max band.
 
@@ -27,7 +28,10 @@ def _shown(value, metric: str) -> str:
 @click.option("--metric", default="sqnr", show_default=True, metavar="METRIC",
               help="sqnr, mae, max, top1, top5, agreement; or a perf figure: cycles (inference_cpu_cycles), "
                    "npu-cycles, latency (execution_time), memory (method_allocator_used), program-size, or any "
-                   "figure name of the report's perf section.")
+                   "figure name of the report's perf section; for an LLM (llm:ARCH) a per-sequence figure: "
+                   "sequence_first_divergence, sequence_greedy_agreement, sequence_perplexity_ratio, "
+                   "sequence_perplexity_target, sequence_perplexity_reference, sequence_sqnr_worst, "
+                   "sequence_sqnr_median, sequence_steps.")
 @click.option("--phase", type=click.Choice(["first", "warm"]), default=None,
               help="Perf figures measured per phase: first (cold) or warm executions (default: warm when recorded).")
 @click.option("--dtype", default=None, help="Only runs of this dtype (default: one line per dtype).")
@@ -85,7 +89,11 @@ def _perf_command(db, model, target, metric, phase, dtype, limit, output, plain)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", metric):
         raise click.BadParameter(f"{metric!r} is neither a metric ({', '.join(history.METRICS)}) nor a perf figure name",
                                  param_hint="--metric")
-    points, info = history.perf_trend(db, model, metric, target, dtype=dtype, phase=phase, limit=limit) if db else ([], {})
+    if metric in history.SEQUENCE_FIGURES:  # an LLM run's per-sequence figures (table sequence_figures)
+        points, info = history.sequence_trend(db, model, metric, target, dtype=dtype, limit=limit) if db else ([], {})
+    else:
+        points, info = history.perf_trend(db, model, metric, target, dtype=dtype, phase=phase, limit=limit) \
+            if db else ([], {})
     name = info.get("name", metric)
     if not points:
         raise click.ClickException(
@@ -97,9 +105,10 @@ def _perf_command(db, model, target, metric, phase, dtype, limit, output, plain)
     title = (f"{model}" + (f" on {target}" if target else "") + (f" ({dtype})" if dtype else "") + f": {label}"
              + (f" [{info.get('kind')}]" if info.get("kind") else ""))
     atomic_write_bytes(output, plots.trend_plot(points, f"perf:{name}", title, unit=info.get("unit")))
+    over = "sequences" if metric in history.SEQUENCE_FIGURES else "cases"
     click.echo(f"wrote {output}: {len(points)} run(s) of {plain(model)} in {len(groups)} series, {plain(label)} "
-               f"in {info.get('unit')} [{info.get('kind')}]: median over each run's cases, min..max band")
+               f"in {info.get('unit')} [{info.get('kind')}]: median over each run's {over}, min..max band")
     for key, pts in groups.items():
         last = pts[-1]
         click.echo(f"  {plain(plots.series_name(key, groups))}: {len(pts)} run(s), latest median {last.value:.6g} "
-                   f"{info.get('unit')} (min {last.low:.6g}, max {last.high:.6g}, {last.counted} case(s))")
+                   f"{info.get('unit')} (min {last.low:.6g}, max {last.high:.6g}, {last.counted} {over[:-1]}(s))")

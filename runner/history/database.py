@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection, Engine
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.runner.history.location import History, HistoryServer, as_history, redact
 
-HEAD = "0002"  # the newest revision in runner/history/migrations/versions
+HEAD = "0003"  # the newest revision in runner/history/migrations/versions
 BUSY_TIMEOUT_MS = 30_000
 MAX_ATTEMPTS = 20
 CONNECT_TIMEOUT_S = 10

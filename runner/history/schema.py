@@ -102,7 +102,20 @@ replay_outputs = Table(
     Column("finding", Text), Column("verdicts", Text),
 )
 
+# revision 0003 (migrations/versions/r0003): an LLM run's per-sequence figures (runner/report/sequences.py,
+# `SequenceRecord`), one row per sequence. first_divergence is NULL when the sequence never diverged;
+# sqnr_worst/sqnr_median are over the steps that have logits (+inf: every such step matched exactly).
+sequence_figures = Table(
+    "sequence_figures", metadata,
+    _run_ref(primary=True),
+    Column("method", Text, primary_key=True), Column("sequence_index", Int, primary_key=True),
+    Column("name", Text), Column("verdict", Text), Column("steps", Int), Column("first_divergence", Int),
+    Column("greedy_agreement", Int),
+    *(Column(name, Real) for name in ("perplexity_target", "perplexity_reference", "perplexity_ratio",
+                                      "sqnr_worst", "sqnr_median")),
+)
+
 # version 2's columns (migrations/versions/r0002 adds them to a version-1 database)
 SERIES_COLUMNS = ("inputs_sha256", "criteria_sha256", "program_sha256", "status")
 # the figure tables, cleared for an interrupted run
-FIGURE_TABLES = (case_outputs, perf_figures, datasets, replay_outputs)
+FIGURE_TABLES = (case_outputs, perf_figures, datasets, replay_outputs, sequence_figures)

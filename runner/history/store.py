@@ -61,6 +61,7 @@ from bundlerun.runner.history.series import of_report
 from bundlerun.runner.history.series import of_row
 from bundlerun.runner.report.model import ReportError
 from bundlerun.runner.report.model import read_report
+from bundlerun.runner.report.sequences import TREND_FIGURES as SEQUENCE_FIGURES
 from bundlerun.runner.report.sequences import history_rows as sequence_rows
 
 __all__ = ["HistoryError", "SERIES_COLUMNS", "DISABLED", "ENV_VAR", "History", "HistoryServer"]
@@ -336,12 +337,10 @@ def record_reports(db_path: Any, items: list[tuple[Report, str | Path | None, di
         if row["status"] == INTERRUPTED:  # recorded as interrupted, with no figures (schema.FIGURE_TABLES)
             dataset = None
         else:
-            perf = list(_perf_rows(run_id, report))
-            if report.sequences:  # LLM bundles: per-sequence figures, trended like perf figures
-
-                perf += list(sequence_rows(run_id, report))
-            figures = [(t.case_outputs, _output_rows(run_id, report)), (t.perf_figures, perf),
-                       (t.replay_outputs, history_rows(run_id, report))]
+            columns = [c.name for c in t.sequence_figures.columns]  # LLM bundles: figures per sequence
+            figures = [(t.case_outputs, _output_rows(run_id, report)), (t.perf_figures, _perf_rows(run_id, report)),
+                       (t.replay_outputs, history_rows(run_id, report)),
+                       (t.sequence_figures, [tuple(row[c] for c in columns) for row in sequence_rows(run_id, report)])]
         if dataset:
             ci = dataset.get("top1_diff_ci") or [None, None]
             figures.append((t.datasets, [(run_id, dataset.get("name"), dataset.get("samples"),
@@ -784,6 +783,69 @@ def perf_trend(
         info.setdefault("kind", row["kind"])
         entry = runs.setdefault(row["id"], {"row": row, "values": []})
         entry["values"].append(float(row["value"]))
+    from statistics import median
+
+    points = []
+    for run_id in sorted(runs)[-int(limit):]:
+        row, values = runs[run_id]["row"], runs[run_id]["values"]
+        points.append(TrendPoint(run_id, utc_iso(row["started"]), row["label"], float(median(values)), low=min(values),
+                                 high=max(values), target=row["target"], dtype=row["dtype"], counted=len(values),
+                                 model=model, inputs=row["inputs_sha256"], criteria=row["criteria_sha256"]))
+    return points, info
+
+
+_SEQUENCE_TYPES = {"run_id": "int", "method": "text", "sequence_index": "int", "name": "text", "verdict": "text",
+                   "steps": "int", "first_divergence": "int", "greedy_agreement": "int",
+                   **{k: "real" for k in ("perplexity_target", "perplexity_reference", "perplexity_ratio",
+                                          "sqnr_worst", "sqnr_median")}}
+
+
+def sequence_figures(db_path: Any, run_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The per-sequence figures (table sequence_figures) of these runs: run id -> one dict per
+    sequence, in the report's order. Runs without sequences are absent."""
+    if not run_ids or not exists(db_path):
+        return {}
+    q = t.sequence_figures
+    out: dict[int, list[dict[str, Any]]] = {}
+    ids = sorted({int(i) for i in run_ids})
+    for start in range(0, len(ids), 500):  # bound the IN list (a HUD row of many commits)
+        stmt = (sa.select(q).where(q.c.run_id.in_(ids[start:start + 500]))
+                .order_by(q.c.run_id, q.c.sequence_index, q.c.method))
+        for row in read_rows(db_path, stmt, _SEQUENCE_TYPES):
+            out.setdefault(int(row["run_id"]), []).append(row)
+    return out
+
+
+def sequence_trend(
+    db_path: Any,
+    model: str,
+    figure: str,
+    target: str | None = None,
+    dtype: str | None = None,
+    limit: int = 200,
+    series: Any = None,
+) -> tuple[list[TrendPoint], dict[str, Any]]:
+    """One point per run (oldest first) of a per-sequence figure (a name of
+    runner/report/sequences.py's TREND_FIGURES): the median over the run's sequences, min..max as
+    low/high. A sequence that never diverged counts its step count as its first divergence; an
+    infinite figure (an exact sequence's SQNR) is left out of the median, as `trend --metric sqnr` does."""
+    column, unit = SEQUENCE_FIGURES[figure]
+    info: dict[str, Any] = {"name": figure, "unit": unit, "kind": "accuracy", "phase": None}
+    if not exists(db_path):
+        return [], info
+    r, q = t.runs.alias("r"), t.sequence_figures.alias("q")
+    value = sa.func.coalesce(q.c.first_divergence, q.c.steps) if column == "first_divergence" else q.c[column]
+    where = _run_filters(r, [r.c.model == _sql_text(model)], target, dtype, series)
+    stmt = (sa.select(*_trend_columns(r), value.label("value"))
+            .select_from(r.join(q, q.c.run_id == r.c.id)).where(*where).order_by(r.c.id))
+    rows = read_rows(db_path, stmt, {"id": "int", "started": "text", "label": "text", "target": "text",
+                                     "dtype": "text", "value": "real", "inputs_sha256": "text",
+                                     "criteria_sha256": "text"})
+    runs: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if row["value"] is None or not math.isfinite(float(row["value"])):
+            continue  # no answer, or an SQNR of +inf (every step exact): not drawn as a number
+        runs.setdefault(row["id"], {"row": row, "values": []})["values"].append(float(row["value"]))
     from statistics import median
 
     points = []

@@ -19,7 +19,7 @@ import hashlib
 import math
 import os
 from datetime import datetime, timezone
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -65,6 +65,7 @@ th.lab{writing-mode:vertical-rl;transform:rotate(180deg);max-height:130px;overfl
 th.lab.base{background:#e3f2fd} th.lab.bucket{color:#777;font-style:italic}
 .sub{color:#78909c;font-size:.9em;margin-left:4px}
 td.c{text-align:right;min-width:34px} td.c a{color:inherit;text-decoration:none;display:block}
+td.c.llm a{display:inline} td.c a.sq{margin-left:3px;font-size:.85em;opacity:.8}
 """ + "".join(f"td.{v},.legend .{v}{{background:{c[1]};color:{c[2]}}} " for v, c in VERDICT_COLOURS.items()) + """
 td.flaky,.legend .flaky{outline:2px dashed #8e24aa;outline-offset:-3px}
 .legend .flaky{padding:4px 10px}
@@ -162,6 +163,7 @@ class Page:
     col_offset: int = 0
     nav: str = ""
     elsewhere: Callable[[str, int], str] = lambda key, ri: "#"
+    sequence_pages: dict[tuple, str] = field(default_factory=dict)  # row key -> its per-sequence page (LLM rows)
 
 
 def _facets(grid: Grid) -> str:
@@ -317,7 +319,8 @@ def _column_head(c: Column, baseline: str | None) -> str:
     return f"<th class='{classes}' data-c='{_e(c.key)}' title='{_e(' | '.join(tip))}'>{_e(shown)}</th>"
 
 
-def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], originals: dict[int, str]) -> str:
+def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], originals: dict[int, str],
+          sequences: str | None = None) -> str:
     if cell is None:
         return "<td class='c none'></td>"
     shown = status(cell)
@@ -374,6 +377,9 @@ def _cell(cell: Cell | None, ri: int, ci: int, run_pages: dict[int, str], origin
         tip.append("report page not rendered yet (bundlerun hud --all-run-pages)")
     text = _e(cell_text(cell)) + ("&#9670;" if cell.culprit else "")
     inner = f"<a href='{_e(link)}'>{text}</a>" if link else text
+    if sequences:  # an LLM row: this run's per-sequence figures, among the row's other commits
+        classes.append("llm")
+        inner += f"<a class='sq' href='{_e(sequences)}#run{r.id}' title='per-sequence figures over commits'>&#8801;</a>"
     if originals.get(r.id):
         tip.append("original report: " + originals[r.id])
     return (f"<td id='r{ri}c{ci}' class='{' '.join(_e(c) for c in classes)}' "
@@ -507,9 +513,12 @@ def _row_html(row: Row, ri: int, cols: list[Column], cap: float, gid: str, oid: 
     source = "" if row.source == "bundlerun" else f" &middot; {_e(row.source)}"
     what = f"{row.model} | {row.target} | {row.dtype} | {row.group} / {row.operator} | {row.source}"
     series = f" &middot; <span class='series'>{_e(row.tag)}</span>" if row.tag else ""  # runner/history/series.py
+    seq = page.sequence_pages.get(row.key)
+    seq_link = f" &middot; <a href='{_e(seq)}'>sequences</a>" if seq else ""  # hud_sequences.py
     tds = [f"<td class='nm' title='{_e(what)}'>{_e(row.model)}<span class='sub'>{_e(row.target)} &middot; "
-           f"{_e(row.dtype)}{series}{source}</span></td><td class='st'>{status_html}</td>"
+           f"{_e(row.dtype)}{series}{source}{seq_link}</span></td><td class='st'>{status_html}</td>"
            f"<td class='tr'>{sparkline(row, cols, cap, width=84)}</td>"]
-    tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals) for ci, c in enumerate(cols, start=page.col_offset)]
+    tds += [_cell(row.cells.get(c.key), ri, ci, run_pages, originals, seq)
+            for ci, c in enumerate(cols, start=page.col_offset)]
     return (f"<tr class='row' data-g='{gid}' data-o='{oid}' data-bad='{bad}' data-key='{_e(key)}'{facets}>"
             f"{''.join(tds)}</tr>")

@@ -11,7 +11,9 @@ Incremental: `.hud-state.json` in the site keeps the compact grid (hud_grid.Comp
 row, column, verdict and metric), the last run id read, a digest of what each page shows and which
 run pages are written. A build reads only the runs after that id, rebuilds the grid in memory,
 and renders and writes only the pages whose digest changed, reading full records for their
-cells alone. The state is derived data: one from another history (the last run it read is gone or
+cells alone. An LLM row (model id llm:ARCH) also has `seq/<row>.html`, its per-sequence figures over
+commits (runner/pictures/hud_sequences.py), linked from its name and its cells and rewritten when
+the row's runs change. The state is derived data: one from another history (the last run it read is gone or
 another run), other options or another version is ignored and the site rebuilt from scratch.
 
 Run pages (`runs/<id>.html`: the report rendered from the JSON stored in the history, written
@@ -35,6 +37,7 @@ from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.runner.history import store as history
 from bundlerun.runner.history.regression import RegressionRules
 from bundlerun.runner.pictures.hud_grid import Cell, Column, Compact, Grid, Row, fill, grid_of
+from bundlerun.runner.pictures import hud_sequences
 from bundlerun.runner.pictures.hud_page import Page, render, status
 from bundlerun.runner.writers.html import _e
 from bundlerun.targets.base import Verdict
@@ -45,7 +48,7 @@ from bundlerun.runner.report.safe_text import one_line
 from bundlerun.runner.writers.html import render_html
 
 STATE_NAME = ".hud-state.json"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: LLM rows link their per-sequence page (seq/*.html)
 WINDOW = 12  # commits per page: bundlerun's own choice, with ROWS it keeps a page well under 2 MB and
 ROWS = 200  # what a +100-runs build redraws small (bench/bench_hud.py); rows per page
 FIRST_RUN_PAGES = 1000  # run pages a first build renders, newest commits first (bundlerun's own budget:
@@ -173,23 +176,29 @@ def write_site(db_path: Any, out: str | Path, baseline: str | None = None,
     state.run_pages |= written
 
     run_pages = {rid: f"runs/{rid}.html" for rid in state.run_pages | tried}
+    sequence_pages = {row.key: hud_sequences.page_name(row) for row in rows if hud_sequences.has_sequences(row)}
     originals = {c.run.id: str(Path(c.run.report_path).with_name("report.html")) for c in drawn
                  if c.run.report_path and Path(c.run.report_path).with_name("report.html").is_file()}
     for name in dirty:
         k, j = names[name]
         page = Page(row_offset=j * rows_per_page, col_offset=k * window, nav=_nav(windows, parts, k, j, last, rows_per_page),
-                    elsewhere=partial(_elsewhere, part=j, where=where, last=last))
+                    elsewhere=partial(_elsewhere, part=j, where=where, last=last), sequence_pages=sequence_pages)
         sub = Grid(windows[k], parts[j], grid.baseline_label,
                    sum(row.cells[c.key].runs for row in parts[j] for c in windows[k] if c.key in row.cells),
                    rules, interrupted=grid.interrupted)
         atomic_write_text(out / name, render(sub, out, db_path, run_pages, originals, page))
         state.pages[name] = digests[name]
-    for gone in set(state.pages) - set(names) - {"pages.html"}:
+    seq_names = _write_sequence_pages(db_path, out, state, [r for r in rows if r.key in sequence_pages], cols,
+                                      run_pages)
+    for gone in set(state.pages) - set(names) - {"pages.html"} - seq_names:
         (out / gone).unlink(missing_ok=True)
         del state.pages[gone]
     if not incremental:  # pages of an earlier site (another history, other options) this one does not have
         for old in out.glob("w[0-9][0-9][0-9][0-9]-r[0-9][0-9][0-9].html"):
             if old.name not in names:
+                old.unlink(missing_ok=True)
+        for old in out.glob("seq/*.html"):
+            if f"seq/{old.name}" not in seq_names:
                 old.unlink(missing_ok=True)
     directory = _directory(grid, windows, parts, last)
     if state.pages.get("pages.html") != hashlib.sha256(directory.encode()).hexdigest() or not (out / "pages.html").is_file():
@@ -197,6 +206,21 @@ def write_site(db_path: Any, out: str | Path, baseline: str | None = None,
     state.pages["pages.html"] = hashlib.sha256(directory.encode()).hexdigest()
     _save_state(out, state)
     return Built(out / "index.html", grid, len(fresh), len(dirty), len(names) - len(dirty), len(written), incremental)
+
+
+def _write_sequence_pages(db_path: Any, out: Path, state: State, rows: list[Row], cols: list[Column],
+                          run_pages: dict[int, str]) -> set[str]:
+    """seq/<row>.html for each LLM row (runner/pictures/hud_sequences.py), rewritten only when what it
+    shows changed (its digest: the row's runs and which of them have a run page); the page names."""
+    digests = {hud_sequences.page_name(r): (r, hud_sequences.digest(r, cols, set(run_pages))) for r in rows}
+    dirty = [(name, r, d) for name, (r, d) in digests.items() if state.pages.get(name) != d or not (out / name).is_file()]
+    if dirty:
+        (out / "seq").mkdir(parents=True, exist_ok=True)
+        figures = history.sequence_figures(db_path, [c.run.id for _, r, _ in dirty for c in r.cells.values()])
+        for name, r, d in dirty:
+            atomic_write_text(out / name, hud_sequences.render(r, cols, figures, run_pages))
+            state.pages[name] = d
+    return set(digests)
 
 
 def _elsewhere(key: str, ri: int, part: int, where: dict[str, tuple[int, int]], last: int) -> str:

@@ -209,23 +209,52 @@ def figures(seq: SequenceRecord) -> dict[str, Any]:
             "perplexity_reference": seq.perplexity_reference, "perplexity_ratio": seq.perplexity_ratio}
 
 
-# The per-sequence figures a run records in the history (runner/history/store.py, table perf_figures, one
-# row per sequence: case_index = the sequence's index), so `bundlerun trend MODEL --metric NAME` draws
-# them like any recorded figure: median over the run's sequences with the min..max band.
-HISTORY_FIGURES = (("sequence_first_divergence", "steps"), ("sequence_greedy_agreement", "steps"),
-                   ("sequence_perplexity_ratio", "ratio"))
+def step_sqnr(seq: SequenceRecord) -> tuple[float | None, float | None]:
+    """(worst, median) SQNR in dB over the steps that have logits; None when none has. An exact
+    step is +inf: it counts as the best, so the worst is finite unless every step matched exactly."""
+    values = sorted(float(s.sqnr) for s in seq.steps if s.sqnr is not None and not math.isnan(float(s.sqnr)))
+    if not values:
+        return None, None
+    n = len(values)
+    mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return values[0], mid
 
 
-def history_rows(run_id: int, report: Any) -> list[tuple]:
-    """perf_figures rows (run_id, method, case_index, name, phase, value, unit, kind, per_inference,
-    samples, spread) of each sequence. A sequence that never diverged records its step count as its
-    first divergence (agreement through the end), so the figure is higher-is-better throughout."""
+# The figures a run records in the history per sequence (runner/history/schema.py, table
+# sequence_figures) and the names `bundlerun trend MODEL --metric NAME` draws them by: the median over
+# the run's sequences with the min..max band (runner/history/store.py, sequence_trend). A sequence that
+# never diverged reads its step count as its first divergence (agreement through the end), so that
+# figure is higher-is-better throughout.
+TREND_FIGURES = {
+    "sequence_first_divergence": ("first_divergence", "steps"),
+    "sequence_greedy_agreement": ("greedy_agreement", "steps"),
+    "sequence_perplexity_ratio": ("perplexity_ratio", "ratio"),
+    "sequence_perplexity_target": ("perplexity_target", "perplexity"),
+    "sequence_perplexity_reference": ("perplexity_reference", "perplexity"),
+    "sequence_sqnr_worst": ("sqnr_worst", "dB"),
+    "sequence_sqnr_median": ("sqnr_median", "dB"),
+    "sequence_steps": ("steps", "steps"),
+}
+
+
+def _finite_or_inf(value: Any) -> float | None:
+    """A figure as the history stores it: NaN (no answer) is NULL; +-inf is kept (both databases take it)."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def history_rows(run_id: int, report: Any) -> list[dict[str, Any]]:
+    """The sequence_figures rows of a report: one per sequence, keyed (run_id, method, sequence_index)."""
     rows = []
     for i, seq in enumerate(report.sequences):
-        first = seq.first_divergence if seq.first_divergence is not None else len(seq.steps)
-        values = (first, seq.greedy_agreement, seq.perplexity_ratio)
-        for (name, unit), value in zip(HISTORY_FIGURES, values):
-            if value is None or not math.isfinite(float(value)):
-                continue
-            rows.append((run_id, seq.method, i, name, "", float(value), unit, "accuracy", None, None, None))
+        worst, median = step_sqnr(seq)
+        rows.append({"run_id": run_id, "method": seq.method, "sequence_index": i, "name": seq.name,
+                     "verdict": seq.verdict, "steps": len(seq.steps), "first_divergence": seq.first_divergence,
+                     "greedy_agreement": seq.greedy_agreement,
+                     "perplexity_target": _finite_or_inf(seq.perplexity_target),
+                     "perplexity_reference": _finite_or_inf(seq.perplexity_reference),
+                     "perplexity_ratio": _finite_or_inf(seq.perplexity_ratio),
+                     "sqnr_worst": _finite_or_inf(worst), "sqnr_median": _finite_or_inf(median)})
     return rows
