@@ -3,6 +3,7 @@ docs/example-models.md's table from the JSON it records (a measurement, not a te
 
     .venv/bin/python bench/et_models_table.py --out /tmp/et-table.json [--names mv2,resnet8] [--lanes ...]
     .venv/bin/python bench/et_models_table.py --out /tmp/et-table.json --markdown
+    .venv/bin/python bench/et_models_table.py --out /tmp/et-table.json --long --lanes m55-qemu,qemu-user-int8
 
 int8 lanes are built with `--reference quantized`. Each step runs in its own process (`bundlerun build` / `run`, `--cases 2`) under a time limit and a
 4 GiB address-space limit (bundlerun's own bounds for this bench), so one model cannot stall the rest.
@@ -28,6 +29,13 @@ LANES = {
     "tosa-int": ("tosa://int", "int8", True),
     "ethos-u55": ("fvp://corstone-300/ethos-u55-128", "int8", False),
     "cortex-m55": ("fvp://corstone-300/cortex-m55", "int8", False),
+    # the emulated lanes (each runs the real runtime: QEMU, lavapipe, Qualcomm's HTP simulator, MLX)
+    "m55-qemu": ("qemu://mps3-an547", "int8", True),  # cortex-m backend on the Cortex-M55 runner under QEMU
+    "qemu-user-fp32": ("qemu-user://aarch64", "fp32", True),  # portable kernels, aarch64 executor_runner
+    "qemu-user-int8": ("qemu-user://aarch64", "int8", True),  # XNNPACK (qemu-user's int8 default)
+    "vulkan": ("vulkan://lavapipe", "fp32", True),
+    "qnn-htp-sim": ("qnn://htp-sim", "int8", True),
+    "mlx": ("mlx://cpu", "fp32", True),
 }
 AS_LIMIT = 4 << 30
 
@@ -65,15 +73,18 @@ def load_names(names: list[str], timeout: float) -> dict[str, dict]:
     return out
 
 
-def lane(name: str, lane_name: str, work: Path, timeout: float) -> dict:
+def lane(name: str, lane_name: str, work: Path, timeout: float, cases: int = 2, inputs: str | None = None) -> dict:
     target, dtype, run = LANES[lane_name]
     bundle = work / f"{name}-{lane_name}.bpte"
+    load = round(os.getloadavg()[0], 1)
     rc, secs, err, _ = _call([PY, "-m", "bundlerun.runner.cli", "build", f"et:{name}", "-o", str(bundle),
-                           "--target", target, "--dtype", dtype, "--cases", "2"]
+                           "--target", target, "--dtype", dtype, "--cases", str(cases)]
+                          + (["--inputs", inputs] if inputs else [])
                           # int8 is judged against the quantized reference: some of ExecuTorch's Arm model
                           # tests turn every float-reference check off (the build then refuses)
                           + (["--reference", "quantized"] if dtype == "int8" else []), timeout)
-    rec: dict = {"build": rc, "build_s": round(secs, 1)}
+    rec: dict = {"build": rc, "build_s": round(secs, 1), "load": load, "cases": cases,
+                 **({"inputs": inputs} if inputs else {})}
     if rc != 0:
         rec["why"] = err
         return rec
@@ -86,6 +97,10 @@ def lane(name: str, lane_name: str, work: Path, timeout: float) -> dict:
         try:
             report = json.loads((rep / "report.json").read_text())
             rec["verdict"] = report["summary"]["verdict"]
+            rec["backend"] = report.get("bundle", {}).get("backend")
+            per_case = [c.get("elapsed_s") for c in report["cases"] if isinstance(c.get("elapsed_s"), (int, float))]
+            if per_case:
+                rec["case_s"] = round(sum(per_case) / len(per_case), 3)
             sq = [o.get("stats", {}).get("sqnr") for c in report["cases"] for o in c.get("outputs", [])]
             sq = [s for s in sq if isinstance(s, (int, float))]
             if sq:
@@ -115,7 +130,8 @@ def markdown(data: dict) -> str:
                 notes.append(f"- `{name}` on {ln}: {r.get('why')}")
             elif "verdict" in r:
                 sq = f", {r['sqnr_min']} dB" if "sqnr_min" in r else ""
-                cells.append(f"{r['verdict']} ({r['build_s']} s build{sq})")
+                per = f", {r['case_s']} s/case" if "case_s" in r else ""
+                cells.append(f"{r['verdict']} ({r['build_s']} s build{sq}{per})")
                 if r["verdict"] != "PASS":
                     notes.append(f"- `{name}` on {ln}: {r['verdict']} {r.get('why', '')}".rstrip())
             elif "run" in r:
@@ -127,6 +143,26 @@ def markdown(data: dict) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
 
 
+def long_markdown(data: dict, lanes: list[str]) -> str:
+    """One row per measured model x lane (dtype, backend, verdict, SQNR, build and per-case time, load)."""
+    rows = ["| model | lane (target) | dtype | backend | verdict | min SQNR | build | time per case | load |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, rec in sorted(data.items()):
+        for ln in lanes:
+            r = rec.get("lanes", {}).get(ln)
+            if r is None:
+                continue
+            target, dtype, _ = LANES[ln]
+            verdict = r.get("verdict") or ("lowers" if r["build"] == 0 and "run" not in r else
+                                           f"no: {str(r.get('why', ''))[:120]}")
+            sq = f"{r['sqnr_min']} dB" if "sqnr_min" in r else "-"
+            per = f"{r['case_s']} s" if "case_s" in r else "-"
+            ins = f" ({r['inputs']})" if r.get("inputs") else ""
+            rows.append(f"| {name}{ins} | {ln} (`{target}`) | {dtype} | {r.get('backend') or '-'} | {verdict} | {sq} | "
+                        f"{r['build_s']} s | {per} | {r.get('load', '-')} |")
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -134,10 +170,17 @@ def main() -> None:
     ap.add_argument("--lanes", default=",".join(LANES))
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--long", action="store_true", help="print the model x lane x dtype rows of --out")
+    ap.add_argument("--cases", type=int, default=2)
+    ap.add_argument("--inputs", default=None, help="--inputs for every build (images, mnist, DIR)")
+    ap.add_argument("--redo", action="store_true", help="measure lanes already in --out again")
     args = ap.parse_args()
     data = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if args.markdown:
         print(markdown(data))
+        return
+    if args.long:
+        print(long_markdown(data, [x for x in args.lanes.split(",") if x in LANES]))
         return
     from executorch.examples.models import MODEL_NAME_TO_MODEL
 
@@ -152,9 +195,9 @@ def main() -> None:
         if data[name].get("load") != "ok":
             continue
         for ln in [x for x in args.lanes.split(",") if x in LANES]:  # --lanes none: load only
-            if ln in data[name].get("lanes", {}):
+            if ln in data[name].get("lanes", {}) and not args.redo:
                 continue
-            data[name].setdefault("lanes", {})[ln] = lane(name, ln, work, args.timeout)
+            data[name].setdefault("lanes", {})[ln] = lane(name, ln, work, args.timeout, args.cases, args.inputs)
             print(name, ln, data[name]["lanes"][ln], flush=True)
             args.out.write_text(json.dumps(data, indent=1))
 

@@ -74,7 +74,7 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
         arguments.path(inputs, "inputs")
     if state_dict is not None:
         arguments.path(state_dict, "state_dict")
-    backend = backend or default_backend(target)
+    backend = backend or default_backend(target, dtype)
     out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
     resolved = None
     name = model if isinstance(model, str) else None

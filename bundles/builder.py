@@ -37,6 +37,22 @@ from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
 from bundlerun.bundles.llm_qnn import build_qnn_llm_bundle
 
 
+# PTQ calibration (bundlerun's own numbers): 64 samples for small inputs (16 left mlp int8 at 20.3 dB SQNR,
+# randn outliers clipped; 64 gave 30.9 dB), fewer as the inputs grow, at least 8. XNNPACKQuantizer observes
+# activations with torchao's HistogramObserver (aminmax + histc over every activation of every sample):
+# et:mv2's 64 samples of 1x3x224x224 took 55% of its int8 build (cProfile, bench/README.md), its convolutions
+# 1%. ExecuTorch's examples/xnnpack calibrate on the one example input (quantization/utils.py:37).
+CALIBRATION_MAX = 64
+CALIBRATION_MIN = 8
+CALIBRATION_INPUT_ELEMENTS = 1 << 20  # input elements over all samples: mv2 (150,528 a sample) -> 8
+
+
+def calibration_count(shapes: list[tuple[int, ...]]) -> int:
+    """How many generated or real samples an int8 build calibrates on, from the size of one sample."""
+    per_sample = sum(int(np.prod(s)) for s in shapes) or 1
+    return max(CALIBRATION_MIN, min(CALIBRATION_MAX, CALIBRATION_INPUT_ELEMENTS // per_sample))
+
+
 @dataclass
 class BuildRequest:
     model: str  # zoo name or path.py:factory
@@ -51,7 +67,7 @@ class BuildRequest:
     seed: int = 0
     reference: str | None = None  # default eager-fp32
     distribution: str | None = None  # override the model's input distribution
-    calibration_cases: int = 64  # 16 left mlp int8 at 20.3 dB SQNR (randn outliers clipped); 64 gives 30.9 dB
+    calibration_cases: int | None = None  # PTQ samples; None: calibration_count() of the model's inputs
     calibration: list[list[np.ndarray]] | None = None  # real samples for PTQ (else generated inputs)
     overrides: dict[str, Any] = field(default_factory=dict)  # criterion -> value, for every output
     dataset: dict[str, Any] | None = None  # {"name", "samples": [[array,...], ...], "labels": [...]}
@@ -190,7 +206,13 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         case_arrays, inputs_used = real_inputs.cases(req.inputs, model, req.cases, req.seed)
     else:
         case_arrays = generate_cases(specs, req.cases, req.seed, "cases")
-    calibration = req.calibration or generate_cases(specs, req.calibration_cases, req.seed, "calibration")
+    n_calibration = req.calibration_cases or calibration_count([tuple(s.shape) for s in model.inputs])
+    if req.calibration:
+        calibration = req.calibration
+    elif req.inputs is not None and not points and req.dtype in ("int8", "int16"):  # PTQ: like the cases, not randn
+        calibration = real_inputs.calibration(req.inputs, model, n_calibration, req.seed)
+    else:
+        calibration = generate_cases(specs, n_calibration, req.seed, "calibration")
     to_torch = lambda arrays: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)  # noqa: E731
 
     say(f"lowering for {backend} ({req.dtype})")
@@ -209,6 +231,11 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             dynamic_shapes=dynamic_shapes.to_torch(model.dynamic, len(model.inputs)),
         )
     )
+    if lowering.quantized_reference is not None:  # what PTQ saw, for the manifest (inspect: build.lowering)
+        lowering.info.setdefault("calibration", {
+            "samples": len(calibration),
+            "from": "dataset" if req.calibration else (f"--inputs {req.inputs}" if req.inputs is not None and not points
+                                                       and req.dtype in ("int8", "int16") else "generated")})
     undelegated = [op for op in lowering.info.get("undelegated_ops", []) if not op.startswith("dim_order_ops")]
     if req.require_delegation and backend != "portable" and undelegated:
         raise BuildError(f"{backend} could not lower these operators (they would run on portable kernels): "

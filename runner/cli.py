@@ -222,12 +222,13 @@ def _progress_console():
 
 
 def resolve_backend_dtype(target: str, backend: str | None, dtype: str | None) -> tuple[str, str]:
-    """The backend the target declares as its default, and that backend's default dtype for it."""
+    """The backend the target declares as its default for `dtype` (qemu-user://aarch64: XNNPACK for int8,
+    portable otherwise), and that backend's default dtype for it when none is given."""
     from bundlerun.bundles.backends.base import default_dtype  # start-up: loaded on use, not with the CLI
     from bundlerun.targets import default_backend, lowering_info  # start-up: loaded on use, not with the CLI
 
     url = _resolved(target)
-    backend = backend or default_backend(url)
+    backend = backend or default_backend(url, dtype)
     return backend, dtype or default_dtype(backend, lowering_info(url))
 
 
@@ -262,7 +263,7 @@ def _build(model: str, output: Path, **kw):
 
 build_options = [
     click.option("--backend", type=click.Choice(sorted(BACKENDS)), default=None,
-                 help="Lowering backend (default: the one --target declares)."),
+                 help="Lowering backend (default: the one --target declares for the dtype; qemu-user://aarch64: xnnpack for int8)."),
     click.option("--dtype", default=None,
                  help="fp32, fp16, bf16, int8 (PTQ) or int16 (default: int8 for integer Arm targets, else fp32)."),
     click.option("--cases", "num_cases", type=click.IntRange(1, MAX_CASES), default=8, show_default=True,

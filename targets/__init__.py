@@ -105,6 +105,10 @@ class TargetSpec:
     summary: str
     examples: tuple[str, ...]
     default_backend: Callable[[TargetURL], str] | str = "xnnpack"
+    # dtype -> the backend a build in that dtype takes by default instead of `default_backend`: a target
+    # whose plain default is not what its users ship for that dtype (qemu-user://aarch64: fp32 checks the
+    # portable kernels, int8 is XNNPACK's, the delegate the aarch64 runner links). `--backend` still wins
+    dtype_backends: dict[str, str] = field(default_factory=dict)
     settings: type | None = None  # strict settings dataclass, documented by its fields
     doctor: Callable[[dict[str, Any]], list[Check]] | None = None  # gets the [targets.<name>] section
     module: str = ""  # filled in at registration
@@ -138,7 +142,11 @@ class TargetSpec:
     # shader cache): only the user's own config and --target-opt may set them, never a farm plan
     folder_settings: tuple[str, ...] = ()
 
-    def backend_for(self, url: TargetURL) -> str:
+    def backend_for(self, url: TargetURL, dtype: str | None = None) -> str:
+        if dtype is not None and dtype in self.dtype_backends:
+            return self.dtype_backends[dtype]
+        if getattr(self.default_backend, "takes_dtype", False):  # a wrapper asks its inner URL (inner_default_backend)
+            return self.default_backend(url, dtype)  # type: ignore[call-arg]
         return self.default_backend(url) if callable(self.default_backend) else self.default_backend
 
 
@@ -258,23 +266,25 @@ def spec_for(url: str | TargetURL) -> TargetSpec:
     return resolve_target(url).declared
 
 
-def default_backend(url: str | TargetURL) -> str:
-    """The lowering backend a bundle built for `url` uses by default (the target declares it)."""
+def default_backend(url: str | TargetURL, dtype: str | None = None) -> str:
+    """The lowering backend a bundle built for `url` (in `dtype`, when the caller knows it) uses by
+    default: the target declares it (`TargetSpec.default_backend`, `dtype_backends`)."""
     resolved = resolve_target(url)
-    return resolved.declared.backend_for(resolved)
+    return resolved.declared.backend_for(resolved, dtype)
 
 
 def inner_default_backend(fallback: str) -> Callable[[TargetURL], str]:
     """For a target that wraps another (`ssh://host/<inner URL>`, `labgrid://PLACE/<inner URL>`):
     the inner URL's default backend, or `fallback` when there is no (valid) inner URL."""
 
-    def backend(url: TargetURL) -> str:
+    def backend(url: TargetURL, dtype: str | None = None) -> str:
         try:
             inner = resolve_target(url).inner  # the wrapper's inner target, parsed once
-            return default_backend(inner) if inner else fallback
+            return default_backend(inner, dtype) if inner else fallback
         except Exception:  # noqa: BLE001 - a bad inner URL is reported by the run
             return fallback
 
+    backend.takes_dtype = True  # type: ignore[attr-defined]  # TargetSpec.backend_for passes the dtype on
     return backend
 
 

@@ -120,6 +120,10 @@ SPEC = TargetSpec(
     summary="ExecuTorch's executor_runner cross-built for aarch64 Linux (portable kernels + XNNPACK), under qemu-aarch64",
     examples=("qemu-user://aarch64",),
     default_backend="portable",
+    # int8 means XNNPACK on an aarch64 CPU, as export_llama's CPU path does for llm: (bundles/llm_arch.py
+    # llm_backend): bundlerun's PTQ is XNNPACKQuantizer's, made for that delegate, and the runner links it.
+    # On portable the quantized program keeps its quantize/dequantize pairs around float kernels
+    dtype_backends={"int8": "xnnpack"},
     settings=QemuUserSettings,
     doctor=_doctor,
     command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine

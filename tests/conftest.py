@@ -97,7 +97,7 @@ def bundle_cache(tmp_path_factory):
             name = "-".join(str(k).replace("/", "_").replace(":", "_") for k in key[:5]) + f"-{len(built)}.bpte"
             kw.setdefault("cache", True)
             result = build_bundle(BuildRequest(model=model, output=root / name, dtype=dtype,
-                                               backend=backend or default_backend(target),
+                                               backend=backend or default_backend(target, dtype),
                                                cases=cases, target=target, target_info=lowering_info(target), **kw))
             built[key] = result.path
         return built[key]

@@ -230,6 +230,24 @@ def test_packaged_images_follow_imagenet_normalization_for_torchvision_names():
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(cases, cases2))  # seeded
 
 
+def test_int8_builds_with_real_inputs_calibrate_on_the_same_source_apart_from_the_cases():
+    from bundlerun.bundles import real_inputs
+
+    model = _model((1, 3, 64, 64), "randn", "mv2")
+    cases, _ = real_inputs.cases("images", model, 4, 0)
+    calib = real_inputs.calibration("images", model, 8, 0)
+    assert len(calib) == 8 and calib[0][0].shape == (1, 3, 64, 64)
+    assert calib[0][0].min() < -0.5 and calib[0][0].max() > 1.0  # photos under ImageNet's normalization, not randn
+    assert not any(np.array_equal(c[0], k[0]) for c in calib for k in cases)  # crops of their own
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(calib, real_inputs.calibration("images", model, 8, 0)))
+    digits = _model((1, 1, 28, 28), "uniform(-1,1)")
+    used = real_inputs.cases("mnist", digits, 16, 0)[1]["indices"]
+    calib = real_inputs.calibration("mnist", digits, 16, 0)
+    assert len(calib) == 16 and calib[0][0].min() >= -1.0 and calib[0][0].max() > 0.5
+    assert not all(np.array_equal(c[0], real_inputs.cases("mnist", digits, 16, 0)[0][i][0])
+                   for i, c in enumerate(calib)), used  # another seeded choice of digits
+
+
 def test_mnist_digits_in_the_models_range():
     from bundlerun.bundles import real_inputs
 
@@ -289,6 +307,39 @@ def test_et_mv2_full_size_with_real_images_passes(bundle_cache, tmp_path):
     shown = run_cli("inspect", str(path))
     assert "inputs: images from sklearn.datasets.load_sample_images" in shown.stdout
     assert "weights: seeded random" in shown.stdout
+
+
+@pytest.mark.slow
+def test_et_mv2_int8_on_qemu_user_takes_xnnpack_and_real_images(bundle_cache, tmp_path):
+    """The Done-means command's bundle (`validate et:mv2 --dtype int8 --target qemu-user://aarch64 --inputs images`):
+    int8 on the aarch64 CPU lowers for XNNPACK (not portable), calibrated on the packaged photos, and passes on the
+    real aarch64 executor_runner under qemu-user. Uses the cached aarch64 runner (no double)."""
+    from bundlerun import api
+    from tests.doubles.android_env import real_executor_runner
+
+    real_executor_runner("aarch64")  # fails with the build command when it is not built
+    path = bundle_cache("et:mv2", "int8", cases=2, target="qemu-user://aarch64", inputs="images")
+    m = read_bundle(path).manifest_json
+    assert m["build"]["backend"] == "xnnpack" and m["build"]["dtype"] == "int8"
+    assert m["build"]["lowering"]["calibration"] == {"samples": 8, "from": "--inputs images"}
+    assert m["build"]["input_source"]["kind"] == "images"
+    report = api.run(path, target="qemu-user://aarch64", report_dir=tmp_path / "r")
+    assert report.summary.verdict == "PASS", report.summary
+    assert report.bundle["backend"] == "xnnpack"
+    assert min(o.stats.sqnr for c in report.cases for o in c.outputs) > 25  # 35.8 dB measured over 8 cases
+
+
+def test_mv2_int8_on_xnnpack_takes_its_own_model_tests_tolerance():
+    """backends/xnnpack/test/models/mobilenet_v2.py:102: run_method_and_compare_outputs with the Tester's defaults
+    against the quantized export stage; the other recipes names keep test_xnnpack_recipes.py."""
+    reg = Registry.builtin(BUILTIN_DIR)
+    ctx = ToleranceContext(backend="xnnpack", target="qemu-user://aarch64", dtype="int8", model="mv2",
+                           reference="quantized", host_arch="x86_64")
+    got = resolve_criteria(ctx, registry=reg)
+    assert (got.atol, got.rtol, got.qtol) == (pytest.approx(1e-3), pytest.approx(1e-3), 0)
+    assert any("mobilenet_v2.py:102" in str(t.get("origin")) for t in got.trail["atol"])
+    other = resolve_criteria(ToleranceContext(**{**ctx.__dict__, "model": "mv3"}), registry=reg)
+    assert any("test_xnnpack_recipes.py" in str(t.get("origin")) for t in other.trail["atol"])
 
 
 @pytest.mark.slow

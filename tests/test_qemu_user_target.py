@@ -78,8 +78,9 @@ def test_zoo_fp32_and_int8_on_aarch64(runner, tmp_path):
         assert case["extra"]["outputs_from"] == "files" and case["extra"]["served"].startswith("executor_runner --server")
         assert case["outputs"][0]["stats"]["error_max"] < 1e-5  # aarch64 vs eager x86: ulp-level only
     # a process per case: each one-case bundle is also checked by the runner's own BundleIO check
-    res = run_cli("validate", "mlp", "--target", URL + "?server=false", "--dtype", "int8", "--cases", "2", "--report",
-                  str(tmp_path / "int8"), "--no-history", "--json")
+    # (portable named: int8 on qemu-user defaults to XNNPACK, which test_validate_zoo_xnnpack_every_model_and_dtype runs)
+    res = run_cli("validate", "mlp", "--target", URL + "?server=false", "--dtype", "int8", "--backend", "portable",
+                  "--cases", "2", "--report", str(tmp_path / "int8"), "--no-history", "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["runs"][0]["verdict"] == "PASS", res.stderr[-2000:]
     report = json.loads((tmp_path / "int8" / "mlp-int8" / "report.json").read_text())
     assert [c["device_verdict"]["verdict"] for c in report["cases"]] == ["PASS", "PASS"]

@@ -81,6 +81,22 @@ def test_default_backends_are_declared():
     assert targets.default_backend("fvp://corstone-300/ethos-u55-128") == "arm"
 
 
+def test_default_backend_follows_the_dtype_where_the_target_says():
+    """qemu-user://aarch64: fp32 stays on the portable kernels, int8 takes XNNPACK (the delegate its runner links,
+    what XNNPACKQuantizer's PTQ is made for); a wrapper asks its inner URL with the dtype; --backend still wins."""
+    from bundlerun.runner.cli import resolve_backend_dtype
+
+    assert targets.default_backend("qemu-user://aarch64") == "portable"
+    assert targets.default_backend("qemu-user://aarch64", "fp32") == "portable"
+    assert targets.default_backend("qemu-user://aarch64", "int8") == "xnnpack"
+    assert targets.default_backend("ssh://lab/qemu-user://aarch64", "int8") == "xnnpack"
+    assert targets.default_backend("ssh://lab/qemu-user://aarch64") == "portable"
+    assert targets.default_backend("host://portable", "int8") == "portable"  # the URL names its backend
+    assert resolve_backend_dtype("qemu-user://aarch64", None, "int8") == ("xnnpack", "int8")
+    assert resolve_backend_dtype("qemu-user://aarch64", None, None) == ("portable", "fp32")
+    assert resolve_backend_dtype("qemu-user://aarch64", "portable", "int8") == ("portable", "int8")
+
+
 def test_a_plugin_target_gets_debug_farm_repeat_and_perf_from_its_declarations(bundle_cache, tmp_path):
     """tests/fixtures/echo_target.py declares capture, device_key, repeat and its elapsed clock in its
     own SPEC; nothing else in bundlerun names echo://, and each capability works through the CLI."""

@@ -80,7 +80,7 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
             continue
         if job.bundle not in done:
             try:
-                backend = spec.backend or default_backend(spec.target)
+                backend = spec.backend or default_backend(spec.target, spec.dtype)
                 info = lowering_info(spec.target)
                 dtype = spec.dtype or default_dtype(backend, info)
                 say(f"building {spec.model} {dtype} for {spec.target} ({backend})")
