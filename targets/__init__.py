@@ -145,9 +145,12 @@ class TargetSpec:
     def backend_for(self, url: TargetURL, dtype: str | None = None) -> str:
         if dtype is not None and dtype in self.dtype_backends:
             return self.dtype_backends[dtype]
-        if getattr(self.default_backend, "takes_dtype", False):  # a wrapper asks its inner URL (inner_default_backend)
-            return self.default_backend(url, dtype)  # type: ignore[call-arg]
-        return self.default_backend(url) if callable(self.default_backend) else self.default_backend
+        chooser = self.default_backend
+        if not callable(chooser):
+            return chooser
+        if getattr(chooser, "takes_dtype", False):  # a wrapper asks its inner URL (inner_default_backend)
+            return chooser(url, dtype)  # type: ignore[call-arg]
+        return chooser(url)
 
 
 _SPECS: dict[str, TargetSpec] | None = None  # scheme -> spec, loaded once
