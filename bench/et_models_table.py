@@ -101,7 +101,7 @@ def lane(name: str, lane_name: str, work: Path, timeout: float, cases: int = 2, 
             per_case = [c.get("elapsed_s") for c in report["cases"] if isinstance(c.get("elapsed_s"), (int, float))]
             if per_case:
                 rec["case_s"] = round(sum(per_case) / len(per_case), 3)
-            sq = [o.get("stats", {}).get("sqnr") for c in report["cases"] for o in c.get("outputs", [])]
+            sq = [(o.get("stats") or {}).get("sqnr") for c in report["cases"] for o in c.get("outputs", [])]
             sq = [s for s in sq if isinstance(s, (int, float))]
             if sq:
                 rec["sqnr_min"] = round(min(sq), 1)
