@@ -11,7 +11,12 @@ goes into the report's target info.
 
 The cases of a method run on one executor_runner in `--server_mode` (targets/et_runner/server.py):
 the driver, the program and the delegate's compute graph are set up once, each case's inputs go in
-as `--inputs` files, its outputs come back bit exact from `--output_file`. Where a case needs a process
+as `--inputs` files (or, on a runner whose runner.json says `server_testset`, each trigger names the
+bundled case: any input shape, and the method - an LLM's KV cache with it - kept from case to case),
+its outputs come back bit exact from `--output_file`. So an LLM bundle's sequences (export_llama's
+Vulkan program: the whole forward one Vulkan delegate, its KV cache updated inside it by the delegate's
+llama::update_cache) run every step in order on one loaded method; a runner without that patch, or a
+setting that runs a case per process, refuses them in one line. Where a case needs a process
 of its own (an ETDump, `--repeat`, printed outputs, inputs the files cannot carry, or the case a server
 died on) it runs as its own one-case bundle (the runner loads and checks case 0 only) in its own folder,
 exactly the executor_runner contract of targets/et_runner/executor_runner.py (shared with adb:// and
@@ -54,7 +59,7 @@ from bundlerun.targets.base import (
 )
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.process import kill_process_group, start_program, wait_exit
-from bundlerun.targets.runner_cache import cached_runners, find_runner, runner_binary
+from bundlerun.targets.runner_cache import cached_runners, find_runner, read_record, runner_binary
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.base import PerfKind
 from bundlerun.bundles.errors import BundlerunError
@@ -270,6 +275,8 @@ SPEC = TargetSpec(
                          "execute, outputs written), or where a case runs alone its whole process (Vulkan instance and "
                          "device creation, program load, execution, output files)"),
     repeat=True,
+    # an LLM's sequence: every step on one served method (a runner with `server_testset`); else refused there
+    stateful=True,
 )
 
 
@@ -364,7 +371,9 @@ class VulkanTarget(TargetBase):
         return self.settings.icd or DRIVERS[self.driver]
 
     def runner(self) -> Path:
-        runner = self.settings.runner or find_runner("executor_runner", "binary", **RUNNER_FLAGS)
+        # a build with bundled serving first (it runs everything an older build runs, and LLM sequences)
+        runner = self.settings.runner or find_runner("executor_runner", "binary", server_testset=True, **RUNNER_FLAGS) \
+            or find_runner("executor_runner", "binary", **RUNNER_FLAGS)
         if runner is None:
             raise TargetError(f"no Vulkan executor_runner in the build cache; {BUILD_HINT}")
         return runner_binary(runner, "the Vulkan", BUILD_HINT)
@@ -386,15 +395,28 @@ class VulkanTarget(TargetBase):
         executions = executor_runner.executions_for(getattr(options, "repeat", 1), self.settings.num_executions)
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
+        # the patched server mode (a case index per trigger) for bundles whose sequences carry state; every
+        # other bundle is served as before, its inputs as --inputs files (the zoo's tested path)
+        stateful = bool(server.stateful_methods(bundle))
+        bundled = stateful and runner_meta(runner).get("server_testset") is True
+        if stateful and not bundled:
+            raise TargetError(f"this bundle's sequences carry a KV cache from step to step and the Vulkan runner {runner} "
+                              "cannot serve them on one loaded method (built without bundled serving, "
+                              "executor_runner-server-testset.patch); rebuild it with bash firmware_scripts/vulkan/"
+                              "build_vulkan_runner.sh", kind="bad-config")
         server.run_cases(
             bundle, options, run,
             server.own_process_reason(self.settings.server, executions, self.settings.etdump,
                                       self.settings.print_output),
             lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
                                                  lambda out, code: classify(out, code, self.icd, probe),
-                                                 "the Vulkan runner", lambda r: run.record(r, options), env=env),
+                                                 "the Vulkan runner", lambda r: run.record(r, options), env=env,
+                                                 bundled=bundled),
             lambda method, index: self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s,
-                                             executions))
+                                             executions),
+            bundled=bundled)
+        if bundled:
+            run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
         return run
 
     def _case(self, bundle: Bundle, method: str, index: int, runner: Path, env: dict[str, str], probe: dict,
@@ -417,6 +439,12 @@ class VulkanTarget(TargetBase):
         return executor_runner.case_result(bundle, method, index, folder, rc, output, timeout_s,
                                            lambda out, code: classify(out, code, self.icd, probe), base,
                                            "the Vulkan runner", etdump)
+
+
+def runner_meta(runner: Path) -> dict:
+    """The runner.json beside a cached runner binary ({} for a runner built elsewhere: no bundled serving)."""
+    meta = read_record(Path(runner).parent)
+    return meta if meta is not None and Path(str(meta.get("binary", ""))) == Path(runner) else {}
 
 
 def create(url: TargetURL, config: dict) -> VulkanTarget:

@@ -34,6 +34,7 @@ def test_dry_run_prints_the_configure_and_both_targets(tmp_path):
     assert [Path(p).resolve() for p in inject] == [HERE.parent / "android" / "debug_runner" / "inject.cmake"]
     assert any(w.startswith("-DGLSLC_PATH=") and w.endswith("glslc-trixie/bin/glslc") for w in cmake)
     assert "--target executor_runner bundlerun_debug_runner -j 2" in res.stdout
+    assert "executor_runner.cpp patched with" in res.stdout and "executor_runner-server-testset.patch" in res.stdout
     assert res.stdout.strip().splitlines()[-1].startswith(str(tmp_path / "cache" / "runners"))
     assert not (tmp_path / "cache" / "runners").exists()  # a dry run builds nothing
 
@@ -72,6 +73,9 @@ def test_cached_runner_is_described_by_runner_json(vulkan_runner):
     meta = read_record(vulkan_runner)
     assert meta["kind"] == "executor_runner" and meta["arch"] == "x86_64" and meta["backends"] == ["vulkan"]
     assert meta["kernels"] == ["portable", "quantized"] and meta["bundle_io"] and meta["etdump"]
+    # bundlerun's server-mode patch: a trigger names the bundled test case (an LLM's steps on one method)
+    assert meta["server_testset"] is True and meta["patches"] == ["executor_runner-server-testset"]
+    assert b"Loading bundled test set" in Path(meta["binary"]).read_bytes()  # the patched runner's log line
     assert "glslang 15" in meta["glslc"]["version"] and meta["static"] is False
     for key in ("binary", "debug_runner"):
         binary = Path(meta[key])

@@ -15,8 +15,12 @@
 # portable kernels (ALL of them: the portable ops between Vulkan subgraphs of a partly delegated user
 # model are not known at build time), the quantized kernels (quantize/dequantize between the
 # subgraphs of a partly delegated int8 model), BundleIO, the event tracer (ETDump), logging to stderr
-# (posix PAL). Not built: optimized kernels, XNNPACK. Dynamically linked (the delegate loads
-# libvulkan.so.1 through volk at run time).
+# (posix PAL), and bundlerun's server-mode patch (../android/patches/executor_runner-server-testset.patch:
+# a trigger line names the bundled test case, so one loaded method serves a whole LLM sequence, its KV
+# cache kept, whatever each case's input shape; the Vulkan partitioner delegates export_llama's
+# llama::update_cache / llama::custom_sdpa (backends/vulkan/op_registry.py:1088-1099), so no LLM
+# custom-op kernels are linked). Not built: optimized kernels, XNNPACK. Dynamically linked (the delegate
+# loads libvulkan.so.1 through volk at run time).
 #
 # Output: ${BUNDLERUN_CACHE:-~/.cache/bundlerun}/runners/<key>/{executor_runner,debug_runner,runner.json,
 # build.log,ninja_log}; the last stdout line is that folder; a second call prints it at once. <key> hashes
@@ -27,6 +31,7 @@ set -euo pipefail
 HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 ET_SCRIPT_NAME="build_vulkan_runner.sh"
 DEBUG_DIR="$HERE/../android/debug_runner"  # bundlerun's debug runner (shared with the aarch64 lane)
+SERVER_PATCH="$HERE/../android/patches/executor_runner-server-testset.patch"  # shared with the aarch64 lane
 
 ET_DIR=""; JOBS="2"; REBUILD=0; CACHED_ONLY=0; DRY_RUN=0; PYTHON_BIN="${PYTHON:-}"; GLSLC=""
 die() { echo "build_vulkan_runner.sh: $*" >&2; exit 2; }
@@ -87,7 +92,7 @@ flags=(
   -DEXECUTORCH_BUILD_VULKAN=ON
 )
 key="$(et_cache_key "executor_runner-vulkan" x86_64 "$fp" "${flags[*]}" "$compiler_version" "$glslc_version" \
-       "$DEBUG_DIR/inject.cmake" "$DEBUG_DIR/debug_runner.cmake" "$DEBUG_DIR/debug_runner.cpp")"
+       "$DEBUG_DIR/inject.cmake" "$DEBUG_DIR/debug_runner.cmake" "$DEBUG_DIR/debug_runner.cpp" "$SERVER_PATCH")"
 dest="$BUNDLERUN_CACHE/runners/$key"
 build="$dest.build"
 all_flags=("${flags[@]}" -DGLSLC_PATH="$GLSLC" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN"
@@ -96,6 +101,7 @@ targets=(executor_runner bundlerun_debug_runner)
 
 if [ "$DRY_RUN" = 1 ]; then
   echo "# sources: a private symlink view of $et in $build/src (et_build_tree)"
+  echo "# then: examples/portable/executor_runner/executor_runner.cpp patched with $SERVER_PATCH"
   printf '%q ' cmake -S "$build/src/executorch" -B "$build/out" -G Ninja "${all_flags[@]}"; echo
   printf '%q ' cmake --build "$build/out" --target "${targets[@]}" -j "$JOBS"; echo
   echo "$dest"
@@ -124,6 +130,11 @@ mkdir -p "$BUNDLERUN_CACHE/runners"
       rm -rf "$build" "$dest"
       mkdir -p "$build"
       tree="$(et_build_tree "$et" "$build/src")"
+      # the tree's files are links into the shared sources: the one patched becomes a copy first
+      runner_cpp="$tree/examples/portable/executor_runner/executor_runner.cpp"
+      cp --remove-destination "$(readlink -f "$runner_cpp")" "$runner_cpp"
+      patch --quiet --forward -p1 -d "$tree" < "$SERVER_PATCH" >&2 \
+        || die "patch $SERVER_PATCH does not apply to these sources"
     fi
     echo "building the Vulkan executor_runner (x86_64) into $dest; log: $logf" >&2
     if ! { nice -n 10 cmake -S "$tree" -B "$build/out" -G Ninja "${all_flags[@]}" \
@@ -152,6 +163,8 @@ print(json.dumps({
     "static": False,
     "flags": sys.argv[1:],
     "kernels": ["portable", "quantized"],
+    "patches": ["executor_runner-server-testset"],
+    "server_testset": True,
     "backends": ["vulkan"],
     "bundle_io": True,
     "etdump": True,
