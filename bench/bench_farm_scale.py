@@ -40,8 +40,10 @@ LAUNCH = ("import resource, sys, time, atexit; T0 = time.time(); "
           "file=sys.stderr)); from bundlerun.runner.cli import main; main()")
 
 
-def bundlerun(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProcess, float, int]:
-    r = subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, env=ENV, timeout=timeout)
+def bundlerun(*args: str, timeout: float = 3600, env: dict[str, str] | None = None
+              ) -> tuple[subprocess.CompletedProcess, float, int]:
+    r = subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, env={**ENV, **(env or {})},
+                       timeout=timeout)
     line = next((x for x in r.stderr.splitlines() if x.startswith("COORD ")), "COORD 0 0")
     _, t0, rss = line.split()
     return r, float(t0), int(rss)
@@ -59,14 +61,19 @@ def plan(folder: Path, name: str, devices: int, sleep: float, pattern: str) -> P
     return path
 
 
-def farm(plan_path: Path, report: Path, *extra: str) -> tuple[dict, dict, float, int, float]:
+def farm(plan_path: Path, report: Path, *extra: str, env: dict[str, str] | None = None
+         ) -> tuple[dict, dict, float, int, float]:
     t = time.time()
-    r, t0, rss = bundlerun("farm", str(plan_path), "--report", str(report), "--no-history", "--json", *extra)
+    r, t0, rss = bundlerun("farm", str(plan_path), "--report", str(report), "--no-history", "--json", *extra, env=env)
     if r.returncode not in (0, 1):
         raise SystemExit(f"farm failed ({r.returncode}): {r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     if not r.stdout.strip():
         raise SystemExit(f"farm printed no result ({r.returncode}): {r.stderr[-3000:]}")
-    return json.loads(r.stdout), json.loads((report / "report.json").read_text()), t0 or t, rss, time.time() - t
+    try:
+        result = json.loads(r.stdout)
+    except ValueError:
+        raise SystemExit(f"farm printed no JSON ({r.returncode}): {r.stdout[:1500]!r}\n{r.stderr[-2000:]}") from None
+    return result, json.loads((report / "report.json").read_text()), t0 or t, rss, time.time() - t
 
 
 def first_start(result: dict, merged: dict, t0: float) -> float:
@@ -145,16 +152,24 @@ def main() -> int:
             if len(rows) > 1:
                 print(f"RATIO coordinator_rss_{rows[-1][0]}_over_{rows[0][0]} {rows[-1][3] / rows[0][3]:.3f} "
                       f"({rows[0][3] / 1024:.0f} MB -> {rows[-1][3] / 1024:.0f} MB; goal: flat)")
-            # the second command: actors up
-            res, merged, t0, rss, wall = farm(one, folder / "warm", "--executor", address)
-            warm = first_start(res, merged, t0)
-            ex = merged["farm"]["executor"]
-            print(f"second command (actors up, reused {ex['workers']['reused']}): first job started {warm:.2f} s after "
-                  f"the process started; timing {ex.get('timing')}; whole command {wall:.1f} s; load {load()}")
-            timing = ex.get("timing") or {}
-            ready = sum(timing.get(k, 0.0) for k in ("import_ray_s", "connect_s", "stale_actors_s"))
-            print(f"RATIO second_command_first_job_start {warm:.3f} (goal <= 1: 1 s); of which import ray + connect "
-                  f"{ready:.2f} s, from a connected driver to the job's start on the device {warm - ready:.2f} s")
+            # the second command: actors (and the gateway) up; then the same command as its own Ray
+            # driver (BUNDLERUN_FARM_GATEWAY=0: import ray + connect in the command), side by side
+            starts = {}
+            for mode, env in (("gateway", {}), ("in-process driver", {"BUNDLERUN_FARM_GATEWAY": "0"})):
+                for k in range(3):
+                    res, merged, t0, rss, wall = farm(one, folder / f"warm-{len(starts)}-{k}", "--executor", address,
+                                                      env=env)
+                    warm = first_start(res, merged, t0)
+                    starts.setdefault(mode, []).append(warm)
+                    ex = merged["farm"]["executor"]
+                print(f"second command, {mode} (actors up, reused {ex['workers']['reused']}): first job started "
+                      f"{', '.join(f'{x:.2f}' for x in starts[mode])} s after the process started (3 commands); "
+                      f"timing {ex.get('timing')}; gateway {ex.get('gateway')}; whole command {wall:.1f} s; "
+                      f"load {load()}")
+            best = {m: sorted(v)[len(v) // 2] for m, v in starts.items()}
+            print(f"RATIO second_command_first_job_start {best['gateway']:.3f} (goal <= 1: 1 s; median of 3)")
+            print(f"RATIO second_command_gateway_over_in_process {best['gateway'] / best['in-process driver']:.3f} "
+                  f"({best['gateway']:.2f} s vs {best['in-process driver']:.2f} s)")
             res, merged, t0, rss, wall = farm(one, folder / "release", "--executor", address, "--release-workers")
             print(f"--release-workers: released; whole command {wall:.1f} s")
         finally:

@@ -776,7 +776,12 @@ def test_ray_device_workers_outlive_the_command_and_are_released(bundles, ray_cl
     assert len(first_pids) == 1 and second_pids == first_pids  # one warm process, kept between commands
     assert second["workers"]["released"] is True
     assert third["workers"]["created"] == ["adb:emu-1"] and third_pids != second_pids
-    assert {"import_ray_s", "connect_s", "first_actor_lookup_s"} <= set(second["timing"])
+    # the farm gateway (runner/farm/gateway.py): the first command started it, the second used it
+    # (no import ray, no connect in the command); --release-workers ended it, the third started another
+    assert first["gateway"]["pid"] == second["gateway"]["pid"] != third["gateway"]["pid"]
+    assert second["gateway"]["started_by_this_command"] is False and third["gateway"]["started_by_this_command"]
+    assert {"import_ray_s", "connect_s"} <= set(second["gateway"]["startup"])
+    assert {"gateway_s", "first_actor_lookup_s"} <= set(second["timing"])
 
 
 def test_ray_actors_of_other_code_are_never_used(bundles, ray_cluster, tmp_path, monkeypatch):

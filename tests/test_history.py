@@ -270,3 +270,29 @@ def test_sqnr_trend_leaves_exact_matches_out_of_the_mean(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert ("host://xnnpack fp32: 2 run(s), latest: every output matched exactly; 6 exact match(es) (SQNR "
             "infinite) over these runs, left out of the mean and drawn apart") in proc.stdout
+
+
+def test_runs_by_ids_read_exactly_those_runs_dense_or_sparse(tmp_path):
+    """list_runs/run_extras by ids: a near-contiguous set is read as its id range and filtered
+    (store.by_ids), a sparse one by IN; both give exactly the runs asked for, newest first, and
+    the limit counts only those."""
+    from bundlerun.runner.history.tags import run_extras
+
+    db = tmp_path / "h.sqlite"
+    base = _quick()
+    ids = []
+    for k in range(120):
+        base.run["id"] = f"run-{k}"
+        base.run["label"] = f"l{k}"
+        ids.append(history.record_report(db, base))
+    dense = [i for i in ids[10:115] if i % 3]  # 70 of a range of 105: read as the range
+    sparse = ids[::30] + ids[5:6]
+    import sqlalchemy as sa
+
+    assert history.by_ids(sa.column("id"), dense)[1] == set(dense)  # the range, filtered
+    assert history.by_ids(sa.column("id"), sparse)[1] is None  # IN
+    for want in (dense, sparse):
+        got = history.list_runs(db, limit=None, ids=want)
+        assert [r.id for r in got] == sorted(want, reverse=True)
+        assert [r.id for r in history.list_runs(db, limit=5, ids=want)] == sorted(want, reverse=True)[:5]
+        assert sorted(run_extras(db, ids=want)) == sorted(want)

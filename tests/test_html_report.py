@@ -196,3 +196,25 @@ def test_sqnr_history_counts_exact_matches_apart(tmp_path):
     # the case table says "exact", not a number
     row = re.search(r"<td class='l'>forward\[1\]</td>.*?</tr>", page).group(0)
     assert "<td>exact</td>" in row and "inf" not in row
+
+
+def test_a_report_with_many_outputs_draws_the_budget_of_case_plots_failing_first():
+    """A farm's merged report has an output per job (the jobs mode names each job's method): the page
+    draws PLOT_BUDGET per-case strips, those of outputs with a case that did not pass first, not one
+    matplotlib figure per job (minutes at 2,000 jobs: bench/bench_farm_scale.py)."""
+    import dataclasses
+
+    from bundlerun.runner.writers.html import PLOT_BUDGET, render_html
+
+    base = Report.from_json(rs.quick_report(cases=2))
+    bad = Report.from_json(rs.quick_report(cases=2, errors={0: "error"}))
+    cases = []
+    for j in range(PLOT_BUDGET + 6):
+        for case in (bad if j == PLOT_BUDGET + 5 else base).cases:
+            cases.append(dataclasses.replace(case, method=f"job{j:03d}"))
+    base.cases = cases
+    page = render_html(base)
+    strips = page.count('alt="sqnr per case ')
+    assert strips == PLOT_BUDGET, strips
+    assert f"{PLOT_BUDGET + 6} outputs: per-case plots for {PLOT_BUDGET}" in page
+    assert f'alt="sqnr per case job{PLOT_BUDGET + 5:03d}/' in page  # the failing job's strip is drawn

@@ -59,8 +59,9 @@ def _print_jobs(plan, jobs, as_json: bool) -> None:
               help="Run only shard I of N of the plan's jobs (stable split by job id; `bundlerun merge` joins the "
                    "shards' reports).")
 @click.option("--release-workers", is_flag=True,
-              help="Ray: kill the devices' worker actors when the command ends (by default they stay up, so the next "
-                   "farm against the cluster starts its first job at once; new code gets new actors).")
+              help="Ray: kill the devices' worker actors (and stop the farm gateway) when the command ends (by default "
+                   "they stay up, so the next farm against the cluster starts its first job at once; new code gets new "
+                   "actors).")
 @seal.option
 def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json, history_db, no_history, config_path,
             target_opts, shard, release_workers):

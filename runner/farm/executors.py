@@ -21,6 +21,8 @@ from typing import Any
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner import interrupts
 from bundlerun.runner.farm.job import pool_worker_init, run_job, run_job_ray
+from bundlerun.runner.farm import gateway
+from bundlerun.runner.farm.gateway import GatewayExecutor
 from bundlerun.runner.farm.ray_workers import DeviceWorkers
 from bundlerun.targets import target_specs
 
@@ -216,16 +218,20 @@ class RayExecutor:
         self.ray.shutdown()
 
 
-def make_executor(spec: str, devices: set[str], workers: int, release_workers: bool = False) -> LocalExecutor | RayExecutor:
+def make_executor(spec: str, devices: set[str], workers: int,
+                  release_workers: bool = False) -> LocalExecutor | RayExecutor | GatewayExecutor:
     """`local`, `ray`, `ray://HOST:PORT` (Ray Client) or `ray:HOST:PORT` (a cluster's GCS address).
-    `release_workers`: Ray's device actors are killed when the command ends (else kept for the next)."""
+    `release_workers`: Ray's device actors are killed when the command ends (else kept for the next).
+    A cluster's address goes through the farm gateway (runner/farm/gateway.py: no `import ray` and no
+    connect in the command) unless BUNDLERUN_FARM_GATEWAY=0; `ray` (a Ray for this command) never does."""
     spec = (spec or "local").strip()
     if spec == "local":
         return LocalExecutor(workers)
     if spec == "ray":
         return RayExecutor(None, devices, cpus=workers, release_workers=release_workers)
-    if spec.startswith("ray://"):
-        return RayExecutor(spec, devices, cpus=workers, release_workers=release_workers)
     if spec.startswith("ray:"):
-        return RayExecutor(spec[4:], devices, cpus=workers, release_workers=release_workers)
+        address = spec if spec.startswith("ray://") else spec[4:]
+        if gateway.enabled():
+            return GatewayExecutor(address, release_workers=release_workers)
+        return RayExecutor(address, devices, cpus=workers, release_workers=release_workers)
     raise ConfigError(f"--executor {spec!r}: expected local, ray, ray://HOST:PORT or ray:HOST:PORT")

@@ -220,8 +220,9 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         merged.summary.interrupted = True
     merged.run.update(id=farm_id, started=started, finished=_now(), duration_s=makespan, label=plan.label,
                          command=["bundlerun", "farm", str(plan.path)])
-    if getattr(ex, "replaced", 0):
-        described["pools_replaced"] = ex.replaced  # local: a worker died and its pool was replaced
+    replaced = getattr(ex, "replaced", 0)
+    if replaced:
+        described["pools_replaced"] = replaced  # local: a worker died and its pool was replaced
     merged.extras["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
                       "makespan_s": makespan, "jobs": job_records, "devices": devices_out,
                       "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from bundlerun.runner.history import schema as t
-from bundlerun.runner.history.store import HistoryError, exists, read_rows, stored_report
+from bundlerun.runner.history.store import HistoryError, by_ids, exists, read_rows, stored_report
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -66,9 +66,11 @@ def run_extras(db_path: Any, after_id: int | None = None, ids: list[int] | None 
     run_id = stmt.selected_columns.id
     if after_id is not None:
         stmt = stmt.where(run_id > int(after_id))
+    keep = None
     if ids is not None:
-        stmt = stmt.where(run_id.in_([int(i) for i in ids]))
-    return {int(r["id"]): r for r in read_rows(db_path, stmt)}
+        clause, keep = by_ids(run_id, ids)
+        stmt = stmt.where(clause)
+    return {int(r["id"]): r for r in read_rows(db_path, stmt) if keep is None or int(r["id"]) in keep}
 
 
 def load_reports(db_path: Any, run_ids: list[int], chunk: int = 500,

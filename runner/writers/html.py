@@ -291,6 +291,11 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
     return values, verdicts
 
 
+# Per-case strips one page draws at most: a matplotlib figure costs 0.3-2.4 s on a loaded machine, and
+# a 2,000-job farm's merged report has 2,000 outputs (bundlerun's own budget; bench/bench_farm_scale.py)
+PLOT_BUDGET = 24
+
+
 def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
     criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
@@ -302,7 +307,17 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
             seen.setdefault((case.method, out.index), out)
     if not seen:
         return "<h2 id='outputs'>Outputs</h2><p class='note'>no outputs were collected</p>"
+    if case_plots and len(seen) > PLOT_BUDGET:
+        # a farm's merged report has an output per job: its strips are those of the outputs with a
+        # case that did not pass first, then in order, up to the budget
+        bad = {(c.method, o.index) for c in cases for o in c.outputs if c.verdict != Verdict.PASS}
+        drawn = set(sorted(seen, key=lambda k: (k not in bad, k))[:PLOT_BUDGET])
+        parts.append(f"<p class='note'>{len(seen)} outputs: per-case plots for {PLOT_BUDGET} of them "
+                     "(those with a case that did not pass first); the others' figures are in the tables</p>")
+    else:
+        drawn = set(seen) if case_plots else set()
     for (method, oi), out in sorted(seen.items()):
+        case_plots = (method, oi) in drawn
         name = out.name or f"out{oi}"
         crit = out.criteria or Criteria()
         expected = out.expected or {}
