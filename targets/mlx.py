@@ -111,6 +111,12 @@ SPEC = TargetSpec(
                          "execute, outputs written), or where a case runs alone its whole process (libmlx load, program "
                          "load, MLX init, execute, output files); runtime=interpreter: interpreter wall time of the case"),
     repeat=True,
+    # delegate: a runner built with the server-testset patch serves a method's cases on one loaded method in
+    # suite order (targets/et_runner/server.py, bundled serving), so an LLM's KV cache carries from step to
+    # step; a lane that would run a fresh method per case (server=false, --repeat, etdump, or an older runner
+    # whose --inputs files cannot carry a prompt and a decode step) refuses a sequence there. interpreter:
+    # one walker per bundle, cases in order, its mutable buffers kept (targets/workers/program.py).
+    stateful=True,
 )
 
 

@@ -204,6 +204,9 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
     if executions > 1:
         run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
     work = Path(options.work_dir) / "mlx-runner"
+    # a runner built with the server-testset patch (build_mlx_runner.sh) takes the whole bundle and a case index
+    # per trigger: any input shape (an LLM's prompt and decode steps) on one loaded method, state kept
+    bundled = record.get("server_testset") is True
 
     def alone(method: str, index: int) -> CaseResult:
         result = run_case(bundle, method, index, runner, work, options.case_timeout_s, executions,
@@ -215,8 +218,11 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
     server.run_cases(bundle, options, run, server.own_process_reason(served, executions, etdump, print_output),
                      lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
                                                           lambda out, code: classify(out, code, runner),
-                                                          "the MLX runner", lambda r: run.record(r, options)),
-                     alone)
+                                                          "the MLX runner", lambda r: run.record(r, options),
+                                                          bundled=bundled),
+                     alone, bundled=bundled)
+    if bundled:
+        run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
     return run
 
 

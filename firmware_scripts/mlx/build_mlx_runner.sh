@@ -12,7 +12,10 @@
 # What is built, and why it is not `-DEXECUTORCH_BUILD_MLX=ON`: see inject.cmake. Steps:
 #   1. a private symlink view of the sources (et_build_tree), where two small patches are applied
 #      to copies of MLXBackend.cpp and MLXInterpreter.h (patches/*.patch: the Linux CPU device and
-#      two mlx 0.32 signatures; each file says why), never to the shared tree;
+#      two mlx 0.32 signatures; each file says why), and the server-mode patch to a copy of
+#      executor_runner.cpp (../android/patches/executor_runner-server-testset.patch: a trigger line
+#      names the bundled test set, so an LLM sequence runs on one loaded method), never to the
+#      shared tree;
 #   2. the source's own backends/mlx/serialization/generate.py writes MLXLoader.{h,cpp} and
 #      schema_generated.h from the source's schema.fbs (as backends/mlx/CMakeLists.txt does at
 #      build time), with the wheel's flatc (24.3.25, the same version as third-party/flatbuffers);
@@ -109,8 +112,13 @@ FLAGS=(
   -DEXECUTORCH_BUILD_MLX=OFF
 )
 PATCHES=("$HERE"/patches/*.patch)
+# The served runner keeps one loaded method across a sequence's cases (an LLM's KV cache): each
+# stdin trigger names the bundled test set (the same patch as the aarch64 runner's; see
+# firmware_scripts/android/README.md and targets/et_runner/server.py). Part of the cache key.
+SERVER_PATCH="$HERE/../android/patches/executor_runner-server-testset.patch"
+[ -f "$SERVER_PATCH" ] || die "missing $SERVER_PATCH"
 KEY="$(et_cache_key mlx_executor_runner x86_64 "$FP" "${FLAGS[*]}" "$COMPILER" "mlx $MLX_VERSION $MLX_SHA" \
-        "$HERE/inject.cmake" "$HERE/mlx_delegate.cmake" "${PATCHES[@]}")"
+        "$HERE/inject.cmake" "$HERE/mlx_delegate.cmake" "${PATCHES[@]}" "$SERVER_PATCH")"
 DEST="$BUNDLERUN_CACHE/runners/$KEY"
 BUILD="$DEST.build"
 ALL_FLAGS=("${FLAGS[@]}" -DCMAKE_PROJECT_executorch_INCLUDE="$HERE/inject.cmake"
@@ -136,7 +144,8 @@ fi
 # A private, patched copy of the two delegate files in the symlink view (never the shared tree).
 prepare_tree() {
   local tree="$1" p f
-  for f in backends/mlx/runtime/MLXBackend.cpp backends/mlx/runtime/MLXInterpreter.h; do
+  for f in backends/mlx/runtime/MLXBackend.cpp backends/mlx/runtime/MLXInterpreter.h \
+           examples/portable/executor_runner/executor_runner.cpp; do
     cp --remove-destination "$(readlink -f "$tree/$f")" "$tree/$f"
     chmod u+w "$tree/$f"
   done
@@ -144,6 +153,8 @@ prepare_tree() {
     patch --batch --forward --silent -p1 -d "$tree" < "$p" \
       || die "$(basename "$p") does not apply to $ET (another ExecuTorch version?): update firmware_scripts/mlx/patches"
   done
+  patch --batch --forward --silent -p1 -d "$tree" < "$SERVER_PATCH" \
+    || die "$(basename "$SERVER_PATCH") does not apply to $ET's executor_runner.cpp"
   # the source's own generator, outputs into the private view (generate.py writes beside itself)
   (cd "$tree" && "$PYTHON_BIN" backends/mlx/serialization/generate.py --flatc "$FLATC") >&2 \
     || die "backends/mlx/serialization/generate.py failed"
@@ -190,7 +201,7 @@ LOCK="$BUNDLERUN_CACHE/runners/.$KEY.lock"
     fi
     BR_DEST="$DEST" BR_FP="$FP" BR_ET="$ET" BR_CV="$COMPILER" BR_SECS="$((t1 - t0))" BR_JOBS="$JOBS" \
     BR_MLX_VERSION="$MLX_VERSION" BR_MLX_CPU_VERSION="$MLX_CPU_VERSION" BR_MLX_SHA="$MLX_SHA" BR_MLX_ROOT="$MLX_ROOT" \
-    BR_PATCHES="$(for p in "${PATCHES[@]}"; do basename "$p"; done)" BR_SCHEMA="$(sha256sum "$ET/backends/mlx/serialization/schema.fbs" | cut -c1-16)" \
+    BR_PATCHES="$(for p in "${PATCHES[@]}" "$SERVER_PATCH"; do basename "$p"; done)" BR_SCHEMA="$(sha256sum "$ET/backends/mlx/serialization/schema.fbs" | cut -c1-16)" \
       "$PYTHON_BIN" - "${FLAGS[@]}" > "$DEST.partial/runner.json" <<'PY'
 import json, os, sys, time
 e = os.environ
@@ -208,6 +219,7 @@ print(json.dumps({
             "libmlx_sha256": e["BR_MLX_SHA"], "from": e["BR_MLX_ROOT"],
             "library": os.path.join(e["BR_DEST"], "mlx", "lib", "libmlx.so")},
     "patches": [p for p in e["BR_PATCHES"].splitlines() if p],
+    "server_testset": True,
     "schema_fbs_sha256": e["BR_SCHEMA"],
     "sources": {"path": e["BR_ET"], "fingerprint": e["BR_FP"]},
     "toolchain": {"compiler": e["BR_CV"]},
