@@ -197,3 +197,25 @@ def first_failing_step(sequences: list[SequenceSpec], method: str, failing: set[
             if c in failing:
                 return c
     return None
+
+
+def sequence_set_digest(manifest: Manifest | None) -> str | None:
+    """One bundle-set's fingerprint: the model id, its params, weights and tokenizer (`build.llm`), the
+    seed, and each sequence's prompt tokens (its `prompt` steps' tokens in order: export_llama feeds a
+    prompt in one step, QNN's static llama one token a step, the same tokens either way). Bundles of one
+    model lowered for different lanes share it, so `bundlerun compare` lines their steps up; None
+    without sequences."""
+    import hashlib
+    import json
+
+    sequences = from_manifest(manifest)
+    if manifest is None or not sequences:
+        return None
+    llm = manifest.build.llm
+    material = {
+        "model": manifest.model.id, "seed": manifest.build.seed,
+        "params": llm.params if llm is not None else None, "weights": llm.weights if llm is not None else None,
+        "tokenizer": llm.tokenizer if llm is not None else None,
+        "prompts": [[t for s in seq.steps if s.kind == "prompt" for t in s.tokens] for seq in sequences],
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()

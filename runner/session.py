@@ -34,7 +34,7 @@ from bundlerun.bundles.integrity import require_sealed
 from bundlerun.runner.history import store as history
 from bundlerun.runner.history.regression import check_baseline
 from bundlerun.runner.judging.accuracy import dataset_from_outputs
-from bundlerun.runner.judging.replay import add_to_report
+from bundlerun.runner.judging.replay import add_to_report, in_process_replays
 from bundlerun.runner.report.profile import method_profiles
 from bundlerun.runner.writers import write_reports
 from bundlerun.targets import repeat_schemes
@@ -163,7 +163,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         config=dict(req.target_config),
         progress=progress,
         repeat=req.repeat if _declares(req.url(), "repeat") else 1,  # a target that cannot is told nothing
-        replay=req.replay,
+        replay=in_process_replays(bundle, req.replay),  # a stateful sequence: whole runs only (replay.py)
     )
     pairs = selected_cases(bundle, options)
     if req.on_start:

@@ -6,6 +6,10 @@ model): anything else is refused in one line unless `--force`. One exception: th
 (same program and test inputs) run on two targets, e.g. host://xnnpack and qemu-user://aarch64
 (x86 vs aarch64 kernels), is what cross-target validation is for - compared without --force, the
 columns named by the two targets, each output's errors side by side with their difference.
+
+LLM runs of one bundle-set on several lanes (`compare RUN RUN [RUN...]`: the same model, weights and
+prompts, each lane's program lowered by its own backend) are shown as one per-step table: a row per
+(sequence, position), a column per lane with its SQNR, argmax and verdict (runner/report/sequence_lanes.py).
 """
 
 from __future__ import annotations
@@ -90,9 +94,53 @@ def _overridden(rules, flags: dict[str, tuple[str, float | None]]):
     return rules
 
 
+def _lanes_mode(base: "Report", cur: "Report", others: list["Report"]) -> bool:
+    """Runs of LLM sequences on different programs (each lane's own lowering), or more than two runs."""
+    runs = [base, cur, *others]
+    if not all(r.sequences for r in runs):
+        if others:
+            raise ConfigError(f"compare takes more than two runs only for one LLM bundle-set across lanes; run "
+                              f"{next(i + 1 for i, r in enumerate(runs) if not r.sequences)} has no sequences")
+        return False
+    programs = {r.bundle.get("program_sha256") for r in runs}
+    return bool(others) or len(programs) > 1 or None in programs
+
+
+def _compare_lanes(runs: list["Report"], force: bool, as_json: bool) -> None:
+    import json
+    import sys
+
+    from rich.table import Table
+
+    from bundlerun.runner.report.console import plain, wide_console  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.report.sequence_lanes import lane_heading, lane_table, reference_cell, step_cell  # start-up: as above
+
+    table = lane_table(runs, force)
+    if as_json:
+        click.echo(json.dumps(table.to_json(), indent=2, default=str))
+        sys.exit(0 if table.all_passed() else 1)
+    console = wide_console()
+    console.print(f"one bundle-set ({runs[0].bundle.get('model')}, sequence set {table.sequence_set[:12]}) on "
+                  f"{len(runs)} lanes; each lane against its own bundle's reference", highlight=False)
+    for lane in table.lanes:
+        console.print(f"  {plain(lane_heading(lane))}: {lane.steps_passed}/{lane.steps} steps PASS ({lane.verdict})",
+                      highlight=False)
+    grid = Table(title="per step: SQNR, argmax reference->target, verdict", title_justify="left")
+    for col in ("seq", "pos", "kind", "ref"):
+        grid.add_column(col, justify="right" if col != "kind" else "left")
+    for lane in table.lanes:
+        grid.add_column(plain(lane.target), justify="right")
+    for row in table.rows:
+        grid.add_row(str(row.sequence), str(row.position), row.kind, reference_cell(row),
+                     *(plain(step_cell(s)) for s in row.steps))
+    console.print(grid)
+    sys.exit(0 if table.all_passed() else 1)
+
+
 @click.command(name="compare")
 @click.argument("baseline")
 @click.argument("current")
+@click.argument("more", nargs=-1)
 @click.option("--history", "history_db", default=None, help="History database (env BUNDLERUN_HISTORY).")
 @click.option("--json", "as_json", is_flag=True, help="Print regressions, notes and per-output deltas as JSON.")
 @click.option("--force", is_flag=True,
@@ -106,9 +154,13 @@ def _overridden(rules, flags: dict[str, tuple[str, float | None]]):
 @click.option("--latency-regression", type=float, default=None, help="Override [perf] latency_regression.")
 @click.option("--gate-host-latency", is_flag=True, default=None,
               help="Gate host wall time too (same as [perf] gate_host_latency = true).")
-def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, error_growth, top1_drop,
+def command(baseline, current, more, history_db, as_json, force, per_case, sqnr_drop, error_growth, top1_drop,
             cycles_regression, memory_regression, latency_regression, gate_host_latency):
     """Compare run CURRENT against BASELINE (each a history id, run uuid, label or report.json).
+
+    LLM runs of one bundle-set on different lanes (the same model, weights and prompts, each lowered by
+    the lane's own backend), two or more (MORE...): one per-step table, a column per lane (SQNR,
+    argmax, verdict); exit 1 when a lane has a step that did not pass.
 
     Shows every output's max abs error, SQNR, cosine and mismatches side by side
     (baseline → current, delta) and the regressions. The same bundle on two targets is compared;
@@ -146,6 +198,10 @@ def command(baseline, current, history_db, as_json, force, per_case, sqnr_drop, 
     db = history.resolve_history_path(history_db, config)
     base = history.resolve_run(db, baseline)
     cur = history.resolve_run(db, current)
+    others = [history.resolve_run(db, ref) for ref in more]
+    if _lanes_mode(base, cur, others):
+        _compare_lanes([base, cur, *others], force, as_json)
+        return
     cross = _cross_target(base, cur, unrelated_reasons(base, cur))
     try:
         if not cross:

@@ -15,6 +15,13 @@ apart from a stable wrong result ("wrong numerics"). A flip makes the exit code 
 failed) even when the first run passed, as a regression does. Findings go into report.json
 (top-level `replay`, each output's `replay`), JUnit (a `replay` suite), Markdown, HTML, the
 console and the history (table `replay_outputs`).
+
+A bundle with a stateful sequence (an LLM's steps, their KV cache in the method or threaded by the lane)
+is never replayed step by step: a step run again alone would run on the cache its own first run left,
+not on the one its prefix leaves. Every replay re-runs the whole selection (every sequence from its first
+step, in order) as a fresh target run, and each step's record in the report's sequences says whether
+its logits changed between those executions (`step.replay`), the lane and its driver named in the
+sequence's headline: the #22327 class (a driver whose linear layers compute differently on some runs).
 """
 
 from __future__ import annotations
@@ -51,13 +58,28 @@ def _declared(url: Any) -> bool:
         return False
 
 
+def stateful(bundle: Any) -> bool:
+    """Whether `bundle` holds a stateful sequence (its steps share state: replayed only as a whole)."""
+    from bundlerun.bundles.sequence import from_manifest, stateful_methods  # start-up: not loaded by `bundlerun --help`
+
+    return bool(stateful_methods(from_manifest(getattr(bundle, "manifest", None))))
+
+
+def in_process_replays(bundle: Any, n: int) -> int:
+    """The replay count a target's own loop is given: 1 (none) for a stateful bundle, whose replays are
+    whole runs of every sequence in order (module docstring)."""
+    return 1 if stateful(bundle) else n
+
+
 def complete(target: Any, url: Any, bundle: Any, bundle_path: Path, options: Any, run: Any, n: int) -> dict[str, Any]:
     """Make every finished case of `run` carry n-1 replays: the target's own loop when it declares
-    replay, else n-1 more whole runs. Returns how it was done (the report's replay.mode/how)."""
+    replay (never for a stateful sequence), else n-1 more whole runs. Returns how it was done (the
+    report's replay.mode/how)."""
     if n <= 1:
         return {}
     ok = [c for c in run.cases if c.status == CaseStatus.OK]
-    if _declared(url) and all(len(c.replays) >= n - 1 for c in ok):
+    sequence = stateful(bundle)
+    if not sequence and _declared(url) and all(len(c.replays) >= n - 1 for c in ok):
         return {"mode": "in-process", "how": f"{url}: the target ran each case {n} times in one loaded program "
                                               "(one process)"}
     by_key = {(c.method, c.case_index): c for c in ok}
@@ -82,6 +104,10 @@ def complete(target: Any, url: Any, bundle: Any, bundle_path: Path, options: Any
             else:
                 case.extra.setdefault("replay_errors", []).append(
                     f"run {k + 1}: {(other.error if other is not None else None) or 'no result'}")
+    if sequence:
+        return {"mode": "whole-sequence", "how": f"{url}: the whole run repeated {n - 1} more time(s), every sequence from "
+                                                 "its first step in order on a freshly loaded method (a step is never "
+                                                 "replayed alone: its KV cache is the steps before it)"}
     return {"mode": "whole-run", "how": f"{url} declares no replay loop: the runner repeated the whole run {n - 1} "
                                         "more time(s) (deploy, start and run each time)"}
 
@@ -144,6 +170,8 @@ def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how
         if errors:
             record.extra["replay_errors"] = errors
     flaky = sum(1 for f in findings if f["flips"])
+    if report.sequences:
+        step_replay(report, how, lane_name(report.target.get("url"), getattr(run, "info", None) or {}))
     report.replay = {
         "runs": n, **how, "outputs": checked, "nondeterministic": len(findings), "flaky": flaky,
         "verdict": "nondeterministic" if findings else ("deterministic" if checked else "not checked"),
@@ -151,6 +179,50 @@ def add_to_report(report: "Report", bundle: Any, run: Any, ctx: Any, n: int, how
     }
     if flaky and report.summary.exit_code == EXIT_PASS:
         report.summary.exit_code = EXIT_FAIL  # a run failed: a rerun may hide it (as a regression does)
+
+
+def lane_name(url: Any, info: dict[str, Any]) -> str:
+    """The lane and what computed on it, for a replay finding: the URL and the driver the target reported
+    (vulkan://: the device and driver the Vulkan loader gave; else the runtime or backends it names)."""
+    driver = info.get("driver")
+    if isinstance(driver, dict):
+        devices = driver.get("devices") or []
+        if devices and isinstance(devices[0], dict):
+            d = devices[0]
+            what = " ".join(str(d[k]) for k in ("name", "driver_name", "driver_info") if d.get(k))
+            return f"{url} (driver: {what})"
+        if driver.get("error"):
+            return f"{url} (driver unknown: {driver['error']})"
+    for key in ("runtime", "backends", "delegates"):
+        value = info.get(key)
+        if value:
+            return f"{url} ({key}: {', '.join(map(str, value)) if isinstance(value, list) else value})"
+    return str(url)
+
+
+def step_replay(report: "Report", how: dict[str, Any], lane: str) -> None:
+    """Each sequence step's `replay`: did its logits (the case's output 0, what the step is judged by) change
+    between executions; and the sequence's headline note naming the lane."""
+    by_case = {(c.method, c.case): c for c in report.cases}
+    for seq in report.sequences:
+        changed = replayed = 0
+        runs = None
+        for step in seq.steps:
+            case = by_case.get((seq.method, step.case))
+            entry = case.outputs[0].replay if case is not None and case.outputs else None
+            if not isinstance(entry, dict):
+                continue
+            differs = entry.get("distinct", 1) > 1
+            step.replay = {"runs": entry.get("runs"), "distinct": entry.get("distinct"), "spread": entry.get("spread"),
+                           "changed": differs}
+            replayed += 1
+            changed += differs
+            runs = entry.get("runs")
+        if replayed:
+            whole = " of the whole sequence in order" if how.get("mode") == "whole-sequence" else ""
+            seq.replay = (f"replay on {lane}: {runs} executions{whole}; {changed}/{replayed} steps' logits changed"
+                          + (f" (first at step {next(s.step for s in seq.steps if s.replay and s.replay['changed'])})"
+                             if changed else ""))
 
 
 # ------------------------------------------------------------------ the report formats

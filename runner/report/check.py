@@ -364,7 +364,7 @@ _STEP_REQUIRED: dict[str, Callable[[Any, str], None]] = {
     "verdict": lambda v, p: choice(v, p, VERDICTS),
     "reference_token": lambda v, p: integer(v, p, -1, MAX_INDEX, optional=False),
 }
-_STEP = {"target_token": lambda v, p: integer(v, p, 0, MAX_INDEX), "argmax_match": _opt_bool,
+_STEP = {"target_token": lambda v, p: integer(v, p, 0, MAX_INDEX), "argmax_match": _opt_bool, "replay": _opt_obj,
          "top_k": lambda v, p: integer(v, p, 0, MAX_INDEX),
          **{k: _opt_num for k in ("sqnr", "cosine_similarity", "error_max", "top_k_overlap", "kl", "margin",
                                   "logprob_target", "logprob_reference")}}
@@ -375,7 +375,7 @@ _SEQUENCE_REQUIRED: dict[str, Callable[[Any, str], None]] = {
 }
 _SEQUENCE = {"first_divergence": lambda v, p: integer(v, p, 0, MAX_INDEX),
              "greedy_agreement": lambda v, p: integer(v, p, 0, MAX_INDEX, optional=False),
-             "prompt_text": _opt_text, "state": _opt_text,
+             "prompt_text": _opt_text, "state": _opt_text, "replay": _opt_text,
              **{k: _opt_num for k in ("perplexity_target", "perplexity_reference", "perplexity_ratio")}}
 
 
@@ -400,7 +400,7 @@ _TOP = {
                                               "host": _opt_obj, "history_id": _opt_int}),
     "bundle": lambda v, p: fields(obj(v, p), p, {
         **{k: _opt_text for k in ("path", "model", "backend", "dtype", "built_for", "reference", "quantization")},
-        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "criteria_sha256": _sha,
+        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "criteria_sha256": _sha, "sequence_set": _sha,
         "size": _opt_int, "has_manifest": _opt_bool,
         "seed": lambda v2, p2: integer(v2, p2, -(2**63)), "versions": _opt_obj, "models": strings,
         "inputs_used": strings}),

@@ -322,15 +322,16 @@ def print_sequences(report: Report, console) -> None:
     """LLM bundles: one table per sequence, a row per step (runner/report/sequences.py)."""
     from rich.table import Table
 
-    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells  # start-up: loads numpy on use
+    from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, columns, headline, step_cells  # start-up: loads numpy on use
 
     style = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold yellow", Verdict.TIMEOUT: "bold yellow", Verdict.SKIP: "dim"}
     for seq in report.sequences:
         table = Table(title=plain(headline(seq)), title_justify="left")
-        for col in STEP_COLUMNS:
-            table.add_column(col, justify="left" if col in ("kind", "verdict") else "right")
+        cols = columns(seq)
+        for col in cols:
+            table.add_column(col, justify="left" if col in ("kind", "verdict", "replay") else "right")
         for step in seq.steps[:MAX_STEPS_SHOWN]:
-            cells = [plain(c) for c in step_cells(step)]
+            cells = [plain(c) for c in step_cells(step, len(cols) > len(STEP_COLUMNS))]
             cells[-1] = f"[{style.get(step.verdict, '')}]{cells[-1]}[/]"
             table.add_row(*cells)
         if len(seq.steps) > MAX_STEPS_SHOWN:

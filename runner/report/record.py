@@ -22,6 +22,7 @@ from bundlerun.targets.base import TargetRun, Verdict
 from bundlerun._version import __version__
 from bundlerun.bundles.integrity import inputs_digest, program_sha256
 from bundlerun.bundles.manifest import describe_inputs
+from bundlerun.bundles.sequence import sequence_set_digest
 from bundlerun.runner.report.check import check_report
 from bundlerun.runner.report.model import Summary
 
@@ -51,6 +52,8 @@ def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) ->
         "seed": build.seed,
         "versions": manifest.versions if manifest else {},
         **({"inputs_used": used} if (used := _inputs_used(manifest)) else {}),
+        # LLM bundles: the bundle-set (model, weights, prompts) whatever the lane lowered it for (compare's lanes)
+        **({"sequence_set": digest} if (digest := sequence_set_digest(manifest)) else {}),
     }
 
 

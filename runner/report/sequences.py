@@ -48,6 +48,9 @@ class StepRecord:
     margin: float | None = None
     logprob_target: float | None = None
     logprob_reference: float | None = None
+    # --replay N on a stateful sequence: did the step's logits change between whole-sequence executions
+    # (runner/judging/replay.py `step_replay`): {"runs", "distinct", "spread", "changed"}; None: not replayed
+    replay: dict[str, Any] | None = None
 
     _NUMBERS = ("sqnr", "cosine_similarity", "error_max", "top_k_overlap", "kl", "margin", "logprob_target",
                 "logprob_reference")
@@ -60,7 +63,10 @@ class StepRecord:
         return cls(**kw)
 
     def to_json(self) -> dict[str, Any]:
-        return _clean(asdict(self))
+        out = _clean(asdict(self))
+        if self.replay is None:  # records of runs without --replay stay as they were
+            del out["replay"]
+        return out
 
 
 @dataclass
@@ -82,6 +88,8 @@ class SequenceRecord:
     # state "io" (bundles/sequence.py): who carried the KV cache from a step's outputs to the next step's
     # inputs, e.g. "threaded by bundlerun: 4/4 later steps ran on the cache the target's earlier steps returned"
     state: str | None = None
+    # --replay N: the lane (and its driver) the sequence was replayed on and how many steps' logits changed
+    replay: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SequenceRecord":
@@ -98,6 +106,8 @@ class SequenceRecord:
             del out["prompt_text"]
         if self.state is None:  # program-state sequences: their records stay as they were
             del out["state"]
+        if self.replay is None:
+            del out["replay"]
         return out
 
 
@@ -151,6 +161,7 @@ def _state_note(spec: Any, threaded: dict[tuple[str, int], int]) -> str | None:
 
 STEP_COLUMNS = ("step", "kind", "pos", "SQNR dB", "cosine", "argmax ref->tgt", "top-k overlap", "KL", "margin",
                 "verdict")
+REPLAY_COLUMN = "replay"  # before the verdict, which every view keeps last
 MAX_STEPS_SHOWN = 200  # rows of one sequence's table in a view (bundlerun's: a 64-step bench sequence fits whole)
 
 
@@ -162,14 +173,30 @@ def _g(value: Any, fmt: str = "{:.4g}") -> str:
     return fmt.format(value)
 
 
-def step_cells(step: StepRecord) -> list[str]:
-    """One step as the text cells of STEP_COLUMNS (each view escapes them for its format)."""
+def columns(seq: SequenceRecord) -> tuple[str, ...]:
+    """The step table's columns for `seq`: STEP_COLUMNS, with `replay` before the verdict when it was replayed."""
+    if any(s.replay for s in seq.steps):
+        return (*STEP_COLUMNS[:-1], REPLAY_COLUMN, STEP_COLUMNS[-1])
+    return STEP_COLUMNS
+
+
+def replay_cell(entry: dict[str, Any] | None) -> str:
+    """`same x3` or `changed: 2 distinct in 3, spread 1.2e-06`; `–` when the step was not replayed."""
+    if not entry:
+        return "–"
+    if not entry.get("changed"):
+        return f"same x{entry.get('runs')}"
+    return f"changed: {entry.get('distinct')} distinct in {entry.get('runs')}, spread {_g(entry.get('spread'), '{:.3g}')}"
+
+
+def step_cells(step: StepRecord, with_replay: bool = False) -> list[str]:
+    """One step as the text cells of STEP_COLUMNS (`columns(seq)` with `with_replay`); each view escapes them."""
     target = "–" if step.target_token is None else str(step.target_token)
     mark = "" if step.argmax_match is None else (" ✓" if step.argmax_match else " ✗")
     overlap = "–" if step.top_k_overlap is None else f"{step.top_k_overlap:.2f} (k={step.top_k})"
-    return [str(step.step), step.kind, str(step.start_pos), _g(step.sqnr, "{:.1f}"), _g(step.cosine_similarity, "{:.6f}"),
-            f"{step.reference_token}->{target}{mark}", overlap, _g(step.kl, "{:.3g}"), _g(step.margin, "{:+.3g}"),
-            step.verdict]
+    cells = [str(step.step), step.kind, str(step.start_pos), _g(step.sqnr, "{:.1f}"), _g(step.cosine_similarity, "{:.6f}"),
+             f"{step.reference_token}->{target}{mark}", overlap, _g(step.kl, "{:.3g}"), _g(step.margin, "{:+.3g}")]
+    return cells + ([replay_cell(step.replay)] if with_replay else []) + [step.verdict]
 
 
 def headline(seq: SequenceRecord) -> str:
@@ -185,6 +212,8 @@ def headline(seq: SequenceRecord) -> str:
     parts.append(f"greedy agreement {seq.greedy_agreement}/{n}")
     if seq.state:
         parts.append(seq.state)
+    if seq.replay:
+        parts.append(seq.replay)
     if seq.perplexity_target is not None and seq.perplexity_reference is not None:
         ratio = f" (x{seq.perplexity_ratio:.3f})" if seq.perplexity_ratio is not None else ""
         parts.append(f"perplexity {_g(seq.perplexity_target)} under the target vs {_g(seq.perplexity_reference)} "
@@ -194,8 +223,9 @@ def headline(seq: SequenceRecord) -> str:
 
 def text_lines(seq: SequenceRecord) -> list[str]:
     """The headline and a fixed-width per-step table: plain text views (JUnit's system-out)."""
-    rows = [list(STEP_COLUMNS)] + [step_cells(s) for s in seq.steps[:MAX_STEPS_SHOWN]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(STEP_COLUMNS))]
+    cols = columns(seq)
+    rows = [list(cols)] + [step_cells(s, len(cols) > len(STEP_COLUMNS)) for s in seq.steps[:MAX_STEPS_SHOWN]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = [headline(seq)] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if len(seq.steps) > MAX_STEPS_SHOWN:
         lines.append(f"... {len(seq.steps) - MAX_STEPS_SHOWN} more steps in report.json")

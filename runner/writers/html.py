@@ -34,7 +34,7 @@ from bundlerun.runner.history import store as history
 from bundlerun.runner.history.series import of_report
 from bundlerun.runner.judging.numerics import elementwise_bound
 from bundlerun.runner.pictures import plots
-from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, columns, headline, step_cells
 from bundlerun.runner.writers.markdown import perf_conditions
 
 _CSS = """
@@ -549,10 +549,11 @@ def _sequence_section(report: Report) -> str:
             parts.append("<div class='plots'>" + _img(png, f"sequence {seq.name}", "SQNR of the step's logits and the "
                          "reference token's log-prob margin under the target (below 0: the greedy token flipped), "
                          "against position; dotted: the first diverging step") + "</div>")
-        head = "".join(f"<th{' class=l' if c in ('kind', 'verdict') else ''}>{_e(c)}</th>" for c in STEP_COLUMNS)
+        cols = columns(seq)
+        head = "".join(f"<th{' class=l' if c in ('kind', 'verdict', 'replay') else ''}>{_e(c)}</th>" for c in cols)
         rows = []
         for step in seq.steps[:MAX_STEPS_SHOWN]:
-            cells = step_cells(step)
+            cells = step_cells(step, len(cols) > len(STEP_COLUMNS))
             rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells[:-1])
                         + f"<td class='l'><span class='badge {_e(step.verdict)}'>{_e(step.verdict)}</span></td></tr>")
         more = (f"<p class='note'>{len(seq.steps) - MAX_STEPS_SHOWN} more steps in report.json</p>"

@@ -20,7 +20,7 @@ from bundlerun.runner.report.safe_text import markdown_text as _md
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.report.criteria_text import failed_text
-from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, headline, step_cells
+from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, columns, headline, step_cells
 
 _ICON = {Verdict.PASS: "✅", Verdict.FAIL: "❌", Verdict.ERROR: "⚠️", Verdict.TIMEOUT: "⏱️", Verdict.SKIP: "⏭️"}
 
@@ -243,10 +243,12 @@ def _sequence_lines(report: Report) -> list[str]:
         lines += [f"### {_ICON.get(seq.verdict, '')} Sequence {_md(headline(seq))}", ""]
         if seq.prompt_text:
             lines += [f"Prompt: {_cell(seq.prompt_text)}", ""]
-        lines += ["| " + " | ".join(STEP_COLUMNS) + " |", "|" + "---:|" * 3 + "---:|" * 6 + "---|"]
-        lines += ["| " + " | ".join(_md(c) for c in step_cells(step)) + " |" for step in seq.steps[:MAX_STEPS_SHOWN]]
+        cols = columns(seq)
+        replayed = len(cols) > len(STEP_COLUMNS)
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---:|" * 3 + "---:|" * 6 + ("---|" if replayed else "") + "---|"]
+        lines += ["| " + " | ".join(_md(c) for c in step_cells(step, replayed)) + " |" for step in seq.steps[:MAX_STEPS_SHOWN]]
         if len(seq.steps) > MAX_STEPS_SHOWN:
-            lines.append(f"| … | {len(seq.steps) - MAX_STEPS_SHOWN} more steps |" + " |" * (len(STEP_COLUMNS) - 2))
+            lines.append(f"| … | {len(seq.steps) - MAX_STEPS_SHOWN} more steps |" + " |" * (len(cols) - 2))
         lines.append("")
     return lines
 
