@@ -115,7 +115,7 @@ SPEC = TargetSpec(
     # suite order (targets/et_runner/server.py, bundled serving), so an LLM's KV cache carries from step to
     # step; a lane that would run a fresh method per case (server=false, --repeat, etdump, or an older runner
     # whose --inputs files cannot carry a prompt and a decode step) refuses a sequence there. interpreter:
-    # one walker per bundle, cases in order, its mutable buffers kept (targets/workers/program.py).
+    # runtime=interpreter refuses a sequence (its walker binds inputs at their upper-bound sizes only).
     stateful=True,
 )
 
@@ -144,6 +144,12 @@ class MlxTarget(TargetBase):
             runner = mlx_runner.resolve_runner(self.settings.runner)
             return mlx_runner.run_bundle(self.url, bundle, options, runner, etdump=self.settings.etdump,
                                          print_output=self.settings.print_output, served=self.settings.server)
+        from bundlerun.targets.et_runner.server import stateful_methods  # start-up: not loaded by `bundlerun --help`
+
+        if stateful_methods(bundle):
+            raise TargetError(f"{self.url}: this bundle's sequences carry a KV cache from step to step, and runtime="
+                              "interpreter binds inputs only at their upper-bound sizes (a prompt and a decode step differ): "
+                              "refused (run it on mlx://cpu, the C++ delegate's served runner)", kind=FailureKind.BAD_CONFIG)
         args = [str(Path(bundle_path).resolve()), str(options.work_dir / "mlx-outputs"), "--delegates", f"mlx-{self.device}"]
         return run_in_worker(self.url, "bundlerun.targets.workers.program", args, bundle, options, "mlx-runtime",
                              {"device": self.device, "delegates": ids, "timing": "interpreter time, not device latency"}, warm=True)

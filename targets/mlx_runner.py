@@ -205,8 +205,9 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
         run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
     work = Path(options.work_dir) / "mlx-runner"
     # a runner built with the server-testset patch (build_mlx_runner.sh) takes the whole bundle and a case index
-    # per trigger: any input shape (an LLM's prompt and decode steps) on one loaded method, state kept
-    bundled = record.get("server_testset") is True
+    # per trigger: any input shape (an LLM's prompt and decode steps) on one loaded method, state kept. Only a
+    # bundle with stateful sequences is served that way; every other one as before, its inputs as --inputs files
+    bundled = record.get("server_testset") is True and bool(server.stateful_methods(bundle))
 
     def alone(method: str, index: int) -> CaseResult:
         result = run_case(bundle, method, index, runner, work, options.case_timeout_s, executions,

@@ -59,7 +59,9 @@ def test_runner_is_exectorchs_delegate_on_the_wheels_libmlx(runner):
     meta = read_record(runner.parent)
     assert meta["kind"] == "mlx_executor_runner" and meta["backends"] == ["mlx"] and meta["bundle_io"] is True
     assert meta["mlx"]["version"] == version("mlx")  # built against the installed wheel
-    assert meta["patches"] == ["0001-mlx-backend-default-device.patch", "0002-mlx-0.32-api.patch"]
+    assert meta["patches"] == ["0001-mlx-backend-default-device.patch", "0002-mlx-0.32-api.patch",
+                               "executor_runner-server-testset.patch"]
+    assert meta["server_testset"] is True  # an LLM's sequence served on one loaded method (docs/llm.md)
     assert "-DEXECUTORCH_BUILD_MLX=OFF" in meta["flags"] and meta["build_seconds"] > 0
     lib = runner.parent / "mlx" / "lib" / "libmlx.so"
     assert lib.is_file() and (runner.parent / "mlx_cpu.libs").is_dir()

@@ -113,3 +113,11 @@ def test_4w_runs_every_step_on_one_served_method(runner, tmp_path):
     _served_in_order(tmp_path / "q")
     sqnr = [s["sqnr"] for seq in report["sequences"] for s in seq["steps"]]
     print("qwen3 4w per-step SQNR (dB):", sqnr, "verdicts:", [c["verdict"] for c in report["cases"]])
+
+
+def test_the_interpreter_runtime_refuses_a_sequence_in_one_line(runner, tmp_path):
+    path = _build(tmp_path, "qwen3", "fp32")
+    code, report, said = _run(path, tmp_path / "i", "?runtime=interpreter")
+    assert code == 2, said[-3000:]
+    assert {c.get("error_kind") for c in report["cases"]} == {"bad-config"}
+    assert "runtime=interpreter" in said and "upper-bound" in said
