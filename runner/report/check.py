@@ -149,6 +149,11 @@ _opt_bool = lambda v, p: boolean(v, p)  # noqa: E731
 _opt_obj = lambda v, p: obj(v, p) and None  # noqa: E731
 
 
+def _opt_record(value: Any, path: str) -> None:
+    """An optional JSON object (a step's --replay record)."""
+    obj(value, path)
+
+
 def _sha(value: Any, path: str) -> None:
     text(value, path)
     if isinstance(value, str) and not _HEX64.match(value):
@@ -364,7 +369,7 @@ _STEP_REQUIRED: dict[str, Callable[[Any, str], None]] = {
     "verdict": lambda v, p: choice(v, p, VERDICTS),
     "reference_token": lambda v, p: integer(v, p, -1, MAX_INDEX, optional=False),
 }
-_STEP = {"target_token": lambda v, p: integer(v, p, 0, MAX_INDEX), "argmax_match": _opt_bool, "replay": _opt_obj,
+_STEP = {"target_token": lambda v, p: integer(v, p, 0, MAX_INDEX), "argmax_match": _opt_bool, "replay": _opt_record,
          "top_k": lambda v, p: integer(v, p, 0, MAX_INDEX),
          **{k: _opt_num for k in ("sqnr", "cosine_similarity", "error_max", "top_k_overlap", "kl", "margin",
                                   "logprob_target", "logprob_reference")}}
@@ -400,10 +405,10 @@ _TOP = {
                                               "host": _opt_obj, "history_id": _opt_int}),
     "bundle": lambda v, p: fields(obj(v, p), p, {
         **{k: _opt_text for k in ("path", "model", "backend", "dtype", "built_for", "reference", "quantization")},
-        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "criteria_sha256": _sha, "sequence_set": _sha,
+        "sha256": _sha, "program_sha256": _sha, "inputs_sha256": _sha, "criteria_sha256": _sha,
         "size": _opt_int, "has_manifest": _opt_bool,
         "seed": lambda v2, p2: integer(v2, p2, -(2**63)), "versions": _opt_obj, "models": strings,
-        "inputs_used": strings}),
+        "inputs_used": strings, "sequence_set": _sha}),
     "target": lambda v, p: fields(obj(v, p), p, {"url": _opt_text, "info": _opt_obj, "logs": _opt_obj,
                                                  "setup_s": _opt_num, "targets": strings}),
     "overrides": lambda v, p: [obj(o, f"{p}[{i}]", optional=False) for i, o in enumerate(lst(v, p))],
