@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -243,7 +243,8 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         eps_fix: contextlib.AbstractContextManager[list[str]] = (
             vulkan_rms_norm_eps.lifted_eps_resolved() if p.backend == "vulkan" else contextlib.nullcontext([]))
         try:
-            with partition_control.applied(restriction, write=False) as record, eps_fix as eps_resolved:
+            with partition_control.applied(restriction, write=False) as record, eps_fix as eps_resolved, \
+                    linears_left_decomposed(restriction is not None):
                 manager = _export_llama(config)
         except Exception as exc:  # noqa: BLE001 - ExecuTorch's exporter: one line, exit 2
             raise BuildError(f"export_llama failed for llm:{p.arch}: {type(exc).__name__}: {str(exc)[:300]}") from None
@@ -265,6 +266,36 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         lowering["workarounds"] = [f"{vulkan_rms_norm_eps.WHERE}: the rms_norm fusion's epsilon read from the program's "
                                    f"lifted constants ({', '.join(eps_resolved)}), bundles/vulkan_rms_norm_eps.py"]
     return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager, lowering)
+
+
+@contextlib.contextmanager
+def linears_left_decomposed(active: bool) -> Iterator[None]:
+    """`bundlerun bisect`'s candidates: export_llama without its ConvertToLinearPass.
+
+    Before to_executorch, export_llama turns every linear left outside a delegate back into
+    `aten::linear` (extension/llm/export/builder.py:557, "execute them with the optimized op_linear").
+    Only ExecuTorch's optimized kernel library has that operator (kernels/optimized; the portable
+    library has `addmm`, `mm` and `permute_copy`, no `linear`), so a runner built with the portable
+    kernels (the aarch64 executor_runner of qemu-user://) cannot load a candidate that leaves a linear
+    undelegated. Without the pass, such a linear stays the `permute_copy` + `addmm`/`mm` that to_edge
+    decomposed it into, which every runtime has: the same matmul on the portable kernels. The delegated
+    linears (what bisect searches) are untouched; the full build the bundle came from keeps the pass."""
+    if not active:
+        yield
+        return
+    from executorch.exir.pass_base import ExportPass, PassResult
+    from executorch.extension.llm.export import builder
+
+    class KeepLinearsDecomposed(ExportPass):
+        def call(self, graph_module: Any) -> PassResult:
+            return PassResult(graph_module, False)
+
+    original = builder.ConvertToLinearPass
+    builder.ConvertToLinearPass = KeepLinearsDecomposed
+    try:
+        yield
+    finally:
+        builder.ConvertToLinearPass = original
 
 
 def _set_backend(config: Any, p: LlmPlan) -> None:

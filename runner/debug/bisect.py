@@ -420,6 +420,11 @@ class Bisector:
         self.result = result = BisectResult(model=req.model, target=req.target, backend=req.backend, dtype=req.dtype,
                                             method=req.method, case=req.case, output=req.output, mechanism=MECHANISM,
                                             outcome="stopped")
+        if self.llm:
+            result.notes.append("candidates are lowered by export_llama without its ConvertToLinearPass "
+                                "(extension/llm/export/builder.py:557): a linear left undelegated stays permute_copy + "
+                                "addmm/mm, which the portable kernels have (aten::linear is only in the optimized "
+                                "library); the delegated linears are lowered as in the full build")
         try:
             if not self.llm:  # an LLM is built by export_llama from its plan (bundles/llm_build.py)
                 self.model = resolve_model(req.model, req.distribution)

@@ -333,17 +333,21 @@ def stateful_methods(bundle: Bundle) -> set[str]:
 
 def stateful_refusal(bundle: Bundle, method: str, indices: list[int], why_alone: str | None) -> str | None:
     """Why this lane cannot run the stateful sequence of `method` (None: it can, or there is none):
-    it would run the cases one process each (`why_alone`), or the selection is not the whole suite
-    in order (a decode step would run without the steps before it)."""
-    if method not in stateful_methods(bundle):
+    it would run the cases one process each (`why_alone`), or the selection holds a step of a sequence
+    without the steps before it, or out of order (bundles/sequence.py `stateful_prefix_problem`, the
+    rule runner/stateful.py applies to every lane: whole sequences or a prefix of one, as
+    `bundlerun bisect` selects a step and its prefix)."""
+    sequences = sequence.from_manifest(bundle.manifest)
+    if method not in sequence.stateful_methods(sequences):
         return None
     if why_alone is not None:
         return (f"method {method!r} holds a stateful sequence (its KV cache carries from case to case) and this "
                 f"lane would run its cases one process each ({why_alone}): refused, a step is never run on a fresh "
                 "method")
-    if indices != list(range(len(bundle.suite(method).test_cases))):
-        return (f"method {method!r} holds a stateful sequence: its cases run all, in order, on one loaded method; "
-                f"a selection of {len(indices)} of them would run a step without the steps before it")
+    problem = sequence.stateful_prefix_problem([s for s in sequences if s.method == method],
+                                               [(method, i) for i in indices])
+    if problem:
+        return f"{problem} (a selection of {len(indices)} case(s) of method {method!r})"
     return None
 
 
