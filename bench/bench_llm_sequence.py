@@ -1,6 +1,14 @@
 """`bundlerun run` of an LLM bundle whose sequences are 64 steps (prompt + 63 teacher-forced decode steps)
-on host://xnnpack vs the same program stepped by a bare pybindings loop (LLM custom ops registered first,
-one loaded method, the cases in order), side by side in one run: both fresh processes, alternated, best of N.
+vs the same program stepped by a bare loop, per lane, side by side in one run: both fresh processes,
+alternated, best of N.
+
+- host://xnnpack: the bare loop is a pybindings script (LLM custom ops registered first, one loaded
+  method, the cases in order);
+- qemu-user://aarch64 (`--lanes host,qemu-user`): the bare loop is the aarch64 executor_runner that
+  bundlerun uses, under qemu-aarch64 in `--server_mode` with the whole .bpte, one trigger line per case
+  index (bundlerun's own runner patch: each trigger loads that bundled case), reading nothing back -
+  what the lane does minus bundlerun (its CLI, reading the outputs, judging, the report).
+
 Goal (issue 35 item 6): ratio at most 1.3. Also prints the export time and bundle size the build recorded
 and the bare loop's per-token time (tokens fed / loop seconds, in process).
 
@@ -39,9 +47,29 @@ print(f"{len(cases)} {tokens} {loop}")
 '''
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+BARE_QEMU = r'''
+import subprocess, sys, time
+qemu, runner, bundle, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+argv = [qemu, "-cpu", "max", runner, "--model_path", bundle, "--method_name", "forward", "--output_file",
+        "out/output", "--cpu_threads", "1", "--server_mode"]
+proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+t = time.perf_counter()
+done = 0
+for i in range(cases):
+    proc.stdin.write(f"{i}\n".encode()); proc.stdin.flush()
+    for line in proc.stdout:
+        if b"SERVER MODE DONE" in line:
+            done += 1
+            break
+loop = time.perf_counter() - t
+proc.stdin.close(); proc.wait()
+print(f"{done} {loop}")
+'''
+
+
+def timed(cmd: list[str], cwd: str | None = None) -> tuple[float, str]:
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     elapsed = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -55,6 +83,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=64, help="steps per sequence (prompt + decode steps)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", type=Path, default=None, help="keep the bundle here")
+    parser.add_argument("--lanes", default="host", help="host, qemu-user or host,qemu-user")
     args = parser.parse_args()
     exe = shutil.which("bundlerun") or str(Path(sys.executable).with_name("bundlerun"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,24 +100,44 @@ def main() -> int:
         cases = manifest.build["cases"]
         script = Path(tmp) / "bare.py"
         script.write_text(BARE)
-        ours, bare, loops = [], [], []
-        for i in range(args.repeat):
-            elapsed, out = timed([sys.executable, str(script), str(bpte)])
-            bare.append(elapsed)
-            n, tokens, loop = out.split()
-            loops.append(float(loop))
-            ours.append(timed([exe, "run", str(bpte), "--target", "host://xnnpack", "--quiet", "--no-history",
-                               "--report", f"{tmp}/r{i}"])[0])
-        report = json.loads((Path(tmp) / "r0" / "report.json").read_text())
-        verdict = report.get("verdict") or report.get("summary", {}).get("verdict")
+        lanes = args.lanes.split(",")
+        results = {}
+        load = [" ".join(Path("/proc/loadavg").read_text().split()[:3])]
+        for lane in lanes:
+            ours, bare, loops = [], [], []
+            if lane == "host":
+                url, bare_cmd, cwd = "host://xnnpack", [sys.executable, str(script), str(bpte)], None
+            else:
+                url = "qemu-user://aarch64"  # an untimed first run: the runner bundlerun uses, as its report names it
+                timed([exe, "run", str(bpte), "--target", url, "--quiet", "--no-history", "--report", f"{tmp}/first"])
+                runner = json.loads((Path(tmp) / "first" / "report.json").read_text())["target"]["info"]["runner"]
+                qscript = Path(tmp) / "bare_qemu.py"
+                qscript.write_text(BARE_QEMU)
+                (Path(tmp) / "out").mkdir(exist_ok=True)
+                url = "qemu-user://aarch64"
+                bare_cmd, cwd = [sys.executable, str(qscript), shutil.which("qemu-aarch64") or "qemu-aarch64",
+                                 str(runner), str(bpte.resolve()), str(cases)], tmp
+            for i in range(args.repeat):
+                elapsed, out = timed(bare_cmd, cwd)
+                bare.append(elapsed)
+                loops.append(float(out.split()[-1]))
+                ours.append(timed([exe, "run", str(bpte), "--target", url, "--quiet", "--no-history",
+                                   "--report", f"{tmp}/{lane}-r{i}"])[0])
+            report = json.loads((Path(tmp) / f"{lane}-r0" / "report.json").read_text())
+            results[lane] = (ours, bare, loops, report.get("summary", {}).get("verdict"))
+        load.append(" ".join(Path("/proc/loadavg").read_text().split()[:3]))
+        tokens = sum(len(st.tokens) for seq in manifest.sequences for st in seq.steps)
     size = bpte.stat().st_size if args.keep else None
     print(f"llm:llama3 {args.size} {args.dtype}: {len(manifest.sequences)} sequences x {args.steps} steps = {cases} "
           f"cases, {tokens} tokens fed; export_llama {llm['export_s']:.1f} s (build command {build_s:.1f} s"
-          f"{', cache hit' if build_s < llm['export_s'] else ''})" + (f", bundle {size} bytes" if size else ""))
-    print(f"bare pybindings loop: best {min(bare):.2f} s per process, loop {min(loops):.3f} s = "
-          f"{1e3 * min(loops) / cases:.2f} ms per step, {1e3 * min(loops) / int(tokens):.2f} ms per token")
-    print(f"bundlerun run: best {min(ours):.2f} s per process (verdict {verdict}); ratio {min(ours) / min(bare):.2f}x "
-          f"(goal <= 1.3x)")
+          f"{', cache hit' if build_s < llm['export_s'] else ''})" + (f", bundle {size} bytes" if size else "")
+          + f"; load average {load[0]} before, {load[1]} after")
+    for lane, (ours, bare, loops, verdict) in results.items():
+        what = "pybindings loop" if lane == "host" else "executor_runner --server_mode loop under qemu-aarch64"
+        print(f"{lane}: bare {what}: best {min(bare):.2f} s per process (runs {[round(x, 2) for x in bare]}), "
+              f"loop {min(loops):.3f} s = {1e3 * min(loops) / cases:.2f} ms per step")
+        print(f"{lane}: bundlerun run: best {min(ours):.2f} s per process (runs {[round(x, 2) for x in ours]}, "
+              f"verdict {verdict}); ratio {min(ours) / min(bare):.2f}x (goal <= 1.3x)")
     return 0
 
 

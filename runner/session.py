@@ -31,7 +31,7 @@ from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_targ
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.integrity import require_sealed
-from bundlerun.runner.history import store as history
+from bundlerun.runner.history.location import is_server, resolve_history_path
 from bundlerun.runner.history.regression import check_baseline
 from bundlerun.runner.judging.accuracy import dataset_from_outputs
 from bundlerun.runner.judging.replay import add_to_report, in_process_replays
@@ -307,13 +307,15 @@ def finish_run(
     baseline (a regression makes the exit code 1), and write every registered format,
     report.json last with all of that in it."""
 
-    db = None if no_history else history.resolve_db_path(history_db, project)
+    db = None if no_history else resolve_history_path(history_db, project)
     if db is not None:
+        from bundlerun.runner.history import store as history  # start-up: loads SQLAlchemy, for a run it records only
+
         try:
             report.run["history_id"] = history.record_report(db, report, report_path=Path(report_dir) / "report.json")
         except Exception as exc:  # noqa: BLE001 - history (a locked or unwritable db) never changes a verdict
             report.warnings.append(f"history not recorded in {db}: {type(exc).__name__}: {exc}")
-            if history.is_server(db):  # a shared history the team reads lost this run: exit 2 (console.exit_code)
+            if is_server(db):  # a shared history the team reads lost this run: exit 2 (console.exit_code)
                 report.run["history_error"] = f"history not recorded: {exc}"
             db = None
     if baseline:

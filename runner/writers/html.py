@@ -30,12 +30,12 @@ from bundlerun.runner.report.criteria_text import criteria_items, failed_text, i
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
 from bundlerun.targets.base import Verdict
-from bundlerun.runner.history import store as history
 from bundlerun.runner.history.series import of_report
 from bundlerun.runner.judging.numerics import elementwise_bound
 from bundlerun.runner.pictures import plots
 from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, columns, headline, step_cells
 from bundlerun.runner.writers.markdown import perf_conditions
+from bundlerun.runner.writers.sequence_svg import sequence_svg
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -78,10 +78,10 @@ def _sqnr(v: Any) -> str:
     return _n(v, "{:.2f}")
 
 
-def _img(png: bytes, alt: str, caption: str) -> str:
+def _img(png: bytes, alt: str, caption: str, mime: str = "image/png") -> str:
     data = base64.b64encode(png).decode("ascii")
     return (
-        f'<figure><img class="plot" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+        f'<figure><img class="plot" alt="{_e(alt)}" src="data:{mime};base64,{data}">'
         f"<figcaption>{_e(caption)}</figcaption></figure>"
     )
 
@@ -296,9 +296,13 @@ def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[
 PLOT_BUDGET = 24
 
 
-def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True) -> str:
+def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True,
+                     sequence_methods: frozenset[str] = frozenset()) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
-    criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist."""
+    criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist.
+    A method whose cases are an LLM's sequence steps (`sequence_methods`) has its SQNR against position
+    in the Sequences section instead (one image per sequence, drawn without matplotlib): a per-case strip
+    would repeat it, at the cost of importing matplotlib (bench/bench_llm_sequence.py)."""
 
     parts = ["<h2 id='outputs'>Outputs</h2>"]
     seen: dict[tuple[str, int], OutputRecord] = {}
@@ -327,14 +331,18 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
         )
         figs = []
         sqnrs, verdicts = _per_case(cases, method, oi, "sqnr")
-        if case_plots and any(v is not None for v in sqnrs):
+        stepped = method in sequence_methods
+        if stepped:
+            parts.append("<p class='note'>each case of this method is a step of an LLM sequence: SQNR and margin per "
+                         "step are drawn against position under <a href='#sequences'>Sequences</a></p>")
+        if case_plots and not stepped and any(v is not None for v in sqnrs):
             floor = crit.sqnr_min_db if isinstance(crit.sqnr_min_db, (int, float)) else None
             figs.append(_img(plots.case_strip(sqnrs, verdicts, f"{method}/{name}: SQNR per case", plots.SQNR_LABEL,
                                               floor, "floor sqnr_min_db {} dB"),
                              f"sqnr per case {method}/{name}",
                              "SQNR per case (dB, signal = reference), each case in its own verdict's colour"
                              + ("; dashed: the floor" if floor is not None else "")))
-        if case_plots and isinstance(crit.cosine_min, (int, float)):
+        if case_plots and not stepped and isinstance(crit.cosine_min, (int, float)):
             cosines, verdicts = _per_case(cases, method, oi, "cosine_similarity")
             figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
                                               "cosine similarity", crit.cosine_min, "floor cosine_min {}"),
@@ -367,6 +375,8 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
 def _trend_section(report: Report, history_db: Any) -> str:
     if not history_db:
         return ""
+    from bundlerun.runner.history import store as history  # start-up: loads SQLAlchemy, for a run with a history only
+
     if not history.exists(history_db):
         return ""
 
@@ -543,12 +553,12 @@ def _sequence_section(report: Report) -> str:
         if seq.prompt_text:
             parts.append(f"<p class='meta'>prompt: {_e(seq.prompt_text)}</p>")
         if seq.steps:
-            png = plots.sequence_plot([st.start_pos for st in seq.steps], [st.sqnr for st in seq.steps],
-                                      [st.margin for st in seq.steps], [st.verdict for st in seq.steps],
-                                      f"{seq.name}: SQNR and margin per step", seq.first_divergence)
-            parts.append("<div class='plots'>" + _img(png, f"sequence {seq.name}", "SQNR of the step's logits and the "
+            svg = sequence_svg([st.start_pos for st in seq.steps], [st.sqnr for st in seq.steps],
+                               [st.margin for st in seq.steps], [st.verdict for st in seq.steps],
+                               f"{seq.name}: SQNR and margin per step", plots.SQNR_LABEL, seq.first_divergence)
+            parts.append("<div class='plots'>" + _img(svg, f"sequence {seq.name}", "SQNR of the step's logits and the "
                          "reference token's log-prob margin under the target (below 0: the greedy token flipped), "
-                         "against position; dotted: the first diverging step") + "</div>")
+                         "against position; dotted: the first diverging step", "image/svg+xml") + "</div>")
         cols = columns(seq)
         head = "".join(f"<th{' class=l' if c in ('kind', 'verdict', 'replay') else ''}>{_e(c)}</th>" for c in cols)
         rows = []
@@ -603,7 +613,7 @@ def render_html(
         + _regression_section(regressions, report.baseline)
         + _replay_section(report)
         + _sequence_section(report)
-        + _output_sections(report.cases, arrays, case_plots)
+        + _output_sections(report.cases, arrays, case_plots, frozenset(s.method for s in report.sequences))
         + (_dataset_section(report.dataset) if report.dataset else "")
         + _perf_section(report)
         + _trend_section(report, history_db)
