@@ -96,8 +96,8 @@ def main() -> int:
         from bundlerun.bundles.bpte import read_bundle
 
         manifest = read_bundle(bpte).manifest
-        llm = manifest.build["llm"]
-        cases = manifest.build["cases"]
+        export_s = manifest.build.llm.export_s if manifest.build.llm else None
+        cases = manifest.build.cases
         script = Path(tmp) / "bare.py"
         script.write_text(BARE)
         lanes = args.lanes.split(",")
@@ -129,8 +129,8 @@ def main() -> int:
         tokens = sum(len(st.tokens) for seq in manifest.sequences for st in seq.steps)
     size = bpte.stat().st_size if args.keep else None
     print(f"llm:llama3 {args.size} {args.dtype}: {len(manifest.sequences)} sequences x {args.steps} steps = {cases} "
-          f"cases, {tokens} tokens fed; export_llama {llm['export_s']:.1f} s (build command {build_s:.1f} s"
-          f"{', cache hit' if build_s < llm['export_s'] else ''})" + (f", bundle {size} bytes" if size else "")
+          f"cases, {tokens} tokens fed; export_llama {export_s or 0:.1f} s (build command {build_s:.1f} s"
+          f"{', cache hit' if build_s < (export_s or 0) else ''})" + (f", bundle {size} bytes" if size else "")
           + f"; load average {load[0]} before, {load[1]} after")
     for lane, (ours, bare, loops, verdict) in results.items():
         what = "pybindings loop" if lane == "host" else "executor_runner --server_mode loop under qemu-aarch64"

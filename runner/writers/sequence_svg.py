@@ -98,8 +98,8 @@ def sequence_svg(positions: Sequence[int], sqnrs: Sequence[Any], margins: Sequen
         for x, v, c in finite:
             out.append(f"<circle cx='{px(x):.1f}' cy='{py(v):.1f}' r='3' fill='{c}'/>")
         if exact_marks:
-            for x, v, c in zip(xs, values, colours):
-                if v is not None and v == math.inf:
+            for x, raw, c in zip(xs, values, colours):
+                if raw is not None and raw == math.inf:
                     cx, cy = px(x), top + 8
                     out.append(f"<path d='M{cx:.1f},{cy - 5:.1f} L{cx + 5:.1f},{cy + 4:.1f} L{cx - 5:.1f},{cy + 4:.1f} Z' "
                                f"fill='{c}'><title>exact match (inf dB)</title></path>")
