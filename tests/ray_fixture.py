@@ -44,6 +44,14 @@ def _wait_group(pgid: int, timeout: float) -> list[int]:
     return left
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a gateway's parent, the CLI, has exited: whoever adopted it reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class RayCluster:
     """`RayCluster(env).start(head={"adb:emu-1": 1}, nodes=[{"adb:emu-2": 1}])`; `.address` is the
     GCS address (HOST:PORT) for `--executor ray:ADDRESS`; `.nodes()` maps node id -> resources."""
@@ -106,8 +114,34 @@ class RayCluster:
             raise RuntimeError(res.stderr[-3000:])
         return json.loads(res.stdout.strip().splitlines()[-1])
 
+    def gateways(self) -> list[int]:
+        """Pids of the farm gateways (runner/farm/gateway_server.py) a command started for this cluster:
+        detached by design, so the cluster that outlives them in a test must end them too."""
+        mine = {self.address, getattr(self, "client_address", None)} - {None}
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            args = [a.decode(errors="replace") for a in argv]
+            if "bundlerun.runner.farm.gateway_server" in args and "--address" in args:
+                address = args[args.index("--address") + 1] if args.index("--address") + 1 < len(args) else ""
+                if address.removeprefix("ray:") in mine or address in mine:
+                    found.append(int(entry.name))
+        return found
+
     def stop(self) -> list[int]:
-        """Stop every node this cluster started; returns the pids still alive afterwards (none)."""
+        """Stop every node this cluster started and the farm gateways started for it; returns the pids
+        still alive afterwards (none)."""
+        gateways = self.gateways()
+        for pid in gateways:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 try:
@@ -129,5 +163,15 @@ class RayCluster:
             except subprocess.TimeoutExpired:
                 pass
             left += _wait_group(proc.pid, 15)
+        for pid in gateways:
+            deadline = time.monotonic() + 10
+            while _running(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _running(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                left.append(pid)
         shutil.rmtree(self.tmp, ignore_errors=True)
         return left
