@@ -3,9 +3,12 @@ ExecuTorch toolchain and cached by (model, backend, dtype, cases, target)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 # The suite judges bundles made with ExecuTorch's own API (unsealed by nature) as a developer's local
 # run does; tests/test_security_seal.py sets CI itself for every case of that default.
 os.environ.pop("CI", None)
+
+# No test writes the user's own history (~/.local/share/bundlerun/history.sqlite): a command a test
+# runs without --history or --no-history records into this session's private data folder instead.
+_DATA_HOME = tempfile.mkdtemp(prefix="bundlerun-test-data-")
+os.environ["XDG_DATA_HOME"] = _DATA_HOME
+os.environ.pop("BUNDLERUN_HISTORY", None)
+atexit.register(shutil.rmtree, _DATA_HOME, True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,8 @@
 """The farm gateway's wire: length-prefixed pickles over a unix socket, and where that socket lives.
 
 Both ends are bundlerun of the same code (the socket's name carries the code hash) run by the same
-user: the socket is in a 0700 folder of the user's cache, created 0600, and the gateway accepts only
+user: the socket is in a 0700 folder of the user's cache (or of the temp dir where the cache's path
+is too long for a socket's name), created 0600, and the gateway accepts only
 peers of its own uid (SO_PEERCRED), so a pickle comes from nobody else. No Ray import here: the CLI
 side of the gateway (runner/farm/gateway.py) must start in milliseconds.
 """
@@ -12,22 +13,41 @@ import hashlib
 import os
 import pickle
 import socket
+import stat
 import struct
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.cache_dirs import cache_root
+from bundlerun.bundles.errors import ConfigError
 
 _HEADER = struct.Struct("!Q")
 MAX_MESSAGE = 1 << 31  # a bundle travels in a submit: bundlerun's own bound against a garbled length
 
 
-def gateway_dir() -> Path:
-    d = cache_root() / "farm-gateway"
-    d.mkdir(parents=True, exist_ok=True)
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes on Linux (unix(7)), one of them the NUL
+
+
+def _private_dir(d: Path) -> Path:
+    """`d` as a 0700 folder of this user's; a folder someone else owns (or a symlink) is refused."""
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise ConfigError(f"the farm gateway's folder {d} is not a folder of this user's: remove it and run again")
     os.chmod(d, 0o700)
     return d
+
+
+def gateway_dir() -> Path:
+    """The user's cache; where that path is too long for a unix socket's name (a deep $HOME or
+    $XDG_CACHE_HOME), a short private folder in the temp dir, one per cache root."""
+    d = cache_root() / "farm-gateway"
+    if len(os.fsencode(d / "0123456789abcdef.sock")) > SUN_PATH_MAX:
+        root = hashlib.sha256(os.fsencode(cache_root())).hexdigest()[:12]
+        d = Path(tempfile.gettempdir()) / f"bundlerun-gw-{os.getuid()}-{root}"
+    return _private_dir(d)
 
 
 def socket_path(address: str, code: str) -> Path:

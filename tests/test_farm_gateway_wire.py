@@ -1,0 +1,48 @@
+"""Where the farm gateway's socket lives (runner/farm/gateway_wire.py): a unix socket's name holds at
+most 107 bytes, so a deep cache root (a CI job's HOME under a long workspace path, pytest's tmp_path)
+moves it to a short private folder instead of failing with "AF_UNIX path too long". Real sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from bundlerun.bundles.errors import ConfigError
+from bundlerun.runner.farm import gateway_wire
+
+
+def test_a_short_cache_root_keeps_the_socket_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(tmp_path / "c"))
+    path = gateway_wire.socket_path("127.0.0.1:6379", "abc")
+    assert path.parent == tmp_path / "c" / "farm-gateway"
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+
+
+def test_a_deep_cache_root_gets_a_short_private_folder_a_socket_can_bind(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(deep))
+    path = gateway_wire.socket_path("127.0.0.1:6379", "abc")
+    assert len(os.fsencode(path)) <= gateway_wire.SUN_PATH_MAX
+    assert not str(path).startswith(str(deep))
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700 and os.stat(path.parent).st_uid == os.getuid()
+    # another cache root (another HOME) gets another folder: two test sessions never share a gateway
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(deep) + "2")
+    assert gateway_wire.socket_path("127.0.0.1:6379", "abc").parent != path.parent
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))  # the name fits: no "AF_UNIX path too long"
+    finally:
+        sock.close()
+        path.unlink()
+
+
+def test_a_symlinked_gateway_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(tmp_path / "c"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "c" / "farm-gateway").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="not a folder of this user's"):
+        gateway_wire.socket_path("127.0.0.1:6379", "abc")
