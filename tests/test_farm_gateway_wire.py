@@ -5,19 +5,30 @@ moves it to a short private folder instead of failing with "AF_UNIX path too lon
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture
+def short_dir():
+    """A folder whose path is short (pytest's tmp_path under xdist is itself too deep for a socket)."""
+    d = Path(tempfile.mkdtemp(prefix="brg", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 from bundlerun.bundles.errors import ConfigError
 from bundlerun.runner.farm import gateway_wire
 
 
-def test_a_short_cache_root_keeps_the_socket_in_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUNDLERUN_CACHE", str(tmp_path / "c"))
+def test_a_short_cache_root_keeps_the_socket_in_the_cache(short_dir, monkeypatch):
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(short_dir / "c"))
     path = gateway_wire.socket_path("127.0.0.1:6379", "abc")
-    assert path.parent == tmp_path / "c" / "farm-gateway"
+    assert path.parent == short_dir / "c" / "farm-gateway"
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 
 
@@ -39,10 +50,10 @@ def test_a_deep_cache_root_gets_a_short_private_folder_a_socket_can_bind(tmp_pat
         path.unlink()
 
 
-def test_a_symlinked_gateway_folder_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUNDLERUN_CACHE", str(tmp_path / "c"))
-    (tmp_path / "c").mkdir()
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "c" / "farm-gateway").symlink_to(tmp_path / "elsewhere")
+def test_a_symlinked_gateway_folder_is_refused(short_dir, monkeypatch):
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(short_dir / "c"))
+    (short_dir / "c").mkdir()
+    (short_dir / "elsewhere").mkdir()
+    (short_dir / "c" / "farm-gateway").symlink_to(short_dir / "elsewhere")
     with pytest.raises(ConfigError, match="not a folder of this user's"):
         gateway_wire.socket_path("127.0.0.1:6379", "abc")
