@@ -164,6 +164,23 @@ def test_alembic_0002_to_0003_on_sqlite(tmp_path):
         assert conn.execute(sa.select(sa.func.count()).select_from(t.perf_figures)).scalar() == 0
 
 
+def test_a_0002_file_with_a_sequence_figures_table_of_another_shape_gets_it_rebuilt(tmp_path):
+    """A development build wrote a `sequence_figures` of its own shape into a file still stamped 0002
+    (found on a real machine): the table is derived data, so the upgrade drops and refills it instead
+    of refusing the whole history ("table sequence_figures has no column named sequence_index")."""
+    db = tmp_path / "h.sqlite"
+    ids = upgrade_from_0002(db, [_llm_report(0), _llm_report(1, missing=1)])
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE sequence_figures (run_id INTEGER NOT NULL, method TEXT NOT NULL, sequence TEXT "
+                     "NOT NULL, seq_index INTEGER, min_sqnr REAL, PRIMARY KEY (run_id, method, sequence))")
+        conn.execute("INSERT INTO sequence_figures VALUES (1, 'forward', 'seq0', 0, 1.0)")
+    figures = history.sequence_figures(db, ids)
+    assert [[r["first_divergence"] for r in figures[i]] for i in ids] == [[None, 1], [1, 1]]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == database.HEAD
+        assert "seq_index" not in {r[1] for r in conn.execute("PRAGMA table_info(sequence_figures)")}
+
+
 def _hud_history(tmp_path, commits: int = 3):
     db = tmp_path / "h.sqlite"
     for i in range(commits):

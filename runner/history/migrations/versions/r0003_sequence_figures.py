@@ -39,12 +39,16 @@ COLUMNS = ("run_id", "method", "sequence_index", "name", "verdict", "steps", "fi
 
 def upgrade() -> None:
     conn = op.get_bind()
-    if "sequence_figures" in sa.inspect(conn).get_table_names():
+    inspector = sa.inspect(conn)
+    present = "sequence_figures" in inspector.get_table_names()
+    if present and {c["name"] for c in inspector.get_columns("sequence_figures")} == set(COLUMNS):
         # a file stamped at an older revision that already has the table (a schema copied by hand, a test's
         # legacy file): its rows are derived from the stored reports, refilled below
         conn.execute(sa.text("DELETE FROM sequence_figures"))
         table = sa.table("sequence_figures", *(sa.column(c) for c in COLUMNS))
     else:
+        if present:  # a table of that name in another shape (a development build's): derived data, rebuilt
+            op.drop_table("sequence_figures")
         table = op.create_table(
             "sequence_figures",
             sa.Column("run_id", Id, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, primary_key=True),
