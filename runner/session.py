@@ -23,6 +23,7 @@ from typing import Any, Callable
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.runner import interrupts
+from bundlerun.runner.judging.ahead import JudgeAhead
 from bundlerun.runner.judging.judge import JudgeContext, judge_run, judge_sequences, load_context, summarize
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
@@ -147,9 +148,14 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             session.release(target) if session else _close_quietly(target)
         raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
     finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
+    ahead = None
+    if req.replay <= 1 and req.repeat <= 1:  # each case judged while the target runs the next (judging/ahead.py)
+        ahead = JudgeAhead(bundle, ctx)
 
     def progress(result: CaseResult) -> None:
         finished[(result.method, result.case_index)] = result
+        if ahead is not None and result.status == CaseStatus.OK:
+            ahead.submit(result)
         if req.progress:
             req.progress(result)
 
@@ -213,8 +219,12 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         if target is not None:
             session.release(target) if session else _close_quietly(target)
     with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
-        report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
-                                load_before)
+        try:
+            report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
+                                    load_before, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
         if write:
             write_record(report, req.report_dir)
     if write:
@@ -242,10 +252,10 @@ def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, Bu
 
 def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeContext, warnings: list[str],
                    override_records: list[dict[str, Any]], interrupted: bool, started: str, t0: float,
-                   load_before: list[float] | None) -> Report:
+                   load_before: list[float] | None, ahead: Any = None) -> Report:
     """Judge the target's run and build the report of record."""
     warnings += [w for w in run.warnings if w not in warnings]
-    cases, judge_warnings = judge_run(bundle, run, ctx)
+    cases, judge_warnings = judge_run(bundle, run, ctx, ahead)
     warnings += [w for w in judge_warnings if w not in warnings]
     summary = summarize(cases)
     if interrupted:

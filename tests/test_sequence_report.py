@@ -343,3 +343,34 @@ def test_seeded_mutations_of_sequences_read_or_refuse_and_render():
         ET.fromstring(junit_bytes(report))
         print_sequences(report, Console(file=io.StringIO(), width=200))
     assert refused > 50 and read > 50  # both sides of the reader are exercised
+
+
+def test_cases_judged_ahead_give_the_report_judging_afterwards_gives():
+    """runner/judging/ahead.py judges each result while the run goes on (a thread); the records, token
+    figures and notes are the ones judging them all afterwards gives. A result changed after it was
+    handed over (the lane adds to it) and one never handed over are judged again at the end."""
+    from bundlerun.runner.judging.ahead import JudgeAhead
+
+    bundle, manifest, logits = _sequence_bundle()
+    manifest.sequences[0].steps[2].reference_next = (manifest.sequences[0].steps[2].reference_next + 1) % VOCAB
+    plain_ctx = JudgeContext(copy.deepcopy(manifest))
+    plain, plain_warnings = judge_run(bundle, _target(logits), plain_ctx)
+
+    run = _target(logits)
+    ctx = JudgeContext(copy.deepcopy(manifest))
+    ahead = JudgeAhead(bundle, ctx)
+    for r in run.cases[:5]:  # the last case is never handed over
+        ahead.submit(r)
+    run.cases[1].extra["attempts"] = 2  # changed after the hand-over: judged again
+    taken = [ahead.take(r) for r in run.cases[:5]]
+    assert taken[1] is None and all(t is not None for i, t in enumerate(taken) if i != 1)
+    for r in run.cases[:5]:  # take() handed each back once: submit again for judge_run
+        ahead.submit(r)
+    cases, warnings = judge_run(bundle, run, ctx, ahead)
+    ahead.close()
+    assert cases[1].extra == {"attempts": 2}
+    cases[1].extra = {}
+    assert [c.to_json() for c in cases] == [c.to_json() for c in plain]
+    assert warnings == plain_warnings and any("reference_next" in w for w in warnings)
+    assert ctx.step_metrics == plain_ctx.step_metrics
+    assert [s.to_json() for s in judge_sequences(ctx, cases)] == [s.to_json() for s in judge_sequences(plain_ctx, plain)]

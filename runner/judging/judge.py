@@ -189,10 +189,16 @@ def summarize(cases: list[CaseRecord]) -> Summary:
     return Summary(verdict, code, counts, len(cases), outputs)
 
 
-def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None) -> tuple[list[CaseRecord], list[str]]:
-    """Case records for every CaseResult, plus warnings."""
+def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None,
+              ahead: Any = None) -> tuple[list[CaseRecord], list[str]]:
+    """Case records for every CaseResult, plus warnings. `ahead`: a runner/judging/ahead.py JudgeAhead
+    that judged results while the run went on (those it holds are taken, the rest judged now)."""
     ctx = ctx or load_context(bundle)
-    return [judge_case(bundle, r, ctx) for r in run.cases], list(ctx.warnings)
+    records = []
+    for r in run.cases:
+        record = ahead.take(r) if ahead is not None else None
+        records.append(record if record is not None else judge_case(bundle, r, ctx))
+    return records, list(ctx.warnings)
 
 
 def judge_sequences(ctx: JudgeContext, cases: list[CaseRecord]) -> list[Any]:
