@@ -78,7 +78,7 @@ LLM_BACKENDS: dict[str, tuple[str, ...]] = {
 DTYPES = tuple(dict.fromkeys(d for dtypes in LLM_BACKENDS.values() for d in dtypes))
 # Backends whose own LLM path is not export_llama's (bundles/llm_qnn.py: QNN's static llama, its KV cache
 # as program I/O): their dtypes, the first the default. HTP computes in fp16 or integer.
-OWN_LLM_BACKENDS: dict[str, tuple[str, ...]] = {"qnn": ("fp16",)}
+OWN_LLM_BACKENDS: dict[str, tuple[str, ...]] = {"qnn": ("fp16", "16a4w")}
 
 
 def default_llm_dtype(backend: str) -> str:

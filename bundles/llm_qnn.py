@@ -53,6 +53,12 @@ KV_UPDATE = ("each step's new K (output 1+l, axis 3) and V (output 1+n_layers+l,
 EXPORTER = "examples/qualcomm/oss_scripts/llama model/static_llama.py LlamaModel (kv mode, ar_len 1)"
 
 
+_RECIPES = "examples/qualcomm/oss_scripts/llama/static_llm_quant_recipe.py"
+# `--dtype 16a4w`: the recipe QNN's config names for the architecture (16-bit activations, 4-bit weights, per
+# block or per channel, with the 16a8w layers it lists), quantization_guidance.md's and README.md's "16a4w"
+QUANT_DTYPE = "16a4w"
+
+
 @dataclass(frozen=True)
 class QnnArch:
     """What QNN's LLMModelConfig registry (examples/qualcomm/oss_scripts/llama/__init__.py) says of the
@@ -62,14 +68,21 @@ class QnnArch:
     transform_weight: bool  # permute wq/wk from Meta's rope layout to HF's (llm_wrappers.py:330-356)
     masked_softmax: bool  # enable_masked_softmax (QNN >= 2.35; the simulator is 2.49.40)
     source: str
+    recipe: str  # the config's quant_recipe: a class of static_llm_quant_recipe.py (`--dtype 16a4w`)
+    recipe_source: str
 
 
 QNN_ARCHS: dict[str, QnnArch] = {
-    "llama3": QnnArch("llama3_2-1b_instruct", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:265-281"),
-    "llama2": QnnArch("stories110m", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:248-262"),
-    "qwen3": QnnArch("qwen3-0_6b", False, True, "examples/qualcomm/oss_scripts/llama/__init__.py:497-513"),
-    "qwen2_5": QnnArch("qwen2_5-0_5b", False, True, "examples/qualcomm/oss_scripts/llama/__init__.py:459-475"),
-    "smollm2": QnnArch("smollm2_135m", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:535-551"),
+    "llama3": QnnArch("llama3_2-1b_instruct", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:265-281",
+                      "Llama3_1BQuantRecipe", f"{_RECIPES}:130-168"),
+    "llama2": QnnArch("stories110m", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:248-262",
+                      "LlamaStories110MQuantRecipe", f"{_RECIPES}:88-128"),
+    "qwen3": QnnArch("qwen3-0_6b", False, True, "examples/qualcomm/oss_scripts/llama/__init__.py:497-513",
+                     "Qwen3_0_6BQuantRecipe", f"{_RECIPES}:603-636"),
+    "qwen2_5": QnnArch("qwen2_5-0_5b", False, True, "examples/qualcomm/oss_scripts/llama/__init__.py:459-475",
+                       "Qwen2_5_0_5BQuantRecipe", f"{_RECIPES}:545-567"),
+    "smollm2": QnnArch("smollm2_135m", True, False, "examples/qualcomm/oss_scripts/llama/__init__.py:535-551",
+                       "Smollm2QuantRecipe", f"{_RECIPES}:676-697"),
 }
 
 
@@ -160,6 +173,23 @@ def _permute_rope(state: dict, decoder: Any, args: Any) -> dict:
     return state
 
 
+def quant_recipe(arch: str) -> tuple[Any, str]:
+    """The QuantRecipe QNN's config names for the architecture (its `quant_recipe`), and a line saying
+    what it quantizes how. No KV-I/O or logits-I/O tagging: the program keeps fp32 I/O (docs/qnn.md)."""
+    _static_package()
+    from importlib import import_module
+
+    try:
+        module = import_module(f"{PACKAGE}.static_llm_quant_recipe")
+    except ImportError as exc:
+        raise BuildError(f"QNN's static llama quant recipes need {exc.name or exc}") from None
+    spec = QNN_ARCHS[arch]
+    recipe = getattr(module, spec.recipe)()
+    kv8 = any(getattr(f, "__name__", "") == "annotate_kv_8bit" for f in recipe.recipe.custom_quant_annotations)
+    return recipe.recipe, (f"{spec.recipe} ({spec.recipe_source}, {spec.config}'s quant_recipe): default "
+                           f"{recipe.default_quant_dtype.name}" + (", KV cache 8-bit (annotate_kv_8bit)" if kv8 else ""))
+
+
 def _mask(ctx: int, pos: int) -> Any:
     """The attention mask of a one-token step at `pos`: QNN's CausalAttentionMask after smart_mask_init(pos)
     (masking_utils.py:132-146): the first `pos` cache columns and the step's own column attend."""
@@ -217,8 +247,8 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     dtypes = OWN_LLM_BACKENDS["qnn"]
     dtype = req.dtype or dtypes[0]
     if dtype not in dtypes:
-        raise BuildError(f"--dtype {dtype!r} for an LLM on QNN: bundlerun builds {', '.join(dtypes)} "
-                         "(HTP computes in fp16 or integer; QNN's quantized recipes are not wired yet, docs/qnn.md)")
+        raise BuildError(f"--dtype {dtype!r} for an LLM on QNN: bundlerun builds {', '.join(dtypes)} (fp16, or "
+                         f"{QUANT_DTYPE}: the quant recipe QNN's config names for the architecture, docs/qnn.md)")
     p = plan(req.model, "fp32", opts)  # the shape and sequences; the dtype is QNN's
     if p.arch not in QNN_ARCHS:
         raise BuildError(f"llm:{p.arch} on QNN: bundlerun maps {', '.join(QNN_ARCHS)} to QNN's static llama configs")
@@ -237,17 +267,26 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     say(f"stepping the eager static model through {len(prompts)} prompts + {p.decode_steps} decode steps each")
     cases, steps = reference_cases(decoder, prompts, p.decode_steps, p.max_seq_len)
 
-    say("lowering with QNN (fp16, to_edge_transform_and_lower_to_qnn)")
+    recipe, recipe_line, calibration = None, None, []
+    if dtype == QUANT_DTYPE:
+        recipe, recipe_line = quant_recipe(p.arch)
+        # PTQStrategy._calibrate (quantize/ptq.py:40-60) runs the calibration prompts through the prepared
+        # decoder; in kv mode a prompt goes one token a step: here every step of every sequence, the
+        # bundle's own prompts and teacher-forced continuations
+        calibration = [tuple(ins) for ins, _ in cases]
+        say(f"quantizing with {recipe_line}; calibrating on {len(calibration)} steps")
+    say(f"lowering with QNN ({'fp16' if recipe is None else QUANT_DTYPE}, to_edge_transform_and_lower_to_qnn)")
     start = time.perf_counter()
-    lowered = lower(LoweringRequest(model=decoder, example_inputs=tuple(cases[0][0]), calibration_inputs=[],
-                                    dtype=dtype, backend="qnn", target=req.target,
+    lowered = lower(LoweringRequest(model=decoder, example_inputs=tuple(cases[0][0]), calibration_inputs=calibration,
+                                    dtype="fp16" if recipe is None else "int16", backend="qnn", target=req.target,
+                                    options={} if recipe is None else {"qnn_recipe": recipe},
                                     target_info=dict(req.target_info or {})))
     export_s = time.perf_counter() - start
     program = lowered.program.buffer
     sequences = [SequenceSpec(f"seq{i}", "forward", True, "teacher-forced", s, shown[i], state="io")
                  for i, s in enumerate(steps)]
     manifest = _manifest(req, p, decoder, cases, sequences, program, lowered.info, weights, tokenizer_digest,
-                         export_s, reference, key)
+                         export_s, reference, key, recipe_line)
     from bundlerun.bundles.bpte import Bundle, BundledTestCase, MethodTestSuite, write_bundle  # start-up: loads flatbuffers, numpy on use
 
     test_cases = [BundledTestCase(inputs=[_value_from_tensor(t) for t in ins],
@@ -270,7 +309,7 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
 
 def _manifest(req: Any, p: Any, decoder: Any, cases: list, sequences: list[SequenceSpec], program: bytes,
               lowering: dict[str, Any], weights: str, tokenizer_digest: str | None, export_s: float,
-              reference: str, key: str | None) -> Any:
+              reference: str, key: str | None, recipe_line: str | None = None) -> Any:
     import datetime as _dt
     import platform
 
@@ -285,15 +324,18 @@ def _manifest(req: Any, p: Any, decoder: Any, cases: list, sequences: list[Seque
     outputs = []
     for j, name in enumerate(names):
         first = cases[0][1][j]
-        ctx = ToleranceContext(backend="qnn", target=req.target, dtype=req.dtype, model=req.model, method="forward",
+        # 16a4w: 16-bit activations, the int16 tier against the eager fp32 model (int16.vs-float)
+        ctx = ToleranceContext(backend="qnn", target=req.target, dtype="int16" if recipe_line else req.dtype,
+                               model=req.model, method="forward",
                                output_name=f"out{j}", output_index=j, output_dtype="float32", reference=reference,
-                               input_distribution="tokens", host_arch=platform.machine(), quantization=None,
+                               input_distribution="tokens", host_arch=platform.machine(),
+                               quantization=QUANT_DTYPE if recipe_line else None,
                                reference_dtype="float32", expected=np.stack([c[1][j].numpy() for c in cases]))
         criteria = resolve_criteria(ctx, req.overrides, req.registry)
         outputs.append(OutputSpec(f"out{j}", st.name(st.code_from_torch(first.dtype)), list(first.shape), criteria,
                                   False))
     arch = QNN_ARCHS[p.arch]
-    llm = {"arch": p.arch, "size": p.size, "params": p.params, "dtype": req.dtype, "quantization": "none (fp16 HTP)",
+    llm = {"arch": p.arch, "size": p.size, "params": p.params, "dtype": req.dtype, "quantization": recipe_line or "none (fp16 HTP)",
            "max_seq_len": p.max_seq_len, "dynamic_shape": False, "use_kv_cache": True, "weights": weights,
            "tokenizer": tokenizer_digest, "export_s": round(export_s, 3),
            "model_class": f"static_llama.LlamaModel ({arch.config}: transform_weight={arch.transform_weight}, "
@@ -307,7 +349,8 @@ def _manifest(req: Any, p: Any, decoder: Any, cases: list, sequences: list[Seque
         model=ModelInfo.from_dict({"id": req.model, "source": "executorch examples/qualcomm/oss_scripts/llama (static llama)",
                "description": f"{p.arch} ({p.size}) as QNN's static LlamaModel, KV cache as inputs/outputs, "
                               f"{weights} weights"}),
-        build=BuildInfo.from_dict({"backend": "qnn", "target": req.target, "dtype": req.dtype, "quantization": None,
+        build=BuildInfo.from_dict({"backend": "qnn", "target": req.target, "dtype": req.dtype,
+               "quantization": f"qnn-static-llm-{QUANT_DTYPE}" if recipe_line else None,
                "reference": reference, "inputs": declared, "seed": req.seed, "cases": len(cases),
                "lowering": {**lowering, "exporter": "qnn static llama"},
                "ops": sorted(program_operators(program)), "overrides": dict(req.overrides),

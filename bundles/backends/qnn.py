@@ -180,8 +180,24 @@ class EmittedProgram:
         return self.exported
 
 
+def _recipe_quantizer(chipset: Any, recipe: Any):
+    """A QuantRecipe (QNN's static LLM recipes) on the quantizer llm_wrappers.py:703-704 builds:
+    make_quantizer(soc_model=...) then set_recipe. make_quantizer's defaults are spelled out here
+    (export_utils.py:652-680): its module imports pydot for a debugger bundlerun does not use."""
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from torchao.quantization.pt2e import MovingAverageMinMaxObserver
+
+    quantizer = QnnQuantizer(soc_model=chipset)
+    quantizer.set_default_quant_config(QuantDtype.use_8a8w, is_qat=False, is_conv_per_channel=True,
+                                       is_linear_per_channel=False, is_embedding_per_channel=False,
+                                       act_observer=MovingAverageMinMaxObserver, act_symmetric=False, eps=None)
+    quantizer.set_recipe(recipe)
+    return quantizer
+
+
 def lower(req: LoweringRequest) -> LoweringResult:
-    if req.dtype not in ("fp16", "int8"):
+    recipe = req.options.get("qnn_recipe")
+    if req.dtype not in ("fp16", "int8") and not (req.dtype == "int16" and recipe is not None):
         raise BuildError(f"dtype {req.dtype!r} is not supported by the qnn recipe (fp16, int8): QNN HTP computes "
                          "in fp16 or integer (fp16 keeps fp32 program inputs and outputs)")
     soc = soc_of(req)
@@ -194,10 +210,12 @@ def lower(req: LoweringRequest) -> LoweringResult:
     examples = tuple(req.example_inputs)
     exported = export_model(req.model, examples)
     to_lower, qparams, reference, scheme = exported, [], None, None
-    if req.dtype == "int8":
+    if req.dtype in ("int8", "int16"):
         with _sdk_left_to_us():
-            converted = quantize_pt2e(exported, _quantizer(chipset), req.calibration_inputs)
-        qparams, reference, scheme = output_qparams(converted), converted, "qnn-ptq-8a8w-per-channel-conv"
+            quantizer = _quantizer(chipset) if recipe is None else _recipe_quantizer(chipset, recipe)
+            converted = quantize_pt2e(exported, quantizer, req.calibration_inputs)
+        qparams, reference = output_qparams(converted), converted
+        scheme = "qnn-ptq-8a8w-per-channel-conv" if recipe is None else "qnn-static-llm-recipe"
         to_lower = export_model(converted, examples)
     with tempfile.TemporaryDirectory(prefix="bundlerun-qnn-") as tmp:
         folder = Path(tmp)
