@@ -6,6 +6,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 
 def _umask() -> int:
@@ -18,13 +19,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write via a temp file + rename. The file gets the mode a plain open() would give
     (0666 less the umask), not mkstemp's 0600. A folder that is a file, or read-only,
     raises OSError naming the path."""
+    return atomic_write_chunks(path, [data])
+
+
+def atomic_write_chunks(path: str | Path, chunks: Iterable[bytes]) -> Path:
+    """atomic_write_bytes for data made piece by piece (a farm's merged report.json, its cases read
+    back from disk): an exception from `chunks` leaves the old file, or none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for data in chunks:
+                fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

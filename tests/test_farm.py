@@ -25,6 +25,7 @@ from bundlerun.runner.farm.plan import load_plan
 from bundlerun.runner.farm.scheduler import retryable
 from bundlerun.runner.report.merge import MergeError, MergeOptions, merge_reports
 from bundlerun.runner.report.model import Report
+from bundlerun.targets.base import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 # RAY_AUTH_MODE: the test clusters run without token auth, and so must their drivers (tests/ray_fixture.py)
@@ -368,6 +369,37 @@ def test_merge_of_jobs_keeps_each_jobs_cases_apart(echo_reports):
     xml = junit_bytes(Report.from_json(merged)).decode()
     assert xml.count("<testcase ") == 4 and xml.count("<failure ") == 2
     assert 'classname="mlp/2 targets/mlp-fp32@echo://y/forward"' in xml
+
+
+def test_jobs_folded_one_by_one_equal_merge_reports(echo_reports, tmp_path):
+    """The farm's merged report is folded job by job as jobs finish, in any order, its cases on disk
+    (runner/report/merge_jobs.py): the same document as merge_reports' jobs mode, and report.json
+    streamed from the spool is the file write_record writes for merge_reports' result."""
+    from bundlerun.runner.report.merge_jobs import JobsMerge
+    from bundlerun.runner.report.record import write_record
+
+    good, bad = echo_reports
+    names = ["g1", "b", "g2"]
+    docs = [good, bad, good]
+    fold = JobsMerge(names, tmp_path / "spool.jsonl")
+    for i in (2, 0, 1):  # the order jobs finish in is not the plan's
+        fold.add(names[i], Report.from_json(docs[i]))
+    streamed = fold.report()
+    whole = merge_reports([Report.from_json(d) for d in docs], MergeOptions(jobs=True, names=names))
+    assert len(streamed.cases) == 6 and [c.verdict for c in streamed.cases] == [c.verdict for c in whole.cases]
+    streamed.run["id"] = whole.run["id"]  # a new id each merge
+    assert streamed.to_json() == whole.to_json() and streamed.summary.exit_code == 1
+    write_record(whole, tmp_path / "whole")
+    write_record(streamed, tmp_path / "streamed")
+    assert (tmp_path / "streamed/report.json").read_bytes() == (tmp_path / "whole/report.json").read_bytes()
+    with pytest.raises(TypeError, match="read back from disk"):
+        streamed.cases.append(whole.cases[0])
+    streamed.summary.verdict, streamed.summary.exit_code = Verdict.PASS, 0  # a PASS over a failing case: refused
+    with pytest.raises(ValueError, match="but a case is FAIL"):
+        write_record(streamed, tmp_path / "streamed")
+    assert json.loads((tmp_path / "streamed/report.json").read_text())["summary"]["exit_code"] == 1  # old file kept
+    fold.discard()
+    assert not (tmp_path / "spool.jsonl").exists()
 
 
 def test_farm_shards_merged_equal_the_unsharded_farm(cli, bundles, tmp_path):

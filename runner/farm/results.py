@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bundlerun.runner.report.model import Report
 
@@ -37,8 +37,9 @@ class _Done:
 
 
 class ResultWriter:
-    def __init__(self, db: Any, farm_id: str) -> None:
+    def __init__(self, db: Any, farm_id: str, fold: Callable[[str, Report], None] | None = None) -> None:
         self.db = db
+        self.fold = fold  # gets each job's final report once it is written (the merged report's fold)
         self.farm_id = farm_id
         self.batches = 0
         self._failed: BaseException | None = None
@@ -101,3 +102,5 @@ class ResultWriter:
                         d.final.warnings.append(f"history not recorded in {self.db}: {exc}")
         for d in batch:
             write_record(d.final, d.final_dir)
+            if self.fold is not None:
+                self.fold(d.job, d.final)

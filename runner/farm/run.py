@@ -104,7 +104,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
     every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job.
     `release_workers`: on Ray, the devices' actors are killed at the end (else the next command reuses them)."""
-    from bundlerun.runner.report.merge import MergeOptions, merge_reports  # start-up: loads numpy on use
+    from bundlerun.runner.report.merge_jobs import JobsMerge  # start-up: loads numpy on use
     from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
     from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy, sqlalchemy on use
 
@@ -137,21 +137,26 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         return p
 
     by_id = {j.id: j for j in jobs}
-    finished: dict[str, tuple[Report, dict[str, Any]]] = {}
-    writer = ResultWriter(history_db, farm_id)
+    finished: dict[str, dict[str, Any]] = {}  # job -> its record in the merged report (small: no cases)
+    # each job's final report is folded into the merged report as it is written: its cases go to a
+    # spool file, so the coordinator's memory does not grow with the jobs (runner/report/merge_jobs.py)
+    merge = JobsMerge([j.id for j in jobs], report_dir / ".merged-cases.jsonl")
+    writer = ResultWriter(history_db, farm_id, fold=merge.add)
 
     def finish(job: Job, tries: list[Attempt]) -> None:
         """A job's final report and record, written (and sent to the history) when it is known."""
         why = build_failed.get(job.id) or (scheduler.unplaceable.get(job.id) if scheduler else None)
         final, record, final_dir, writes = _job_result(job, tries, report_dir, farm_id, plan, why,
                                                        job.id in build_failed, interrupted, ex.ship)
-        finished[job.id] = (final, record)
+        finished[job.id] = record
         flaky = record["flaky"]
         rows = [{**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries] or [
             {"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": Verdict.ERROR,
              "error_kinds": [], "final": True, "flaky": False}]
         # a job the Ctrl-C kept from running is no result: its report is written, not recorded
         writer.add(job.id, final, final_dir, rows, record, writes, record_history=bool(tries or not interrupted))
+        for t in tries:
+            t.release()  # the writer holds the reports until they are written and folded in
 
     def on_attempt(a: Attempt) -> None:
         where = a.device or a.url
@@ -183,6 +188,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
             writer.close()  # the jobs that finished keep their reports and history records
         except Exception:  # noqa: BLE001 - the first error is the one to raise
             pass
+        merge.discard()
         raise
     else:
         ex.close()
@@ -194,9 +200,12 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         if job.id not in finished:
             tries = attempts.get(job.id, []) if job.id not in build_failed else []
             finish(job, tries)
-    writer.close()  # the last batch, and every report written (with its history id)
-    finals = [finished[j.id][0] for j in jobs]
-    job_records = [finished[j.id][1] for j in jobs]
+    try:
+        writer.close()  # the last batch, and every report written (with its history id) and folded in
+    except BaseException:
+        merge.discard()
+        raise
+    job_records = [finished[j.id] for j in jobs]
 
     device_stats: dict[str, dict[str, Any]] = {}
     for rec in job_records:
@@ -211,8 +220,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         d["infra_rate"] = d["infra_failures"] / d["attempts"] if d["attempts"] else 0.0
     devices_out = sorted(device_stats.values(), key=lambda d: (-d["infra_rate"], d["url"]))
 
-    # the farm's jobs are different bundles by design: the jobs mode keeps them apart, never refuses
-    merged = merge_reports(finals, MergeOptions(jobs=True, names=[j.id for j in jobs]))
+    # the farm's jobs are different bundles by design: merge_reports' jobs mode, folded job by job
+    merged = merge.report()
     exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
     merged.summary.exit_code = exit_code
     merged.summary.verdict = {EXIT_PASS: Verdict.PASS, EXIT_FAIL: Verdict.FAIL}.get(exit_code, Verdict.ERROR)
@@ -232,8 +241,11 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         merged.extras["farm"]["shard"] = shard_rec["spec"]
     from bundlerun.runner.writers import write_reports  # start-up: loads numpy on use
 
-    write_record(merged, report_dir)  # the verdicts first, whatever a writer does
-    write_reports(merged, report_dir)
+    try:
+        write_record(merged, report_dir)  # the verdicts first, whatever a writer does
+        write_reports(merged, report_dir)
+    finally:
+        merge.discard()
     if interrupted:
         raise KeyboardInterrupt  # the report is written; the CLI says so and exits 130 (143 for SIGTERM)
     return FarmResult(merged, exit_code, job_records, devices_out)

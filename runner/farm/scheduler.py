@@ -39,31 +39,43 @@ class Attempt:
     attempt: int  # 1-based
     url: str
     device: str | None
-    report: Report
+    report: Report  # None once released
     elapsed_s: float
     retryable: bool = False
+    _kept: dict[str, Any] | None = None  # what the properties read, once the report is released
+
+    def release(self) -> None:
+        """Drop the report (its cases), keeping what the attempt's record needs: a 2,000-job farm
+        holds every attempt, and the reports are on disk and folded into the merged one."""
+        if self._kept is None:
+            self._kept = {"exit_code": self.exit_code, "verdict": self.verdict, "kinds": self.kinds,
+                          "node": self.node, "run_id": self.report.run.get("id")}
+            self.report = None  # type: ignore[assignment]
 
     @property
     def exit_code(self) -> int:
-        return self.report.summary.exit_code
+        return self._kept["exit_code"] if self._kept else self.report.summary.exit_code
 
     @property
     def verdict(self) -> str:
-        return self.report.summary.verdict
+        return self._kept["verdict"] if self._kept else self.report.summary.verdict
 
     @property
     def kinds(self) -> list[str]:
+        if self._kept:
+            return list(self._kept["kinds"])
         return sorted({c.error_kind.value for c in self.report.cases
                        if c.verdict in (Verdict.ERROR, Verdict.TIMEOUT) and c.error_kind})
 
     @property
     def node(self) -> dict[str, Any]:
-        return (self.report.extras.get("farm") or {}).get("node") or {}
+        return self._kept["node"] if self._kept else (self.report.extras.get("farm") or {}).get("node") or {}
 
     def record(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "url": self.url, "device": self.device, "exit_code": self.exit_code,
                 "verdict": self.verdict, "error_kinds": self.kinds, "retried": self.retryable,
-                "elapsed_s": round(self.elapsed_s, 4), "node": self.node, "run_id": self.report.run.get("id")}
+                "elapsed_s": round(self.elapsed_s, 4), "node": self.node,
+                "run_id": self._kept["run_id"] if self._kept else self.report.run.get("id")}
 
 
 def retryable(exit_code: int, kinds: list[str]) -> bool:

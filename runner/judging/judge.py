@@ -176,6 +176,11 @@ def summarize(cases: list[CaseRecord]) -> Summary:
             outputs += 1
         if not case.outputs:
             counts[case.verdict] += 1
+    return summary_of(counts, len(cases), outputs)
+
+
+def summary_of(counts: dict[str, int], cases: int, outputs: int) -> Summary:
+    """The verdict and exit code of counts per case-output (summed over the jobs of a farm as they finish)."""
     # A numerical failure wins over infrastructure errors: a real regression seen on
     # the cases that did run must not be mistaken for a flaky board.
     if not cases:
@@ -186,7 +191,7 @@ def summarize(cases: list[CaseRecord]) -> Summary:
         verdict, code = Verdict.ERROR, EXIT_INFRA
     else:
         verdict, code = Verdict.PASS, EXIT_PASS
-    return Summary(verdict, code, counts, len(cases), outputs)
+    return Summary(verdict, code, dict(counts), cases, outputs)
 
 
 def judge_run(bundle: Bundle, run: TargetRun, ctx: JudgeContext | None = None,

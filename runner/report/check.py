@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numbers
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bundlerun.runner.judging.outcome import EXIT_CODES, VERDICTS
 from bundlerun.runner.report.safe_text import visible
@@ -432,6 +432,37 @@ _TOP = {
 }
 
 
+class CaseChecker:
+    """check_report's part on the cases, one case at a time (a farm's merged report streams its
+    cases from disk, runner/report/record.py): each case's types, then no PASS summary over a
+    failing case."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+        self.seen = 0
+        self.failing: str | None = None
+
+    def check(self, case: Any) -> None:
+        _case(case, f"cases[{self.seen}]")
+        self.seen += 1
+        if self.failing is None and case["verdict"] in ("FAIL", "ERROR", "TIMEOUT"):
+            self.failing = case["verdict"]
+
+    def done(self) -> None:
+        summary = self.summary
+        if self.failing and (summary["verdict"] == Verdict.PASS or summary["exit_code"] == 0):
+            # a PASS summary over a failing case is no report bundlerun writes (edited or corrupted)
+            raise ReportCheckError(f"summary: verdict {summary['verdict']}, exit code {summary['exit_code']}, but a "
+                                   f"case is {self.failing}")
+
+
+def check_cases(cases: Iterable[Any], summary: dict[str, Any]) -> None:
+    checker = CaseChecker(summary)
+    for case in cases:
+        checker.check(case)
+    checker.done()
+
+
 def check_report(data: Any) -> None:
     """Raise ReportCheckError (one line, with the field's path) unless `data` has the types
     every reader of a report relies on."""
@@ -439,12 +470,4 @@ def check_report(data: Any) -> None:
     if "summary" not in report:
         raise ReportCheckError("summary: missing")
     fields(report, "", _TOP)
-    cases = lst(report.get("cases"), "cases")
-    for i, case in enumerate(cases):
-        _case(case, f"cases[{i}]")
-    summary = report["summary"]
-    failing = next((c["verdict"] for c in cases if c["verdict"] in ("FAIL", "ERROR", "TIMEOUT")), None)
-    if failing and (summary["verdict"] == Verdict.PASS or summary["exit_code"] == 0):
-        # a PASS summary over a failing case is no report bundlerun writes (edited or corrupted)
-        raise ReportCheckError(f"summary: verdict {summary['verdict']}, exit code {summary['exit_code']}, but a "
-                               f"case is {failing}")
+    check_cases(lst(report.get("cases"), "cases"), report["summary"])

@@ -167,13 +167,19 @@ def _unique(items: list[Any]) -> list[Any]:
 def _summary(cases: list[dict[str, Any]], reports: list[dict[str, Any]]) -> dict[str, Any]:
     from bundlerun.runner.judging.judge import summarize  # start-up: not loaded by `bundlerun --help`
 
-    summary = summarize([CaseRecord.from_json(c) for c in cases]).to_json()
-    codes = [(r.get("summary") or {}).get("exit_code") for r in reports]
+    return _summary_adjusted(summarize([CaseRecord.from_json(c) for c in cases]).to_json(),
+                             [r.get("summary") or {} for r in reports])
+
+
+def _summary_adjusted(summary: dict[str, Any], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cases' summary with what the inputs' own summaries add (a regression, a job that could
+    not start, an interruption): merge_reports' rule, also folded job by job (merge_jobs.py)."""
+    codes = [s.get("exit_code") for s in summaries]
     if summary["exit_code"] != 1 and 1 in codes:
         summary.update(verdict=Verdict.FAIL, exit_code=1)  # a regression against a baseline in one input
     elif summary["exit_code"] == 0 and 2 in codes:
         summary.update(verdict=Verdict.ERROR, exit_code=2)  # an input that could not run, with no case saying so
-    stopped = [(r.get("summary") or {}).get("exit_code") for r in reports if (r.get("summary") or {}).get("interrupted")]
+    stopped = [s.get("exit_code") for s in summaries if s.get("interrupted")]
     if stopped:  # 130 Ctrl-C, 143 SIGTERM (runner/judging/outcome.py)
         summary.update(interrupted=True, exit_code=combine_exit_codes([c for c in stopped if c in STOPPED_CODES]
                                                                       or [EXIT_INTERRUPTED]))

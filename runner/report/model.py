@@ -362,11 +362,12 @@ class Report:
                 lines.append(f"{case.method}[{case.case}]: {case.verdict} ({case.error})")
         return lines
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, cases: bool = True) -> dict[str, Any]:
+        """The report.json document; `cases=False`: with `cases` [] (a farm's merged report streams them, record.py)."""
         out: dict[str, Any] = {
             "schema": self.schema, "tool": self.tool, "run": self.run, "bundle": self.bundle, "target": self.target,
             "overrides": self.overrides, "warnings": self.warnings, "summary": self.summary.to_json(),
-            "cases": [c.to_json() for c in self.cases], "dataset": self.dataset,
+            "cases": [c.to_json() for c in self.cases] if cases else [], "dataset": self.dataset,
             "perf": {**self.perf_info, "summary": [p.to_json() for p in self.perf_summary()]},
         }
         for key in self._OPTIONAL:

@@ -10,12 +10,12 @@ import json
 import math
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from bundlerun.bundles.manifest_records import BuildInfo
-from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_chunks, atomic_write_text, file_sha256
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
 from bundlerun.targets.base import TargetRun, Verdict
@@ -23,7 +23,7 @@ from bundlerun._version import __version__
 from bundlerun.bundles.integrity import inputs_digest, program_sha256
 from bundlerun.bundles.manifest import describe_inputs
 from bundlerun.bundles.sequence import sequence_set_digest
-from bundlerun.runner.report.check import check_report
+from bundlerun.runner.report.check import CaseChecker, check_report
 from bundlerun.runner.report.model import Summary
 
 OUTPUTS_FILE = "outputs.npz"
@@ -100,10 +100,37 @@ def write_report(report: Report, out_dir: Path) -> Path:
     """report.json from the typed report, checked as every reader checks it (runner/report/check.py):
     what we write is what every reader accepts."""
 
+    if hasattr(report.cases, "dicts"):  # a farm's merged report: its cases stream from disk (merge_jobs.py)
+        return _write_streamed(report, Path(out_dir) / REPORT_FILE)
     data = report.to_json()
     check_report(data)
     text = json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False)
     return atomic_write_text(Path(out_dir) / REPORT_FILE, text + "\n")
+
+
+_CASES_HERE = "\x00bundlerun: the cases\x00"
+
+
+def _write_streamed(report: Report, path: Path) -> Path:
+    """report.json with the cases read back one at a time (never all in memory), each checked as
+    check_report checks it, laid out as json.dumps(indent=2) lays out the whole document."""
+    data = report.to_json(cases=False)
+    check_report(data)
+    checker = CaseChecker(data["summary"])
+    data["cases"] = _CASES_HERE
+    head, _, tail = json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False).partition(
+        json.dumps(_CASES_HERE))
+
+    def chunks() -> Iterator[bytes]:
+        yield head.encode("utf-8")
+        for case in report.cases.dicts():  # type: ignore[attr-defined]
+            checker.check(case)  # a bad case raises before the file replaces anything
+            body = json.dumps(case, indent=2, allow_nan=False).replace("\n", "\n    ")
+            yield (("[\n    " if checker.seen == 1 else ",\n    ") + body).encode("utf-8")
+        checker.done()
+        yield (b"[]" if checker.seen == 0 else b"\n  ]") + tail.encode("utf-8") + b"\n"
+
+    return atomic_write_chunks(path, chunks())
 
 
 def write_record(report: Report, out_dir: Path) -> Path | None:

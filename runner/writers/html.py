@@ -277,18 +277,25 @@ def _failed_section(report: Report, max_rows: int = 12) -> str:
     return "<h2 id='failed'>What failed</h2>" + "".join(parts)
 
 
-def _per_case(cases: list[CaseRecord], method: str, oi: int, key: str) -> tuple[list[Any], list[str]]:
-    """One value of stats[`key`] per case of `method` for output `oi` and the case's verdict for it
-    (a case that produced no output: no value, the case's verdict)."""
-    values: list[Any] = []
-    verdicts: list[str] = []
+def _per_case(cases: list[CaseRecord], outputs: set[tuple[str, int]]
+              ) -> dict[tuple[str, int], tuple[list[Any], list[Any], list[str]]]:
+    """For each (method, output index) of `outputs`: the SQNR and cosine of each case of the method
+    and the case's verdict for it (a case that produced no output: no value, the case's verdict).
+    One pass over the cases for all of them: a farm's merged report reads its cases from disk."""
+    per: dict[tuple[str, int], tuple[list[Any], list[Any], list[str]]] = {k: ([], [], []) for k in outputs}
+    by_method: dict[str, list[int]] = {}
+    for method, oi in sorted(outputs):
+        by_method.setdefault(method, []).append(oi)
+    if not per:
+        return per
     for case in cases:
-        if case.method != method:
-            continue
-        out = next((o for o in case.outputs if o.index == oi), None)
-        values.append(getattr(out.stats, key, None) if out is not None else None)
-        verdicts.append(out.verdict if out is not None else case.verdict)
-    return values, verdicts
+        for oi in by_method.get(case.method, ()):
+            out = next((o for o in case.outputs if o.index == oi), None)
+            sqnrs, cosines, verdicts = per[(case.method, oi)]
+            sqnrs.append(getattr(out.stats, "sqnr", None) if out is not None else None)
+            cosines.append(getattr(out.stats, "cosine_similarity", None) if out is not None else None)
+            verdicts.append(out.verdict if out is not None else case.verdict)
+    return per
 
 
 # Per-case strips one page draws at most: a matplotlib figure costs 0.3-2.4 s on a loaded machine, and
@@ -320,6 +327,7 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
                      "(those with a case that did not pass first); the others' figures are in the tables</p>")
     else:
         drawn = set(seen) if case_plots else set()
+    per_case = _per_case(cases, drawn)
     for (method, oi), out in sorted(seen.items()):
         case_plots = (method, oi) in drawn
         name = out.name or f"out{oi}"
@@ -330,7 +338,7 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
             f"{_e(expected.get('shape'))}; criteria: " + _e(", ".join(criteria_items(crit)) or "none") + "</span></h3>"
         )
         figs = []
-        sqnrs, verdicts = _per_case(cases, method, oi, "sqnr")
+        sqnrs, cosines, verdicts = per_case.get((method, oi), ([], [], []))
         stepped = method in sequence_methods
         if stepped:
             parts.append("<p class='note'>each case of this method is a step of an LLM sequence: SQNR and margin per "
@@ -343,7 +351,6 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
                              "SQNR per case (dB, signal = reference), each case in its own verdict's colour"
                              + ("; dashed: the floor" if floor is not None else "")))
         if case_plots and not stepped and isinstance(crit.cosine_min, (int, float)):
-            cosines, verdicts = _per_case(cases, method, oi, "cosine_similarity")
             figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
                                               "cosine similarity", crit.cosine_min, "floor cosine_min {}"),
                              f"cosine per case {method}/{name}", "cosine similarity per case; dashed: the floor"))
