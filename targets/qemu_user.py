@@ -128,6 +128,7 @@ SPEC = TargetSpec(
     doctor=_doctor,
     command_settings=("qemu", "runner", "debug_runner"),  # qemu-user passes a runner's syscalls to this machine
     capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    capture_prefix=True,  # the debug runner's --prefix_testset_idx: a sequence's earlier steps first
     elapsed=ElapsedClock("runner_case_wall_time", PerfKind.HOST_WALL,
                          "host wall clock of a case on the emulated executor_runner: one --server_mode trigger (input "
                          "files read, execute, outputs written), or where a case runs alone its whole qemu-aarch64 "

@@ -36,7 +36,7 @@ def test_the_first_diverging_step_is_in_step_order_not_the_worst():
     assert first_failing_step(seqs, "forward", set()) is None
 
 
-@pytest.mark.parametrize("url", ["tosa://fp", "qemu-user://aarch64"])
+@pytest.mark.parametrize("url", ["tosa://fp", "mlx://cpu"])
 def test_a_capture_that_cannot_replay_the_prefix_refuses(url, tmp_path):
     from bundlerun.targets.intermediates import IntermediatesUnsupported, capture
 

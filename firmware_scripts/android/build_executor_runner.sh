@@ -300,7 +300,7 @@ if llm:  # llm_ops/llm_ops.cmake; the patch: patches/
     extra["patches"] = ["executor_runner-server-testset"]
     extra["server_testset"] = True
 if e["BR_KIND"] == "debug_runner":  # its command line (firmware_scripts/android/README.md)
-    extra["cli"] = {"flags": ["--model_path", "--method_name", "--testset_idx", "--etdump_path",
+    extra["cli"] = {"flags": ["--model_path", "--method_name", "--testset_idx", "--prefix_testset_idx", "--etdump_path",
                               "--dump_intermediate_outputs", "--debug_output_path", "--debug_buffer_size",
                               "--output_folder_path", "--bundleio_rtol", "--bundleio_atol"],
                     "outputs": "output_0_<i>.raw", "exit_debug_buffer_overflow": 3}

@@ -29,6 +29,7 @@ SPEC = TargetSpec(
     # the local adb binary; programs, libraries and environment run on the device
     command_settings=("adb_path", "runner", "libraries", "env", "qnn_sdk_root", "qnn_backend_lib", "debug_runner"),
     capture=lazy("bundlerun.targets.android.intermediates:capture"),
+    capture_prefix=True,  # the debug runner's --prefix_testset_idx (not the qnn-executor-runner profile)
     device_key=lambda url: _device_key(url),
     lowering=lambda url: _lowering(url),
     repeat=True,

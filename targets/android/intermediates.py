@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError
-from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, parse_etdump
+from bundlerun.targets.intermediates import IntermediateRun, IntermediatesFailed, keep_last_run, parse_etdump
 from bundlerun.targets.remote.transport import MISSING_FILE
 from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.targets import parse_target_url
@@ -86,11 +86,32 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def debug_runner_args(method: str, case: int, buffer_size: int, model: str = "model.bpte") -> list[str]:
-    """bundlerun's debug runner: one bundled case (--testset_idx) with ETDump + debug buffer."""
-    return ["--model_path", model, "--method_name", method, "--testset_idx", str(int(case)),
-            "--etdump_path", ETDUMP, "--dump_intermediate_outputs", "--debug_output_path", DEBUG_OUTPUT,
-            "--debug_buffer_size", str(int(buffer_size)), "--output_folder_path", OUT]
+def debug_runner_args(method: str, case: int, buffer_size: int, model: str = "model.bpte",
+                      prefix: tuple[int, ...] = ()) -> list[str]:
+    """bundlerun's debug runner: one bundled case (--testset_idx) with ETDump + debug buffer, after the
+    cases of `prefix` (--prefix_testset_idx: a sequence's earlier steps) on the same loaded method."""
+    args = ["--model_path", model, "--method_name", method, "--testset_idx", str(int(case))]
+    if prefix:
+        args += ["--prefix_testset_idx", ",".join(str(int(c)) for c in prefix)]
+    return args + ["--etdump_path", ETDUMP, "--dump_intermediate_outputs", "--debug_output_path", DEBUG_OUTPUT,
+                   "--debug_buffer_size", str(int(buffer_size)), "--output_folder_path", OUT]
+
+
+PREFIX_FLAG = "--prefix_testset_idx"
+_UNKNOWN_FLAG_RE = re.compile(r"unknown command line flag '?prefix_testset_idx")
+
+
+def _check_prefix_support(url: str, runner: Path, prefix: tuple[int, ...]) -> None:
+    """A cached debug runner says its flags in runner.json: one built before --prefix_testset_idx existed
+    is refused in one line (a decode step on a fresh cache is not the step that failed)."""
+    if not prefix:
+        return
+    meta = read_record(Path(runner).parent) or {}
+    flags = (meta.get("cli") or {}).get("flags") if meta.get("kind") == RUNNER_KIND else None
+    if flags is not None and PREFIX_FLAG not in flags:
+        raise IntermediatesFailed(f"{url}: the debug runner {runner} cannot replay a sequence's earlier steps (its "
+                                  f"runner.json lists no {PREFIX_FLAG}); rebuild it: firmware_scripts/android/"
+                                  "build_executor_runner.sh --toolchain gnu --debug-runner")
 
 
 def qnn_debug_args(method_index: int, buffer_size: int) -> list[str]:
@@ -153,6 +174,10 @@ def _check_run(url: str, method: str, case: int, output: str, exit_status: int |
     """IntermediatesFailed, one line, when the run produced no usable ETDump + outputs."""
 
     where = f" (log: {log})"
+    if _UNKNOWN_FLAG_RE.search(output):  # a debug_runner=PATH built before the flag existed
+        raise IntermediatesFailed(f"{url}: {runner} does not know {PREFIX_FLAG} (built before it existed), so it "
+                                  "cannot replay a sequence's earlier steps; rebuild it from firmware_scripts/android/"
+                                  f"debug_runner{where}")
     if exit_status is None:
         raise IntermediatesFailed(f"{url}: {runner} did not finish {method}[{case}] within {timeout_s:g} s; it was "
                                   f"killed{where}")
@@ -183,10 +208,14 @@ def _read_outputs(bundle, method: str, case: int, folder: Path) -> list[np.ndarr
 
 
 def _result(url: str, bundle, method: str, case: int, folder: Path, buffer_size: int, runner: str,
-            notes: list[str]) -> IntermediateRun:
+            notes: list[str], prefix: tuple[int, ...] = ()) -> IntermediateRun:
     etdump, debug = folder / "etdump.etdp", folder / "debug_output.bin"
     if not etdump.is_file():
         raise IntermediatesFailed(f"{url}: {runner} wrote no ETDump for {method}[{case}]")
+    if prefix:  # one ETDump run per executed case: keep the captured step's (the Inspector merges runs)
+        keep_last_run(etdump)
+        notes = [f"replayed {len(prefix)} earlier step(s) of the sequence (cases {', '.join(map(str, prefix))}) on "
+                 f"the same loaded method before case {case}", *notes]
     try:
         outputs = _read_outputs(bundle, method, case, folder)
     except IntermediatesFailed as exc:
@@ -207,7 +236,7 @@ def _result(url: str, bundle, method: str, case: int, folder: Path, buffer_size:
 
 
 def _capture_qemu_user(url: str, config: dict, bundle, bundle_path: Path, method: str, case: int, work_dir: Path,
-                       timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
+                       timeout_s: float, debug_buffer_mb: int, prefix: tuple[int, ...] = ()) -> IntermediateRun:
     parsed = parse_target_url(url)
     arch = parsed.rest.lower()
     if arch not in ARCHES:
@@ -225,17 +254,19 @@ def _capture_qemu_user(url: str, config: dict, bundle, bundle_path: Path, method
         how = "debug_runner"
     else:
         runner, how = cached_debug_runner(arch, work_dir), "built from ExecuTorch's sources"
+    _check_prefix_support(url, runner, prefix)
     folder = work_dir / "qemu-user" / f"{safe_name(method)}-{case}"
     shutil.rmtree(folder, ignore_errors=True)
     (folder / OUT).mkdir(parents=True)
-    args = debug_runner_args(method, case, size, model=str(Path(bundle_path).resolve()))
+    args = debug_runner_args(method, case, size, model=str(Path(bundle_path).resolve()), prefix=prefix)
     log = folder / "runner.log"
     rc, elapsed, output = run_under_qemu(qemu, runner, args, folder, log, timeout_s, cpu=settings.cpu)
     desc = f"the {arch} debug runner"
     _check_run(url, method, case, output, rc, timeout_s, size, desc, log)
     notes = [f"runner: bundlerun's debug runner {runner} ({how}), {arch} under {qemu}, debug buffer {_size(size)}, "
              f"{elapsed:.1f} s"]
-    return _result(url, bundle, method, case, folder / OUT, size, "bundlerun's debug runner under qemu-user", notes)
+    return _result(url, bundle, method, case, folder / OUT, size, "bundlerun's debug runner under qemu-user", notes,
+                   prefix)
 
 
 # ------------------------------------------------------------------ adb://, adb+tcp://, adb+usb://
@@ -255,7 +286,7 @@ def _device_arch(target) -> tuple[str, str | None]:
 
 
 def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str, case: int, work_dir: Path,
-                 timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
+                 timeout_s: float, debug_buffer_mb: int, prefix: tuple[int, ...] = ()) -> IntermediateRun:
     from bundlerun.targets import open_target  # late: looked up at call time (tests replace it)
     from bundlerun.targets.android.target import _Budget, _safe  # start-up: loads flatbuffers on use
 
@@ -263,6 +294,10 @@ def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str,
     c = target.cfg
     size = _buffer_size(c.debug_buffer_bytes, debug_buffer_mb, url)
     qnn = c.profile == "qnn-executor-runner"
+    if qnn and prefix:  # one inference per qnn_executor_runner call: no way to keep the method across steps
+        raise IntermediatesFailed(f"{url}: the qnn-executor-runner profile runs one inference per process and cannot "
+                                  f"replay the {len(prefix)} earlier step(s) of case {case}'s sequence first; a decode "
+                                  "step on a fresh KV cache is not the step that failed")
     if c.debug_runner is not None and not Path(c.debug_runner).is_file():
         raise IntermediatesFailed(f"{url}: debug_runner {c.debug_runner} does not exist (build one for the device: "
                                   "firmware_scripts/android/build_executor_runner.sh --executorch DIR --debug-runner "
@@ -309,10 +344,11 @@ def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str,
                 if assumed:
                     notes.append(assumed)
                 runner, how = cached_debug_runner(arch, work_dir), f"{arch}, built from ExecuTorch's sources"
+            _check_prefix_support(url, runner, prefix)
             name = "debug_runner"
             arts = [Artifact(runner, name)] + [Artifact(Path(p), Path(p).name) for p in c.libraries]
             arts.append(Artifact(Path(bundle_path), "model.bpte"))
-            args = debug_runner_args(method, case, size)
+            args = debug_runner_args(method, case, size, prefix=prefix)
             env = {"LD_LIBRARY_PATH": ".", **c.env}
             runner_desc = f"bundlerun's debug runner {runner} ({how})"
             desc = "bundlerun's debug runner"
@@ -360,7 +396,7 @@ def _capture_adb(url: str, config: dict, bundle, bundle_path: Path, method: str,
     if not _remove_run_dir(target, run_dir):
         notes.append(f"the device folder {run_dir} could not be removed")
     target.transport.close()
-    return _result(url, bundle, method, case, local, size, desc, notes)
+    return _result(url, bundle, method, case, local, size, desc, notes, prefix)
 
 
 def _remove_run_dir(target, run_dir: str) -> bool:
@@ -383,8 +419,9 @@ def _remove_run_dir(target, run_dir: str) -> bool:
 
 
 def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, work_dir: Path,
-            timeout_s: float, debug_buffer_mb: int) -> IntermediateRun:
-    """Run `method`[`case`] of the bundle with every intermediate output on qemu-user:// or adb://."""
+            timeout_s: float, debug_buffer_mb: int, prefix: tuple[int, ...] = ()) -> IntermediateRun:
+    """Run `method`[`case`] of the bundle with every intermediate output on qemu-user:// or adb://, after
+    the cases of `prefix` (a stateful sequence's earlier steps) on the same loaded method."""
     from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     work_dir = Path(work_dir)
@@ -397,10 +434,14 @@ def capture(url: str, config: dict, bundle_path: Path, method: str, case: int, w
         raise IntermediatesFailed(f"{url}: the bundle has no method {method!r}") from None
     if not 0 <= case < len(suite.test_cases):
         raise IntermediatesFailed(f"{url}: {method} has cases 0-{len(suite.test_cases) - 1}, not {case}")
+    prefix = tuple(int(c) for c in prefix)
+    if any(not 0 <= c < len(suite.test_cases) for c in prefix):
+        raise IntermediatesFailed(f"{url}: the prefix names cases {method} does not have (0-{len(suite.test_cases) - 1})")
     try:
         family = parse_target_url(url).family
         lane = _capture_qemu_user if family == "qemu-user" else _capture_adb
-        return lane(url, dict(config or {}), bundle, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb)
+        return lane(url, dict(config or {}), bundle, bundle_path, method, case, work_dir, timeout_s, debug_buffer_mb,
+                    prefix)
     except IntermediatesFailed:
         raise
     except BundlerunError as exc:  # a bad option, a missing tool

@@ -10,6 +10,11 @@
  *   --model_path model.bpte          the bundle (BundleIO .bpte; inputs come from its test case)
  *   --method_name NAME               default: the program's first method
  *   --testset_idx N                  the bundle's test case to run (default 0)
+ *   --prefix_testset_idx A,B,...     test cases run first, in this order, on the same loaded method and
+ *                                    without intermediate logging: the earlier steps of a stateful
+ *                                    sequence (an LLM's KV cache lives in the method), so case N runs on
+ *                                    the state they leave. The ETDump then holds one run per case; the
+ *                                    last one is case N (bundlerun keeps only it)
  *   --etdump_path etdump.etdp        where the ETDump goes
  *   --dump_intermediate_outputs      log every operator output into the debug buffer
  *   --debug_output_path debug_output.bin
@@ -58,6 +63,10 @@
 DEFINE_string(model_path, "model.bpte", "BundleIO program (.bpte) to run.");
 DEFINE_string(method_name, "", "Method to run. If empty, the program's first method.");
 DEFINE_int32(testset_idx, 0, "Index of the bundled test case whose inputs are run.");
+DEFINE_string(
+    prefix_testset_idx,
+    "",
+    "Comma-separated bundled test cases run first on the same loaded method, without intermediate logging.");
 DEFINE_string(etdump_path, "etdump.etdp", "Write the ETDump to this path.");
 DEFINE_bool(dump_intermediate_outputs, false, "Dump intermediate outputs to the debug buffer.");
 DEFINE_string(debug_output_path, "debug_output.bin", "Write the debug buffer (its used bytes) to this path.");
@@ -165,6 +174,27 @@ bool read_file(const std::string& path, std::vector<uint8_t>& out) {
   return n == 0 || static_cast<bool>(file.read(reinterpret_cast<char*>(out.data()), n));
 }
 
+// "3,0,12" -> {3, 0, 12}; false for anything else (an empty string is no prefix).
+bool parse_indices(const std::string& text, std::vector<size_t>& out) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    out.push_back(static_cast<size_t>(std::stoul(item)));
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+    if (pos == text.size()) {
+      return false; // a trailing comma
+    }
+  }
+  return true;
+}
+
 bool write_file(const std::string& path, const void* data, size_t size) {
   FILE* f = fopen(path.c_str(), "wb");
   if (f == nullptr) {
@@ -194,6 +224,12 @@ int main(int argc, char** argv) {
   }
   if (FLAGS_testset_idx < 0 || FLAGS_debug_buffer_size <= 0) {
     ET_LOG(Error, "--testset_idx must be >= 0 and --debug_buffer_size > 0");
+    return 1;
+  }
+  std::vector<size_t> prefix;
+  if (!parse_indices(FLAGS_prefix_testset_idx, prefix)) {
+    ET_LOG(Error, "--prefix_testset_idx: expected comma-separated test case indices, got '%s'",
+           FLAGS_prefix_testset_idx.c_str());
     return 1;
   }
 
@@ -261,6 +297,30 @@ int main(int argc, char** argv) {
       method_name.c_str(),
       static_cast<uint32_t>(method.error()));
   ET_LOG(Info, "Method loaded.");
+
+  // The earlier steps of a sequence first, on this loaded method, before any intermediate is logged.
+  for (size_t k = 0; k < prefix.size(); ++k) {
+    status = executorch::bundled_program::load_bundled_input(*method, file_data.data(), prefix[k]);
+    if (status != Error::Ok) {
+      ET_LOG(
+          Error,
+          "Cannot load the inputs of prefix test case %zu of method %s from the bundle: 0x%" PRIx32,
+          prefix[k],
+          method_name.c_str(),
+          static_cast<uint32_t>(status));
+      return 1;
+    }
+    status = method->execute();
+    ET_CHECK_MSG(
+        status == Error::Ok,
+        "Execution of prefix test case %zu of method %s failed with status 0x%" PRIx32,
+        prefix[k],
+        method_name.c_str(),
+        static_cast<uint32_t>(status));
+  }
+  if (!prefix.empty()) {
+    ET_LOG(Info, "Ran %zu prefix test case(s) on the loaded method.", prefix.size());
+  }
 
   const size_t buffer_size = static_cast<size_t>(FLAGS_debug_buffer_size);
   std::unique_ptr<uint8_t, decltype(&free)> debug_buffer(nullptr, &free);
