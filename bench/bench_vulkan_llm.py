@@ -79,7 +79,7 @@ def main() -> int:
         tokens = [len(s.tokens) for s in steps]
         cases = len(steps)
         bare_loop(runner, bpte, cases, env, Path(tmp) / "warm")  # warm-up (untimed): Mesa's shader cache
-        bare, ours, loads, bare_steps, our_steps = [], [], [], [], []
+        bare, ours, loads, bare_steps, our_steps, one = [], [], [], [], [], []
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])
             wall, per = bare_loop(runner, bpte, cases, env, Path(tmp) / f"bare{r}")
@@ -93,6 +93,13 @@ def main() -> int:
                 raise SystemExit(f"bundlerun run exited {proc.returncode}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
             report = json.loads((Path(tmp) / f"r{r}" / "report.json").read_text())
             our_steps.append([c["elapsed_s"] for c in report["cases"]])
+            # one step (the command's fixed part): the other steps are not run, their sequences ERROR (exit 2)
+            t = time.perf_counter()
+            proc = subprocess.run([exe, "run", str(bpte), "--target", URL, "--select", "0", "--quiet", "--no-history",
+                                   "--report", f"{tmp}/o{r}"], capture_output=True, text=True)
+            one.append(time.perf_counter() - t)
+            if proc.returncode not in (0, 1, 2):
+                raise SystemExit(f"bundlerun run --select 0 exited {proc.returncode}: {proc.stderr[-1500:]}")
     size = len(bundle.program)
     decode = [i for i, n in enumerate(tokens) if n == 1]
 
@@ -103,6 +110,7 @@ def main() -> int:
     print(f"  build (export_llama, or a build-cache copy): {build_s:.1f} s; program {size:,} bytes")
     print(f"  bare server loop: best {min(bare):.2f} s, median {statistics.median(bare):.2f} s ({[round(x, 2) for x in bare]})")
     print(f"  bundlerun run:    best {min(ours):.2f} s, median {statistics.median(ours):.2f} s ({[round(x, 2) for x in ours]})")
+    print(f"  bundlerun run --select 0 (one step: the command's fixed part): best {min(one):.2f} s")
     print(f"  per decode token (median trigger): bare {per_token_ms(bare_steps):.2f} ms, bundlerun "
           f"{per_token_ms(our_steps):.2f} ms; per-token ratio {per_token_ms(our_steps) / per_token_ms(bare_steps):.2f}")
     print(f"  RATIO (whole command) best {min(ours) / min(bare):.2f}, median "

@@ -7,7 +7,8 @@ by changing that one setting (firmware_scripts/vulkan/fetch_lavapipe_backports.s
 runner sees ONLY that driver: VK_ICD_FILENAMES names it, the loader's other driver variables are
 dropped and Mesa's implicit device-select layer is off. Which device and driver actually ran (name,
 Mesa version, Vulkan version) is read from the driver itself before the run (`probe_driver`) and
-goes into the report's target info.
+goes into the report's target info (asked once per driver file version: the answer is kept in the
+bundlerun cache, vulkan_probes/).
 
 The cases of a method run on one executor_runner in `--server_mode` (targets/et_runner/server.py):
 the driver, the program and the delegate's compute graph are set up once, each case's inputs go in
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.cache_dirs import cache_dir
 from bundlerun.bundles.errors import ConfigError, TargetError
+from bundlerun.bundles.fileio import atomic_write_text
 from bundlerun.bundles.limits import MAX_RECORD_BYTES
 from bundlerun.bundles.safe_read import UnsafeFileError, load_json_bounded
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
@@ -129,32 +131,80 @@ def runner_env(icd: Path, shader_cache: Path) -> dict[str, str]:
     return env
 
 
-_PROBES: dict[tuple[str, float], dict[str, Any]] = {}
+_PROBES: dict[str, dict[str, Any]] = {}
+
+
+def _probe_key(icd: Path) -> str | None:
+    """The driver file version a probe answers for: the ICD json and the library it names, each by
+    resolved path, size and mtime (a rebuilt or replaced driver is probed again); None when unreadable."""
+    import hashlib
+
+    lib, why = icd_library(icd)
+    parts = []
+    for path in (str(icd), None if why else lib):
+        if path is None:
+            return None
+        try:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+        except OSError:
+            if path == lib and "/" not in path:  # a bare soname: the loader's search path, not a file we can stat
+                parts.append(path)
+                continue
+            return None
+        parts.append(f"{real}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
 def probe_driver(icd: Path, timeout_s: float = 60.0) -> dict[str, Any]:
     """What the driver behind `icd` says it is: {"devices": [{name, driver_name, driver_info, api, type}]}
     or {"error": ...}. Asked through the Vulkan loader in a child process (the loader reads
-    VK_ICD_FILENAMES once per process), once per ICD file version."""
+    VK_ICD_FILENAMES once per process), once per ICD file and driver library version: a successful answer
+    is kept in the bundlerun cache (vulkan_probes/), since creating a lavapipe instance costs ~0.4 s of
+    every run (bench/bench_vulkan_llm.py); an error is never kept, so a broken driver is asked every time."""
+    key = _probe_key(Path(icd))
+    if key is None:
+        if not os.path.exists(icd):
+            return {"error": f"the Vulkan ICD {icd} does not exist"}
+        return _ask_driver(Path(icd), timeout_s)
+    if key in _PROBES:
+        return _PROBES[key]
+    stored = cache_dir("vulkan_probes") / f"{key}.json"
     try:
-        key = (str(Path(icd).resolve()), Path(icd).stat().st_mtime)
-    except OSError:
-        return {"error": f"the Vulkan ICD {icd} does not exist"}
-    if key not in _PROBES:
-        env = runner_env(Path(icd), default_shader_cache())
-        try:
-            proc = subprocess.run([sys.executable, "-c", "from bundlerun.targets.vulkan import _probe_child; _probe_child()"],
-                                  capture_output=True, text=True, timeout=timeout_s, env=env,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-            lines = proc.stdout.strip().splitlines()
-            result = json.loads(lines[-1]) if lines else {
-                "error": f"the driver probe died (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"}
-        except subprocess.TimeoutExpired:
-            result = {"error": f"the driver did not answer within {timeout_s:g} s"}
-        except ValueError:
-            result = {"error": f"the driver probe printed no JSON: {proc.stdout.strip()[-200:]}"}
-        _PROBES[key] = result
-    return _PROBES[key]
+        result = load_json_bounded(stored, MAX_RECORD_BYTES)
+        if not _probe_answer(result):
+            raise ValueError("not a probe answer")
+    except (OSError, ValueError, UnsafeFileError):
+        result = _ask_driver(Path(icd), timeout_s)
+        if "error" not in result:
+            try:
+                atomic_write_text(stored, json.dumps(result))
+            except OSError:
+                pass  # an unwritable cache only costs the next run another probe
+    _PROBES[key] = result
+    return result
+
+
+def _probe_answer(data: Any) -> bool:
+    """A stored probe is used only when it has the shape the child prints (else it is asked again)."""
+    return (isinstance(data, dict) and set(data) == {"devices"} and isinstance(data["devices"], list)
+            and bool(data["devices"]) and all(isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+                                               for d in data["devices"]))
+
+
+def _ask_driver(icd: Path, timeout_s: float) -> dict[str, Any]:
+    env = runner_env(icd, default_shader_cache())
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from bundlerun.targets.vulkan import _probe_child; _probe_child()"],
+                              capture_output=True, text=True, timeout=timeout_s, env=env,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+        lines = proc.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if lines else {
+            "error": f"the driver probe died (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"}
+    except subprocess.TimeoutExpired:
+        return {"error": f"the driver did not answer within {timeout_s:g} s"}
+    except ValueError:
+        return {"error": f"the driver probe printed no JSON: {proc.stdout.strip()[-200:]}"}
 
 
 def _probe_child() -> None:
