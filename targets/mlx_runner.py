@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import TargetError
+from bundlerun.targets.gil_handoff import responsive_waits
 from bundlerun.targets.et_runner import executor_runner, server
 from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure
@@ -216,12 +217,13 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
             raise TargetError(result.error or "the MLX runner cannot start")
         return result
 
-    server.run_cases(bundle, options, run, server.own_process_reason(served, executions, etdump, print_output),
-                     lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
-                                                          lambda out, code: classify(out, code, runner),
-                                                          "the MLX runner", lambda r: run.record(r, options),
-                                                          bundled=bundled),
-                     alone, bundled=bundled)
+    with responsive_waits():  # the judge-ahead thread must not delay each step (targets/gil_handoff.py)
+        server.run_cases(bundle, options, run, server.own_process_reason(served, executions, etdump, print_output),
+                         lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
+                                                              lambda out, code: classify(out, code, runner),
+                                                              "the MLX runner", lambda r: run.record(r, options),
+                                                              bundled=bundled),
+                         alone, bundled=bundled)
     if bundled:
         run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
     return run

@@ -34,6 +34,7 @@ from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetBase, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.settings import did_you_mean, parse_settings
+from bundlerun.targets.gil_handoff import responsive_waits
 from bundlerun.targets.workers.supervisor import run_in_worker
 from bundlerun.targets.base import PerfKind
 from bundlerun.bundles.errors import ConfigError
@@ -303,8 +304,9 @@ class QnnTarget(TargetBase):
         if options.repeat > 1:  # one warm-up execution per case (its outputs are judged) + N timed ones
             args += ["--repeat", str(options.repeat)]
             run_info.update(repeat=options.repeat, warmup=1)
-        run = run_in_worker(self.url, "bundlerun.targets.qnn", args, bundle, options, "qnn-sim", run_info, warnings,
-                            warm=True)
+        with responsive_waits():  # the judge-ahead thread must not delay each step (targets/gil_handoff.py)
+            run = run_in_worker(self.url, "bundlerun.targets.qnn", args, bundle, options, "qnn-sim", run_info, warnings,
+                                warm=True)
         causes: dict[str, tuple[FailureKind, str] | None] = {}
         for case in run.cases:
             _refine(case, version, built_version, causes)

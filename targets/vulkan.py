@@ -50,6 +50,7 @@ from bundlerun.bundles.limits import MAX_RECORD_BYTES
 from bundlerun.bundles.safe_read import UnsafeFileError, load_json_bounded
 from bundlerun.targets import Check, ElapsedClock, TargetSpec, TargetURL
 from bundlerun.targets.et_runner import executor_runner, server
+from bundlerun.targets.gil_handoff import responsive_waits
 from bundlerun.targets.et_runner.log import parse_runner_log
 from bundlerun.targets.et_runner.protocol import Failure
 from bundlerun.targets.base import (
@@ -454,17 +455,18 @@ class VulkanTarget(TargetBase):
                               "cannot serve them on one loaded method (built without bundled serving, "
                               "executor_runner-server-testset.patch); rebuild it with bash firmware_scripts/vulkan/"
                               "build_vulkan_runner.sh", kind="bad-config")
-        server.run_cases(
-            bundle, options, run,
-            server.own_process_reason(self.settings.server, executions, self.settings.etdump,
-                                      self.settings.print_output),
-            lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
-                                                 lambda out, code: classify(out, code, self.icd, probe),
-                                                 "the Vulkan runner", lambda r: run.record(r, options), env=env,
-                                                 bundled=bundled),
-            lambda method, index: self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s,
-                                             executions),
-            bundled=bundled)
+        with responsive_waits():  # the judge-ahead thread must not delay each step (targets/gil_handoff.py)
+            server.run_cases(
+                bundle, options, run,
+                server.own_process_reason(self.settings.server, executions, self.settings.etdump,
+                                          self.settings.print_output),
+                lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
+                                                     lambda out, code: classify(out, code, self.icd, probe),
+                                                     "the Vulkan runner", lambda r: run.record(r, options), env=env,
+                                                     bundled=bundled),
+                lambda method, index: self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s,
+                                                 executions),
+                bundled=bundled)
         if bundled:
             run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
         return run
