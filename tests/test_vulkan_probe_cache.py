@@ -14,6 +14,8 @@ import pytest
 
 from bundlerun.targets import vulkan
 
+pytestmark = pytest.mark.slow  # every test starts the real probe child (vulkan.probe_driver), unseen by tests/tiers.py
+
 LAVAPIPE = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 
 
