@@ -18,6 +18,7 @@ from bundlerun.bundles.manifest import Manifest
 from bundlerun.bundles.versions import package_versions
 from bundlerun.bundles import build_cache
 from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.bundles.report_fit import bundle_report_fit
 
 if TYPE_CHECKING:
     from bundlerun.bundles.builder import BuildRequest
@@ -77,4 +78,7 @@ def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> Buil
     assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
     info = dict(manifest.build.lowering or {})
     info.update({"cache": "hit", "cache_key": key})
+    fit = bundle_report_fit(bundle)  # a run that would not fit in its report is said at every build
+    if fit:
+        info["warnings"] = [*info.get("warnings", []), *fit]
     return BuildResult(path=path, manifest=manifest, info=info)

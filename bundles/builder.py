@@ -35,6 +35,7 @@ from bundlerun.bundles.inputs import case_rng
 from bundlerun.bundles.limits import MAX_CASES, MAX_SEED
 from bundlerun.bundles.llm_build import build_llm_bundle, is_llm
 from bundlerun.bundles.llm_qnn import build_qnn_llm_bundle
+from bundlerun.bundles.report_fit import bundle_report_fit
 
 
 # PTQ calibration (bundlerun's own numbers): 64 samples for small inputs (16 left mlp int8 at 20.3 dB SQNR,
@@ -370,6 +371,9 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     except OSError as exc:  # a full disk: one line naming the file, as a cached build's copy says it
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info = lowering.info
+    fit = bundle_report_fit(bundle)  # a run whose outputs would not fit in its report: said now, not after it
+    if fit:
+        info.setdefault("warnings", []).extend(fit)
     if use_cache:
         stored = build_cache.store(key, path)
         info = {**lowering.info, "cache": "miss" if stored else "not stored", "cache_key": key}

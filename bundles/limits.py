@@ -30,6 +30,13 @@ MAX_JSON_STRING = 1 << 20  # characters of one JSON string from outside (paths, 
 MAX_RECORD_BYTES = 4 << 20  # a runner.json or ICD json: a few KiB in practice
 MAX_WALK_DEPTH = 64  # folders nested under a folder bundlerun walks (golden artifacts are 1-2 deep)
 MAX_WALK_ENTRIES = 1_000_000  # files and folders listed under such a folder
+# A report.json is read whole (runner/report/model.py, `read_report`): 100,000 cases with full stats
+# are ~150 MB. Here, with bundles/ below runner/, so a build can tell a run will not fit (bundles/report_fit.py).
+MAX_REPORT_BYTES = 512 << 20
+# The raw outputs one report keeps (`run --save-outputs`: outputs.npz). Every reader of that file holds
+# it whole in memory: `judge` and `tolerance suggest` (runner/history/saved_outputs.py) and the HTML
+# report's plots (runner/writers/__init__.py, PLOT_OUTPUTS_MAX, this bound); a run past it keeps none.
+MAX_REPORT_OUTPUTS_BYTES = 1 << 30
 MAX_PROGRAM_BYTES = 2**31 - 1  # a .pte read whole: a bundle is one flatbuffer, at most 2 GiB - 1 bytes
 # (flatbuffers' Python builder, flatbuffers/builder.py: Builder.MAX_BUFFER_SIZE = 2**31)
 

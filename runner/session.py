@@ -22,12 +22,13 @@ from typing import Any, Callable
 
 from bundlerun.bundles.bpte import Bundle, read_bundle
 from bundlerun.bundles.errors import BundlerunError, ConfigError
+from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner import interrupts
 from bundlerun.runner.judging.ahead import JudgeAhead
 from bundlerun.runner.judging.judge import JudgeContext, judge_run, judge_sequences, load_context, summarize
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
-from bundlerun.runner.report.record import OUTPUTS_FILE, bundle_section, host_section, note_unwritten, save_outputs, target_section, tool_version, write_record
+from bundlerun.runner.report.record import OUTPUTS_FILE, OutputsWriter, bundle_section, host_section, note_unwritten, target_section, tool_version, write_record
 from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
@@ -127,6 +128,98 @@ def perf_conditions(req: RunRequest, run: TargetRun | None, load_before: list[fl
     return out
 
 
+class CaseStream:
+    """What a run keeps of each case's raw outputs: they go into outputs.npz as they come
+    (`--save-outputs`), output 0 is kept for a dataset's top-k, and then the bytes are let go, once
+    the case is judged (runner/judging/ahead.py calls `release` on its thread, after judging). A run
+    so holds one case's outputs at a time, not every case's (issue 36: dl3's 16 cases are 135 MB of
+    outputs). Without a judge ahead (`--replay N` compares every run's outputs at the end, `--repeat`)
+    every output stays until the end, and outputs.npz is written then, still a case at a time."""
+
+    def __init__(self, bundle: Bundle, req: RunRequest, warnings: list[str]) -> None:
+        self.first_outputs: dict[str, Any] | None = {} if bundle.manifest and bundle.manifest.dataset else None
+        self.outputs: OutputsWriter | None = None
+        self.unwritten: OSError | None = None
+        self.released: set[int] = set()  # id() of results whose outputs were saved and let go
+        if req.save_outputs:
+            total = _selected_output_bytes(bundle, req)
+            if total > MAX_REPORT_OUTPUTS_BYTES:
+                warnings.append(f"--save-outputs: the selected cases' outputs are {total / (1 << 20):,.0f} MiB, more "
+                                f"than the {MAX_REPORT_OUTPUTS_BYTES >> 20} MiB a report keeps (bundlerun's bound, "
+                                "bundles/limits.py): outputs.npz not written")
+            else:
+                try:
+                    self.outputs = OutputsWriter(req.report_dir)
+                except OSError as exc:
+                    self.unwritten = exc
+
+    def _keep(self, result: CaseResult) -> None:
+        if self.outputs is not None:
+            try:
+                self.outputs.add(result)
+            except OSError as exc:  # a full disk: the run goes on, the report says outputs.npz is missing
+                self.outputs.abandon()
+                self.outputs, self.unwritten = None, exc
+        if self.first_outputs is not None and result.outputs:
+            try:  # the dataset's top-k reads output 0 of each case (runner/judging/accuracy.py): logits
+                self.first_outputs[f"{result.method}/{result.case_index}/0"] = result.outputs[0].to_array().copy()
+            except (ValueError, TypeError, OverflowError):
+                pass
+
+    def release(self, result: CaseResult) -> bool:
+        """`result` was judged: save what the report keeps of its outputs and let the bytes go."""
+        self._keep(result)
+        self.released.add(id(result))
+        result.outputs = []
+        return True
+
+    def dataset_outputs(self, run: TargetRun) -> dict[str, Any]:
+        """Output 0 of each case as the dataset's top-k reads it."""
+        kept = dict(self.first_outputs or {})
+        for c in run.cases:
+            for j, r in enumerate(c.outputs):
+                kept.setdefault(f"{c.method}/{c.case_index}/{j}", r.to_array())
+        return kept
+
+    def save(self, report: Report, run: TargetRun, report_dir: Path) -> None:
+        """outputs.npz in place (or the reason it is not) and its digest in the report."""
+        if self.unwritten is not None:
+            note_unwritten(report, Path(report_dir) / OUTPUTS_FILE, self.unwritten)
+            return
+        if self.outputs is None:
+            return  # over the bound: said in the warnings
+        try:
+            for result in run.cases:  # results not let go during the run are saved now
+                if id(result) not in self.released:
+                    self.outputs.add(result)
+            report.outputs_file = str(self.outputs.close())
+            self.outputs = None
+        except OSError as exc:
+            self.abandon()
+            note_unwritten(report, Path(report_dir) / OUTPUTS_FILE, exc)
+            return
+        from bundlerun.runner.history.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
+
+        report.outputs_sha256 = file_digest(report.outputs_file)
+
+    def abandon(self) -> None:
+        if self.outputs is not None:
+            self.outputs.abandon()
+            self.outputs = None
+
+
+def _selected_output_bytes(bundle: Bundle, req: RunRequest) -> int:
+    """Bytes of the expected outputs of the cases this run selects (what the target brings back)."""
+    total = 0
+    for suite in bundle.method_test_suites:
+        if req.methods and suite.method_name not in req.methods:
+            continue
+        for i, case in enumerate(suite.test_cases):
+            if req.cases is None or i in req.cases:
+                total += sum(len(v.data or b"") for v in case.expected_outputs)
+    return total
+
+
 def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
                 session: "Session | None" = None) -> Report:
     """Run and judge; returns the typed report (written to req.report_dir unless `write` is False,
@@ -148,9 +241,11 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             session.release(target) if session else _close_quietly(target)
         raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
     finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
+    warnings = list(ctx.warnings)
+    stream = CaseStream(bundle, req, warnings)  # outputs saved as they come and let go once judged
     ahead = None
     if req.replay <= 1 and req.repeat <= 1:  # each case judged while the target runs the next (judging/ahead.py)
-        ahead = JudgeAhead(bundle, ctx)
+        ahead = JudgeAhead(bundle, ctx, after=stream.release)
 
     def progress(result: CaseResult) -> None:
         finished[(result.method, result.case_index)] = result
@@ -176,7 +271,6 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         req.on_start(len(pairs))
     run: TargetRun | None = None
     interrupted = False
-    warnings = list(ctx.warnings)
     load_before = _loadavg()
     refused = None
     try:
@@ -221,7 +315,10 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
         try:
             report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
-                                    load_before, ahead)
+                                    load_before, ahead, stream)
+        except BaseException:
+            stream.abandon()
+            raise
         finally:
             if ahead is not None:
                 ahead.close()
@@ -252,7 +349,7 @@ def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, Bu
 
 def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeContext, warnings: list[str],
                    override_records: list[dict[str, Any]], interrupted: bool, started: str, t0: float,
-                   load_before: list[float] | None, ahead: Any = None) -> Report:
+                   load_before: list[float] | None, ahead: Any = None, stream: CaseStream | None = None) -> Report:
     """Judge the target's run and build the report of record."""
     warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx, ahead)
@@ -289,18 +386,11 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
     if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.dataset:
-        report.dataset = dataset_from_outputs(bundle, {
-            f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)
-        }, req.confidence)
+        outputs = stream.dataset_outputs(run) if stream is not None else {
+            f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)}
+        report.dataset = dataset_from_outputs(bundle, outputs, req.confidence)
     if req.save_outputs:
-        try:
-            report.outputs_file = str(save_outputs(run, req.report_dir))
-        except OSError as exc:
-            note_unwritten(report, Path(req.report_dir) / OUTPUTS_FILE, exc)
-        else:
-            from bundlerun.runner.history.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
-
-            report.outputs_sha256 = file_digest(report.outputs_file)
+        (stream or CaseStream(bundle, req, report.warnings)).save(report, run, req.report_dir)
     return report
 
 

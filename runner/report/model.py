@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bundlerun.bundles.errors import BundlerunError
+from bundlerun.bundles.limits import MAX_REPORT_BYTES
 from bundlerun.bundles.manifest import Criteria
 from bundlerun.runner.judging.stats_records import OutputStats, TensorStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
@@ -412,4 +413,3 @@ def read_report(path: str | Path) -> Report:
         raise ReportError(f"{path}: {exc}") from None
 
 
-MAX_REPORT_BYTES = 512 << 20  # a report.json read whole (100,000 cases with full stats are ~150 MB)

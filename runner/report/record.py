@@ -5,20 +5,23 @@ The terminal view is runner/report/console.py."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
+import os
 import platform
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+from numpy.lib import format as npy
 
 from bundlerun.bundles.manifest_records import BuildInfo
-from bundlerun.bundles.fileio import atomic_write_bytes, atomic_write_chunks, atomic_write_text, file_sha256
+from bundlerun.bundles.fileio import _umask, atomic_write_chunks, atomic_write_text, file_sha256
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.runner.report.model import REPORT_FILE, Report
-from bundlerun.targets.base import TargetRun, Verdict
+from bundlerun.targets.base import CaseResult, TargetRun, Verdict
 from bundlerun._version import __version__
 from bundlerun.bundles.integrity import inputs_digest, program_sha256
 from bundlerun.bundles.manifest import describe_inputs
@@ -151,15 +154,80 @@ def note_unwritten(report: Report, path: Path, exc: OSError) -> None:
         report.unwritten.append(entry)
 
 
-def save_outputs(run: TargetRun, out_dir: Path) -> Path:
-    """Actual outputs as `{method}/{case}/{index}` arrays (bfloat16 as uint16 words)."""
-    arrays: dict[str, np.ndarray] = {}
-    for case in run.cases:
+class OutputsWriter:
+    """outputs.npz written as the cases come (`run --save-outputs`), so no run holds every case's
+    outputs to save them: each output is one `.npy` member of a deflated zip, the file
+    `np.savez_compressed` writes (at zlib level 1: float outputs barely compress, dl3's to 0.837 of their
+    size at level 1 and 0.831 at numpy's 6, in 70% of the time), as `{method}/{case}/{index}` (bfloat16
+    as uint16 words). The zip grows
+    in a temp file beside the report; `close()` renames it into place (atomic, as every report file)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = Path(out_dir) / OUTPUTS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{OUTPUTS_FILE}.", suffix=".tmp", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._fh = os.fdopen(fd, "w+b")
+        self._zip: zipfile.ZipFile | None = zipfile.ZipFile(self._fh, "w", zipfile.ZIP_DEFLATED, allowZip64=True,
+                                                            compresslevel=1)
+        self.keys: set[str] = set()
+
+    def add(self, case: CaseResult) -> None:
+        """The case's outputs, once (a key already written is skipped); malformed bytes (judged ERROR
+        by the judge) are not saved."""
         for j, raw in enumerate(case.outputs):
-            arrays[f"{case.method}/{case.case_index}/{j}"] = raw.to_array()
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
-    return atomic_write_bytes(Path(out_dir) / OUTPUTS_FILE, buf.getvalue())
+            key = f"{case.method}/{case.case_index}/{j}"
+            if key in self.keys or self._zip is None:
+                continue
+            try:
+                array = raw.to_array()
+            except (ValueError, TypeError, OverflowError):
+                continue
+            with self._zip.open(key + ".npy", "w", force_zip64=True) as member:
+                npy.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+            self.keys.add(key)
+
+    def close(self) -> Path:
+        """Finish the zip and put it in place; the path of outputs.npz."""
+        try:
+            if self._zip is not None:
+                self._zip.close()
+                self._zip = None
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            os.chmod(self._tmp, 0o666 & ~_umask())
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.abandon()
+            raise
+        return self.path
+
+    def abandon(self) -> None:
+        """Nothing is kept: the temp file goes, outputs.npz is not written."""
+        try:
+            if self._zip is not None:
+                self._zip.close()
+        except (OSError, ValueError):
+            pass
+        self._zip = None
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        self._tmp.unlink(missing_ok=True)
+
+
+def save_outputs(run: TargetRun, out_dir: Path) -> Path:
+    """Every case's outputs of `run` into outputs.npz (OutputsWriter, one case at a time)."""
+    writer = OutputsWriter(out_dir)
+    try:
+        for case in run.cases:
+            writer.add(case)
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.close()
 
 
 def build_failure_report(model: str, target: str, message: str, label: str | None = None) -> Report:

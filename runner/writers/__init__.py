@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import numpy as np
 
 from bundlerun.bundles.errors import BundlerunError, BundleFormatError
+from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner.report.record import note_unwritten
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | Non
         return None
 
 
-PLOT_OUTPUTS_MAX = 1 << 30  # bytes of saved outputs the HTML report's plots read (bundlerun's own bound)
+PLOT_OUTPUTS_MAX = MAX_REPORT_OUTPUTS_BYTES  # bytes of saved outputs the HTML report's plots read (bundlerun's own bound)
 
 
 def _load_bundle(bundle: Any, report: "Report"):
