@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
+import threading
 import time
+import zipfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,13 +136,21 @@ class CaseStream:
     the case is judged (runner/judging/ahead.py calls `release` on its thread, after judging). A run
     so holds one case's outputs at a time, not every case's (issue 36: dl3's 16 cases are 135 MB of
     outputs). Without a judge ahead (`--replay N` compares every run's outputs at the end, `--repeat`)
-    every output stays until the end, and outputs.npz is written then, still a case at a time."""
+    every output stays until the end, and outputs.npz is written then, still a case at a time.
+
+    The run's final results decide what is kept: a case the lane handed over again as another result
+    (or gave new outputs after the release) is saved from that one (record.OutputsWriter supersedes),
+    and one that ended without outputs keeps none. Released results are held (their outputs are
+    gone), so their identity stays theirs to the end of the run."""
 
     def __init__(self, bundle: Bundle, req: RunRequest, warnings: list[str]) -> None:
-        self.first_outputs: dict[str, Any] | None = {} if bundle.manifest and bundle.manifest.dataset else None
+        # output 0 of each released case, with the result it came from
+        self.first_outputs: dict[str, tuple[CaseResult, Any]] | None = (
+            {} if bundle.manifest and bundle.manifest.dataset else None)
         self.outputs: OutputsWriter | None = None
         self.unwritten: OSError | None = None
-        self.released: set[int] = set()  # id() of results whose outputs were saved and let go
+        self.released: dict[int, CaseResult] = {}  # results whose outputs were saved and let go
+        self._lock = threading.Lock()  # `release` runs on the judging thread, `save` and `abandon` on the run's
         if req.save_outputs:
             total = _selected_output_bytes(bundle, req)
             if total > MAX_REPORT_OUTPUTS_BYTES:
@@ -153,59 +163,73 @@ class CaseStream:
                 except OSError as exc:
                     self.unwritten = exc
 
-    def _keep(self, result: CaseResult) -> None:
-        if self.outputs is not None:
-            try:
-                self.outputs.add(result)
-            except OSError as exc:  # a full disk: the run goes on, the report says outputs.npz is missing
-                self.outputs.abandon()
-                self.outputs, self.unwritten = None, exc
-        if self.first_outputs is not None and result.outputs:
-            try:  # the dataset's top-k reads output 0 of each case (runner/judging/accuracy.py): logits
-                self.first_outputs[f"{result.method}/{result.case_index}/0"] = result.outputs[0].to_array().copy()
-            except (ValueError, TypeError, OverflowError):
-                pass
+    def _write(self, result: CaseResult) -> None:
+        if self.outputs is None:
+            return
+        try:
+            self.outputs.add(result)
+        except (OSError, ValueError) as exc:  # a full disk (or a zip it left broken): the run goes on, the report says so
+            self.outputs.abandon()
+            self.outputs = None
+            self.unwritten = exc if isinstance(exc, OSError) else OSError(f"outputs.npz: {exc}")
 
-    def release(self, result: CaseResult) -> bool:
-        """`result` was judged: save what the report keeps of its outputs and let the bytes go."""
-        self._keep(result)
-        self.released.add(id(result))
-        result.outputs = []
-        return True
+    def release(self, result: CaseResult, handed: tuple[int, ...]) -> bool:
+        """`result` was judged with the outputs `handed` (their identities): save what the report keeps
+        of them and let the bytes go; False (kept) when the lane replaced them meanwhile."""
+        with self._lock:
+            outputs = result.outputs
+            if tuple(map(id, outputs)) != handed:
+                return False
+            self._write(result)
+            if self.first_outputs is not None and outputs:
+                try:  # the dataset's top-k reads output 0 of each case (runner/judging/accuracy.py): logits
+                    self.first_outputs[f"{result.method}/{result.case_index}/0"] = (result, outputs[0].to_array().copy())
+                except (ValueError, TypeError, OverflowError):
+                    pass
+            self.released[id(result)] = result
+            result.outputs = []
+            return True
 
     def dataset_outputs(self, run: TargetRun) -> dict[str, Any]:
-        """Output 0 of each case as the dataset's top-k reads it."""
-        kept = dict(self.first_outputs or {})
+        """Output 0 of each of the run's final results as the dataset's top-k reads it."""
+        kept: dict[str, Any] = {}
         for c in run.cases:
-            for j, r in enumerate(c.outputs):
-                kept.setdefault(f"{c.method}/{c.case_index}/{j}", r.to_array())
+            first = (self.first_outputs or {}).get(f"{c.method}/{c.case_index}/0")
+            if c.outputs:
+                kept.update({f"{c.method}/{c.case_index}/{j}": r.to_array() for j, r in enumerate(c.outputs)})
+            elif first is not None and first[0] is c:
+                kept[f"{c.method}/{c.case_index}/0"] = first[1]
         return kept
 
     def save(self, report: Report, run: TargetRun, report_dir: Path) -> None:
         """outputs.npz in place (or the reason it is not) and its digest in the report."""
-        if self.unwritten is not None:
-            note_unwritten(report, Path(report_dir) / OUTPUTS_FILE, self.unwritten)
-            return
-        if self.outputs is None:
-            return  # over the bound: said in the warnings
-        try:
-            for result in run.cases:  # results not let go during the run are saved now
-                if id(result) not in self.released:
-                    self.outputs.add(result)
-            report.outputs_file = str(self.outputs.close())
-            self.outputs = None
-        except OSError as exc:
-            self.abandon()
-            note_unwritten(report, Path(report_dir) / OUTPUTS_FILE, exc)
-            return
+        with self._lock:
+            for result in run.cases:  # results not let go during the run (or given new outputs since) are saved now
+                if result.outputs:
+                    self._write(result)
+            if self.unwritten is not None:
+                note_unwritten(report, Path(report_dir) / OUTPUTS_FILE, self.unwritten)
+                return
+            if self.outputs is None:
+                return  # over the bound: said in the warnings
+            try:
+                report.outputs_file = str(self.outputs.close(run.cases))
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:  # the writer took its temp file away
+                note_unwritten(report, Path(report_dir) / OUTPUTS_FILE,
+                               exc if isinstance(exc, OSError) else OSError(f"outputs.npz: {exc}"))
+                return
+            finally:
+                self.outputs = None
         from bundlerun.runner.history.saved_outputs import file_digest  # `judge` refuses a replaced outputs.npz
 
         report.outputs_sha256 = file_digest(report.outputs_file)
 
     def abandon(self) -> None:
-        if self.outputs is not None:
-            self.outputs.abandon()
-            self.outputs = None
+        """No outputs.npz: the run stopped before its report (its temp file goes)."""
+        with self._lock:
+            if self.outputs is not None:
+                self.outputs.abandon()
+                self.outputs = None
 
 
 def _selected_output_bytes(bundle: Bundle, req: RunRequest) -> int:
@@ -247,86 +271,86 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     if req.replay <= 1 and req.repeat <= 1:  # each case judged while the target runs the next (judging/ahead.py)
         ahead = JudgeAhead(bundle, ctx, after=stream.release)
 
-    def progress(result: CaseResult) -> None:
-        finished[(result.method, result.case_index)] = result
-        if ahead is not None and result.status == CaseStatus.OK:
-            ahead.submit(result)
-        if req.progress:
-            req.progress(result)
+    try:  # whatever stops the run (an error, Ctrl-C before the judged part), no temp outputs.npz and no thread stays
+        def progress(result: CaseResult) -> None:
+            finished[(result.method, result.case_index)] = result
+            if ahead is not None and result.status == CaseStatus.OK:
+                ahead.submit(result)
+            if req.progress:
+                req.progress(result)
 
-    options = RunOptions(
-        work_dir=work_dir,
-        case_timeout_s=req.case_timeout_s,
-        setup_timeout_s=req.setup_timeout_s,
-        methods=req.methods,
-        cases=req.cases,
-        retries=req.retries,
-        config=dict(req.target_config),
-        progress=progress,
-        repeat=req.repeat if _declares(req.url(), "repeat") else 1,  # a target that cannot is told nothing
-        replay=in_process_replays(bundle, req.replay),  # a stateful sequence: whole runs only (replay.py)
-    )
-    pairs = selected_cases(bundle, options)
-    if req.on_start:
-        req.on_start(len(pairs))
-    run: TargetRun | None = None
-    interrupted = False
-    load_before = _loadavg()
-    refused = None
-    try:
-        from bundlerun.runner.stateful import refusal  # optional: its failure to load is handled here
-
-        refused = refusal(req.url(), bundle, pairs)  # a stateful sequence this lane would misjudge
-        if refused is not None:
-            raise refused
-        if open_error is not None:
-            raise open_error
-        run = target.run(bundle, Path(req.bundle_path), options)
-        if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
-            from bundlerun.runner.judging.replay import complete  # optional: its failure to load is handled here
-
-            run.info["replay"] = complete(target, req.url(), bundle, Path(req.bundle_path), options, run, req.replay)
-    except BundlerunError as exc:
-        kind = FailureKind.BAD_CONFIG if isinstance(exc, ConfigError) else getattr(exc, "kind", FailureKind.TOOL_MISSING)
-        run = TargetRun(req.target, [
-            CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind=kind) for m, c in pairs
-        ])
-        warnings.append(f"{'refused' if exc is refused else 'target failed'}: {exc}")
-    except OSError as exc:  # the host refused the run's own files (logs, outputs): a full disk, a folder gone
-        why = f"the host could not write the run's files: {exc.strerror or exc}" + (
-            f" ({exc.filename})" if getattr(exc, "filename", None) else "")
-        run = TargetRun(req.target, [
-            finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error=why, error_kind=FailureKind.HOST_IO)
-            for m, c in pairs
-        ])
-        warnings.append(why)
-    except KeyboardInterrupt:
-        # Finished cases keep their results; the rest are marked interrupted.
-        interrupted = True
-        run = TargetRun(req.target, [
-            finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error="not finished: the run was interrupted",
-                                               error_kind=FailureKind.INTERRUPTED)
-            for m, c in pairs
-        ])
-        warnings.append(f"run {interrupts.describe()} after {len(finished)} of {len(pairs)} cases")
-    finally:
-        if target is not None:
-            session.release(target) if session else _close_quietly(target)
-    with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
+        options = RunOptions(
+            work_dir=work_dir,
+            case_timeout_s=req.case_timeout_s,
+            setup_timeout_s=req.setup_timeout_s,
+            methods=req.methods,
+            cases=req.cases,
+            retries=req.retries,
+            config=dict(req.target_config),
+            progress=progress,
+            repeat=req.repeat if _declares(req.url(), "repeat") else 1,  # a target that cannot is told nothing
+            replay=in_process_replays(bundle, req.replay),  # a stateful sequence: whole runs only (replay.py)
+        )
+        pairs = selected_cases(bundle, options)
+        if req.on_start:
+            req.on_start(len(pairs))
+        run: TargetRun | None = None
+        interrupted = False
+        load_before = _loadavg()
+        refused = None
         try:
+            from bundlerun.runner.stateful import refusal  # optional: its failure to load is handled here
+
+            refused = refusal(req.url(), bundle, pairs)  # a stateful sequence this lane would misjudge
+            if refused is not None:
+                raise refused
+            if open_error is not None:
+                raise open_error
+            run = target.run(bundle, Path(req.bundle_path), options)
+            if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
+                from bundlerun.runner.judging.replay import complete  # optional: its failure to load is handled here
+
+                run.info["replay"] = complete(target, req.url(), bundle, Path(req.bundle_path), options, run, req.replay)
+        except BundlerunError as exc:
+            kind = FailureKind.BAD_CONFIG if isinstance(exc, ConfigError) else getattr(exc, "kind", FailureKind.TOOL_MISSING)
+            run = TargetRun(req.target, [
+                CaseResult(m, c, CaseStatus.ERROR, error=str(exc), error_kind=kind) for m, c in pairs
+            ])
+            warnings.append(f"{'refused' if exc is refused else 'target failed'}: {exc}")
+        except OSError as exc:  # the host refused the run's own files (logs, outputs): a full disk, a folder gone
+            why = f"the host could not write the run's files: {exc.strerror or exc}" + (
+                f" ({exc.filename})" if getattr(exc, "filename", None) else "")
+            run = TargetRun(req.target, [
+                finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error=why, error_kind=FailureKind.HOST_IO)
+                for m, c in pairs
+            ])
+            warnings.append(why)
+        except KeyboardInterrupt:
+            # Finished cases keep their results; the rest are marked interrupted.
+            interrupted = True
+            run = TargetRun(req.target, [
+                finished.get((m, c)) or CaseResult(m, c, CaseStatus.ERROR, error="not finished: the run was interrupted",
+                                                   error_kind=FailureKind.INTERRUPTED)
+                for m, c in pairs
+            ])
+            warnings.append(f"run {interrupts.describe()} after {len(finished)} of {len(pairs)} cases")
+        finally:
+            if target is not None:
+                session.release(target) if session else _close_quietly(target)
+        with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
             report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
                                     load_before, ahead, stream)
-        except BaseException:
-            stream.abandon()
-            raise
-        finally:
-            if ahead is not None:
-                ahead.close()
+            if write:
+                write_record(report, req.report_dir)
         if write:
-            write_record(report, req.report_dir)
-    if write:
-        interrupts.raise_pending()
-    return report
+            interrupts.raise_pending()
+        return report
+    except BaseException:
+        stream.abandon()
+        raise
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, BundlerunError | None]:

@@ -347,30 +347,52 @@ def test_seeded_mutations_of_sequences_read_or_refuse_and_render():
 
 def test_cases_judged_ahead_give_the_report_judging_afterwards_gives():
     """runner/judging/ahead.py judges each result while the run goes on (a thread); the records, token
-    figures and notes are the ones judging them all afterwards gives. A result changed after it was
-    handed over (the lane adds to it) and one never handed over are judged again at the end."""
+    figures and notes are the ones judging them all afterwards gives, also when each case's outputs are
+    let go once judged (runner/session.py CaseStream.release). What the lane adds after the hand-over
+    (attempts, a log line, an error line) is settled into the record; a result whose status or outputs
+    changed is judged again, one never handed over is judged at the end."""
     from bundlerun.runner.judging.ahead import JudgeAhead
+    from bundlerun.targets.failures import FailureKind
 
     bundle, manifest, logits = _sequence_bundle()
     manifest.sequences[0].steps[2].reference_next = (manifest.sequences[0].steps[2].reference_next + 1) % VOCAB
-    plain_ctx = JudgeContext(copy.deepcopy(manifest))
-    plain, plain_warnings = judge_run(bundle, _target(logits), plain_ctx)
 
-    run = _target(logits)
-    ctx = JudgeContext(copy.deepcopy(manifest))
-    ahead = JudgeAhead(bundle, ctx)
-    for r in run.cases[:5]:  # the last case is never handed over
-        ahead.submit(r)
-    run.cases[1].extra["attempts"] = 2  # changed after the hand-over: judged again
-    taken = [ahead.take(r) for r in run.cases[:5]]
-    assert taken[1] is None and all(t is not None for i, t in enumerate(taken) if i != 1)
-    for r in run.cases[:5]:  # take() handed each back once: submit again for judge_run
-        ahead.submit(r)
-    cases, warnings = judge_run(bundle, run, ctx, ahead)
-    ahead.close()
-    assert cases[1].extra == {"attempts": 2}
-    cases[1].extra = {}
-    assert [c.to_json() for c in cases] == [c.to_json() for c in plain]
-    assert warnings == plain_warnings and any("reference_next" in w for w in warnings)
-    assert ctx.step_metrics == plain_ctx.step_metrics
-    assert [s.to_json() for s in judge_sequences(ctx, cases)] == [s.to_json() for s in judge_sequences(plain_ctx, plain)]
+    def after_hand_over(run: TargetRun) -> None:  # what lanes do to results they handed over
+        run.cases[1].extra["attempts"] = 2
+        run.cases[1].log_excerpt = ["retried once"]
+        run.cases[2].error, run.cases[2].error_kind = "the board reset after the case", FailureKind.CRASH
+        run.cases[3].status, run.cases[3].error, run.cases[3].error_kind = CaseStatus.TIMEOUT, "late", FailureKind.HOST_TIMEOUT
+        bad = np.ascontiguousarray(logits[0] + np.float32(1.0))  # new outputs: judged again with them (FAIL)
+        run.cases[0].outputs = [RawTensor(st.FLOAT, list(bad.shape), bad.tobytes())]
+
+    plain_run = _target(logits)
+    after_hand_over(plain_run)
+    plain_ctx = JudgeContext(copy.deepcopy(manifest))
+    plain, plain_warnings = judge_run(bundle, plain_run, plain_ctx)
+    assert plain[0].verdict == "FAIL" and plain[2].error == "the board reset after the case" and plain[3].verdict == "TIMEOUT"
+
+    for let_go in (False, True):
+        run = _target(logits)
+        released = []
+
+        def release(r: CaseResult, handed: tuple) -> bool:
+            if not let_go or tuple(map(id, r.outputs)) != handed:
+                return False
+            released.append(r.case_index)
+            r.outputs = []
+            return True
+
+        ctx = JudgeContext(copy.deepcopy(manifest))
+        ahead = JudgeAhead(bundle, ctx, after=release)
+        for r in run.cases[:5]:  # the last case is never handed over
+            ahead.submit(r)
+        for job in list(ahead._jobs.values()):
+            job[2].result()  # every hand-over judged (and let go) before the lane changes the results
+        after_hand_over(run)
+        cases, warnings = judge_run(bundle, run, ctx, ahead)
+        ahead.close()
+        assert sorted(released) == ([0, 1, 2, 3, 4] if let_go else [])
+        assert [c.to_json() for c in cases] == [c.to_json() for c in plain], let_go
+        assert warnings == plain_warnings and any("reference_next" in w for w in warnings)
+        assert ctx.step_metrics == plain_ctx.step_metrics
+        assert [s.to_json() for s in judge_sequences(ctx, cases)] == [s.to_json() for s in judge_sequences(plain_ctx, plain)]

@@ -89,21 +89,55 @@ def _failed(detail: str, criterion: str = "missing") -> list[FailedCriterion]:
 def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
     """One report case record (see docs/report-schema.md)."""
 
-    test_case = bundle.suite(result.method).test_cases[result.case_index]
-    expected_values = [v for v in test_case.expected_outputs]
-    record = CaseRecord(
-        method=result.method, case=result.case_index, status=result.status, verdict=Verdict.PASS,
-        elapsed_s=result.elapsed_s, error=result.error, error_kind=result.error_kind,
-        log_excerpt=list(result.log_excerpt or []), log_path=result.log_path, device_verdict=result.device_verdict,
-        extra=dict(result.extra or {}),  # how the target got the outputs, attempts, transport detail
-        perf=list(result.perf or []),  # what the target measured (docs/report-schema.md)
-    )
     if result.status != CaseStatus.OK:
+        record = _record_of(result)
         record.verdict = _error_verdict(result)
-        for j in range(len(expected_values)):
+        for j in range(len(bundle.suite(result.method).test_cases[result.case_index].expected_outputs)):
             name, criteria = ctx.criteria(result.method, j)
             record.outputs.append(OutputRecord(j, name, record.verdict, criteria=replace(criteria), stats=None))
         return record
+    return settle(judge_outputs(bundle, result, ctx), result)
+
+
+def _record_of(result: CaseResult) -> CaseRecord:
+    record = CaseRecord(method=result.method, case=result.case_index, status=result.status, verdict=Verdict.PASS)
+    return _lane_fields(record, result)
+
+
+def _lane_fields(record: CaseRecord, result: CaseResult) -> CaseRecord:
+    """The fields a case record takes from the lane's result as they are (no judging reads them)."""
+    record.elapsed_s, record.error, record.error_kind = result.elapsed_s, result.error, result.error_kind
+    record.log_excerpt, record.log_path = list(result.log_excerpt or []), result.log_path
+    record.device_verdict = result.device_verdict
+    record.extra = dict(result.extra or {})  # how the target got the outputs, attempts, transport detail
+    record.perf = list(result.perf or [])  # what the target measured (docs/report-schema.md)
+    return record
+
+
+def settle(judged: CaseRecord, result: CaseResult) -> CaseRecord:
+    """The record of an OK `result` from `judge_outputs`' judging of its outputs and the lane's fields
+    as `result` has them now: its error first, unless the output count is wrong (that error is the
+    judge's), and the case's verdict. runner/judging/ahead.py settles a record judged while the run
+    went on with what the lane added after the hand-over, without the outputs it let go."""
+    own, own_kind = judged.error, judged.error_kind
+    record = _lane_fields(replace(judged, outputs=list(judged.outputs)), result)
+    if own_kind == FailureKind.OUTPUT_COUNT:
+        record.error, record.error_kind = own, own_kind
+    else:
+        record.error, record.error_kind = record.error or own, record.error_kind or own_kind
+    verdicts = {o.verdict for o in record.outputs}
+    record.verdict = Verdict.ERROR if Verdict.ERROR in verdicts or record.error_kind == FailureKind.OUTPUT_COUNT else (
+        Verdict.FAIL if Verdict.FAIL in verdicts else Verdict.PASS)
+    return record
+
+
+def judge_outputs(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRecord:
+    """The judging of an OK result's outputs alone: a record whose error is the judge's own (output
+    count, malformed bytes, vacuous criteria), before `settle` adds the lane's fields."""
+
+    test_case = bundle.suite(result.method).test_cases[result.case_index]
+    expected_values = [v for v in test_case.expected_outputs]
+    record = CaseRecord(method=result.method, case=result.case_index, status=result.status, verdict=Verdict.PASS)
     if len(result.outputs) != len(expected_values):
         record.error = f"target returned {len(result.outputs)} outputs, bundle expects {len(expected_values)}"
         record.error_kind = FailureKind.OUTPUT_COUNT
@@ -160,9 +194,6 @@ def judge_case(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> CaseRec
                         "all-zero output): judged ERROR, fix the bundle's criteria")
                 if note not in ctx.warnings:
                     ctx.warnings.append(note)
-    verdicts = {o.verdict for o in record.outputs}
-    record.verdict = Verdict.ERROR if Verdict.ERROR in verdicts or record.error_kind == FailureKind.OUTPUT_COUNT else (
-        Verdict.FAIL if Verdict.FAIL in verdicts else Verdict.PASS)
     return record
 
 

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -159,8 +160,10 @@ class OutputsWriter:
     outputs to save them: each output is one `.npy` member of a deflated zip, the file
     `np.savez_compressed` writes (at zlib level 1: float outputs barely compress, dl3's to 0.837 of their
     size at level 1 and 0.831 at numpy's 6, in 70% of the time), as `{method}/{case}/{index}` (bfloat16
-    as uint16 words). The zip grows
-    in a temp file beside the report; `close()` renames it into place (atomic, as every report file)."""
+    as uint16 words). The zip grows in a temp file beside the report; `close()` renames it into place
+    (atomic, as every report file). A case written again (a lane that gave a result new outputs after
+    it was saved) supersedes what was written of it; `close(final)` keeps only the outputs of the
+    results the run ends with, copying the zip member by member if anything was superseded."""
 
     def __init__(self, out_dir: Path) -> None:
         self.path = Path(out_dir) / OUTPUTS_FILE
@@ -168,31 +171,52 @@ class OutputsWriter:
         fd, tmp = tempfile.mkstemp(prefix=f".{OUTPUTS_FILE}.", suffix=".tmp", dir=self.path.parent)
         self._tmp = Path(tmp)
         self._fh = os.fdopen(fd, "w+b")
-        self._zip: zipfile.ZipFile | None = zipfile.ZipFile(self._fh, "w", zipfile.ZIP_DEFLATED, allowZip64=True,
-                                                            compresslevel=1)
-        self.keys: set[str] = set()
+        self._zip: zipfile.ZipFile | None = self._open(self._fh)
+        # (member name, "{method}/{case}/{index}", the result it came from): the results are held, so their
+        # identity means the same one at close (their outputs are let go)
+        self._members: list[tuple[str, str, CaseResult]] = []
+        self._names: set[str] = set()
+        self._current: dict[str, int] = {}  # key -> index in _members of what is written of it last
+        self._by_case: dict[tuple[str, int], list[str]] = {}  # the keys last written of each case
+
+    @staticmethod
+    def _open(fh: Any) -> zipfile.ZipFile:
+        return zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, allowZip64=True, compresslevel=1)
 
     def add(self, case: CaseResult) -> None:
-        """The case's outputs, once (a key already written is skipped); malformed bytes (judged ERROR
-        by the judge) are not saved."""
+        """The case's outputs; what was written of the same case before is superseded. Malformed
+        bytes (judged ERROR by the judge) are not saved."""
+        if self._zip is None:
+            return
+        for key in self._by_case.pop((case.method, case.case_index), []):
+            self._current.pop(key, None)
+        keys = self._by_case[(case.method, case.case_index)] = []
         for j, raw in enumerate(case.outputs):
             key = f"{case.method}/{case.case_index}/{j}"
-            if key in self.keys or self._zip is None:
-                continue
             try:
                 array = raw.to_array()
             except (ValueError, TypeError, OverflowError):
                 continue
-            with self._zip.open(key + ".npy", "w", force_zip64=True) as member:
+            name = key + ".npy" if key + ".npy" not in self._names else f"{key}.npy.{len(self._members)}"
+            with self._zip.open(name, "w", force_zip64=True) as member:
                 npy.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-            self.keys.add(key)
+            self._current[key] = len(self._members)
+            keys.append(key)
+            self._members.append((name, key, case))
+            self._names.add(name)
 
-    def close(self) -> Path:
-        """Finish the zip and put it in place; the path of outputs.npz."""
+    def close(self, final: list[CaseResult] | None = None) -> Path:
+        """Finish the zip and put it in place; the path of outputs.npz. `final`: the run's results,
+        whose outputs alone are kept (None: everything added)."""
         try:
-            if self._zip is not None:
-                self._zip.close()
-                self._zip = None
+            assert self._zip is not None, "closed twice"
+            self._zip.close()
+            self._zip = None
+            if final is not None:
+                ends = {id(r) for r in final}
+                keep = [self._members[i][:2] for i in sorted(self._current.values()) if id(self._members[i][2]) in ends]
+                if len(keep) != len(self._members) or any(n != k + ".npy" for n, k in keep):
+                    self._rewrite(keep)
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
@@ -202,6 +226,24 @@ class OutputsWriter:
             self.abandon()
             raise
         return self.path
+
+    def _rewrite(self, keep: list[tuple[str, str]]) -> None:
+        """The zip again with only `keep`'s members, each under its case's name, one member at a time."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{OUTPUTS_FILE}.", suffix=".tmp", dir=self.path.parent)
+        fh = os.fdopen(fd, "w+b")
+        try:
+            self._fh.seek(0)
+            with zipfile.ZipFile(self._fh, "r") as src, self._open(fh) as dst:
+                for name, key in keep:
+                    with src.open(name) as i, dst.open(key + ".npy", "w", force_zip64=True) as o:
+                        shutil.copyfileobj(i, o, 1 << 20)
+        except BaseException:
+            fh.close()
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._fh.close()
+        self._tmp.unlink(missing_ok=True)
+        self._fh, self._tmp = fh, Path(tmp)
 
     def abandon(self) -> None:
         """Nothing is kept: the temp file goes, outputs.npz is not written."""
