@@ -87,6 +87,34 @@ def first_start(result: dict, merged: dict, t0: float) -> float:
     return min(starts) - t0
 
 
+def breakdown(result: dict, merged: dict, devices: int) -> str:
+    """Where the makespan went, in device-seconds over the devices (each term / devices): the job on
+    its device's actor (bundle written, read, run, judged: the report's farm.elapsed_s), dispatch and
+    return (coordinator submit -> result, minus that), each device idle between its jobs (its result
+    in -> its next submit: the coordinator's turnaround), and the start (farm start -> a device's first
+    submit) and end (a device's last result -> the makespan's end)."""
+    t0 = merged["farm"]["started_unix"]
+    end = t0 + merged["farm"]["makespan_s"]
+    work = dispatch = idle = start = tail = 0.0
+    per_device: dict[str, list[tuple[float, float]]] = {}
+    for j in result["jobs"]:
+        for a in j["attempts"]:
+            rep = json.loads((Path(j["report"]).parent.parent / f"attempt-{a['attempt']}" / "report.json").read_text())
+            worker = float((rep.get("farm") or {}).get("elapsed_s") or 0.0)
+            work += worker
+            dispatch += a["elapsed_s"] - worker
+            per_device.setdefault(a["device"] or a["url"], []).append((a["submitted_unix"], a["submitted_unix"] + a["elapsed_s"]))
+    for spans in per_device.values():
+        spans.sort()
+        start += spans[0][0] - t0
+        tail += end - spans[-1][1]
+        idle += sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    start += (devices - len(per_device)) * (end - t0)  # a device that ran nothing was idle throughout
+    parts = {"job on the actor": work, "dispatch+return": dispatch, "idle between jobs": idle, "start": start,
+             "end": tail}
+    return ", ".join(f"{k} {v / devices:.2f} s" for k, v in parts.items()) + f" (sum {sum(parts.values()) / devices:.2f} s)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=50)
@@ -148,6 +176,7 @@ def main() -> int:
                       f"device time only {n * args.sleep / args.devices:.1f} s; coordinator peak RSS {rss / 1024:.0f} MB; "
                       f"{len(jobs)} jobs, all one PASS verdict: {ok}; {len(actors)} actor processes; "
                       f"whole command {wall:.1f} s; load {load()}")
+                print(f"ray {n} jobs, where the makespan went (per device): {breakdown(res, merged, args.devices)}")
                 print(f"RATIO ray_{n}_makespan_over_ideal {makespan / ideal:.3f} (goal <= 1.2)")
             if len(rows) > 1:
                 print(f"RATIO coordinator_rss_{rows[-1][0]}_over_{rows[0][0]} {rows[-1][3] / rows[0][3]:.3f} "

@@ -36,6 +36,7 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.integrity import require_sealed
 from bundlerun.runner.history.location import is_server, resolve_history_path
+from bundlerun.runner.settings import Settings
 from bundlerun.runner.history.regression import check_baseline
 from bundlerun.runner.judging.accuracy import dataset_from_outputs
 from bundlerun.runner.judging.replay import add_to_report, in_process_replays
@@ -470,8 +471,9 @@ def _close_quietly(target: Any) -> None:
 
 
 @dataclass
-class Session:
-    """The context of one command: project config (read once), target options, history and baseline.
+class Session(Settings):
+    """The context of one command: project config (read once), target options (runner/settings.py),
+    history and baseline.
 
     An open session (`with session:` or `open()` ... `close()`; the CLI ties it to the command)
     also owns what is worth keeping between the bundles of a command: the opened targets and
@@ -479,12 +481,9 @@ class Session:
     imported once per target instead of once per bundle). `close()` kills and reaps every
     worker and closes the targets; a session that was never opened starts one child per bundle."""
 
-    project: dict[str, Any] = field(default_factory=dict)
-    target_opts: tuple[str, ...] = ()
     history_db: Path | str | None = None
     no_history: bool = False
     baseline: str | None = None
-    _registry: Any = None
     _pool: Any = field(default=None, repr=False)
     _targets: dict = field(default_factory=dict, repr=False)
 
@@ -534,62 +533,6 @@ class Session:
         """A bundle is done with `target`: closed now unless the session keeps it open."""
         if not any(kept is target for kept in self._targets.values()):
             _close_quietly(target)
-
-    @classmethod
-    def load(cls, config_path: Path | None = None, **kw: Any) -> "Session":
-        from bundlerun.bundles.project_config import load_project_config  # start-up: loads tomli on use
-
-        return cls(project=load_project_config(config_path) or {}, **kw)
-
-    @property
-    def registry(self):
-        """The tolerance registry builds use: built-in data + this session's [tolerances]."""
-        if self._registry is None:
-            from bundlerun.bundles.registry import project_registry  # start-up: loads tomli on use
-
-            self._registry = project_registry(self.project)
-        return self._registry
-
-    def target_config(self, url: str | TargetURL) -> dict[str, Any]:
-        """[targets.<family>] + [targets.<scheme>] of the project config, then --target-opt KEY=VALUE."""
-        scheme = str(url).split("://", 1)[0].lower()
-        family = scheme.split("+")[0]
-        try:
-            url = resolve_target(url)
-            family = url.declared.name
-        except BundlerunError:
-            pass  # the run reports the bad URL itself
-        tables = self.project.get("targets", {}) or {}
-        section = dict(tables.get(family, {}) or {})
-        if scheme != family:
-            section.update(tables.get(scheme, {}) or {})
-        for item in self.target_opts:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"--target-opt {item!r}: expected KEY=VALUE")
-            section[key] = value
-        inner: str | TargetConfig | None = None
-        if isinstance(url, TargetConfig) and url.inner_url:
-            try:
-                inner = url.inner  # resolved once, kept by the wrapper's config
-            except BundlerunError:
-                inner = url.inner_url  # the wrapper reports its bad inner URL; its sections are read by scheme
-        if inner:
-            # a wrapper (ssh://HOST/<inner URL>, labgrid://PLACE/<inner URL>): the inner target's own
-            # [targets.<inner>] section goes with it (--target-opt stays with the wrapper; inner
-            # options go in the inner URL)
-            inner_section = self._sections(inner)
-            if inner_section:
-                section["inner_config"] = inner_section
-        return section
-
-    def _sections(self, url: str | TargetURL) -> dict[str, Any]:
-        """[targets.<family>] + [targets.<scheme>] of the project config for `url` (no --target-opt)."""
-        saved, self.target_opts = self.target_opts, ()
-        try:
-            return self.target_config(url)
-        finally:
-            self.target_opts = saved
 
     def execute(self, req: RunRequest, bundle: Bundle | None = None) -> Report:
         """Run and judge one bundle with this session's targets and warm workers; nothing is written

@@ -163,11 +163,17 @@ tags = ["android"]
 
 
 def test_farm_command_does_not_import_ray_or_torch():
+    """Nor, on the way to its first job (plan, settings, the history's location, the coordinator, the
+    gateway's client), numpy or SQLAlchemy: a second command against a cluster starts at once."""
     code = ("import sys\nfrom bundlerun.runner.cli import main\n"
             "try:\n    main(['farm', '--help'])\nexcept SystemExit as e:\n    assert e.code in (0, None)\n"
-            "print('HEAVY', [m for m in ('ray', 'torch', 'executorch') if m in sys.modules])")
+            "print('HEAVY', [m for m in ('ray', 'torch', 'executorch') if m in sys.modules])\n"
+            "import bundlerun.runner.farm.run, bundlerun.runner.settings, bundlerun.runner.history.location\n"
+            "import bundlerun.runner.report.merge_jobs, bundlerun.runner.farm.gateway, bundlerun.runner.farm.executors\n"
+            "print('BEFORE-FIRST-JOB', [m for m in ('numpy', 'sqlalchemy', 'flatbuffers', 'ray', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout and "--executor" in out.stdout, out.stdout + out.stderr
+    assert "BEFORE-FIRST-JOB []" in out.stdout, out.stdout + out.stderr
 
 
 def test_retry_rule_by_failure_kind():
@@ -207,6 +213,8 @@ devices = ["sim://emu-1?sleep=0.25&fail_first=1&state={state}&log={log}", "sim:/
     assert (first["device"], first["exit_code"], first["error_kinds"], first["retried"]) == (
         "adb:emu-1", 2, ["transport"], True)
     assert (second["device"], second["exit_code"]) == ("adb:emu-2", 0)
+    # the retry was sent once the first attempt was back (bench/bench_farm_scale.py's breakdown reads these)
+    assert second["submitted_unix"] >= first["submitted_unix"] + first["elapsed_s"] - 0.01
     assert result["flaky_jobs"] == [flaky[0]["job"]]
     # numerical failures are never retried
     bad = [j for j in jobs.values() if "sim://bad" in j["job"]]
@@ -218,6 +226,12 @@ devices = ["sim://emu-1?sleep=0.25&fail_first=1&state={state}&log={log}", "sim:/
     assert merged["summary"]["exit_code"] == 1 and merged["summary"]["counts"]["FAIL"] == 12
     assert merged["summary"]["counts"]["PASS"] == 24 and len(merged["cases"]) == 36
     assert sum(len(j["attempts"]) for j in merged["farm"]["jobs"]) == 19
+    start = merged["farm"]["started_unix"]
+    assert all(start <= a["submitted_unix"] <= start + merged["farm"]["makespan_s"]
+               for j in merged["farm"]["jobs"] for a in j["attempts"])
+    # each job's final attempt report is on disk with its history id (written once, by the results thread)
+    final = json.loads(Path(flaky[0]["report"]).read_text())
+    assert final["run"]["history_id"] == next(j for j in merged["farm"]["jobs"] if j["job"] == flaky[0]["job"])["history_id"]
     assert merged["farm"]["flaky_devices"] == [d["url"] for d in merged["farm"]["devices"] if "emu-1" in d["url"]]
     junit = (tmp_path / "out" / "junit.xml").read_text()
     assert junit.count("<testcase ") == 36 and junit.count("<failure ") == 12

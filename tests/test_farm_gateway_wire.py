@@ -57,3 +57,44 @@ def test_a_symlinked_gateway_folder_is_refused(short_dir, monkeypatch):
     (short_dir / "c" / "farm-gateway").symlink_to(short_dir / "elsewhere")
     with pytest.raises(ConfigError, match="not a folder of this user's"):
         gateway_wire.socket_path("127.0.0.1:6379", "abc")
+
+
+def test_a_new_gateway_waits_for_an_exiting_one_instead_of_leaving_its_command_waiting(short_dir):
+    """A gateway that a command's --release-workers stopped unlinks its socket and keeps the socket's
+    lock through ray.shutdown(); the gateway the next command starts meanwhile used to exit at once
+    (lock busy) and leave that command waiting 300 s for a socket nobody would open. It now waits and
+    takes the lock once the old one lets go. Real flock on a real file, from a second open file."""
+    import fcntl
+    import threading
+
+    from bundlerun.runner.farm import gateway_server
+
+    path = short_dir / "g.sock"
+    old = open(str(path) + ".lock", "w")
+    fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the exiting gateway
+    threading.Timer(0.3, old.close).start()
+    new = open(str(path) + ".lock", "w")
+    try:
+        assert gateway_server._take_lock(new, path, wait_s=30) is True
+    finally:
+        new.close()
+
+
+def test_a_new_gateway_leaves_a_serving_one_alone(short_dir):
+    import fcntl
+
+    from bundlerun.runner.farm import gateway_server
+
+    path = short_dir / "g.sock"
+    old = open(str(path) + ".lock", "w")
+    fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+    new = open(str(path) + ".lock", "w")
+    try:
+        assert gateway_server._take_lock(new, path, wait_s=30) is False  # the command connects to the one serving
+    finally:
+        new.close()
+        srv.close()
+        old.close()

@@ -84,12 +84,13 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     if dry_run:
         _print_jobs(plan, jobs, as_json)
         return
-    from bundlerun.runner.history import store as history  # start-up: not loaded by `bundlerun --help`
+    # before the first job: neither numpy nor SQLAlchemy (the history is written by the results thread)
+    from bundlerun.runner.history.location import resolve_history_path  # start-up: not loaded by `bundlerun --help`
     from bundlerun.runner.farm.run import run_farm  # start-up: not loaded by `bundlerun --help`
-    from bundlerun.runner.session import Session  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.settings import Settings  # start-up: not loaded by `bundlerun --help`
 
-    session = Session.load(config_path, target_opts=tuple(target_opts), history_db=history_db, no_history=no_history)
-    db = None if no_history else history.resolve_db_path(history_db, session.project)
+    session = Settings.load(config_path, target_opts=tuple(target_opts))
+    db = None if no_history else resolve_history_path(history_db, session.project)
     quiet = as_json
 
     def say(message: str) -> None:

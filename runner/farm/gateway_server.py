@@ -10,7 +10,8 @@ attempts and gets their reports back without importing Ray.
 Lifetime: it exits when no command has been connected for IDLE_S (bundlerun's own choice: a farm's
 commands in one session reuse it, a machine is not left with a driver for days), on a command's
 `--release-workers` (after killing the actors), on SIGTERM, or when its cluster goes away. One per
-socket: a lock file beside the socket; a second one started at the same moment exits at once.
+socket: a lock file beside the socket; a second one started meanwhile exits once the holder serves, or
+takes over once the holder has gone (one exiting after `--release-workers` still holds the lock).
 
     python -m bundlerun.runner.farm.gateway_server --address HOST:PORT --socket PATH
 """
@@ -182,6 +183,40 @@ def _reachable(address: str) -> bool:
 
 
 CHECK_S = 10.0  # how often the gateway checks its cluster (bundlerun's own choice)
+LOCK_WAIT_S = 120.0  # how long a new gateway waits for one that is starting or exiting (bundlerun's own bound,
+# within the command's START_TIMEOUT_S so the command reads why)
+
+
+def _serving(path: Path) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def _take_lock(lock: Any, path: Path, wait_s: float = LOCK_WAIT_S) -> bool:
+    """The socket's lock (True), or False once another gateway serves the socket. The lock's holder may
+    be starting (it serves soon) or exiting (a `--release-workers` or idle one: its socket is gone, it
+    holds the lock through ray.shutdown()): this one waits for either, instead of leaving the command
+    that started it waiting for a socket nobody will open (tests/test_farm.py: the third command after
+    a --release-workers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            pass
+        if _serving(path):
+            return False
+        if time.monotonic() > deadline:
+            print(f"GATEWAY-ERROR another gateway holds {path}.lock and has not served it in {wait_s:.0f} s", flush=True)
+            raise SystemExit(2)
+        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,10 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=IDLE_S)
     args = ap.parse_args(argv)
     lock = open(str(args.socket) + ".lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0  # another gateway for this socket is starting or up: the command connects to it
+    if not _take_lock(lock, args.socket):
+        return 0  # another gateway for this socket is up: the command connects to it
     t0 = time.perf_counter()
     import ray  # the one place the gateway pays for it
 
@@ -253,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                 gateway.clients += 1
             threading.Thread(target=gateway.serve, args=(conn,), daemon=True).start()
     finally:
+        if gateway.stop.is_set():
+            print("GATEWAY-EXIT released or stopped", flush=True)
         srv.close()
         args.socket.unlink(missing_ok=True)  # no new command reaches this one
         deadline = time.monotonic() + args.idle

@@ -70,8 +70,6 @@ def job_dir_name(job_id: str) -> str:
 def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Build each distinct bundle the plan asks for (through the build cache); job id -> error
     for the jobs whose build failed."""
-    from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: loads flatbuffers, numpy, tomli on use
-
     failed: dict[str, str] = {}
     done: dict[Path, str | None] = {}
     for job in jobs:
@@ -79,6 +77,8 @@ def build_bundles(jobs: list[Job], registry: Any = None, say: Callable[[str], No
         if spec is None:
             continue
         if job.bundle not in done:
+            from bundlerun.bundles.builder import BuildRequest, build_bundle  # start-up: flatbuffers, numpy: builds only
+
             try:
                 backend = spec.backend or default_backend(spec.target, spec.dtype)
                 info = lowering_info(spec.target)
@@ -104,14 +104,13 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     """Run the plan (only the jobs of `shard`, "i/n", if given); write the merged report and
     every attempt's; record the history. `require_seal`: an unsealed bundle is an ERROR job.
     `release_workers`: on Ray, the devices' actors are killed at the end (else the next command reuses them)."""
-    from bundlerun.runner.report.merge_jobs import JobsMerge  # start-up: loads numpy on use
-    from bundlerun.runner.report.record import write_record  # start-up: loads numpy on use
-    from bundlerun.runner.session import Session  # start-up: loads flatbuffers, numpy, sqlalchemy on use
+    from bundlerun.runner.report.merge_jobs import JobsMerge  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.runner.settings import Settings  # start-up: not loaded by `bundlerun --help`
 
-    session = session or Session()
+    session = session or Settings()
     report_dir = Path(report_dir).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
-    farm_id, started, t0 = uuid.uuid4().hex, _now(), time.perf_counter()
+    farm_id, started, t0, t0_unix = uuid.uuid4().hex, _now(), time.perf_counter(), time.time()
     jobs, shard_rec = shard_jobs(plan.jobs(report_dir / "bundles"), shard)
     if not jobs and shard_rec is not None:
         return _empty_shard(plan, report_dir, shard_rec, farm_id, started)
@@ -233,12 +232,13 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     if replaced:
         described["pools_replaced"] = replaced  # local: a worker died and its pool was replaced
     merged.extras["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
-                      "makespan_s": makespan, "jobs": job_records, "devices": devices_out,
+                      "makespan_s": makespan, "started_unix": round(t0_unix, 4), "jobs": job_records, "devices": devices_out,
                       "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
                       "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]]}
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
         merged.extras["shard"] = shard_rec
         merged.extras["farm"]["shard"] = shard_rec["spec"]
+    from bundlerun.runner.report.record import write_record  # numpy: after the jobs, not before the first
     from bundlerun.runner.writers import write_reports  # start-up: loads numpy on use
 
     try:
@@ -273,8 +273,8 @@ def _job_result(job: Job, tries: list[Attempt], report_dir: Path, farm_id: str, 
         attempt_dir = report_dir / "jobs" / job_dir_name(job.id) / f"attempt-{t.attempt}"
         # Ray: the reports came back as results; local: a worker that died wrote none (the
         # scheduler's crash report stands in), so every attempt folder holds its report
-        if shipped or not (attempt_dir / "report.json").is_file():
-            writes.append((t.report, attempt_dir))
+        if (shipped or not (attempt_dir / "report.json").is_file()) and t.report is not final:
+            writes.append((t.report, attempt_dir))  # the final one: written by the results thread with its history id
     farm = dict(final.extras.get("farm") or {})
     farm.update(job=job.id, group=job.group.name, farm_id=farm_id, flaky=flaky,
                 attempts=[t.record() for t in tries])

@@ -42,6 +42,7 @@ class Attempt:
     report: Report  # None once released
     elapsed_s: float
     retryable: bool = False
+    submitted_unix: float = 0.0  # when the coordinator sent it (wall clock; the device's start is in its report)
     _kept: dict[str, Any] | None = None  # what the properties read, once the report is released
 
     def release(self) -> None:
@@ -74,7 +75,7 @@ class Attempt:
     def record(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "url": self.url, "device": self.device, "exit_code": self.exit_code,
                 "verdict": self.verdict, "error_kinds": self.kinds, "retried": self.retryable,
-                "elapsed_s": round(self.elapsed_s, 4), "node": self.node,
+                "elapsed_s": round(self.elapsed_s, 4), "submitted_unix": round(self.submitted_unix, 4), "node": self.node,
                 "run_id": self._kept["run_id"] if self._kept else self.report.run.get("id")}
 
 
@@ -131,7 +132,7 @@ class Scheduler:
                                             f"(missing resources: {', '.join(missing)})")
             else:
                 pending.append(_Pending(job, 1))
-        running: dict[Future, tuple[_Pending, Device, float]] = {}
+        running: dict[Future, tuple[_Pending, Device, float, float]] = {}
         busy: set[str] = set()
         group_running: Counter = Counter()
         capacity = self.executor.capacity
@@ -159,7 +160,7 @@ class Scheduler:
                     group_running[group.name] += 1
                     self._usage[device.url] += 1
                     future = self.executor.submit(self.payload(item.job, item.attempt, device), device.resource)
-                    running[future] = (item, device, time.perf_counter())
+                    running[future] = (item, device, time.perf_counter(), time.time())
                 for attempt in told:  # after the submissions: a device never waits for a report to be written
                     if self.on_attempt:
                         self.on_attempt(attempt)
@@ -170,13 +171,13 @@ class Scheduler:
                     raise RuntimeError("farm scheduler: jobs pending but none can be placed")  # guarded above
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
-                    item, device, t0 = running.pop(future)
+                    item, device, t0, sent = running.pop(future)
                     if device.resource:
                         busy.discard(device.resource)
                     group_running[item.job.group.name] -= 1
                     report = self._result(future, item, device)
                     attempt = Attempt(item.job.id, item.attempt, device.url, device.resource, report,
-                                      time.perf_counter() - t0)
+                                      time.perf_counter() - t0, submitted_unix=sent)
                     attempt.retryable = retryable(attempt.exit_code, attempt.kinds) and item.attempt <= self.retries
                     self.attempts[item.job.id].append(attempt)
                     told.append(attempt)
