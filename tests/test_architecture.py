@@ -21,7 +21,7 @@ FLOORS = {"bundlerun.bundles": 0, "bundlerun.targets": 1, "bundlerun.runner": 2}
 LEAVES = {"bundlerun", "bundlerun._version"}  # no imports of their own: every floor may read the version
 # the front door: runner/'s entry points (console script, pytest11 plugin) and what the CLI and
 # the API call first; every other module of runner/ lives in a room (a sub-package)
-FRONT_DOOR = {"__init__", "cli", "arguments", "session", "interrupts", "seal", "shard", "inspect_view", "stateful",
+FRONT_DOOR = {"__init__", "cli", "arguments", "session", "settings", "interrupts", "seal", "shard", "inspect_view", "stateful",
               "pytest_plugin"}
 
 
