@@ -38,7 +38,7 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.llm_arch import OWN_LLM_BACKENDS
 from bundlerun.bundles.manifest_records import BuildInfo, ModelInfo
 from bundlerun.bundles.sequence import KvLink, SequenceSpec, SequenceStep
-from bundlerun.bundles import build_cache
+from bundlerun.bundles import build_cache, partition_control
 from bundlerun.bundles.backends.base import LoweringRequest
 from bundlerun.bundles.backends.qnn import lower
 from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec
@@ -277,10 +277,12 @@ def build_qnn_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
         say(f"quantizing with {recipe_line}; calibrating on {len(calibration)} steps")
     say(f"lowering with QNN ({'fp16' if recipe is None else QUANT_DTYPE}, to_edge_transform_and_lower_to_qnn)")
     start = time.perf_counter()
-    lowered = lower(LoweringRequest(model=decoder, example_inputs=tuple(cases[0][0]), calibration_inputs=calibration,
-                                    dtype="fp16" if recipe is None else "int16", backend="qnn", target=req.target,
-                                    options={} if recipe is None else {"qnn_recipe": recipe},
-                                    target_info=dict(req.target_info or {})))
+    # `bundlerun bisect`: the AOT child applies the restriction and records what QNN took (bundles/partition_control.py)
+    lowered = partition_control.wrap(lower)(LoweringRequest(
+        model=decoder, example_inputs=tuple(cases[0][0]), calibration_inputs=calibration,
+        dtype="fp16" if recipe is None else "int16", backend="qnn", target=req.target,
+        options={} if recipe is None else {"qnn_recipe": recipe},
+        target_info=dict(req.target_info or {})))
     export_s = time.perf_counter() - start
     program = lowered.program.buffer
     sequences = [SequenceSpec(f"seq{i}", "forward", True, "teacher-forced", s, shown[i], state="io")

@@ -30,7 +30,7 @@ The wrapper works after each backend's own decision, so it can only take nodes a
 
 The recipes are not edited: while `restricting(...)` is active, `wrap(recipe.lower)` (the
 builder's hook) patches `to_edge_transform_and_lower` wherever it is bound, as bundles/etrecord.py
-does. A recipe that lowers in another process (qnn) hands `spec()` to it and applies it there with
+does, and `EdgeProgramManager.to_backend` (export_llama's Vulkan path lowers through it). A recipe that lowers in another process (qnn) hands `spec()` to it and applies it there with
 `applied(spec)`; the child writes the record file named in the spec.
 """
 
@@ -260,7 +260,12 @@ def restricted(inner: Any, allowed: frozenset[str] | None, record: Record) -> An
     """`inner` wrapped (see the module docstring)."""
     from executorch.exir.backend.partitioner import PartitionResult
 
+    if getattr(inner, "bundlerun_restricted", False):  # to_edge_transform_and_lower hands it on to to_backend
+        return inner
+
     class RestrictedPartitioner(_partitioner_base()):
+        bundlerun_restricted = True
+
         def __init__(self) -> None:
             super().__init__()
             self.inner = inner
@@ -337,6 +342,17 @@ def _regroup(gm: Any, tags: dict[str, str], kept: set[str], specs: dict[str, Any
                 node.meta["delegation_tag"] = new
             new_specs[new] = spec
             first_of.setdefault(tag, new)
+    # A data-dependent scalar's checks (`ge`/`le`/`add` on an `item()` and their `_assert_scalar`s: no tensor,
+    # no user but another check) go with the node they check: grouped apart, the delegate holding the `item()`
+    # would be traced without its range, and a backend's preprocess pass that retraces it fails on `u < 0`
+    # (GuardOnDataDependentSymNode: export_llama's Vulkan program, rope's slice at input_pos). A chain that is
+    # checks only (an `item()` nothing but its checks reads, export_llama's per-layer input_pos checks) goes
+    # with the first `item()` that is used: a group of checks alone has inputs nothing in it uses after the
+    # backend drops the asserts, and the Vulkan delegate then declares fewer inputs than its call passes
+    # (VulkanBackend.cpp: "Vulkan graph declares 2 inputs ... the delegate call supplied 7 arguments").
+    _checks_follow_their_scalars(gm, kept)
+    for tag in [t for t in new_specs if not any(n.meta.get("delegation_tag") == t for n in gm.graph.nodes)]:
+        del new_specs[tag]  # a group that held only checks
     for node, old in old_of_constant.items():
         user_tags = {u.meta.get("delegation_tag") for u in node.users}
         if not node.users:
@@ -345,6 +361,31 @@ def _regroup(gm: Any, tags: dict[str, str], kept: set[str], specs: dict[str, Any
         elif len(user_tags) == 1 and None not in user_tags:
             node.meta["delegation_tag"] = next(iter(user_tags))
     return new_specs
+
+
+def _checks_follow_their_scalars(gm: Any, kept: set[str]) -> None:
+    """See `_regroup`: retag the kept nodes that only check a data-dependent scalar."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    # check-only: an assert (no value, no user), or a node every user of which is check-only
+    check_only: dict[Any, bool] = {}
+    for node in reversed(nodes):
+        users = list(node.users)
+        check_only[node] = all(check_only.get(u, False) for u in users) if users else node.meta.get("val") is None
+    dead: dict[Any, bool] = {}
+    for node in nodes:
+        dead[node] = check_only[node] and all(dead.get(a, False) for a in node.all_input_nodes
+                                              if a.op == "call_function")
+    anchor = next((n.meta.get("delegation_tag") for n in nodes if "_local_scalar_dense" in str(n.target)
+                   and not check_only[n] and n.meta.get("delegation_tag")), None)
+    for node in nodes:
+        if node.name not in kept or not check_only[node]:
+            continue
+        if dead[node] and anchor is not None:
+            node.meta["delegation_tag"] = anchor
+            continue
+        source = next((a for a in node.all_input_nodes if a.op == "call_function" and a.meta.get("delegation_tag")), None)
+        if source is not None:
+            node.meta["delegation_tag"] = source.meta["delegation_tag"]
 
 
 # ------------------------------------------------------------------ applying it to a lowering
@@ -374,15 +415,26 @@ def applied(restriction: Restriction | dict | None, write: bool = True) -> Itera
             args = (args[0], _wrap_all(args[1], restriction.allowed, record), *args[2:])
         return base(*args, **kwargs)
 
+    # export_llama's generic path (Vulkan's, examples/models/llama/export_llama_lib.py:1353-1495) lowers with
+    # to_edge then EdgeProgramManager.to_backend(partitioner): that method is wrapped too (a partitioner
+    # to_edge_transform_and_lower already wrapped passes through it unchanged)
+    manager = _program.EdgeProgramManager
+    base_to_backend = manager.to_backend
+
+    def to_backend(self: Any, partitioner: Any, *args: Any, **kwargs: Any) -> Any:
+        return base_to_backend(self, _wrap_all(partitioner, restriction.allowed, record), *args, **kwargs)
+
     patched: list[tuple[Any, Any]] = []
     for module in list(sys.modules.values()):
         value = getattr(module, "to_edge_transform_and_lower", None) if module is not None else None
         if value is not None and id(value) in originals:
             patched.append((module, value))
             setattr(module, "to_edge_transform_and_lower", lower)
+    manager.to_backend = to_backend
     try:
         yield record
     finally:
+        manager.to_backend = base_to_backend
         for module, value in patched:
             setattr(module, "to_edge_transform_and_lower", value)
         if write and restriction.record:

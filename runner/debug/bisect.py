@@ -135,6 +135,8 @@ class BisectResult:
     interrupted: str | None = None
     # a step of a stateful sequence: {"name", "step", "kind", "start_pos", "prefix": [cases run first], "chosen"}
     sequence: dict[str, Any] | None = None
+    # an LLM: the delegated nodes that are not a layer with weights, delegated in every candidate (not searched)
+    pinned: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def lowerings(self) -> int:
@@ -237,6 +239,7 @@ class Bisector:
         # steps); None until the full build's run chose it (an LLM without --case)
         self.case: int | None = req.case if req.case is not None or self.llm else 0
         self.prefix: list[int] = []
+        self.pinned_roots: frozenset[str] = frozenset()
 
     # ---------------------------------------------------------------- one candidate
 
@@ -248,7 +251,7 @@ class Bisector:
         out = folder / "candidate.bpte"
         t = time.monotonic()
         roots = None if allowed is None else frozenset(r for u in self.result.units if u["key"] in allowed
-                                                      for r in u.get("roots") or [u["key"]])
+                                                      for r in u.get("roots") or [u["key"]]) | self.pinned_roots
         previous = logging.root.manager.disable
         logging.disable(max(previous, logging.INFO))  # partitioners log every decision at INFO
         try:
@@ -367,7 +370,7 @@ class Bisector:
             self.say(f"    build failed: {exc}")
             raise BisectStopped(f"step {index} ({role}) could not be built: {exc}") from None
         if allowed is None:  # the full build says which units the delegate takes
-            self.result.units = [u for u in control.get("units") or []]
+            self.result.units = self._searched([u for u in control.get("units") or []])
             self.order = {u["key"]: i for i, u in enumerate(self.result.units)}
             step.delegated = [u["key"] for u in self.result.units]
             if self.case is not None and self.llm:  # --case on an LLM: its prefix, from the built sequences
@@ -384,6 +387,29 @@ class Bisector:
         self.say(f"    {step.verdict}{_stats_text(step)} (build {step.build_s:.1f} s, {step.cache}; run "
                  f"{step.run_s:.1f} s)")
         return step
+
+    def _searched(self, units: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The units the search takes apart. An LLM's: its delegated layers with weights (the linears;
+        QNN's static llama has them as 1x1 convolutions), the rest (norms, rope, attention, the KV cache's
+        update and read) delegated in every candidate. A lane whose delegate takes the whole forward keeps
+        the cache inside it (export_llama's Vulkan and MLX programs: llama::update_cache and custom_sdpa
+        delegated, and the lavapipe runner links no LLM custom-op kernels, firmware_scripts/vulkan/
+        build_vulkan_runner.sh), so a candidate that left them out would not run; a layer left out runs
+        on the portable kernels as permute_copy + mm/addmm (or convolution) beside the delegate."""
+        assert self.result is not None
+        if not self.llm:
+            return units
+        layers = [u for u in units if _is_layer(u)]
+        pinned = [u for u in units if not _is_layer(u)]
+        if not layers or not pinned:
+            return units
+        self.pinned_roots = frozenset(r for u in pinned for r in u.get("roots") or [u["key"]])
+        self.result.pinned = [{"key": u["key"], "op": u.get("op"), "module": u.get("module")} for u in pinned]
+        self.result.notes.append(
+            f"the delegate took {len(units)} node group(s): bisect searches its {len(layers)} layer(s) with weights "
+            f"(linears / 1x1 convolutions); the other {len(pinned)} (norms, rope, attention, the KV cache's update "
+            "and read) stay delegated in every candidate")
+        return layers
 
     def _given_case(self, built: Any) -> None:
         from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers, numpy on use
@@ -420,7 +446,11 @@ class Bisector:
         self.result = result = BisectResult(model=req.model, target=req.target, backend=req.backend, dtype=req.dtype,
                                             method=req.method, case=req.case, output=req.output, mechanism=MECHANISM,
                                             outcome="stopped")
-        if self.llm:
+        if self.llm and req.backend == "qnn":
+            result.notes.append("candidates are QNN's static llama (bundles/llm_qnn.py) lowered by the QNN partitioner "
+                                "restricted in the AOT child; its KV cache is program I/O, threaded by bundlerun from "
+                                "step to step in every candidate's replayed prefix (targets/workers/io_state.py)")
+        elif self.llm:
             result.notes.append("candidates are lowered by export_llama without its ConvertToLinearPass "
                                 "(extension/llm/export/builder.py:557): a linear left undelegated stays permute_copy + "
                                 "addmm/mm, which the portable kernels have (aten::linear is only in the optimized "
@@ -484,6 +514,13 @@ class Bisector:
             "without": {"step": without.index, "delegated": "everything else", "verdict": without.verdict,
                         "outputs": without.outputs},
         }
+
+
+def _is_layer(unit: dict[str, Any]) -> bool:
+    """A unit traced from an nn.Linear or nn.Conv2d module (its innermost eager module)."""
+    stack = unit.get("module_stack") or []
+    kind = str(stack[-1][1]) if stack and len(stack[-1]) > 1 else ""
+    return kind.rsplit(".", 1)[-1] in ("Linear", "Conv2d")
 
 
 def _brief(stats: OutputStats | None) -> dict[str, Any]:
