@@ -191,13 +191,17 @@ def quant_recipe(arch: str) -> tuple[Any, str]:
 
 
 def _mask(ctx: int, pos: int) -> Any:
-    """The attention mask of a one-token step at `pos`: QNN's CausalAttentionMask after smart_mask_init(pos)
-    (masking_utils.py:132-146): the first `pos` cache columns and the step's own column attend."""
-    from executorch.examples.qualcomm.oss_scripts.llama.masking_utils import CausalAttentionMask
+    """The attention mask of a one-token step at `pos`: QNN's causal mask (masking_utils.py:15-40, shape
+    [1, 1, ar_len, ctx], the step's own column last) with the first `pos` cache columns unmasked, the smart
+    mask QNN's runner keeps (runner/kv_manager.cpp:418-500). Not `smart_mask_init(pos)`: at executorch 1.5.1
+    it writes `mask[:, :, :pos] = 0` (masking_utils.py:146), the ar_len axis of that 4-D mask, which unmasks
+    the whole row from pos 1 on: every step then attended to all ctx-1 cache slots, zeros included, and the
+    reference was not export_llama's model (5-6 dB apart at position 2, tests/test_qnn_llm.py)."""
+    from executorch.examples.qualcomm.oss_scripts.llama.masking_utils import create_causal_attn_mask
 
-    mask = CausalAttentionMask(1, AR_LEN, ctx)
-    mask.smart_mask_init(pos)
-    return mask.mask.clone()
+    mask = create_causal_attn_mask(1, AR_LEN, ctx).clone()
+    mask[..., :pos] = 0
+    return mask
 
 
 def reference_cases(decoder: Any, prompts: list[list[int]], decode_steps: int,
