@@ -19,7 +19,7 @@ import re
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flatbuffers
 
@@ -165,7 +165,8 @@ def _read_value(tab: FlatTable, what: str) -> BundledValue:
             kind="tensor",
             scalar_type=int(inner.scalar(0, "i8", 0)),
             sizes=[int(s) for s in inner.scalars(1, "i32", f"{what} sizes")],
-            data=inner.bytes(2, f"{what} data"),
+            # a view of the buffer when parse_bundle was given a memoryview (the host worker): read like bytes
+            data=cast(bytes, inner.bytes(2, f"{what} data")),
             dim_order=[int(d) for d in inner.scalars(3, "u8", f"{what} dim_order")],
         )
     if kind == _INT:
@@ -177,7 +178,7 @@ def _read_value(tab: FlatTable, what: str) -> BundledValue:
     raise tab.reader.fail(f"{what} has unknown value type {kind}")
 
 
-def _check_identifier(buf: bytes, source: str) -> None:
+def _check_identifier(buf: bytes | memoryview, source: str) -> None:
     if len(buf) < 8:
         raise BundleFormatError(f"{source}: file is empty or too short to be a bundle ({len(buf)} bytes)")
     ident = bytes(buf[4:8])
@@ -268,7 +269,7 @@ def _parse(reader: FlatReader, source: str, in_memory: bool = False) -> Bundle:
                                   for j, v in enumerate(case_tab.tables(1, f"{where} expected outputs"))],
             ))
         suites.append(MethodTestSuite(method, cases))
-    program = root.bytes(2, "program")
+    program = cast(bytes, root.bytes(2, "program"))  # a view, as each value's data (see _read_value)
     text = root.string(3, "bundlerun manifest", MAX_MANIFEST_BYTES)
     if text is None and root.vtable_size > 4 + 2 * 3:
         # FlatBuffers writers trim trailing absent fields from a vtable: a declared but
@@ -276,13 +277,13 @@ def _parse(reader: FlatReader, source: str, in_memory: bool = False) -> Bundle:
         raise BundleFormatError(f"{source}: the bundlerun manifest field is declared but empty; corrupted bundle")
     manifest = None if text is None else _decode_manifest(text, source)
     trailing = reader.buf[reader.high :]
-    if not in_memory and (len(trailing) >= TRAILING_SLACK or trailing.strip(b"\0")):
+    if not in_memory and (len(trailing) >= TRAILING_SLACK or bytes(trailing).strip(b"\0")):
         raise BundleFormatError(f"{source}: {len(trailing)} bytes follow the end of the bundle data "
                                 "(appended or corrupted); rebuild the bundle")
     return Bundle(program=program, method_test_suites=suites, manifest_json=manifest, version=version)
 
 
-def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) -> Bundle:
+def parse_bundle(buf: bytes | memoryview, source: str = "bundle", in_memory: bool = False) -> Bundle:
     """Parse `.bpte` bytes structurally: every malformed input raises BundleError.
 
     This is the flatbuffer layer only (also used on per-case bundles sent to
@@ -290,6 +291,8 @@ def parse_bundle(buf: bytes, source: str = "bundle", in_memory: bool = False) ->
     integrity checks that every reader must run (bundles/integrity.py).
     `in_memory`: the bytes are a memory image (a bundle linked into firmware), where
     whatever follows the bundle is other data, as the device runtime sees it.
+    Given a memoryview, the program and every value's data are views of it (no copy: a
+    reader that holds the buffer anyway, as the host worker does, holds the bundle once).
     """
     _check_identifier(buf, source)
     try:

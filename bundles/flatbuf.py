@@ -27,8 +27,10 @@ _SIZES = {k: struct.calcsize(v) for k, v in _FORMATS.items()}
 class FlatReader:
     """Bounds-checked access to one FlatBuffers buffer."""
 
-    def __init__(self, buf: bytes, source: str, what: str = "bundle") -> None:
-        self.buf = bytes(buf)
+    def __init__(self, buf: bytes | memoryview, source: str, what: str = "bundle") -> None:
+        # a memoryview is read in place: the byte vectors `copy` returns are then views of it, not copies
+        # (the host worker's read of a bundle the runtime also holds, targets/workers/host.py)
+        self.buf: bytes | memoryview = buf.cast("B") if isinstance(buf, memoryview) else bytes(buf)
         self.source = source
         self.what = what
         self.high = 0
@@ -55,7 +57,8 @@ class FlatReader:
     def root(self, what: str) -> "FlatTable":
         return FlatTable.at(self, self.indirect(0, f"{what} root offset"), what)
 
-    def copy(self, start: int, length: int, what: str) -> bytes:
+    def copy(self, start: int, length: int, what: str) -> bytes | memoryview:
+        """The bytes at [start, start + length): a view when the reader reads a memoryview."""
         self._need(start, length, what)
         self.copied += length
         if self.copied > 64 * len(self.buf) + (1 << 20):
@@ -136,7 +139,7 @@ class FlatTable:
             return []
         return list(struct.unpack_from(f"<{length}{_FORMATS[kind][1]}", self.reader.buf, start))
 
-    def bytes(self, slot: int, what: str) -> bytes:
+    def bytes(self, slot: int, what: str) -> bytes | memoryview:
         start, length = self.vector(slot, 1, what)
         return self.reader.copy(start, length, what) if length else b""
 
@@ -147,7 +150,7 @@ class FlatTable:
         if length > max_len:
             raise BundleError(f"{self.reader.source}: {what} is {length} bytes long (at most {max_len})")
         self.reader._need(start, length + 1, f"{what} terminator")
-        raw = self.reader.copy(start, length, what)
+        raw = bytes(self.reader.copy(start, length, what))
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -202,3 +202,21 @@ def test_a_disk_full_mid_run_keeps_no_outputs_npz_and_says_so(tmp_path):
         assert not list((disk / "r").iterdir())
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_the_host_worker_holds_the_bundle_once(bundle_cache):
+    """targets/workers/host.py parses the file buffer the runtime keeps (PyBundledModule holds it,
+    extension/pybindings/pybindings.cpp:332) as a memoryview: the program and every value are views of
+    that buffer, not a second copy of the bundle, and read the same as a parse that copies."""
+    from bundlerun.bundles.bpte import parse_bundle
+
+    path = bundle_cache("mlp", backend="portable", cases=3, target="host://portable")
+    buf = path.read_bytes()
+    view, copy = parse_bundle(memoryview(buf), str(path)), parse_bundle(buf, str(path))
+    values = [v for s in view.method_test_suites for c in s.test_cases for v in (*c.inputs, *c.expected_outputs)]
+    copied = [v for s in copy.method_test_suites for c in s.test_cases for v in (*c.inputs, *c.expected_outputs)]
+    assert isinstance(view.program, memoryview) and view.program.obj is buf and bytes(view.program) == copy.program
+    assert len(values) == 6 and all(isinstance(v.data, memoryview) and v.data.obj is buf for v in values)
+    assert all(isinstance(v.data, bytes) for v in copied)
+    assert [v.to_array().tolist() for v in values] == [v.to_array().tolist() for v in copied]
+    assert view.manifest_json == copy.manifest_json

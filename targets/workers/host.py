@@ -168,7 +168,7 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
     t0 = time.perf_counter() if t0 is None else t0
     try:
         buf = Path(bundle_path).read_bytes()
-        bundle = parse_bundle(buf, bundle_path)
+        bundle = parse_bundle(memoryview(buf), bundle_path)  # views of `buf`, which the runtime keeps: no second copy
         torch, portable_lib = _quiet_imports()
         kernels = _register_kernels(bundle.program)
         bundled = portable_lib._load_bundled_program_from_buffer(buf)
@@ -183,7 +183,6 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         from bundlerun.targets.workers.io_state import IoStateError, IoThreader  # optional: its failure to load is handled here
 
         threader = IoThreader.from_manifest(bundle.manifest_json)  # state "io": the KV cache threaded here
-        _drop_parsed_copies(bundle)
     except Exception as exc:  # reported as a classified load failure
         _emit(event="fatal", error=f"runtime could not load the bundle: {type(exc).__name__}: {exc}", kind="load-failure")
         return 1
@@ -270,18 +269,6 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
             timed.add(method)
     _emit(event="finished")
     return 0
-
-
-def _drop_parsed_copies(bundle) -> None:
-    """Once the runtime holds the bundle (it keeps the file buffer `buf` and reads the program from
-    it, extension/pybindings/pybindings.cpp PyBundledModule), this process needs only the cases'
-    inputs: parse_bundle's copies of the program and of every expected output (the host judges those
-    from its own read) go, about one bundle's size of the worker's memory (issue 36)."""
-    bundle.program = b""
-    for suite in bundle.method_test_suites:
-        for case in suite.test_cases:
-            for value in case.expected_outputs:
-                value.data = b""
 
 
 def _threaded_inputs(threader, method: str, case: int, inputs: list, torch) -> tuple[list, int | None]:
