@@ -176,7 +176,8 @@ def main() -> int:
                       f"device time only {n * args.sleep / args.devices:.1f} s; coordinator peak RSS {rss / 1024:.0f} MB; "
                       f"{len(jobs)} jobs, all one PASS verdict: {ok}; {len(actors)} actor processes; "
                       f"whole command {wall:.1f} s; load {load()}")
-                print(f"ray {n} jobs, where the makespan went (per device): {breakdown(res, merged, args.devices)}")
+                print(f"ray {n} jobs, where the makespan went (per device): {breakdown(res, merged, args.devices)}; "
+                      f"results thread: at most {merged['farm']['results']['peak_backlog']} jobs waiting to be written")
                 print(f"RATIO ray_{n}_makespan_over_ideal {makespan / ideal:.3f} (goal <= 1.2)")
             if len(rows) > 1:
                 print(f"RATIO coordinator_rss_{rows[-1][0]}_over_{rows[0][0]} {rows[-1][3] / rows[0][3]:.3f} "

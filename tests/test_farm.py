@@ -226,6 +226,7 @@ devices = ["sim://emu-1?sleep=0.25&fail_first=1&state={state}&log={log}", "sim:/
     assert merged["summary"]["exit_code"] == 1 and merged["summary"]["counts"]["FAIL"] == 12
     assert merged["summary"]["counts"]["PASS"] == 24 and len(merged["cases"]) == 36
     assert sum(len(j["attempts"]) for j in merged["farm"]["jobs"]) == 19
+    assert 1 <= merged["farm"]["results"]["peak_backlog"] <= 18  # jobs queued for the results thread at once
     start = merged["farm"]["started_unix"]
     assert all(start <= a["submitted_unix"] <= start + merged["farm"]["makespan_s"]
                for j in merged["farm"]["jobs"] for a in j["attempts"])

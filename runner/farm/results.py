@@ -42,6 +42,9 @@ class ResultWriter:
         self.fold = fold  # gets each job's final report once it is written (the merged report's fold)
         self.farm_id = farm_id
         self.batches = 0
+        # the most jobs waiting to be written at once: their reports (every case) are held meanwhile,
+        # so a writer slower than the devices grows the coordinator's memory with the plan
+        self.peak_backlog = 0
         self._failed: BaseException | None = None
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="bundlerun-farm-results", daemon=True)
@@ -50,6 +53,7 @@ class ResultWriter:
     def add(self, job: str, final: Report, final_dir: Path, attempts: list[dict[str, Any]], record: dict[str, Any],
             writes: list[tuple[Report, Path]], record_history: bool = True) -> None:
         self._queue.put(_Done(job, final, final_dir, attempts, record, writes, record_history and self.db is not None))
+        self.peak_backlog = max(self.peak_backlog, self._queue.qsize())
 
     def close(self) -> None:
         """Write what is queued and stop."""

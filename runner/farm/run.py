@@ -234,7 +234,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     merged.extras["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
                       "makespan_s": makespan, "started_unix": round(t0_unix, 4), "jobs": job_records, "devices": devices_out,
                       "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
-                      "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]]}
+                      "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]],
+                      "results": {"history_batches": writer.batches, "peak_backlog": writer.peak_backlog}}
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it
         merged.extras["shard"] = shard_rec
         merged.extras["farm"]["shard"] = shard_rec["spec"]

@@ -327,14 +327,16 @@ def _farm(value: Any, path: str) -> None:
             "exit_code": _opt_int, "flaky": _opt_bool,
             "attempts": lambda v, p: [fields(obj(a, f"{p}[{k}]", optional=False), f"{p}[{k}]", {
                 "url": _opt_text, "device": _opt_text, "verdict": _opt_text, "exit_code": _opt_int,
-                "attempt": _opt_int, "error_kinds": strings, "elapsed_s": _opt_num}) for k, a in enumerate(lst(v, p))]})
+                "attempt": _opt_int, "error_kinds": strings, "elapsed_s": _opt_num, "submitted_unix": _opt_num})
+                for k, a in enumerate(lst(v, p))]})
     for i, dev in enumerate(lst(farm.get("devices"), f"{path}.devices")):
         where = f"{path}.devices[{i}]"
         fields(obj(dev, where, optional=False), where, {
             "url": _opt_text, "resource": _opt_text, "attempts": _opt_int, "infra_failures": _opt_int,
             "numerical_failures": _opt_int, "passed": _opt_int, "infra_rate": _opt_num})
     fields(farm, path, {"id": _opt_text, "plan": _opt_text, "makespan_s": _opt_num, "executor": _opt_obj,
-                        "flaky_jobs": strings, "flaky_devices": strings})
+                        "flaky_jobs": strings, "flaky_devices": strings, "started_unix": _opt_num,
+                        "results": _opt_obj})
 
 
 def _dataset(value: Any, path: str) -> None:
