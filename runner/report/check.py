@@ -335,8 +335,8 @@ def _farm(value: Any, path: str) -> None:
             "url": _opt_text, "resource": _opt_text, "attempts": _opt_int, "infra_failures": _opt_int,
             "numerical_failures": _opt_int, "passed": _opt_int, "infra_rate": _opt_num})
     fields(farm, path, {"id": _opt_text, "plan": _opt_text, "makespan_s": _opt_num, "executor": _opt_obj,
-                        "flaky_jobs": strings, "flaky_devices": strings, "started_unix": _opt_num,
-                        "results": _opt_obj})
+                        "flaky_jobs": strings, "flaky_devices": strings, "started_unix": _opt_num})
+    obj(farm.get("results"), f"{path}.results")
 
 
 def _dataset(value: Any, path: str) -> None:
