@@ -386,3 +386,18 @@ def test_perf_conditions_beside_the_summary_survive_reading_and_writing(tmp_path
     assert again["perf"]["load"] == {"before": [1.5, 1.0, 0.5], "after": [1.6, 1.0, 0.5], "cpus": 2}
     assert (again["perf"]["repeat"], again["perf"]["warmup"]) == (5, 1)
     assert again["perf"]["summary"] == Report.from_json(_report("adb://R58M")).to_json()["perf"]["summary"]
+
+
+def test_elapsed_figure_is_not_added_twice_nor_over_another_targets_clock():
+    # a merged report mixes targets: a case already carrying any family's elapsed clock (here host://'s
+    # execution_wall_time) gets no second one; a case with other perf figures only, and one with none, do
+    from bundlerun.runner.report.model import CaseRecord, elapsed_figures
+    from bundlerun.targets.base import PerfKind
+
+    host_clock = PerfFigure("execution_wall_time", 0.5, "s", PerfKind.HOST_WALL, "host")
+    memory = PerfFigure("method_allocator_used", 10, "bytes", PerfKind.MEMORY, "runner")
+    cases = [CaseRecord("forward", i, "ok", "PASS", elapsed_s=0.25, perf=list(p))
+             for i, p in enumerate([[host_clock], [memory], []])]
+    elapsed_figures(cases, "qemu-user://aarch64")
+    assert [[f.name for f in c.perf] for c in cases] == [
+        ["execution_wall_time"], ["method_allocator_used", "runner_case_wall_time"], ["runner_case_wall_time"]]

@@ -131,3 +131,30 @@ def test_a_plugin_target_gets_debug_farm_repeat_and_perf_from_its_declarations(b
                 str(tmp_path / "s"), "--no-history", env=env)
     perf = json.loads((tmp_path / "s" / "report.json").read_text())["perf"]
     assert proc.returncode == 0 and perf["repeat"] == 1 and "echo://" in perf["notes"][0], proc.stderr[-2000:]
+
+
+def test_builtin_scheme_table_matches_each_modules_declaration():
+    from bundlerun.targets import BUILTIN_SCHEMES, BUILTIN_TARGETS, _module_spec
+
+    derived: dict[str, str] = {}
+    for name in BUILTIN_TARGETS:
+        for scheme in _module_spec(name).schemes:
+            derived.setdefault(scheme, name)
+    assert BUILTIN_SCHEMES == derived
+
+
+def test_builtin_scheme_resolves_from_its_own_module_alone(echo_registered):
+    # a fresh process: the URL of a run names one builtin target; neither the other builtin target
+    # modules nor the entry-point scan of every installed distribution is loaded for it
+    code = ("import sys; from bundlerun import targets; c = targets.parse_target_url('qemu-user://aarch64?cpu=max'); "
+            "print(c.declared.module, c.settings['cpu']); "
+            "print(sorted(m for m in targets.BUILTIN_TARGETS if m in sys.modules)); "
+            "print('importlib.metadata' in sys.modules); "
+            "print(targets.target_specs()['qemu-user'] is c.declared, 'echo' in targets.target_specs())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=300).stdout.splitlines()
+    assert out == ["bundlerun.targets.qemu_user max", "['bundlerun.targets.qemu_user']", "False", "True True"]
+    # a scheme no builtin declares still reaches the registered modules, and a typo their did-you-mean
+    assert targets.parse_target_url("echo://here").declared.module == "tests.fixtures.echo_target"
+    with pytest.raises(TargetError, match="did you mean 'echo'"):
+        targets.parse_target_url("ehco://here")

@@ -226,7 +226,7 @@ def elapsed_figures(cases: list["CaseRecord"], target_url: "str | TargetURL") ->
     simulator or device start-up and transfers included: never device latency). Where one warm
     process runs every case (`phased`) the first case of a method is its first execution
     ("first"), the later ones "warm". A case that did not finish gives no figure."""
-    elapsed_names = {spec.elapsed.name for spec in families()} | {SESSION_CLOCK.name}
+    elapsed_names: set[str] | None = None  # every family's clock name: read only if a case has perf figures
     clock = elapsed_clock(target_url) if "://" in str(target_url or "") else SESSION_CLOCK
     scheme = str(target_url or "").partition("://")[0].lower()
     seen: set[str] = set()
@@ -235,7 +235,9 @@ def elapsed_figures(cases: list["CaseRecord"], target_url: "str | TargetURL") ->
         seen.add(case.method)
         if case.status != CaseStatus.OK or not isinstance(case.elapsed_s, (int, float)) or isinstance(case.elapsed_s, bool):
             continue
-        if any(f.name in elapsed_names for f in case.perf):
+        if case.perf and elapsed_names is None:  # loads every target's declaration: only when it can matter
+            elapsed_names = {spec.elapsed.name for spec in families()} | {SESSION_CLOCK.name}
+        if any(f.name in (elapsed_names or ()) for f in case.perf):
             continue  # already read (a merged report mixes targets)
         note = None if clock.phased else f"{scheme or 'target'} session: tool start-up and I/O included, not device latency"
         case.perf.append(PerfFigure(clock.name, float(case.elapsed_s), "s", clock.kind, clock.source,
