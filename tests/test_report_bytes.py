@@ -137,3 +137,34 @@ def test_hostile_sub_records_are_refused_in_one_line_or_round_trip(tmp_path):
         assert json.loads(written)["cases"][0]["outputs"][0] == out
         assert write_report(read_report(tmp_path / str(i)), tmp_path / f"{i}b").read_text() == written
     assert outcomes["refused"] and outcomes["kept"]  # both paths ran
+
+
+def test_each_criteria_trail_encoded_once_gives_the_same_bytes():
+    # record._report_text encodes each distinct trail once and splices it in at every output: the text
+    # must be json.dumps(indent=2) of the sanitised document exactly, whatever the trails and strings hold
+    import copy
+
+    from bundlerun.runner.report.record import _TRAIL_HERE, _json_default, _report_text, _sanitize
+
+    base = json.loads(REPORTS[1].read_text())  # FAIL: 4 cases whose outputs carry real trails
+
+    def plain(data):
+        return json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False)
+
+    def check(data):
+        before = copy.deepcopy(data)
+        assert _report_text(data) == plain(data)
+        assert data == before or json.dumps(data, default=str) == json.dumps(before, default=str)  # put back
+
+    data = copy.deepcopy(base)
+    data["cases"] = [copy.deepcopy(c) for c in base["cases"] * 10]  # equal trails in other objects
+    check(data)
+    trails = [c["outputs"][0]["criteria"]["trail"] for c in data["cases"]]
+    for i, trail in enumerate(trails):  # 40 trails, 20 distinct, in and out of the recent window
+        trail["atol"] = [{**trail["atol"][0], "value": i % 20}] if trail.get("atol") else [{"value": i % 20}]
+    data["cases"][3]["outputs"][0]["criteria"]["trail"] = {}  # an empty trail stays {}
+    data["cases"][5]["outputs"][0]["stats"] = {"max_abs_err": float("nan"), "ulp": float("inf")}  # sanitised
+    check(data)
+    data["cases"][7]["error"] = _TRAIL_HERE  # the marker inside another string: the plain encoding
+    check(data)
+    assert '"max_abs_err": "nan"' in _report_text(data)
