@@ -71,11 +71,12 @@ class Criteria:
             atol += self.qtol * (self.scale if self.scale is not None else 1.0)
         return atol
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, copy_trail: bool = True) -> dict[str, Any]:
         # asdict's generic deep copy, field by field, cost ~1 ms per output (192-step LLM runs write it per
-        # step): the fields are scalars but `trail`, plain JSON data copied here the direct way
+        # step): the fields are scalars but `trail`, plain JSON data copied here the direct way.
+        # copy_trail=False: the trail itself, for a reader that leaves it out (the history's criteria digest)
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["trail"] = _json_copy(self.trail)
+        out["trail"] = _json_copy(self.trail) if copy_trail else self.trail
         for key, default in RULE_DEFAULTS.items():
             if out.get(key) == default:
                 del out[key]

@@ -168,3 +168,26 @@ def test_each_criteria_trail_encoded_once_gives_the_same_bytes():
     data["cases"][7]["error"] = _TRAIL_HERE  # the marker inside another string: the plain encoding
     check(data)
     assert '"max_abs_err": "nan"' in _report_text(data)
+
+
+def test_output_stats_to_dict_is_what_asdict_gave():
+    # stats_records.OutputStats.to_dict copies its fields directly: the dict must be _clean(asdict(stats))
+    # for every kind of value a field can hold (non-finite floats as strings, numpy scalars, lists, tuples)
+    import random
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from bundlerun.runner.judging.stats_records import OutputStats, TensorStats, _clean
+
+    rng = random.Random(0)
+    values = [None, 0, -3, 1.5, float("nan"), float("inf"), float("-inf"), np.float64(2.5), np.float32(1.25),
+              np.int64(7), [1, 2], (3, 4), {"a": [float("nan")]}, "x", True]
+    for _ in range(500):
+        tensors = [TensorStats([rng.randint(1, 9)] * rng.randint(0, 3), *(rng.choice(values) for _ in range(5)))
+                   for _ in range(2)]
+        stats = OutputStats(*tensors, **{k: rng.choice(values) for k in ("error_l2_norm", "sqnr", "worst_index",
+                                                                         "worst_actual", "error_max_steps")})
+        got, want = stats.to_dict(), _clean(asdict(stats))
+        assert repr(got) == repr(want) and got is not stats.to_dict()
+        assert got["reference_stats"]["shape"] is not stats.reference_stats.shape  # a copy, as asdict's

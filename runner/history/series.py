@@ -68,7 +68,7 @@ def criteria_digest(cases: Iterable[Any], methods: set[str] | None = None) -> st
         if methods is not None and case.method not in methods:
             continue
         for out in case.outputs:
-            criteria = out.criteria_json()  # as the report holds it: a digest the report file reproduces
+            criteria = out.criteria_json(copy_trail=False)  # as the report holds it (the trail, left out, uncopied)
             if criteria is not None:
                 judged = {k: v for k, v in criteria.items() if k not in PROVENANCE}
                 seen.add(json.dumps([case.method, out.index, judged], sort_keys=True, default=str))

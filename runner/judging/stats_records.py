@@ -4,7 +4,7 @@ the CLI must start without numpy); computed by error_stats.py."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -48,13 +48,39 @@ class OutputStats:
     sqnr_actual: float | None = None  # ErrorStatistics' sqnr: 20*log10(||actual|| / ||actual - reference||)
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
+        # what _clean(asdict(self)) gives, in one direct pass: asdict's generic deep copy was most of the
+        # 0.05-0.07 s the 192 outputs of a 192-step LLM run spent here (judged, then written)
+        return _plain(self)
 
     def json_safe(self) -> "OutputStats":
         """A copy holding non-finite floats as the report's strings "inf"/"-inf"/"nan": what a report
         record holds, so a fresh report and one read from report.json read the same."""
         d = self.to_dict()
         return OutputStats(**{**d, **{k: TensorStats(**d[k]) for k in ("reference_stats", "actual_stats")}})
+
+
+def _plain(obj: Any) -> Any:
+    """`_clean(asdict(obj))` for these records: dataclasses as dicts of their fields, lists and dicts
+    copied, non-finite floats as strings; anything else deep-copied as asdict does."""
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    if isinstance(obj, float):
+        return _clean(obj)
+    if isinstance(obj, (TensorStats, OutputStats)):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return _clean(asdict_value(obj))
+
+
+def asdict_value(obj: Any) -> Any:
+    """What asdict makes of a field value that is not one of this module's records."""
+    return asdict(_Box(obj))["value"]
+
+
+@dataclass
+class _Box:
+    value: Any
 
 
 def _clean(obj: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,11 @@ class OutputRecord:
         shapes["failed"] = [s for _, s in failed]
         return cls(**kw, shapes=shapes)
 
-    def criteria_json(self) -> dict[str, Any] | None:
-        """`criteria` as the report writes it (the history's criteria digest hashes this)."""
-        return None if self.criteria is None else write_shaped(self.criteria, self.shapes.get("criteria"),
-                                                               Criteria.to_dict)
+    def criteria_json(self, copy_trail: bool = True) -> dict[str, Any] | None:
+        """`criteria` as the report writes it (the history's criteria digest hashes this, without the
+        trail: `copy_trail=False` gives the record's own trail, not a copy, for such a reader)."""
+        own = Criteria.to_dict if copy_trail else partial(Criteria.to_dict, copy_trail=False)
+        return None if self.criteria is None else write_shaped(self.criteria, self.shapes.get("criteria"), own)
 
     def failed_json(self) -> list[dict[str, Any]]:
         """`failed` as the report writes it (the history stores this)."""
