@@ -13,6 +13,7 @@ Goal (issue 35 item 6): ratio at most 1.3. Also prints the export time and bundl
 and the bare loop's per-token time (tokens fed / loop seconds, in process).
 
     .venv/bin/python bench/bench_llm_sequence.py [--size tiny|small] [--dtype fp32|8da4w] [--repeat 3]
+        [--keep llm.bpte | --bundle llm.bpte]
 """
 
 from __future__ import annotations
@@ -83,15 +84,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=64, help="steps per sequence (prompt + decode steps)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", type=Path, default=None, help="keep the bundle here")
+    parser.add_argument("--bundle", type=Path, default=None,
+                        help="a bundle this bench built before (--keep): used as it is, not built again")
     parser.add_argument("--lanes", default="host", help="host, qemu-user or host,qemu-user")
     args = parser.parse_args()
     exe = shutil.which("bundlerun") or str(Path(sys.executable).with_name("bundlerun"))
     with tempfile.TemporaryDirectory() as tmp:
-        bpte = args.keep or Path(tmp) / "llm.bpte"
+        bpte = args.bundle or args.keep or Path(tmp) / "llm.bpte"
         build = [exe, "build", "llm:llama3", "--size", args.size, "--dtype", args.dtype, "--decode-steps",
                  str(args.steps - 1), "--max-seq-len", "128" if args.size == "tiny" else "256", "-o", str(bpte)]
         t = time.perf_counter()
-        subprocess.run(build, check=True, capture_output=True)
+        if args.bundle is None:
+            subprocess.run(build, check=True, capture_output=True)
         build_s = time.perf_counter() - t
         from bundlerun.bundles.bpte import read_bundle
 
@@ -127,10 +131,11 @@ def main() -> int:
             results[lane] = (ours, bare, loops, report.get("summary", {}).get("verdict"))
         load.append(" ".join(Path("/proc/loadavg").read_text().split()[:3]))
         tokens = sum(len(st.tokens) for seq in manifest.sequences for st in seq.steps)
-    size = bpte.stat().st_size if args.keep else None
+    size = bpte.stat().st_size if args.keep or args.bundle else None
+    built = (f"build command {build_s:.1f} s{', cache hit' if build_s < (export_s or 0) else ''}" if args.bundle is None
+             else f"bundle {args.bundle} built before")
     print(f"llm:llama3 {args.size} {args.dtype}: {len(manifest.sequences)} sequences x {args.steps} steps = {cases} "
-          f"cases, {tokens} tokens fed; export_llama {export_s or 0:.1f} s (build command {build_s:.1f} s"
-          f"{', cache hit' if build_s < (export_s or 0) else ''})" + (f", bundle {size} bytes" if size else "")
+          f"cases, {tokens} tokens fed; export_llama {export_s or 0:.1f} s ({built})" + (f", bundle {size} bytes" if size else "")
           + f"; load average {load[0]} before, {load[1]} after")
     for lane, (ours, bare, loops, verdict) in results.items():
         what = "pybindings loop" if lane == "host" else "executor_runner --server_mode loop under qemu-aarch64"

@@ -170,3 +170,19 @@ def test_bundleruns_tiny_8da4w_build_passes_on_aarch64(llm_runner, tmp_path):
     print("tiny 8da4w on aarch64: worst element", max(s["error_max"] for s in stats),
           "SQNR min", min(float(s["sqnr"]) for s in stats))
     assert [s["verdict"] for seq in report["sequences"] for s in seq["steps"]] == ["PASS"] * 15
+
+
+def test_a_rerun_into_the_same_report_folder_serves_from_a_fresh_folder(llm_runner, tmp_path):
+    # targets/et_runner/server.py makes the served folder afresh: no file of the last run is rewritten in
+    # place (ext4 flushed each such file on close, 2.4 ms a case log) and none is taken for this run's
+    fixture = cached_llama_bundle("fp32")
+    rc, first, _ = _run(fixture / "llama.bpte", tmp_path, "same")
+    folder = tmp_path / "same" / "work" / "qemu-user" / "forward-served"
+    assert rc == 0 and sorted(p.name for p in folder.glob("case-*.log")) == sorted(f"case-{i}.log" for i in range(STEPS))
+    (folder / "case-99.log").write_text("STALE: a case this run does not have")
+    (folder / "case-0.log").write_text("STALE")
+    rc, again, out = _run(fixture / "llama.bpte", tmp_path, "same")
+    assert rc == 0, out
+    assert not (folder / "case-99.log").exists()
+    assert "STALE" not in (folder / "case-0.log").read_text() and "SERVER MODE DONE" in (folder / "case-0.log").read_text()
+    assert _sqnr(again) == _sqnr(first)
