@@ -186,3 +186,39 @@ def test_a_rerun_into_the_same_report_folder_serves_from_a_fresh_folder(llm_runn
     assert not (folder / "case-99.log").exists()
     assert "STALE" not in (folder / "case-0.log").read_text() and "SERVER MODE DONE" in (folder / "case-0.log").read_text()
     assert _sqnr(again) == _sqnr(first)
+
+
+def test_each_served_step_is_recorded_in_order_while_the_next_runs_and_a_stop_keeps_the_finished_ones(
+        llm_runner, tmp_path, monkeypatch):
+    # targets/et_runner/server.py records a finished step (and writes its log) once the next trigger is
+    # sent: the records still come in suite order, each with its log, and a stop while the runner computes
+    # a step keeps every step finished before it, with the runner's process group gone
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.targets import open_target
+    from bundlerun.targets.base import RunOptions
+    from bundlerun.targets.et_runner import server
+
+    fixture = cached_llama_bundle("fp32")
+    bundle = read_bundle(fixture / "llama.bpte")
+    run = open_target(URL).run(bundle, fixture / "llama.bpte", RunOptions(work_dir=tmp_path / "whole"))
+    assert [c.case_index for c in run.cases] == list(range(STEPS)) and {c.status.value for c in run.cases} == {"ok"}
+    assert all(server.DONE in Path(c.log_path).read_text() for c in run.cases)
+
+    real_wait, procs, waits = server.RunnerServer.wait, [], {"n": 0}
+
+    def wait(self, t0, timeout_s):
+        procs.append(self.proc)
+        waits["n"] += 1
+        if waits["n"] == 3:  # step 2 sent, steps 0 and 1 done: Ctrl-C now
+            raise KeyboardInterrupt
+        return real_wait(self, t0, timeout_s)
+
+    monkeypatch.setattr(server.RunnerServer, "wait", wait)
+    recorded = []
+    real_record = type(run).record
+    monkeypatch.setattr(type(run), "record", lambda self, r, o: (recorded.append(r.case_index), real_record(self, r, o)))
+    with pytest.raises(KeyboardInterrupt):
+        open_target(URL).run(bundle, fixture / "llama.bpte", RunOptions(work_dir=tmp_path / "stopped"))
+    assert recorded == [0, 1]
+    assert all(Path(tmp_path / "stopped" / "qemu-user" / "forward-served" / f"case-{i}.log").is_file() for i in (0, 1))
+    assert procs and procs[-1].poll() is not None  # the served runner was reaped

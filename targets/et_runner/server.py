@@ -107,6 +107,10 @@ class RunnerServer:
     def trigger(self, timeout_s: float, case: int | None = None) -> Served:
         """One inference: on the inputs now in the --inputs files, or (bundled serving) on bundled
         test case `case`."""
+        return self.wait(self.send(case), timeout_s)
+
+    def send(self, case: int | None = None) -> float:
+        """`trigger`'s first half: the trigger line written; returns when (time.monotonic) for `wait`."""
         t0 = time.monotonic()
         assert self.proc is not None and self.proc.stdin is not None
         try:
@@ -114,6 +118,10 @@ class RunnerServer:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it has ended: _until reads what it said and its exit status
+        return t0
+
+    def wait(self, t0: float, timeout_s: float) -> Served:
+        """`trigger`'s second half: the inference sent at `t0` waited for, bounded by `timeout_s` from then."""
         return self._until(DONE, t0, timeout_s)
 
     def _until(self, marker: str, t0: float, timeout_s: float) -> Served:
@@ -281,6 +289,31 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
         for old in (folder / "out").glob("output-*.bin"):  # a case that writes fewer must not read the last one's
             old.unlink()
 
+    # A finished case's log file and record (its judging starts there: runner/judging/ahead.py) are done
+    # once the next trigger is sent, while the runner computes: off the path from one step's end to the
+    # next step's start (its outputs were read before: the next trigger overwrites them). Done in order,
+    # before anything else is recorded, and whatever ends the loop (a stop included).
+    done_later: list[tuple[Path, str, CaseResult]] = []
+
+    def settle() -> None:
+        while done_later:
+            path, text, result = done_later.pop(0)
+            path.write_text(text)
+            record(result)
+
+    try:
+        return _serve_loop(args, folder, env, indices, timeout_s, bundled, stateful, bundle, method, classify_fn,
+                           who, record, feed, done_later, settle)
+    finally:
+        settle()
+
+
+def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indices: list[int], timeout_s: float,
+                bundled: bool, stateful: bool, bundle: Bundle, method: str,
+                classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None],
+                feed: Callable[[int], None], done_later: list[tuple[Path, str, CaseResult]],
+                settle: Callable[[], None]) -> list[int]:
+    """serve()'s loop: the servers, their triggers and what each answer makes of its case."""
     pending = list(indices)
     servers = 0
     while pending:
@@ -292,10 +325,12 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
             while pending:
                 index = pending[0]
                 feed(index)
-                served = server.trigger(timeout_s, index) if bundled else server.trigger(timeout_s)
+                t0 = server.send(index if bundled else None)
+                settle()  # the previous case's log and record while the runner computes this one
+                served = server.wait(t0, timeout_s)
                 log_path = folder / f"case-{index}.log"
-                log_path.write_text(served.log)
                 if served.status == "exited":
+                    log_path.write_text(served.log)
                     if stateful and index != indices[0]:  # mid-sequence: classified from the served log
                         base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
                         status = served.exit_status if served.exit_status is not None else 1
@@ -309,9 +344,10 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
                 rc = 0 if served.status == "done" else None
                 result = case_result(bundle, method, index, folder, rc, served.log, timeout_s, classify_fn, base, who)
                 result.extra["served"] = f"executor_runner --server_mode, process {servers}"
-                record(result)
+                done_later.append((log_path, served.log, result))
                 pending.pop(0)
                 if rc is None:
+                    settle()
                     if stateful:
                         for result in not_run(method, pending, who):
                             record(result)
