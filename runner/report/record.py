@@ -128,13 +128,15 @@ def _report_text(data: dict[str, Any]) -> str:
     run judged by the same criteria carries an equal copy of their trail (docs/report-schema.md:
     `criteria.trail`), most of an LLM run's report (1.4 of 2.0 MB for 192 steps): json's indented
     encoder is Python code, so the copies were most of the 0.06-0.08 s the file took to encode."""
-    slots: list[tuple[dict[str, Any], str]] = []  # each output's criteria and the trail taken from it
+    slots: list[tuple[dict[str, Any], Any]] = []  # each output's criteria and the trail taken from it
     distinct: list[Any] = []
     order: list[int] = []
     for case in data.get("cases") or []:
         for out in (case.get("outputs") or []) if isinstance(case, dict) else []:
             criteria = out.get("criteria") if isinstance(out, dict) else None
-            trail = criteria.get("trail") if isinstance(criteria, dict) else None
+            if not isinstance(criteria, dict):
+                continue
+            trail = criteria.get("trail")
             if not isinstance(trail, dict) or not trail:
                 continue
             recent = range(len(distinct) - 1, max(len(distinct) - 8, 0) - 1, -1)  # bounded: linear however many differ
