@@ -74,7 +74,7 @@ def test_a_server_that_aborts_on_a_case_leaves_it_and_the_rest_to_one_case_proce
 
 def test_a_server_that_stops_answering_times_out_and_a_new_one_takes_the_rest(runner, mlp, tmp_path, monkeypatch):
     started: list[int] = []
-    real_start, real_trigger = server.RunnerServer.start, server.RunnerServer.trigger
+    real_start, real_send = server.RunnerServer.start, server.RunnerServer.send
     triggers = {"n": 0}
 
     def start(self, timeout_s):
@@ -82,14 +82,14 @@ def test_a_server_that_stops_answering_times_out_and_a_new_one_takes_the_rest(ru
         started.append(self.proc.pid)
         return served
 
-    def trigger(self, timeout_s):
+    def send(self, case=None):  # serve() writes each trigger with send(), then waits for it
         triggers["n"] += 1
         if triggers["n"] == 2:
             os.kill(self.proc.pid, signal.SIGSTOP)  # case 1 never finishes
-        return real_trigger(self, timeout_s)
+        return real_send(self, case)
 
     monkeypatch.setattr(server.RunnerServer, "start", start)
-    monkeypatch.setattr(server.RunnerServer, "trigger", trigger)
+    monkeypatch.setattr(server.RunnerServer, "send", send)
     run = _run(mlp, runner, tmp_path / "w", timeout_s=2.0)
     assert [c.status.value for c in run.cases] == ["ok", "timeout", "ok", "ok", "ok", "ok"]
     assert run.cases[1].error == "the MLX runner did not finish within 2 s; process group killed"
