@@ -177,8 +177,10 @@ def judge_outputs(bundle: Bundle, result: CaseResult, ctx: JudgeContext) -> Case
         entry.stats = verdict.stats.json_safe() if verdict.stats else None
         token = ctx.step_token(result.method, result.case_index) if j == 0 else None
         if token is not None:  # output 0 of an LLM step: the last token's logits (LLM_CONTRACT)
-            m = ctx.step_metrics[(result.method, result.case_index)] = step_metrics(actual, reference, token,
-                                                                                    stats=verdict.stats)
+            m = verdict.step  # the token rules' figures, when they judged by this token (the usual case: the
+            if m is None or m.reference_token != token:  # reference's argmax is reference_next): not computed twice
+                m = step_metrics(actual, reference, token, stats=verdict.stats)
+            ctx.step_metrics[(result.method, result.case_index)] = m
             if m.reference_argmax is not None and m.reference_argmax != token:
                 note = (f"{result.method}[{result.case_index}]: the manifest's reference_next {token} is not the "
                         f"expected logits' argmax {m.reference_argmax}: the step is judged by reference_next")

@@ -32,6 +32,9 @@ class OutputVerdict:
     verdict: Verdict  # PASS | FAIL
     failed: list[FailedCriterion] = field(default_factory=list)
     stats: OutputStats | None = None
+    # the token figures the token rules judged by (token_metrics.step_metrics of the output as given, its
+    # reference token the reference's argmax); None: no token rule, or the output was cast to judge it
+    step: Any = None
 
 
 def _fmt(x: Any) -> str:
@@ -63,6 +66,7 @@ def judge_output(
     kl_max, top_k_overlap_min: runner/judging/token_metrics.py) are applied here, each failing as its own
     named criterion with the measured value and the limit; at their defaults nothing changes."""
     exact = criteria.exact or expected_dtype == "bool"
+    step = None
     atol, rtol, elementwise = elementwise_bound(criteria, expected_dtype, lossy)
     cast = criteria.cast_float and actual_dtype != expected_dtype
     if cast:  # MLX's compare_outputs: different dtypes are both compared as float32
@@ -139,16 +143,17 @@ def judge_output(
     if criteria.top_k is not None:
         failed.extend(top_k_check(actual, expected, criteria.top_k))
     if criteria.argmax_match or criteria.kl_max is not None or criteria.top_k_overlap_min is not None:
-        from bundlerun.runner.judging.token_metrics import token_checks  # LLM logits: docs/tolerances.md "Token rules"
+        from bundlerun.runner.judging.token_metrics import token_verdict  # LLM logits: docs/tolerances.md "Token rules"
 
-        failed.extend(token_checks(actual, expected, criteria.argmax_match, criteria.kl_max,
-                                   criteria.top_k_overlap_min, stats=stats))
+        token_failed, step = token_verdict(actual, expected, criteria.argmax_match, criteria.kl_max,
+                                           criteria.top_k_overlap_min, stats=stats)
+        failed.extend(token_failed)
     if criteria.top1:
         a_arg, r_arg = _argmax(actual), _argmax(expected)
         if a_arg != r_arg:
             failed.append(FailedCriterion("top1", a_arg, r_arg,
                                           f"argmax of the output {a_arg} != argmax of the reference {r_arg} (top-1)"))
-    return OutputVerdict(Verdict.FAIL if failed else Verdict.PASS, failed, stats)
+    return OutputVerdict(Verdict.FAIL if failed else Verdict.PASS, failed, stats, None if cast else step)
 
 
 def _is_integer_valued(expected: np.ndarray) -> bool:

@@ -73,8 +73,16 @@ def log_softmax(row: np.ndarray) -> np.ndarray | None:
 
 
 def top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """The k largest entries' ids, largest first, ties broken by the lower id."""
-    return np.argsort(-np.asarray(row, dtype=np.float64), kind="stable")[: max(0, k)]
+    """The k largest entries' ids, largest first, ties broken by the lower id: the first k of a stable
+    argsort of the negated row. Only the entries at least as large as the k-th largest are sorted
+    (np.partition finds it), in id order, so equal ones keep the lower id first as in the full sort."""
+    neg = -np.asarray(row, dtype=np.float64)
+    k = max(0, k)
+    if k == 0 or k >= neg.size or not np.isfinite(neg).all():  # NaN does not order: the full sort's rules
+        return np.argsort(neg, kind="stable")[:k]
+    kth = np.partition(neg, k - 1)[k - 1]
+    candidates = np.flatnonzero(neg <= kth)  # every entry above the k-th and all equal to it, in id order
+    return candidates[np.argsort(neg[candidates], kind="stable")][:k]
 
 
 def kl_divergence(lp_reference: np.ndarray, lp_target: np.ndarray) -> float:
@@ -130,8 +138,16 @@ def token_checks(target: Any, reference: Any, argmax_match: bool, kl_max: float 
                  stats: OutputStats | None = None) -> list[FailedCriterion]:
     """The token-level criteria of one output, each failing as its own named criterion with a
     one-line message: `argmax: expected token 17 -> got 212, margin -0.8`."""
+    return token_verdict(target, reference, argmax_match, kl_max, top_k_overlap_min, reference_token, stats)[0]
+
+
+def token_verdict(target: Any, reference: Any, argmax_match: bool, kl_max: float | None,
+                  top_k_overlap_min: float | None, reference_token: int | None = None,
+                  stats: OutputStats | None = None) -> tuple[list[FailedCriterion], StepMetrics | None]:
+    """`token_checks` and the step figures it judged by (None when no token rule is set): a step's
+    judging (runner/judging/judge.py) reuses them when its reference token is the one they used."""
     if not argmax_match and kl_max is None and top_k_overlap_min is None:
-        return []
+        return [], None
     m = step_metrics(target, reference, reference_token, stats=stats)
     failed: list[FailedCriterion] = []
     if argmax_match and not m.argmax_match:
@@ -149,7 +165,7 @@ def token_checks(target: Any, reference: Any, argmax_match: bool, kl_max: float 
             "top_k_overlap_min", m.top_k_overlap, top_k_overlap_min,
             f"top-{m.top_k} overlap {_fmt(m.top_k_overlap)} < floor {_fmt(top_k_overlap_min)}"
             if m.top_k_overlap is not None else f"top-{m.top_k} overlap not computable (non-finite logits)"))
-    return failed
+    return failed, m
 
 
 @dataclass
