@@ -435,13 +435,25 @@ def make_session(config_path: Path | None, target_opts: tuple[str, ...], history
 
 def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, setup_timeout, save_outputs, overrides,
             label, methods=None, cases=None, quiet=False, bundle=None, amend=None) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from bundlerun.runner.session import RunRequest  # start-up: loaded on use, not with the CLI
+
+    def request(on_case, on_start) -> RunRequest:
+        return RunRequest(
+            bundle_path=bundle_path, target=target, resolved_target=_typed(_resolved(target)), report_dir=report_dir,
+            case_timeout_s=case_timeout,
+            setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
+            overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
+            repeat=_repeat(), require_seal=seal.required(),
+            replay=_repeat("bundlerun.replay"),
+        )
+
+    if quiet:  # no bar drawn: rich's progress and console are not loaded (0.03-0.04 s before the target starts)
+        return session.run(request(None, None), bundle=bundle, amend=amend)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = _progress_console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=True, disable=quiet)
+                        console=console, transient=True)
     task = {}
 
     def on_start(n):
@@ -452,14 +464,7 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             progress.advance(task["id"])
 
     with progress:
-        report = session.run(RunRequest(
-            bundle_path=bundle_path, target=target, resolved_target=_typed(_resolved(target)), report_dir=report_dir,
-            case_timeout_s=case_timeout,
-            setup_timeout_s=setup_timeout, methods=methods, cases=cases, save_outputs=save_outputs,
-            overrides=list(overrides), label=label, progress=on_case, on_start=on_start,
-            repeat=_repeat(), require_seal=seal.required(),
-            replay=_repeat("bundlerun.replay"),
-        ), bundle=bundle, amend=amend)
+        report = session.run(request(on_case, on_start), bundle=bundle, amend=amend)
     return report
 
 
@@ -493,7 +498,6 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
     from bundlerun.bundles.bpte import read_bundle  # start-up: loaded on use, not with the CLI
-    from bundlerun.runner.report.console import print_summary  # start-up: loaded on use, not with the CLI
 
     parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
     cases = _select_cases(parsed, case_list, list(methods) or None)
@@ -523,6 +527,8 @@ def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, c
         click.echo(json.dumps({"summary": report.summary.to_json(), "report": str(report_dir / "report.json"),
                                "warnings": report.warnings}, indent=2))
     elif not quiet:
+        from bundlerun.runner.report.console import print_summary  # loaded after the run: not before the target starts
+
         print_summary(report)
         if report.regressions:
             from bundlerun.runner.history.regression import format_regressions  # start-up: loaded on use, not with the CLI

@@ -126,3 +126,76 @@ def test_judge_output_hands_its_token_figures_only_for_the_output_as_given(cast)
     else:
         assert dataclasses.asdict(v.step) == dataclasses.asdict(step_metrics(actual, ref, stats=v.stats))
     assert judge_output(actual, ref, Criteria(atol=0.01), "float32", "float32").step is None
+
+
+def test_sequence_records_write_what_asdict_wrote():
+    """SequenceRecord/StepRecord.to_json without asdict: the dict `_clean(asdict(...))` gave, key order included."""
+    from dataclasses import asdict
+
+    from bundlerun.runner.judging.numerics import _clean
+    from bundlerun.runner.report.sequences import SequenceRecord, StepRecord
+
+    def old_step(s: StepRecord) -> dict:
+        out = _clean(asdict(s))
+        if s.replay is None:
+            del out["replay"]
+        return out
+
+    def old_sequence(q: SequenceRecord) -> dict:
+        out = _clean(asdict(q))
+        out["steps"] = [old_step(s) for s in q.steps]
+        for key in ("prompt_text", "state", "replay"):
+            if getattr(q, key) is None:
+                del out[key]
+        return out
+
+    steps = [StepRecord(0, 4, "prompt", 0, 3, Verdict.PASS, 17, 17, True, float("inf"), 1.0, 0.0, 5, 1.0, 0.0, 2.5,
+                        -0.1, -0.1),
+             StepRecord(1, 5, "decode", 3, 1, "FAIL", 2, None, None, float("nan"), None, None, None, None, None,
+                        float("-inf"), None, None, replay={"runs": 3, "distinct": 2, "spread": [0.5, float("inf")]}),
+             StepRecord(2, 6, "decode", 4, 1, Verdict.ERROR, 3, np.int64(4), np.bool_(False), np.float64(41.5))]
+    for seq in (SequenceRecord("s", "forward", "teacher-forced", True, "FAIL", steps, 1, 1, 2.0, float("inf"), None),
+                SequenceRecord("t", "forward", "greedy", False, Verdict.PASS, steps[:2], None, 0, None, None, None,
+                               prompt_text="a <b>", state="io", replay="host")):
+        new = seq.to_json()
+        assert new == old_sequence(seq) and list(new) == list(old_sequence(seq))
+        assert [list(s) for s in new["steps"]] == [list(old_step(s)) for s in seq.steps]
+        if seq.name == "t":  # numpy scalars (in "s") are no JSON for either
+            assert json_text(new) == json_text(old_sequence(seq))
+    replayed = steps[1].to_json()
+    assert replayed["replay"] is not steps[1].replay and replayed["replay"]["spread"] == [0.5, "inf"]
+
+
+def json_text(obj: object) -> str:
+    import json
+
+    return json.dumps(obj, indent=2)
+
+
+def test_quiet_run_does_not_load_rich_before_the_target():
+    """`run --quiet` draws no bar: rich is not imported on the way to the target (a fresh interpreter, the
+    session a stand-in that returns what it was given), and the run request carries no callbacks."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from bundlerun.runner import cli\n"
+        "class Session:\n"
+        "    def run(self, req, bundle=None, amend=None):\n"
+        "        return (req.progress, req.on_start, 'rich' in sys.modules)\n"
+        "print(cli._do_run(Session(), Path('b.bpte'), Path('r'), 'qemu-user://aarch64', 30, 60, False, (), None,"
+        " quiet=True))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "(None, None, False)"
+
+
+def test_sequence_svg_escape_is_saxutils_escape():
+    from xml.sax.saxutils import escape as sax_escape
+
+    from bundlerun.runner.writers.sequence_svg import escape
+
+    for text in ("", "a & b", "<b>&amp;</b>", "&&<<>>", "x > y < z", "'\"\u00e9\u2603\x00", "&lt;"):
+        assert escape(text) == sax_escape(text)

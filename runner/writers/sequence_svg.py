@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from typing import Any, Sequence
-from xml.sax.saxutils import escape
 
 from bundlerun.runner.judging.outcome import VERDICT_COLOURS
 from bundlerun.runner.report.safe_text import visible
@@ -21,6 +20,12 @@ from bundlerun.targets.base import Verdict
 
 WIDTH, HEIGHT = 600, 460
 LEFT, RIGHT, TOP, GAP, BOTTOM = 64, 14, 30, 34, 40  # margins in px
+
+
+def escape(text: str) -> str:
+    """xml.sax.saxutils.escape without its entities argument (the same three replacements, in its order):
+    importing xml.sax.saxutils loads urllib.request, http.client and email, ~15 ms of every run's report."""
+    return text.replace("&", "&amp;").replace(">", "&gt;").replace("<", "&lt;")
 
 
 def _colour(verdict: str) -> str:
