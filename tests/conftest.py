@@ -28,12 +28,22 @@ os.environ.pop("BUNDLERUN_HISTORY", None)
 atexit.register(shutil.rmtree, _DATA_HOME, True)
 
 
+def pytest_configure(config):
+    """xdist's `--dist loadfile` queues files by test count unless told not to (`--loadscope-reorder`,
+    on by default): off, so the order below (tests/file_order.py) is the order the workers get."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test that builds a bundle or starts a process `slow` (tests/tiers.py), so
-    `pytest -m "not slow"` is the fast, pure-Python tier."""
+    `pytest -m "not slow"` is the fast, pure-Python tier; then the files that take longest first
+    (tests/file_order.py), so the two xdist workers end together."""
+    from file_order import heaviest_files_first
     from tiers import mark_slow
 
     mark_slow(items)
+    heaviest_files_first(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

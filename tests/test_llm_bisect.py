@@ -94,29 +94,6 @@ def test_bisect_llm_decode_step_replays_its_prefix_from_the_build_cache(tmp_path
     assert {s["cache"] for s in result["steps"]} <= {"hit", "miss"}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)  # 7-8 export_llama lowerings cold: 15+ min at load average 20 (2026-12-04)
-def test_bisect_llm_on_qemu_user_runs_every_candidate_on_the_aarch64_runner(tmp_path):
-    """qemu-user://aarch64: ExecuTorch's executor_runner cross-built for aarch64 with the portable, quantized
-    and LLM kernels (no optimized library, so no aten::linear). Candidates are lowered without export_llama's
-    ConvertToLinearPass, so the one with nothing delegated holds permute_copy + mm/addmm, runs on that runner
-    (not on a host fallback) and PASSes; the search names the planted layer as on the host."""
-    from bundlerun.bundles.bpte import read_bundle
-    from bundlerun.bundles.program_meta import program_operators
-
-    proc, result = _bisect(tmp_path, "qemu", target="qemu-user://aarch64")
-    _assert_w2_culprit(proc, result)
-    assert result["target"] == "qemu-user://aarch64"
-    assert not any("refuses a program with nothing delegated" in n for n in result["notes"])
-    assert any("ConvertToLinearPass" in n for n in result["notes"])
-    none = next(s for s in result["steps"] if s["role"] == "none")
-    ops = program_operators(read_bundle(none["bundle"]).program)
-    assert not any(op.startswith("aten::linear") for op in ops), sorted(ops)
-    assert any(op.startswith(("aten::mm", "aten::addmm")) for op in ops), sorted(ops)
-    ran = json.loads(Path(none["report"]).read_text())
-    assert ran["target"]["url"].startswith("qemu-user://aarch64") and none["verdict"] == "PASS"
-
-
 def test_bisect_request_takes_llm_models_and_refuses_llm_options_elsewhere():
     from bundlerun.bundles.llm_build import LlmOptions
     from bundlerun.runner.debug.bisect import BisectError, BisectRequest, check_request
