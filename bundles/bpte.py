@@ -55,24 +55,48 @@ class BundledValue:
     scalar: int | float | bool | None = None
 
     @classmethod
-    def from_array(cls, array: Any, scalar_type: int | None = None) -> "BundledValue":
+    def from_array(cls, array: Any, scalar_type: int | None = None,
+                   dim_order: list[int] | None = None) -> "BundledValue":
+        """`array` (logical order) stored in `dim_order` (None: contiguous). The bytes are laid out
+        in that order because the runtime copies them as they are: BundleIO's load_bundled_input
+        builds the TensorImpl with the bundled dim_order (devtools/bundled_program/bundled_program.cpp:82)
+        and Method::set_input copies the bytes without looking at it (runtime/executor/method.cpp:1250, internal::copy_tensor_data),
+        as ExecuTorch's own writer stores `spec.storage` with `dim_order=list(spec.dim_order)`
+        (devtools/bundled_program/core.py:181)."""
         import numpy as np
 
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        order = list(range(array.ndim)) if dim_order is None else [int(d) for d in dim_order]
+        if sorted(order) != list(range(array.ndim)):
+            raise ValueError(f"dim order {order} is not a permutation of {array.ndim} dimensions")
         code = st.code_from_numpy(array.dtype) if scalar_type is None else scalar_type
         return cls(
             kind="tensor",
             scalar_type=code,
             sizes=[int(s) for s in array.shape],
-            data=array.tobytes(),
-            dim_order=list(range(array.ndim)),
+            data=np.ascontiguousarray(array.transpose(order)).tobytes(),
+            dim_order=order,
         )
 
+    @property
+    def physical_sizes(self) -> list[int]:
+        """The sizes in the order the data is laid out (the logical sizes for contiguous data)."""
+        if not self.dim_order or len(self.dim_order) != len(self.sizes):
+            return list(self.sizes)
+        return [int(self.sizes[d]) for d in self.dim_order]
+
     def to_array(self):
-        """Tensor contents as a numpy array (bfloat16 stays as raw uint16 words)."""
+        """Tensor contents as a numpy array in logical (row-major, e.g. NCHW) order whatever the
+        stored dim order, so every reader compares logical values (bfloat16 stays as raw uint16 words)."""
         if self.kind != "tensor":
             raise ValueError(f"value is a {self.kind}, not a tensor")
-        return st.to_array(self.scalar_type, self.sizes, self.data)
+        physical = st.to_array(self.scalar_type, self.physical_sizes, self.data)
+        order = list(self.dim_order)
+        if not order or order == list(range(len(order))) or len(order) != len(self.sizes):
+            return physical
+        import numpy as np
+
+        return np.ascontiguousarray(physical.transpose(np.argsort(order)))
 
     def describe(self) -> str:
         if self.kind == "tensor":
@@ -200,8 +224,10 @@ def _brief(values: list[int], limit: int = MAX_DIMS) -> str:
     return f"[{shown}, ... ({len(values)} in all)]" if len(values) > limit else f"[{shown}]"
 
 
-def _check_tensor(value: BundledValue, source: str, where: str) -> None:
-    """Sizes, dtype, data length and dim order agree (docs/security.md: only contiguous data)."""
+def _check_tensor(value: BundledValue, source: str, where: str, any_order: bool = False) -> None:
+    """Sizes, dtype, data length and dim order agree. `any_order`: an input may be stored in another
+    dim order (channels-last, as the cortex-m recipe exports it), which `to_array` reads back in logical
+    order; an expected output must be contiguous (docs/security.md), as the runners' outputs are read."""
     try:
         itemsize = st.itemsize(value.scalar_type)
     except st.UnsupportedScalarType as exc:
@@ -217,7 +243,7 @@ def _check_tensor(value: BundledValue, source: str, where: str) -> None:
     if value.dim_order and sorted(value.dim_order) != list(range(len(value.sizes))):
         raise BundleFormatError(f"{source}: {where} has dim_order {_brief(value.dim_order)}, not a permutation of its "
                                 f"{len(value.sizes)} dimensions; corrupted bundle")
-    if value.dim_order and value.dim_order != list(range(len(value.sizes))):
+    if value.dim_order and value.dim_order != list(range(len(value.sizes))) and not any_order:
         raise BundleFormatError(f"{source}: {where} has non-contiguous dim_order {_brief(value.dim_order)}; bundlerun reads "
                                 "tensor data in contiguous (0, 1, ...) order only, so it would misread it")
 
@@ -311,7 +337,8 @@ def parse_bundle(buf: bytes | memoryview, source: str = "bundle", in_memory: boo
             for label, values in (("input", case.inputs), ("expected output", case.expected_outputs)):
                 for j, value in enumerate(values):
                     if value.kind == "tensor":
-                        _check_tensor(value, source, f"method {suite.method_name!r} case {i} {label} {j}")
+                        _check_tensor(value, source, f"method {suite.method_name!r} case {i} {label} {j}",
+                                      any_order=label == "input")
     return bundle
 
 

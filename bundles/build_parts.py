@@ -43,7 +43,9 @@ def _torch_to_code(dtype: Any) -> int:
         raise BuildError(f"unsupported tensor dtype {dtype}") from None
 
 
-def _value_from_tensor(t: Any) -> BundledValue:
+def _value_from_tensor(t: Any, dim_order: list[int] | None = None) -> BundledValue:
+    """`t` as a bundled tensor, its bytes in `dim_order` (None: contiguous), the order the program
+    declares for that input (bundles/bpte.py BundledValue.from_array says why the bytes must follow it)."""
     import torch
 
     t = t.detach().contiguous().cpu()
@@ -52,7 +54,7 @@ def _value_from_tensor(t: Any) -> BundledValue:
         array = t.view(torch.int16).numpy().view(np.uint16)
     else:
         array = t.numpy()
-    return BundledValue.from_array(array, code)
+    return BundledValue.from_array(array, code, dim_order=dim_order)
 
 
 def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:

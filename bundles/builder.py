@@ -28,6 +28,7 @@ from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions  # noqa: F401
+from bundlerun.bundles.program_meta import input_dim_orders
 from bundlerun.bundles import build_cache, etrecord as _etrecord, real_inputs
 from bundlerun.bundles.backends.base import default_dtype, default_reference
 from bundlerun.bundles.backends.common import quiet_framework_logs
@@ -255,6 +256,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
             raise BuildError(f"reference 'eager-dtype' needs a float build (fp32, fp16 or bf16), not {req.dtype}")
         dtype_model = copy.deepcopy(model.module).to(in_dtype)
     out_dtypes = _program_output_dtypes(lowering.program)
+    in_orders = input_dim_orders(lowering.program.buffer)
 
     say(f"computing expected outputs for {len(case_arrays)} cases")
     test_cases: list[BundledTestCase] = []
@@ -285,7 +287,8 @@ def build_bundle(req: BuildRequest) -> BuildResult:
                 first_outputs = outs
             test_cases.append(
                 BundledTestCase(
-                    inputs=[_value_from_tensor(x) for x in program_inputs],
+                    inputs=[_value_from_tensor(x, in_orders[k] if k < len(in_orders) else None)
+                            for k, x in enumerate(program_inputs)],
                     expected_outputs=[_value_from_tensor(o) for o in outs],
                 )
             )

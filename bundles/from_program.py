@@ -9,7 +9,8 @@ quantization parameters when it knows them (qtol counts steps of that scale); th
 does, and the manifest records where the program came from.
 
 Expected outputs are stored in the dtype the program declares for each output (the stock
-runtime verifies the file too), inputs as given. Nothing here imports torch unless a tensor
+runtime verifies the file too), inputs as given, laid out in the dim order the program declares for
+them (bundles/program_meta.py input_dim_orders). Nothing here imports torch unless a tensor
 is handed in.
 """
 
@@ -28,7 +29,7 @@ from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, write_bundle
 from bundlerun.bundles.errors import BuildError, BundlerunError
 from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, TensorSpec
-from bundlerun.bundles.program_meta import method_outputs, program_operators
+from bundlerun.bundles.program_meta import input_dim_orders, method_outputs, program_operators
 from bundlerun.bundles.registry import BASE_DTYPES, REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
 from bundlerun.bundles.dynamic_shapes import shape_over_cases
@@ -114,8 +115,10 @@ def _code(value: Any, array: np.ndarray) -> int:
         raise BuildError(str(exc)) from None
 
 
-def to_value(value: Any, want: int | None = None, what: str = "value") -> BundledValue:
-    """A BundleIO value; with `want` (a ScalarType code) a float/int tensor is cast to it."""
+def to_value(value: Any, want: int | None = None, what: str = "value",
+             dim_order: list[int] | None = None) -> BundledValue:
+    """A BundleIO value; with `want` (a ScalarType code) a float/int tensor is cast to it; with
+    `dim_order` its bytes are stored in that order (a program input declared channels_last)."""
     if isinstance(value, bool):
         return BundledValue(kind="bool", scalar=value)
     if isinstance(value, int):
@@ -131,7 +134,9 @@ def to_value(value: Any, want: int | None = None, what: str = "value") -> Bundle
             raise BuildError(f"{what} is {st.name(code)}, the program declares {st.name(want)}")
         array = array.astype(st.numpy_dtype(want))
         code = want
-    return BundledValue.from_array(array, code)
+    if dim_order is not None and len(dim_order) != array.ndim:
+        raise BuildError(f"{what} has {array.ndim} dimensions, the program declares {len(dim_order)}")
+    return BundledValue.from_array(array, code, dim_order=dim_order)
 
 
 def _flatten(outputs: Any) -> list[Any]:
@@ -165,6 +170,7 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
         if declared is not None and method not in declared:
             raise BuildError(f"the program has no method {method!r} (it has {', '.join(map(repr, declared)) or 'none'})")
         outs = declared.get(method) if declared is not None else None
+        in_orders = input_dim_orders(program, method) if declared is not None else []
         test_cases = []
         for i, case in enumerate(cases):
             expected = _flatten(case.expected)
@@ -173,7 +179,8 @@ def bundle_program(req: ProgramBundleRequest, output: str | Path) -> ProgramBund
                                  f"the program returns {len(outs)}")
             values = [to_value(e, outs[j].scalar_type if outs is not None and outs[j].kind == "tensor" else None,
                                f"method {method!r} case {i} expected output {j}") for j, e in enumerate(expected)]
-            inputs = [to_value(x, None, f"method {method!r} case {i} input {k}") for k, x in enumerate(case.inputs)]
+            inputs = [to_value(x, None, f"method {method!r} case {i} input {k}",
+                               in_orders[k] if k < len(in_orders) else None) for k, x in enumerate(case.inputs)]
             test_cases.append(BundledTestCase(inputs=inputs, expected_outputs=values))
         suites.append(MethodTestSuite(method, test_cases))
         methods[method] = _method_manifest(req, method, test_cases, ops)

@@ -12,9 +12,8 @@ With `GOLDEN_ARTIFACTS_DIR` set, the suite writes per flow (suite/conftest.py Te
   "Dump .pte after successful comparison"; the arm_tosa_* flows have supports_serialize=False).
 
 The files carry no dtype or shape: those are read from the program (its `forward` plan's
-input and output tensors). A bundle holds contiguous tensors only (bundles/bpte.py), so an
-input the program takes in another dim order (channels-last) cannot be replayed and is
-refused by name. Every bad golden (missing file, wrong size, a .pte that is not a program)
+input and output tensors). An input the program takes in another dim order (channels-last) is
+read in that order and stored in it again (bundles/bpte.py BundledValue.from_array). Every bad golden (missing file, wrong size, a .pte that is not a program)
 is one line naming the file; the others are imported.
 """
 
@@ -182,10 +181,12 @@ def _read_tensor(path: Path, spec: PlanTensor, physical: bool, root: Path | None
     what = f"for the program's {spec.describe()} tensor" + (
         "" if spec.static else " (a dynamic shape: the file must hold its upper bound)")
     data = read_bounded(path, spec.nbytes, root=root, exact=spec.nbytes, what=what)
-    if physical and spec.dim_order != list(range(len(spec.sizes))):
-        raise GoldenError(f"{path}: the program takes this input in dim order {tuple(spec.dim_order)}; a bundle "
-                          "holds contiguous tensors only, so it cannot be replayed")
-    return st.to_array(spec.scalar_type, spec.sizes, data)
+    order = list(spec.dim_order)
+    # bytes in the program's dim order (channels-last): read back to logical order; the bundle stores
+    # them in that order again (bundles/from_program.py, program_meta.input_dim_orders)
+    reorder = physical and order != list(range(len(spec.sizes))) and sorted(order) == list(range(len(spec.sizes)))
+    array = st.to_array(spec.scalar_type, [spec.sizes[d] for d in order] if reorder else spec.sizes, data)
+    return np.ascontiguousarray(array.transpose(np.argsort(order))) if reorder else array
 
 
 def read_golden(golden: Golden) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:

@@ -50,6 +50,19 @@ def method_inputs(program: bytes, source: str) -> dict[str, list[DeclaredOutput]
     return _method_values(program, source, _INPUTS, "input")
 
 
+def input_dim_orders(program: bytes, method: str = "forward") -> list[list[int] | None]:
+    """Per input of `method`, the dim order the program declares for it when that is not contiguous
+    (e.g. (0, 2, 3, 1) for the cortex-m recipe's channels_last image inputs); None otherwise. A
+    bundled input must hold its bytes in that order: the runtime copies them without looking at it
+    (runtime/executor/method.cpp:1250). Every other recipe exports contiguous inputs."""
+    orders: list[list[int] | None] = []
+    for d in (method_inputs(program, "lowered program") or {}).get(method) or []:
+        order = list(d.dim_order or [])
+        contiguous = d.kind != "tensor" or not order or order == list(range(len(order)))
+        orders.append(None if contiguous else order)
+    return orders
+
+
 def _method_values(program: bytes, source: str, slot: int, what: str) -> dict[str, list[DeclaredOutput]] | None:
     if bytes(program[4:8]) != PROGRAM_IDENTIFIER:
         return None

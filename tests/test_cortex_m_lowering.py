@@ -1,9 +1,10 @@
 """Cortex-M int8 lowering (bundles/backends/arm.py: _lower_cortex_m) of zoo models, checked
 against what ExecuTorch's arm_executor_runner can actually run: every operator of the
 program must have a kernel (portable, cortex_m or in the default QEMU runner's op list),
-convolutions must be CMSIS-NN ones (which need channels_last tensors), and the program's
-inputs must keep the contiguous dim order the bundle stores its inputs in (set_input copies
-bytes without looking at dim_order)."""
+convolutions must be CMSIS-NN ones (which need channels_last tensors), and an image model's
+program takes channels_last inputs, as ExecuTorch's Cortex-M tests export them
+(backends/cortex_m/test/models/test_resnet8.py:38), with the bundle storing each input's bytes in
+that dim order (set_input copies bytes without looking at dim_order, runtime/executor/method.cpp:1250)."""
 
 from __future__ import annotations
 
@@ -99,20 +100,52 @@ def test_tiny_cnn_convolutions_are_cmsis_nn(built):
     assert "aten::convolution.out" not in ops, "a convolution stayed in float"
     assert "cortex_m::quantized_conv2d.out" in ops
     assert {"cortex_m::quantized_max_pool2d.out", "cortex_m::quantized_avg_pool2d.out"} <= ops
-    # The NHWC layout is produced inside the graph: a dim-order clone, channels_last intermediates.
-    assert "dim_order_ops::_clone_dim_order.out" in ops
+    # The NHWC layout comes in with the input (no dim-order clone at the input any more), and the
+    # intermediates stay channels_last.
+    assert "dim_order_ops::_clone_dim_order.out" not in ops
     assert [0, 2, 3, 1] in _tensor_dim_orders(program)
     info = result.manifest.build.lowering
     assert "quantized_conv2d" in info["cortex_m_kernels"]
     assert info["layout"].startswith("channels_last")
 
 
-def test_tiny_cnn_program_inputs_stay_contiguous_like_the_bundle(built):
+def test_tiny_cnn_bundled_input_is_in_the_programs_dim_order(built):
+    """The program takes its input channels_last (dim order 0,2,3,1); each bundled input records that
+    dim order and holds its bytes in it (NHWC), while reading it back gives the logical NCHW case the
+    reference was computed on."""
+    import numpy as np
+
+    from bundlerun.bundles.inputs import generate_cases
+    from bundlerun.bundles.model_source import resolve_model
+
     _, _, program, bundle = built["tiny-cnn"]
-    assert _input_dim_orders(program) == [[0, 1, 2, 3]]
-    stored = bundle.method_test_suites[0].test_cases[0].inputs[0]
-    assert list(stored.sizes) == [1, 3, 32, 32]
-    assert list(stored.dim_order) == [0, 1, 2, 3]
+    assert _input_dim_orders(program) == [[0, 2, 3, 1]]
+    model = resolve_model("tiny-cnn")
+    cases = generate_cases([(s.shape, s.dtype, s.dist) for s in model.inputs], 2, 0, "cases")
+    for k, case in enumerate(bundle.method_test_suites[0].test_cases):
+        stored = case.inputs[0]
+        assert list(stored.sizes) == [1, 3, 32, 32]
+        assert list(stored.dim_order) == [0, 2, 3, 1]
+        logical = np.asarray(cases[k][0], dtype=np.float32)
+        assert stored.data == np.ascontiguousarray(logical.transpose(0, 2, 3, 1)).tobytes()
+        assert stored.data != logical.tobytes()  # 3 channels: the two layouts differ
+        np.testing.assert_array_equal(stored.to_array(), logical)
+
+
+def test_tiny_cnn_stores_each_conv_weight_once(built):
+    """The recipe hands the Cortex-M passes channels_last weights (bundles/backends/arm.py
+    _channels_last_model): with OIHW weights the passes add each conv weight again as OHWI and the
+    program carries both (et:resnet8: 173,368 bytes against 99,208). A second copy is a constant
+    buffer holding the same bytes in another order."""
+    _, _, program, _ = built["tiny-cnn"]
+    seen: dict[bytes, int] = {}
+    for i, buf in enumerate(program.constant_buffer):
+        data = bytes(buf.storage)
+        if len(data) >= 64:  # scales, zero points and small biases may repeat by value
+            key = bytes(sorted(data))
+            assert key not in seen, f"constant buffers {seen[key]} and {i} ({len(data)} bytes) are one tensor reordered"
+            seen[key] = i
+    assert len(seen) >= 2  # the convolutions' weights were looked at
 
 
 def test_tiny_gru_float_linears_become_addmm(built):

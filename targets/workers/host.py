@@ -210,7 +210,14 @@ def _run_bundle(bundle_path: str, out_dir: str, pairs: list, threads: int = 0, t
         for value in test_case.inputs:
             if value.kind == "tensor":
                 t = torch.frombuffer(bytearray(value.data), dtype=torch_of[value.scalar_type]) if value.data else torch.empty(0, dtype=torch_of[value.scalar_type])
-                inputs.append(t.reshape(value.sizes))
+                order = list(value.dim_order)
+                if order and order != list(range(len(order))) and len(order) == len(value.sizes):
+                    # stored in its dim order (bundles/bpte.py from_array): the logical view over those
+                    # bytes, with that order's strides; the pybindings take a contiguous or channels-last
+                    # tensor's storage as it is (extension/pybindings/pybindings.cpp:800-807)
+                    inputs.append(t.reshape(value.physical_sizes).permute(*[order.index(d) for d in range(len(order))]))
+                else:
+                    inputs.append(t.reshape(value.sizes))
             else:
                 inputs.append(value.scalar)
         state_from = None
