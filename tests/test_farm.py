@@ -885,3 +885,41 @@ targets = ["sim://emu-2?sleep=0.1&begin={begin}&hold=1&state={state}"]
     assert len(crashed) == 1 and crashed[0]["retried"] is True and "crash" in crashed[0]["error_kinds"]
     pids = {int(line.split()[1]) for line in begin.read_text().splitlines()}
     assert actor in pids and len(pids) == 2  # the killed actor, then the one Ray restarted
+
+
+def test_results_queue_holds_no_report_objects(echo_reports, tmp_path):
+    """The jobs waiting for the results thread (it fell 887 jobs behind 50 devices on a loaded
+    machine) wait as pickles in a spool file, not as Report objects: a 2,000-job farm's coordinator
+    grew from 114 to 180 MB of peak RSS with them held (bench/bench_farm_scale.py). Here the thread is
+    held in its first job while 150 more come in: the live Reports stay within one batch; every job is
+    then written and folded exactly once, in the order it came, and the spool is removed."""
+    import gc
+    import threading
+
+    from bundlerun.runner.farm import results
+
+    good, _ = echo_reports
+    gate, folded = threading.Event(), []
+
+    def fold(job: str, report: Report) -> None:
+        gate.wait(60)
+        folded.append((job, report.extras["n"]))
+
+    spool = tmp_path / ".results-queue.bin"
+    writer = results.ResultWriter(None, "farm", fold=fold, spool=spool)
+    try:
+        for n in range(150):
+            report = Report.from_json(good)
+            report.extras["n"] = n
+            writer.add(f"job{n}", report, tmp_path / "jobs" / f"job{n}", [], {"job": f"job{n}"}, [])
+            del report
+        gc.collect()
+        live = sum(isinstance(o, Report) for o in gc.get_objects())
+        assert live <= results.BATCH + 2, f"{live} Report objects held for 150 queued jobs"
+        assert spool.stat().st_size > 150 * 1000  # the reports are on disk
+    finally:
+        gate.set()
+        writer.close()
+    assert folded == [(f"job{n}", n) for n in range(150)]
+    assert all((tmp_path / "jobs" / f"job{n}" / "report.json").is_file() for n in range(150))
+    assert not spool.exists()

@@ -140,7 +140,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     # each job's final report is folded into the merged report as it is written: its cases go to a
     # spool file, so the coordinator's memory does not grow with the jobs (runner/report/merge_jobs.py)
     merge = JobsMerge([j.id for j in jobs], report_dir / ".merged-cases.jsonl")
-    writer = ResultWriter(history_db, farm_id, fold=merge.add)
+    writer = ResultWriter(history_db, farm_id, fold=merge.add, spool=report_dir / ".results-queue.bin")
 
     def finish(job: Job, tries: list[Attempt]) -> None:
         """A job's final report and record, written (and sent to the history) when it is known."""
@@ -164,7 +164,8 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         say(f"{a.job} attempt {a.attempt} on {where} ({node}): {a.verdict}{extra}"
             + (" -> retry" if a.retryable else ""))
         if not a.retryable and scheduler is not None:  # the job's last attempt: its result goes out now
-            finish(by_id[a.job], list(scheduler.attempts[a.job]))
+            tries, scheduler.attempts[a.job] = scheduler.attempts[a.job], []  # its record holds what is kept of them
+            finish(by_id[a.job], tries)
 
     ex = make_executor(executor, devices, workers, release_workers=release_workers)
     scheduler: Scheduler | None = None

@@ -173,6 +173,7 @@ class JobsMerge:
             merged["regressions"] = regressions
         out = Report.from_json(merged)  # checked as every reader checks a report (the cases as they are written)
         out.cases = SpooledCases(self.spool, [j["chunk"] for j in jobs])
+        self._jobs.clear()  # what the report needs is in it: the writers that follow run without the rest
         return out
 
     def discard(self) -> None:

@@ -100,6 +100,17 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
+def _non_finite(obj: Any) -> bool:
+    """A float that is nan or infinite anywhere in `obj` (what _sanitize would change)."""
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(_non_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_non_finite(v) for v in obj)
+    return False
+
+
 def write_report(report: Report, out_dir: Path) -> Path:
     """report.json from the typed report, checked as every reader checks it (runner/report/check.py):
     what we write is what every reader accepts."""
@@ -176,17 +187,40 @@ def _write_streamed(report: Report, path: Path) -> Path:
     check_report(data)
     checker = CaseChecker(data["summary"])
     data["cases"] = _CASES_HERE
-    head, _, tail = json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False).partition(
-        json.dumps(_CASES_HERE))
+    if _non_finite(data):  # sanitised only when it must be: a copy of a 2,000-job farm's document is ~10 MB
+        data = _sanitize(data)
+    marker = json.dumps(_CASES_HERE)
+    # the document around the cases is encoded piece by piece (the encoder json.dumps(indent=2) uses,
+    # so the same bytes), never as one string: a 2,000-job farm's head is megabytes, and the string, its
+    # halves and their bytes grew the coordinator's peak memory with the jobs (bench_farm_scale.py)
+    parts = json.JSONEncoder(indent=2, default=_json_default, allow_nan=False).iterencode(data)
+
+    def pieces(until: str | None) -> Iterator[bytes]:
+        buf: list[str] = []
+        size = 0
+        for part in parts:
+            if part == until:
+                break
+            buf.append(part)
+            size += len(part)
+            if size >= 1 << 16:
+                yield "".join(buf).encode("utf-8")
+                buf, size = [], 0
+        else:
+            if until is not None:
+                raise RuntimeError("report.json: the cases' place was not found in the document")
+        yield "".join(buf).encode("utf-8")
 
     def chunks() -> Iterator[bytes]:
-        yield head.encode("utf-8")
+        yield from pieces(marker)
         for case in report.cases.dicts():  # type: ignore[attr-defined]
             checker.check(case)  # a bad case raises before the file replaces anything
             body = json.dumps(case, indent=2, allow_nan=False).replace("\n", "\n    ")
             yield (("[\n    " if checker.seen == 1 else ",\n    ") + body).encode("utf-8")
         checker.done()
-        yield (b"[]" if checker.seen == 0 else b"\n  ]") + tail.encode("utf-8") + b"\n"
+        yield b"[]" if checker.seen == 0 else b"\n  ]"
+        yield from pieces(None)
+        yield b"\n"
 
     return atomic_write_chunks(path, chunks())
 

@@ -21,7 +21,7 @@ from typing import Any
 from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.runner.judging.replay import junit_suite  # --replay: a non-deterministic output fails as its own type
 from bundlerun.runner.report.criteria_text import criteria_items
-from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report
+from bundlerun.runner.report.model import OutputRecord, Report
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.report.safe_text import visible
@@ -89,58 +89,63 @@ def build_junit(report: Report) -> ET.Element:
     bundle = report.bundle
     model, target = _clean(model), _clean(target)
     root = ET.Element("testsuites", name=f"bundlerun {model} on {target}")
-    by_method: dict[str, list[CaseRecord]] = {}
-    for case in report.cases:
-        by_method.setdefault(case.method, []).append(case)
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
-    for method, cases in by_method.items():
-        method = _clean(method)
-        suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/{method}")
-        props = ET.SubElement(suite, "properties")
-        for key, value in (
-            ("model", model),
-            ("target", target),
-            ("backend", bundle.get("backend")),
-            ("dtype", bundle.get("dtype")),
-            ("bundle_sha256", bundle.get("sha256")),
-            ("label", run.get("label")),
-            ("run_id", run.get("id")),
-            ("torch", (bundle.get("versions") or {}).get("torch")),
-            ("executorch", (bundle.get("versions") or {}).get("executorch")),
-        ):
-            if value is not None:
-                ET.SubElement(props, "property", name=key, value=_clean(value))
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+    # one suite per method, in the order the methods first come; each case's testcases are made as it
+    # is read and the case let go (a farm's merged report streams its cases from disk: holding every
+    # case grew the coordinator's memory with the jobs, bench/bench_farm_scale.py)
+    by_method: dict[str, tuple[ET.Element, ET.Element, dict[str, Any], str]] = {}
+    for case in report.cases:
+        entry = by_method.get(case.method)
+        if entry is None:
+            method = _clean(case.method)
+            suite = ET.SubElement(root, "testsuite", name=f"{model}/{target}/{method}")
+            props = ET.SubElement(suite, "properties")
+            for key, value in (
+                ("model", model),
+                ("target", target),
+                ("backend", bundle.get("backend")),
+                ("dtype", bundle.get("dtype")),
+                ("bundle_sha256", bundle.get("sha256")),
+                ("label", run.get("label")),
+                ("run_id", run.get("id")),
+                ("torch", (bundle.get("versions") or {}).get("torch")),
+                ("executorch", (bundle.get("versions") or {}).get("executorch")),
+            ):
+                if value is not None:
+                    ET.SubElement(props, "property", name=key, value=_clean(value))
+            counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+            entry = by_method[case.method] = (suite, props, counts, method)
+        suite, props, counts, method = entry
         classname = f"{model}/{target}/{method}"
-        for case in cases:
-            outputs: list[OutputRecord | None] = list(case.outputs) or [None]
-            elapsed = float(case.elapsed_s or 0.0)
-            for out in outputs:
-                counts["tests"] += 1
-                name = f"case[{case.case}]" + (f".{out.name or 'out' + str(out.index)}" if out is not None else "")
-                tc = ET.SubElement(
-                    suite, "testcase", name=_clean(name), classname=classname, time=f"{elapsed / len(outputs):.6f}"
-                )
-                verdict = out.verdict if out is not None else case.verdict
-                log = "\n".join(_clean(line) for line in case.log_excerpt)
-                if verdict == Verdict.FAIL:
-                    counts["failures"] += 1
-                    message, body = failure_text(out)
-                    el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
-                    el.text = body  # made of lines each passed through _clean
-                elif verdict in (Verdict.ERROR, Verdict.TIMEOUT):
-                    counts["errors"] += 1
-                    kind = "timeout" if verdict == Verdict.TIMEOUT else (case.error_kind.value if case.error_kind else "error")
-                    msg = case.error or ("case timed out" if verdict == Verdict.TIMEOUT else "case could not run")
-                    el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
-                    el.text = _clean(msg) + (f"\nlog: {_clean(case.log_path)}" if case.log_path else "")
-                elif verdict == Verdict.SKIP:
-                    counts["skipped"] += 1
-                    el = ET.SubElement(tc, "skipped")
-                    el.text = _clean(case.error or "skipped")
-                if log and verdict != Verdict.PASS:
-                    ET.SubElement(tc, "system-out").text = log
-        counts["time"] = sum(float(c.elapsed_s or 0.0) for c in cases)
+        outputs: list[OutputRecord | None] = list(case.outputs) or [None]
+        elapsed = float(case.elapsed_s or 0.0)
+        for out in outputs:
+            counts["tests"] += 1
+            name = f"case[{case.case}]" + (f".{out.name or 'out' + str(out.index)}" if out is not None else "")
+            tc = ET.SubElement(
+                suite, "testcase", name=_clean(name), classname=classname, time=f"{elapsed / len(outputs):.6f}"
+            )
+            verdict = out.verdict if out is not None else case.verdict
+            log = "\n".join(_clean(line) for line in case.log_excerpt)
+            if verdict == Verdict.FAIL:
+                counts["failures"] += 1
+                message, body = failure_text(out)
+                el = ET.SubElement(tc, "failure", message=_clean(message), type="numerics")
+                el.text = body  # made of lines each passed through _clean
+            elif verdict in (Verdict.ERROR, Verdict.TIMEOUT):
+                counts["errors"] += 1
+                kind = "timeout" if verdict == Verdict.TIMEOUT else (case.error_kind.value if case.error_kind else "error")
+                msg = case.error or ("case timed out" if verdict == Verdict.TIMEOUT else "case could not run")
+                el = ET.SubElement(tc, "error", message=_clean(msg), type=_clean(kind))
+                el.text = _clean(msg) + (f"\nlog: {_clean(case.log_path)}" if case.log_path else "")
+            elif verdict == Verdict.SKIP:
+                counts["skipped"] += 1
+                el = ET.SubElement(tc, "skipped")
+                el.text = _clean(case.error or "skipped")
+            if log and verdict != Verdict.PASS:
+                ET.SubElement(tc, "system-out").text = log
+        counts["time"] += float(case.elapsed_s or 0.0)
+    for suite, props, counts, method in by_method.values():
         for key in ("tests", "failures", "errors", "skipped"):
             suite.set(key, str(counts[key]))
             totals[key] += counts[key]

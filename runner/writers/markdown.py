@@ -202,13 +202,22 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
 
     lines += markdown_lines(report)
     lines += _sequence_lines(report)
+    # only the rows the table shows are kept (a farm's merged report reads its cases back from disk
+    # one at a time: holding every case would grow with the jobs), and how many there were
     rows: list[tuple[CaseRecord, OutputRecord | None]] = []
+    bad: list[tuple[CaseRecord, OutputRecord | None]] = []
+    n_rows = n_bad = 0
     for case in report.cases:
-        if not case.outputs:
-            rows.append((case, None))
-        rows.extend((case, o) for o in case.outputs)
-    bad = [(case, out) for case, out in rows if (out.verdict if out is not None else case.verdict) != Verdict.PASS]
-    shown = bad or rows
+        outs: list[OutputRecord | None] = list(case.outputs) or [None]
+        for row in outs:
+            n_rows += 1
+            if len(rows) < max_rows:
+                rows.append((case, row))
+            if (row.verdict if row is not None else case.verdict) != Verdict.PASS:
+                n_bad += 1
+                if len(bad) < max_rows:
+                    bad.append((case, row))
+    shown, n_shown = (bad, n_bad) if bad else (rows, n_rows)
     title = "Failing outputs" if bad else "Outputs"
     if shown:
         lines += [f"### {title}", "", SQNR_NOTE, "", "| case | output | verdict | SQNR dB | MAE | max err | failed |",
@@ -225,8 +234,8 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
                 f"| {_cell((stats.sqnr if stats else None), '{:.1f}')} | {_cell((stats.error_mae if stats else None))}{suffix(stats, 'error_mae')} "
                 f"| {_cell((stats.error_max if stats else None))}{suffix(stats, 'error_max')} | {why if failed else _cell(why)} |"
             )
-        if len(shown) > max_rows:
-            lines.append(f"| … | {len(shown) - max_rows} more | | | | | |")
+        if n_shown > max_rows:
+            lines.append(f"| … | {n_shown - max_rows} more | | | | | |")
         lines.append("")
     for w in report.warnings:
         lines.append(f"> ⚠️ {_cell(w)}")
