@@ -104,8 +104,8 @@ def lane(name: str, lane_name: str, work: Path, timeout: float, cases: int = 2, 
             sq = [(o.get("stats") or {}).get("sqnr") for c in report["cases"] for o in c.get("outputs", [])]
             sq = [float(s) if s == "inf" else s for s in sq]  # a bit-exact output's SQNR
             sq = [s for s in sq if isinstance(s, (int, float))]
-            if sq:
-                rec["sqnr_min"] = round(min(sq), 1)
+            if sq:  # a bit-exact one as words: JSON has no infinity (json.dump would write Infinity)
+                rec["sqnr_min"] = "inf (bit exact)" if min(sq) == float("inf") else round(min(sq), 1)
         except (OSError, KeyError, ValueError):
             rec["why"] = err
     return rec
@@ -134,7 +134,8 @@ def markdown(data: dict) -> str:
                 cells.append(f"no ({r.get('build_s')} s)")
                 notes.append(f"- `{name}` on {ln}: {r.get('why')}")
             elif "verdict" in r:
-                sq = f", {r['sqnr_min']} dB" if "sqnr_min" in r else ""
+                sq = "" if "sqnr_min" not in r else (f", {r['sqnr_min']}" if isinstance(r["sqnr_min"], str)
+                                                     else f", {r['sqnr_min']} dB")
                 per = f", {r['case_s']} s/case" if "case_s" in r else ""
                 cells.append(f"{r['verdict']} ({r['build_s']} s build{sq}{per})")
                 if r["verdict"] != "PASS":
@@ -160,7 +161,7 @@ def long_markdown(data: dict, lanes: list[str]) -> str:
             target, dtype, _ = LANES[ln]
             verdict = r.get("verdict") or ("lowers" if r["build"] == 0 and "run" not in r else
                                            f"no: {str(r.get('why', ''))[:120]}")
-            sq = f"{r['sqnr_min']} dB" if "sqnr_min" in r else "-"
+            sq = "-" if "sqnr_min" not in r else (r["sqnr_min"] if isinstance(r["sqnr_min"], str) else f"{r['sqnr_min']} dB")
             per = f"{r['case_s']} s" if "case_s" in r else "-"
             build = f"{r['build_s']} s" if r.get("build_s") is not None else "not timed"
             ins = f" ({r['inputs']})" if r.get("inputs") else ""
