@@ -244,7 +244,8 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
             vulkan_rms_norm_eps.lifted_eps_resolved() if p.backend == "vulkan" else contextlib.nullcontext([]))
         try:
             with partition_control.applied(restriction, write=False) as record, eps_fix as eps_resolved, \
-                    linears_left_decomposed(restriction is not None):
+                    linears_left_decomposed(restriction is not None), \
+                    exports_shared(restriction is not None, _plan_identity(p, weights, seed)):
                 manager = _export_llama(config)
         except Exception as exc:  # noqa: BLE001 - ExecuTorch's exporter: one line, exit 2
             raise BuildError(f"export_llama failed for llm:{p.arch}: {type(exc).__name__}: {str(exc)[:300]}") from None
@@ -266,6 +267,60 @@ def export(p: LlmPlan, opts: LlmOptions, seed: int, say: Callable[[str], None],
         lowering["workarounds"] = [f"{vulkan_rms_norm_eps.WHERE}: the rms_norm fusion's epsilon read from the program's "
                                    f"lifted constants ({', '.join(eps_resolved)}), bundles/vulkan_rms_norm_eps.py"]
     return Exported(program, manager.model.eval(), weights, described, export_s, arch.model_class, manager, lowering)
+
+
+# `bundlerun bisect`'s candidates of one plan in this process: (plan, call, input graph) -> torch.export.save bytes
+_SHARED_EXPORTS: dict[tuple[str, int, str], bytes] = {}
+
+
+def _plan_identity(p: LlmPlan, weights: str, seed: int) -> str:
+    """What export_llama's torch.export of this plan depends on: the plan (arch, params, dtype, backend, lengths)
+    and the weights (seeded from `seed`, or a checkpoint's digest)."""
+    return json.dumps({"plan": p.__dict__, "weights": weights, "seed": seed}, sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def exports_shared(active: bool, identity: str) -> Iterator[None]:
+    """`bundlerun bisect`'s candidates: export_llama's two torch.exports (LLMEdgeManager._export: the model,
+    then the re-export of its pre-autograd graph: extension/llm/export/builder.py:207, called at :237 and :517) done once
+    per plan in this process.
+
+    Why: a candidate differs from the next only in what the partitioners may take, which acts after both
+    exports (to_edge_transform_and_lower's partitioners, then to_executorch); the exports of the same plan and
+    weights are the same program every time. They were about a third of each candidate's build (23.7 of
+    70.5 s of _export_llama, tiny llama3 on XNNPACK, bundlerun's own cProfile at load 6). The second export's
+    key holds its input graph's code, so a graph that came out different (it never does) is exported anew.
+    Kept serialized (torch.export.save) and loaded afresh for each candidate, the first included: each gets
+    its own program and shape environment (a deep copy shares the pending unbacked symbols of the KV cache's
+    update and the next export fails with PendingUnbackedSymbolNotFound), and to_edge_transform_and_lower
+    may rewrite the program it is given. Only the latest plan's exports are kept (they hold its weights)."""
+    if not active:
+        yield
+        return
+    import io
+
+    import torch
+    from executorch.extension.llm.export.builder import LLMEdgeManager
+
+    original = LLMEdgeManager._export
+    calls = {"n": 0}
+
+    def shared(self: Any, module: Any = None) -> Any:
+        calls["n"] += 1
+        key = (identity, calls["n"], "" if module is None else str(module.code))
+        if key not in _SHARED_EXPORTS:
+            for old in [k for k in _SHARED_EXPORTS if k[0] != identity]:
+                del _SHARED_EXPORTS[old]
+            buffer = io.BytesIO()
+            torch.export.save(original(self, module), buffer)
+            _SHARED_EXPORTS[key] = buffer.getvalue()
+        return torch.export.load(io.BytesIO(_SHARED_EXPORTS[key]))
+
+    LLMEdgeManager._export = shared
+    try:
+        yield
+    finally:
+        LLMEdgeManager._export = original
 
 
 @contextlib.contextmanager
