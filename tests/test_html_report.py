@@ -218,3 +218,86 @@ def test_a_report_with_many_outputs_draws_the_budget_of_case_plots_failing_first
     assert strips == PLOT_BUDGET, strips
     assert f"{PLOT_BUDGET + 6} outputs: per-case plots for {PLOT_BUDGET}" in page
     assert f'alt="sqnr per case job{PLOT_BUDGET + 5:03d}/' in page  # the failing job's strip is drawn
+
+
+def _two_output_run(tmp_path):
+    """A 5-case run of a two-output method (out1 fails its bound on case 3), its outputs saved as
+    `run --save-outputs` saves them (np.savez), its bundle written."""
+    import copy
+
+    from bundlerun.bundles.bpte import BundledValue
+    from bundlerun.bundles import scalar_types as st
+    from bundlerun.targets.base import CaseResult, CaseStatus, RawTensor, TargetRun
+
+    bundle = rs.make_bundle(cases=5, shape=(1, 40))
+    rng = np.random.default_rng(5)
+    manifest = copy.deepcopy(bundle.manifest_json)
+    second = copy.deepcopy(manifest["methods"]["forward"]["outputs"][0])
+    second.update(name="out1", shape=[2, 3])
+    manifest["methods"]["forward"]["outputs"].append(second)
+    bundle.manifest_json = manifest
+    results = []
+    for i, case in enumerate(bundle.suite("forward").test_cases):
+        case.expected_outputs.append(BundledValue.from_array(rng.standard_normal((2, 3)).astype(np.float32)))
+        acts = [v.to_array() + np.float32(1e-4 if j == 0 or i != 3 else 0.5) for j, v in enumerate(case.expected_outputs)]
+        results.append(CaseResult("forward", i, CaseStatus.OK,
+                                  [RawTensor(st.FLOAT, list(a.shape), np.ascontiguousarray(a).tobytes()) for a in acts]))
+    run = TargetRun("host://xnnpack", results, info={"runtime": "test"})
+    path = rs.write_stub_bundle(bundle, tmp_path / "two.bpte")
+    outputs = rs.saved_outputs(run)
+    np.savez(tmp_path / "outputs.npz", **outputs)
+    return Report.from_json(rs.make_report(bundle, run, path)), path, outputs
+
+
+def test_saved_outputs_are_read_one_output_at_a_time(tmp_path):
+    """The HTML report's plots read outputs.npz a member at a time (runner/writers SavedOutputs), one
+    output's cases together, and let that output's arrays go before the next output's are read (issue
+    36: dl3's `run --save-outputs` held every case's outputs, 2 GiB). The page is the one the same
+    outputs given in memory draw."""
+    import weakref
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.runner.writers import SavedOutputs, _load_outputs
+    from bundlerun.runner.writers.html import render_html
+
+    report, path, outputs = _two_output_run(tmp_path)
+    bundle = read_bundle(path)
+    reads: list[str] = []
+    alive: dict[str, list] = {}
+
+    class Counted(SavedOutputs):
+        def __getitem__(self, key):
+            method, _, out = key.rpartition("/")
+            if out == "1":  # output 1's first read: none of output 0's arrays is still held
+                assert not [r for r in alive.get("0", []) if r() is not None], "output 0's arrays still held"
+            arr = super().__getitem__(key)
+            reads.append(key)
+            alive.setdefault(out, []).append(weakref.ref(arr))
+            return arr
+
+    saved = _load_outputs(None, tmp_path)
+    assert isinstance(saved, SavedOutputs) and saved.shape_of("forward/2/1") == (2, 3)
+    lazy = render_html(report, bundle, Counted(saved.path, dict(saved._shapes)))
+    assert reads == [f"forward/{i}/0" for i in range(5)] + [f"forward/{i}/1" for i in range(5)]  # each once
+    assert lazy == render_html(report, bundle, outputs)  # the same page as from the arrays in memory
+    assert lazy.count('alt="error histogram') == 2 and lazy.count('alt="scatter') == 2
+
+
+def test_a_damaged_outputs_npz_draws_no_plots_as_before(tmp_path):
+    """A member whose bytes no longer match its CRC: no arrays at all (as when the file was read whole), no error."""
+    import zipfile
+
+    from bundlerun.bundles.bpte import read_bundle
+    from bundlerun.runner.writers import _load_outputs
+    from bundlerun.runner.writers.html import render_html
+
+    report, path, _ = _two_output_run(tmp_path)
+    npz = tmp_path / "outputs.npz"
+    with zipfile.ZipFile(npz) as zf:
+        info = zf.getinfo("forward/4/1.npy")
+    raw = bytearray(npz.read_bytes())
+    raw[info.header_offset + 30 + len(info.filename) + info.file_size - 2] ^= 0xFF  # last data bytes of the member
+    npz.write_bytes(bytes(raw))
+    assert _load_outputs(None, tmp_path) is None
+    page = render_html(report, read_bundle(path), _load_outputs(None, tmp_path))
+    assert 'alt="error histogram' not in page and page.count("statistics only") == 2

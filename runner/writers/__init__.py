@@ -21,7 +21,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -108,23 +108,75 @@ def registered() -> dict[str, Writer]:
     return dict(_REGISTRY)
 
 
+class SavedOutputs(Mapping[str, np.ndarray]):
+    """A saved outputs.npz read one member at a time (the HTML report's plots, runner/writers/html.py
+    PooledArrays): each `[key]` reads that member alone, so a report never holds every case's outputs
+    (issue 36: dl3's 16 cases are 135 MB). The whole file was checked when this was made (every
+    member's CRC and npy header), so a damaged file still draws no plots at all, as when it was read
+    whole."""
+
+    def __init__(self, path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.path = path
+        self._shapes = shapes
+
+    @classmethod
+    def open(cls, path: Path) -> "SavedOutputs | None":
+        """None: not a readable npz of plain arrays, or members that would inflate past PLOT_OUTPUTS_MAX."""
+        import zipfile
+        import zlib
+
+        try:  # only for plots: a file whose members would inflate past PLOT_OUTPUTS_MAX is left out
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+                if sum(i.file_size for i in infos) > PLOT_OUTPUTS_MAX:
+                    return None
+                if zf.testzip() is not None:  # a member whose CRC does not match: read as streams, not held
+                    return None
+                shapes: dict[str, tuple[int, ...]] = {}
+                for info in infos:
+                    if not info.filename.endswith(".npy"):
+                        continue
+                    with zf.open(info) as fh:  # zipfile stops each member at its declared size
+                        version = np.lib.format.read_magic(fh)  # np.load's own header readers (1.0 is what np.savez writes)
+                        read = {(1, 0): np.lib.format.read_array_header_1_0,
+                                (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                        if read is None:
+                            return None
+                        shape, _, dtype = read(fh)
+                    if dtype.hasobject:
+                        return None
+                    shapes[info.filename[:-4]] = tuple(int(n) for n in shape)
+        except (OSError, ValueError, EOFError, SyntaxError, TypeError, zipfile.BadZipFile, zlib.error, MemoryError):
+            return None
+        return cls(path, shapes)
+
+    def shape_of(self, key: str) -> tuple[int, ...] | None:
+        """A member's shape from its header (no data read)."""
+        return self._shapes.get(key)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._shapes:
+            raise KeyError(key)
+        with np.load(self.path, allow_pickle=False) as npz:
+            return npz[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+
 def _load_outputs(outputs: Any, out_dir: Path) -> Mapping[str, np.ndarray] | None:
     if outputs is None:
         candidate = out_dir / "outputs.npz"
         outputs = candidate if candidate.is_file() else None
     if outputs is None or isinstance(outputs, Mapping):
         return outputs
-    import zipfile
-    import zlib
-
-    try:  # only for plots: a file whose members would inflate past PLOT_OUTPUTS_MAX is left out
-        with zipfile.ZipFile(outputs) as zf:
-            if sum(i.file_size for i in zf.infolist()) > PLOT_OUTPUTS_MAX:
-                return None
-        with np.load(outputs, allow_pickle=False) as npz:  # zipfile stops each member at its declared size
-            return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError):
-        return None
+    return SavedOutputs.open(Path(outputs))
 
 
 PLOT_OUTPUTS_MAX = MAX_REPORT_OUTPUTS_BYTES  # bytes of saved outputs the HTML report's plots read (bundlerun's own bound)

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import base64
 import html
+import math
+import zipfile
+import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -95,34 +98,67 @@ def _as_float(arr: np.ndarray, dtype_name: str | None) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def collect_arrays(
-    report: Report, bundle: Any, outputs: Mapping[str, np.ndarray] | None
-) -> dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray], list[str]]]:
-    """(method, output index) -> (actual arrays, expected arrays, each case's verdict for the
-    output) over the cases that have both arrays."""
-    pooled: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
-    if bundle is None or outputs is None:
-        return pooled
-    for case in report.cases:
-        method, ci = case.method, case.case
-        try:
-            expected = bundle.suite(method).test_cases[ci].expected_outputs
-        except (KeyError, IndexError):
-            continue
-        for out in case.outputs:
-            oi = out.index
-            key = f"{method}/{ci}/{oi}"
-            if key not in outputs or oi >= len(expected) or expected[oi].kind != "tensor":
+class PooledArrays:
+    """(method, output index) -> the actual and expected values of that output over the cases that
+    have both, read from `outputs` and the bundle one output at a time when `get` asks and let go by
+    the caller after its figures (issue 36: dl3's 16 cases are 135 MB of float32 outputs, 540 MB as
+    the plots' float64; holding every output's at once took `run --save-outputs` to 2 GiB).
+    Which outputs have arrays is decided from shapes alone (an outputs.npz member's header)."""
+
+    def __init__(self, report: Report, bundle: Any, outputs: Mapping[str, np.ndarray] | None) -> None:
+        # (method, oi) -> each case's (npz key, expected value, actual dtype, expected dtype, size, verdict)
+        self._members: dict[tuple[str, int], list[tuple[str, Any, Any, Any, int, str]]] = {}
+        self._outputs = outputs
+        if bundle is None or outputs is None:
+            return
+        shape_of = getattr(outputs, "shape_of", None)
+        for case in report.cases:
+            method, ci = case.method, case.case
+            try:
+                expected = bundle.suite(method).test_cases[ci].expected_outputs
+            except (KeyError, IndexError):
                 continue
-            act = _as_float(outputs[key], (out.actual or {}).get("dtype"))
-            exp = _as_float(expected[oi].to_array(), (out.expected or {}).get("dtype"))
-            if act.shape != exp.shape:
-                continue
-            a, e, v = pooled.setdefault((method, oi), ([], [], []))
-            a.append(act)
-            e.append(exp)
-            v.append(out.verdict)
-    return pooled
+            for out in case.outputs:
+                oi = out.index
+                key = f"{method}/{ci}/{oi}"
+                if key not in outputs or oi >= len(expected) or expected[oi].kind != "tensor":
+                    continue
+                act_shape = shape_of(key) if shape_of is not None else np.shape(outputs[key])
+                exp_shape = tuple(int(s) for s in expected[oi].sizes)
+                if act_shape is None or tuple(act_shape) != exp_shape:
+                    continue
+                self._members.setdefault((method, oi), []).append(
+                    (key, expected[oi], (out.actual or {}).get("dtype"), (out.expected or {}).get("dtype"),
+                     math.prod(exp_shape), out.verdict))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def get(self, key: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, list[int], list[str]] | None:
+        """Every case's actual and expected values of output `key`, each flattened into one float64
+        array in case order (the plots' input), each case's element count and its verdict; None when
+        a member can no longer be read."""
+        members = self._members[key]
+        total = sum(m[4] for m in members)
+        a, e = np.empty(total, np.float64), np.empty(total, np.float64)
+        pos = 0
+        for npz_key, value, act_dtype, exp_dtype, size, _ in members:
+            try:
+                act = self._outputs[npz_key] if self._outputs is not None else None
+            except (KeyError, OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError):
+                return None
+            if act is None or np.shape(act) != tuple(value.sizes):
+                return None
+            a[pos:pos + size] = _as_float(act, act_dtype).ravel()
+            del act
+            e[pos:pos + size] = _as_float(value.to_array(), exp_dtype).ravel()
+            pos += size
+        return a, e, [m[4] for m in members], [m[5] for m in members]
+
+
+def collect_arrays(report: Report, bundle: Any, outputs: Mapping[str, np.ndarray] | None) -> PooledArrays:
+    """The outputs that have arrays to plot, each read when its figures are drawn (PooledArrays)."""
+    return PooledArrays(report, bundle, outputs)
 
 
 def _summary_section(s: Summary) -> str:
@@ -304,7 +340,7 @@ def _per_case(cases: list[CaseRecord], outputs: set[tuple[str, int]]
 PLOT_BUDGET = 24
 
 
-def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = True,
+def _output_sections(cases: list[CaseRecord], arrays: PooledArrays, case_plots: bool = True,
                      sequence_methods: frozenset[str] = frozenset()) -> str:
     """Per output (its first record over the cases): criteria; SQNR per case (and cosine when it is a
     criterion) with the floor drawn; histogram + scatter with the element-wise bound when arrays exist.
@@ -363,10 +399,12 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
             figs.append(_img(plots.case_strip(cosines, verdicts, f"{method}/{name}: cosine per case",
                                               "cosine similarity", crit.cosine_min, "floor cosine_min {}"),
                              f"cosine per case {method}/{name}", "cosine similarity per case; dashed: the floor"))
-        if (method, oi) in arrays:
-            act, exp, case_verdicts = arrays[(method, oi)]
-            a, e = np.concatenate([x.ravel() for x in act]), np.concatenate([x.ravel() for x in exp])
-            title = f"{method}/{name} over {len(act)} case(s)"
+        pooled = arrays.get((method, oi)) if (method, oi) in arrays else None
+        plotted = pooled is not None
+        if pooled is not None:
+            a, e, sizes, case_verdicts = pooled
+            del pooled
+            title = f"{method}/{name} over {len(sizes)} case(s)"
             bound = _bound(out)
             failed_by = {str(f.criterion) for c in cases if c.method == method
                          for o in c.outputs if o.index == oi for f in o.failed}
@@ -374,15 +412,16 @@ def _output_sections(cases: list[CaseRecord], arrays: dict, case_plots: bool = T
                 passed, labels = plots.within_bound(a, e, *bound), ("within bound", "over bound")
                 how = f"each element in its own verdict's colour ({plots.bound_text(*bound)})"
             else:  # it failed by another criterion (SQNR, cosine, ...): each point is its case's verdict
-                passed = np.concatenate([np.full(x.size, v == Verdict.PASS) for x, v in zip(act, case_verdicts)])
+                passed = np.concatenate([np.full(n, v == Verdict.PASS) for n, v in zip(sizes, case_verdicts)])
                 labels, how = ("cases that passed", "cases that failed"), "each point in its case's verdict's colour"
             figs.append(_img(plots.error_histogram(a, e, title, bound), f"error histogram {method}/{name}",
                              "error histogram (actual − expected)" + ("; dashed: the bound" if bound else "")))
             figs.append(_img(plots.scatter(a, e, title, passed, labels), f"scatter {method}/{name}",
                              f"actual vs expected, {how}"))
+            del a, e, passed  # this output's values go before the next one's are read
         if figs:
             parts.append("<div class='plots'>" + "".join(figs) + "</div>")
-        if (method, oi) not in arrays:
+        if not plotted:
             parts.append("<p class='note'>actual outputs not saved (run with --save-outputs for the error histogram "
                          "and scatter); statistics only.</p>")
     return "".join(parts)
