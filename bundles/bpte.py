@@ -98,6 +98,11 @@ class BundledValue:
 
         return np.ascontiguousarray(physical.transpose(np.argsort(order)))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data (bundles/on_file.py FileValue answers without reading them)."""
+        return len(self.data or b"")
+
     def describe(self) -> str:
         if self.kind == "tensor":
             return f"{st.name(self.scalar_type)}{list(self.sizes)}"

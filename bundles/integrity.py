@@ -150,6 +150,8 @@ def inputs_digest(bundle: Any) -> str | None:
     suites = getattr(bundle, "method_test_suites", None)
     if suites is None:
         return None
+    if getattr(bundle, "inputs_sha256_hex", None):  # bundles/on_file.py: taken when its bytes were read
+        return str(bundle.inputs_sha256_hex)
     h = hashlib.sha256()
     for suite in sorted(suites, key=lambda s: s.method_name):
         name = suite.method_name.encode()
@@ -166,6 +168,8 @@ def program_sha256(manifest: Manifest | None, bundle: Any = None) -> str | None:
     sealed = (manifest.integrity or {}).get("program") if manifest is not None else None
     if sealed:
         return str(sealed)
+    if getattr(bundle, "program_sha256_hex", None):  # bundles/on_file.py: taken when its bytes were read
+        return str(bundle.program_sha256_hex)
     program = getattr(bundle, "program", None)
     if program is None:
         return None

@@ -497,9 +497,11 @@ def _repeat(key: str = "bundlerun.repeat") -> int:
 def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, case_timeout, setup_timeout, save_outputs,
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
-    from bundlerun.bundles.bpte import read_bundle  # start-up: loaded on use, not with the CLI
+    from bundlerun.bundles.on_file import read_bundle_on_file  # start-up: loaded on use, not with the CLI
 
-    parsed = read_bundle(bundle, require_seal=seal.required())  # bad input fails here, before anything starts
+    # bad input fails here, before anything starts; the bundle's bytes stay in its file, read back (and
+    # checked against what was verified) a case at a time: the lane's runtime holds the program (issue 36)
+    parsed = read_bundle_on_file(bundle, require_seal=seal.required())
     cases = _select_cases(parsed, case_list, list(methods) or None)
     report_dir = _report_dir(report_dir or Path("out") / bundle.stem)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)

@@ -241,7 +241,7 @@ def _selected_output_bytes(bundle: Bundle, req: RunRequest) -> int:
             continue
         for i, case in enumerate(suite.test_cases):
             if req.cases is None or i in req.cases:
-                total += sum(len(v.data or b"") for v in case.expected_outputs)
+                total += sum(v.nbytes for v in case.expected_outputs)  # not read: a FileValue knows its length
     return total
 
 

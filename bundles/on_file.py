@@ -1,0 +1,138 @@
+"""A read and verified bundle whose bytes stay in its file (issue 36 item 6, "cost that stays bounded").
+
+`bundlerun run` reads a bundle to plan and judge the run; on host:// (and every lane driven through
+targets/workers/supervisor.py) the runtime's own process reads the file again and holds it, so a
+CLI that also held its parsed copy held the bundle twice (dl3: 312 MB, 386 MiB of the CLI's RSS
+while the worker ran, bench/README.md). Here the bundle is read once, parsed as views of that
+buffer, validated as `read_bundle` validates it (manifest, consistency, seal), and then only the
+structure is kept: every tensor's data and the program become spans of the file with the sha256 of
+the bytes that were verified. Each read of a span reads it again and compares: bytes changed on
+disk after the check (an edited expected output, a swapped program) are an IntegrityError, never a
+verdict. The judge reads one case's expected outputs at a time, when it judges that case.
+
+The program is read back (and kept) the first time something asks for it: a lane that sends the
+program itself (serial, qemu, android: `Bundle.single_case`) reads it once, as before; host:// never
+asks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, load_bundle
+from bundlerun.bundles.errors import BundleFormatError, IntegrityError
+from bundlerun.bundles.integrity import inputs_digest
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """`length` bytes at `offset` of `path`, whose sha256 was `digest` when the bundle was verified."""
+
+    path: Path
+    offset: int
+    length: int
+    digest: bytes
+    what: str
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(self.length)
+        except OSError as exc:
+            raise BundleFormatError(f"{self.path}: cannot read {self.what} again ({exc.strerror or exc}): "
+                                    "the bundle was moved or removed during the run") from None
+        if len(data) != self.length or hashlib.sha256(data).digest() != self.digest:
+            raise IntegrityError(f"{self.path}: {self.what} changed on disk after the bundle was read and verified "
+                                 "(the file was edited or replaced during the run): not judged")
+        return data
+
+
+class FileValue(BundledValue):
+    """A tensor whose data is read from the file at each use (FileSpan: checked against the bytes
+    that were verified). Everything else (kind, dtype, sizes, dim order) is held."""
+
+    def __init__(self, value: BundledValue, span: FileSpan) -> None:  # noqa: D107 - no dataclass __init__: data is a span
+        self.kind, self.scalar_type, self.sizes = value.kind, value.scalar_type, list(value.sizes)
+        self.dim_order, self.scalar = list(value.dim_order), value.scalar
+        self._span: FileSpan | None = span
+        self._data = b""
+
+    @property  # type: ignore[override]
+    def data(self) -> bytes:
+        return self._span.read() if self._span is not None else self._data
+
+    @data.setter
+    def data(self, value: bytes) -> None:  # assigned bytes are held, as a plain value's
+        self._span, self._data = None, value
+
+    @property
+    def nbytes(self) -> int:
+        return self._span.length if self._span is not None else len(self._data)
+
+
+class FileBundle(Bundle):
+    """A Bundle whose program and tensor data stay in its file (see the module docstring); the
+    digests a report names the bundle by (program, inputs) are taken at the read."""
+
+    program_sha256_hex: str | None = None
+    inputs_sha256_hex: str | None = None
+
+    @property  # type: ignore[override]
+    def program(self) -> bytes:
+        if self.__dict__.get("_program") is None:
+            self.__dict__["_program"] = self.__dict__["_program_span"].read()  # a lane that sends it: read once, kept
+        return self.__dict__["_program"]
+
+    @program.setter
+    def program(self, value: Any) -> None:
+        if isinstance(value, FileSpan):
+            self.__dict__.update(_program_span=value, _program=None)
+        else:
+            self.__dict__.update(_program_span=None, _program=value)
+
+
+def _address(buf: Any) -> int:
+    import numpy as np  # start-up: loaded with the bundle reader
+
+    return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
+
+
+def read_bundle_on_file(path: str | Path, require_seal: bool = False) -> Bundle:
+    """`read_bundle`'s reading and checks, keeping the bundle's bytes in its file (FileBundle)."""
+    path = Path(path)
+    try:
+        buf = path.read_bytes()
+    except FileNotFoundError:
+        raise BundleFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
+    except OSError as exc:
+        raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    view = memoryview(buf)
+    parsed = load_bundle(view, str(path), require_seal)  # type: ignore[arg-type]  # views of `buf`: no second copy
+    base = _address(view)
+
+    def span(data: Any, what: str) -> FileSpan:
+        return FileSpan(path, _address(data) - base, len(data), hashlib.sha256(data).digest(), what)
+
+    def lean(value: BundledValue, what: str) -> BundledValue:
+        if value.kind != "tensor" or not len(value.data):
+            return BundledValue(value.kind, value.scalar_type, list(value.sizes), bytes(value.data),
+                                list(value.dim_order), value.scalar)
+        return FileValue(value, span(value.data, what))
+
+    suites = [MethodTestSuite(s.method_name, [
+        BundledTestCase(inputs=[lean(v, f"method {s.method_name!r} case {i} input {j}") for j, v in enumerate(c.inputs)],
+                        expected_outputs=[lean(v, f"method {s.method_name!r} case {i} expected output {j}")
+                                          for j, v in enumerate(c.expected_outputs)])
+        for i, c in enumerate(s.test_cases)]) for s in parsed.method_test_suites]
+    program = span(parsed.program, "the program")
+    out = FileBundle(program=program, method_test_suites=suites, manifest_json=parsed.manifest_json,  # type: ignore[arg-type]
+                     version=parsed.version, warnings=list(parsed.warnings))
+    out.program_sha256_hex = program.digest.hex()
+    out.inputs_sha256_hex = inputs_digest(parsed)
+    return out  # `buf` goes with `parsed` and its views
