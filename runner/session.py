@@ -307,6 +307,9 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
                 raise refused
             if open_error is not None:
                 raise open_error
+            from bundlerun.runner.pictures import warm  # the report's plots: matplotlib imported while the target runs
+
+            warm.start()
             run = target.run(bundle, Path(req.bundle_path), options)
             if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
                 from bundlerun.runner.judging.replay import complete  # optional: its failure to load is handled here

@@ -28,7 +28,15 @@ def _text(value: Any) -> str:
     return visible(value).replace("$", r"\$")
 
 
+def _matplotlib_ready() -> None:
+    """matplotlib's import started on a thread while the target ran (runner/pictures/warm.py) is done."""
+    from bundlerun.runner.pictures.warm import wait
+
+    wait()
+
+
 def _figure(width: float = 5.0, height: float = 3.4):
+    _matplotlib_ready()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -150,6 +158,7 @@ def case_strip(values: Sequence[Any], verdicts: Sequence[str], title: str, ylabe
     failing criterion's floor drawn across (`floor_label` formats it: `"floor {} dB"`). A value "inf" (an exact match) is a ▲ at the top; a
     case with no value (it did not run, or was not measured) is an × at the bottom in its verdict's
     colour."""
+    _matplotlib_ready()
     from matplotlib.transforms import blended_transform_factory
 
     fig = _figure(5.0, 3.9)
@@ -230,6 +239,7 @@ def trend_plot(points: Sequence[Any], metric: str, title: str, unit: str | None 
     (`point.series`, when the points carry it) so runs of different dtypes or targets are never
     joined. SQNR points whose outputs all matched exactly have no finite mean: they are drawn as
     ▲ at the top of the plot, not as a number."""
+    _matplotlib_ready()
     from matplotlib.transforms import blended_transform_factory
 
     fig = _figure(6.4, 3.6)
@@ -343,6 +353,7 @@ def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Seque
         top.plot(x[finite], s[finite], color="#999", linewidth=0.7, zorder=1)
     exact = np.isposinf(s)
     if exact.any():
+        _matplotlib_ready()
         from matplotlib.transforms import blended_transform_factory
 
         top.scatter(x[exact], np.full(exact.sum(), 0.97), marker="^", s=30, zorder=3,
@@ -358,6 +369,7 @@ def sequence_plot(positions: Sequence[int], sqnrs: Sequence[Any], margins: Seque
     bottom.axhline(0, color=_verdict_colour(Verdict.FAIL), linestyle="--", linewidth=1.0)
     bottom.set_ylabel("margin (log-prob)", fontsize=8)
     bottom.set_xlabel("position (input_pos of the step)")
+    _matplotlib_ready()
     from matplotlib.ticker import MaxNLocator
 
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))

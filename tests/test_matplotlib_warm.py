@@ -1,0 +1,53 @@
+"""The HTML report's matplotlib import, started on a thread while the target runs (runner/pictures/warm.py).
+
+Real components: the pybindings on host://portable in bundlerun's worker, matplotlib itself; no doubles.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bundlerun.runner.pictures import plots, warm
+from bundlerun.runner.session import RunRequest, execute_run
+
+
+def test_start_imports_matplotlib_on_a_thread_and_wait_joins_it():
+    code = ("import sys, threading\n"
+            "from bundlerun.runner.pictures import warm\n"
+            "assert 'matplotlib.figure' not in sys.modules\n"
+            "warm.start()\n"
+            "names = [t.name for t in threading.enumerate()]\n"
+            "warm.wait()\n"
+            "print('matplotlib-import' in names, 'matplotlib.figure' in sys.modules, warm._thread.is_alive())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "False"]
+
+
+def test_every_plot_waits_for_the_import_thread_before_its_own(monkeypatch):
+    order: list[str] = []
+    monkeypatch.setattr(warm, "wait", lambda: order.append("wait"))
+    real = plots._figure
+    monkeypatch.setattr(plots, "_figure", lambda *a, **k: (order.append("figure"), real(*a, **k))[1])
+    png = plots.case_strip([1.0, float("inf"), None], ["PASS", "PASS", "ERROR"], "out0", "SQNR")
+    assert png.startswith(b"\x89PNG")
+    assert order[0] == "wait" and "figure" in order  # case_strip imports matplotlib's transforms first
+
+
+def test_a_run_starts_the_import_before_its_target_runs(bundle_cache, tmp_path, monkeypatch):
+    bundle = bundle_cache("mlp", backend="portable", cases=2, target="host://portable")
+    events: list[str] = []
+    monkeypatch.setattr(warm, "start", lambda: events.append("start"))
+    from bundlerun.targets import host
+
+    real_run = host.HostTarget.run
+
+    def run(self, *a, **k):
+        events.append("target")
+        return real_run(self, *a, **k)
+
+    monkeypatch.setattr(host.HostTarget, "run", run)
+    report = execute_run(RunRequest(bundle_path=bundle, target="host://portable", report_dir=tmp_path / "r"))
+    assert report.summary.verdict == "PASS"
+    assert events == ["start", "target"]
+    assert (tmp_path / "r" / "report.json").exists()
