@@ -245,6 +245,18 @@ def _selected_output_bytes(bundle: Bundle, req: RunRequest) -> int:
     return total
 
 
+def _plots_cases(bundle: Bundle, pairs: list[tuple[str, int]]) -> bool:
+    """Whether the HTML report will draw a per-case plot (matplotlib): a selected case of a method that is
+    not an LLM's sequence (those are drawn without matplotlib, runner/writers/html.py _output_sections). An
+    LLM run on a served lane must not import it beside its steps: the import thread held the GIL from the
+    thread that triggers each step, 1.07-1.14 -> 1.24-1.30 s for the 192-step run on qemu-user://aarch64
+    (bundlerun's own measurement, load 1)."""
+    from bundlerun.bundles import sequence
+
+    stepped = {s.method for s in sequence.from_manifest(bundle.manifest)}
+    return any(method not in stepped for method, _ in pairs)
+
+
 def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
                 session: "Session | None" = None) -> Report:
     """Run and judge; returns the typed report (written to req.report_dir unless `write` is False,
@@ -307,9 +319,10 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
                 raise refused
             if open_error is not None:
                 raise open_error
-            from bundlerun.runner.pictures import warm  # the report's plots: matplotlib imported while the target runs
+            if _plots_cases(bundle, pairs):  # the report's per-case plots: matplotlib imported while the target runs
+                from bundlerun.runner.pictures import warm
 
-            warm.start()
+                warm.start()
             run = target.run(bundle, Path(req.bundle_path), options)
             if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs
                 from bundlerun.runner.judging.replay import complete  # optional: its failure to load is handled here

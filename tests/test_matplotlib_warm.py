@@ -51,3 +51,16 @@ def test_a_run_starts_the_import_before_its_target_runs(bundle_cache, tmp_path, 
     assert report.summary.verdict == "PASS"
     assert events == ["start", "target"]
     assert (tmp_path / "r" / "report.json").exists()
+
+
+def test_only_a_run_with_a_case_outside_an_llm_sequence_imports_it_ahead():
+    from types import SimpleNamespace
+
+    from bundlerun.runner.session import _plots_cases
+
+    seq = {"name": "seq0", "method": "forward", "stateful": True, "mode": "teacher-forced",
+           "steps": [{"case": 0, "kind": "prompt", "start_pos": 0, "tokens": [1, 2], "reference_next": 3}]}
+    llm = SimpleNamespace(manifest={"sequences": [seq]})
+    assert not _plots_cases(llm, [("forward", 0)])  # its steps are drawn without matplotlib
+    assert _plots_cases(llm, [("forward", 0), ("encode", 0)])  # another method's cases get strips
+    assert _plots_cases(SimpleNamespace(manifest=None), [("forward", 0)])
