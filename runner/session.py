@@ -35,6 +35,8 @@ from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_targ
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.integrity import require_sealed
+from bundlerun.bundles import sequence
+from bundlerun.runner.pictures import warm
 from bundlerun.runner.history.location import is_server, resolve_history_path
 from bundlerun.runner.settings import Settings
 from bundlerun.runner.history.regression import check_baseline
@@ -251,8 +253,6 @@ def _plots_cases(bundle: Bundle, pairs: list[tuple[str, int]]) -> bool:
     LLM run on a served lane must not import it beside its steps: the import thread held the GIL from the
     thread that triggers each step, 1.07-1.14 -> 1.24-1.30 s for the 192-step run on qemu-user://aarch64
     (bundlerun's own measurement, load 1)."""
-    from bundlerun.bundles import sequence
-
     stepped = {s.method for s in sequence.from_manifest(bundle.manifest)}
     return any(method not in stepped for method, _ in pairs)
 
@@ -320,8 +320,6 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             if open_error is not None:
                 raise open_error
             if _plots_cases(bundle, pairs):  # the report's per-case plots: matplotlib imported while the target runs
-                from bundlerun.runner.pictures import warm
-
                 warm.start()
             run = target.run(bundle, Path(req.bundle_path), options)
             if req.replay > 1:  # runner/judging/replay.py: the target's own loop, else N-1 more whole runs

@@ -13,6 +13,7 @@ import numpy as np
 from bundlerun.targets.base import Verdict
 from bundlerun.runner.history.series import tags
 from bundlerun.runner.report.criteria_text import number
+from bundlerun.runner.pictures import warm
 
 MAX_SCATTER_POINTS = 20_000
 
@@ -30,9 +31,7 @@ def _text(value: Any) -> str:
 
 def _matplotlib_ready() -> None:
     """matplotlib's import started on a thread while the target ran (runner/pictures/warm.py) is done."""
-    from bundlerun.runner.pictures.warm import wait
-
-    wait()
+    warm.wait()
 
 
 def _figure(width: float = 5.0, height: float = 3.4):
