@@ -363,16 +363,20 @@ def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) 
 
 def read_bundle(path: str | Path, require_seal: bool = False) -> Bundle:
     """Read and validate a `.bpte` file (see `load_bundle`)."""
+    return load_bundle(read_bundle_bytes(path), str(path), require_seal)
+
+
+def read_bundle_bytes(path: str | Path) -> bytes:
+    """A `.bpte` file's bytes, or what stops them being read as one line (BundleFormatError)."""
     path = Path(path)
     try:
-        buf = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise BundleFormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
     except OSError as exc:
         raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    return load_bundle(buf, str(path), require_seal)
 
 
 def _aligned_bytes(builder: flatbuffers.Builder, data: bytes, alignment: int) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, load_bundle
+from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, load_bundle, read_bundle_bytes
 from bundlerun.bundles.errors import BundleFormatError, IntegrityError
 from bundlerun.bundles.integrity import inputs_digest
 
@@ -104,14 +104,7 @@ def _address(buf: Any) -> int:
 def read_bundle_on_file(path: str | Path, require_seal: bool = False) -> Bundle:
     """`read_bundle`'s reading and checks, keeping the bundle's bytes in its file (FileBundle)."""
     path = Path(path)
-    try:
-        buf = path.read_bytes()
-    except FileNotFoundError:
-        raise BundleFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
-    except OSError as exc:
-        raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    buf = read_bundle_bytes(path)
     view = memoryview(buf)
     parsed = load_bundle(view, str(path), require_seal)  # type: ignore[arg-type]  # views of `buf`: no second copy
     base = _address(view)
