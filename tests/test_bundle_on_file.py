@@ -7,19 +7,22 @@ replaced after the check is refused where it is read, so a tampered bundle never
 from __future__ import annotations
 
 import gc
+import json
+import os
 import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli
 import report_samples as rs
 
-from bundlerun.bundles.bpte import read_bundle
+from bundlerun.bundles.bpte import read_bundle, serialize_bundle
 from bundlerun.bundles.errors import BundleFormatError, IntegrityError
 from bundlerun.bundles.integrity import inputs_digest, program_sha256
-from bundlerun.bundles.on_file import FileBundle, FileValue, read_bundle_on_file
+from bundlerun.bundles.on_file import FileBundle, FileValue, read_bundle_on_file, whole_bundle_bytes
 
 
 def _values(bundle):
@@ -109,18 +112,23 @@ def test_a_file_replaced_cut_or_removed_is_refused(mlp, tmp_path):
 
 
 TAMPER_MID_RUN = r'''
-import sys
+import os, sys
 from pathlib import Path
 import bundlerun.bundles.on_file as on_file
 
 read = on_file.read_bundle_on_file
 
 def tampered(path, *args, **kwargs):
-    """The CLI's read, then the file edited before the runtime reads it and the judge reads the case."""
+    """The CLI's read, then the file edited before the runtime reads it and the judge reads the case
+    (an expected output's bytes; or, TAMPER=gap, one byte outside every span)."""
     bundle = read(path, *args, **kwargs)
     span = bundle.suite("forward").test_cases[1].expected_outputs[0]._span
     raw = bytearray(Path(path).read_bytes())
-    raw[span.offset:span.offset + span.length] = bytes(span.length)  # expected output 1 now all zeros
+    if os.environ.get("TAMPER") == "gap":  # the last byte outside every span: only the gaps' digest sees it
+        covered = {i for s in bundle.layout.spans for i in range(s.offset, s.offset + s.length)}
+        raw[max(set(range(len(raw))) - covered)] ^= 0x01
+    else:
+        raw[span.offset:span.offset + span.length] = bytes(span.length)  # expected output 1 now all zeros
     Path(path).write_bytes(bytes(raw))
     return bundle
 
@@ -144,3 +152,91 @@ def test_a_bundle_edited_during_the_run_is_never_judged(mlp, tmp_path):
     again = run_cli("run", str(mlp), "--target", "host://portable", "--report", str(tmp_path / "r2"), "--no-history",
                     "--quiet")
     assert again.returncode not in (0, 1) and "case 1" in again.stderr  # read afresh: its sealed case digest differs
+
+
+def test_a_served_runner_gets_the_file_as_verified(mlp):
+    """A served runner (et_runner/server.py) loads the whole bundle: it gets the file's own bytes,
+    checked again span by span and gap by gap, not a FlatBuffers rebuild; the same bytes here,
+    because bundlerun writes bundles canonically."""
+    lean = read_bundle_on_file(mlp)
+    assert lean.file_bytes() == mlp.read_bytes() == serialize_bundle(lean)
+    assert whole_bundle_bytes(lean) == mlp.read_bytes()
+
+
+@pytest.mark.parametrize("edit", ["expected output data", "a case dropped", "the program", "the manifest object"])
+def test_a_bundle_changed_in_memory_is_serialized_not_sent_as_its_file(mlp, edit):
+    """What the runner loads is the bundle in memory: an edit to it means its file no longer is."""
+    lean = read_bundle_on_file(mlp)
+    suite = lean.suite("forward")
+    if edit == "expected output data":
+        suite.test_cases[1].expected_outputs[0].data = bytes(suite.test_cases[1].expected_outputs[0].nbytes)
+    elif edit == "a case dropped":
+        suite.test_cases.pop()
+    elif edit == "the program":
+        lean.program = lean.program[:-4] + b"\0\0\0\0"
+    else:
+        lean.manifest_json = dict(lean.manifest_json, note="changed")
+    assert lean.file_bytes() is None
+    sent = whole_bundle_bytes(lean)
+    assert sent == serialize_bundle(lean) and sent != mlp.read_bytes()
+
+
+def _gap_offset(lean) -> int:
+    """A byte no span covers (the FlatBuffers structure or the manifest)."""
+    covered = set()
+    for s in lean.layout.spans:
+        covered.update(range(s.offset, s.offset + s.length))
+    return next(i for i in range(lean.layout.size - 1, -1, -1) if i not in covered)
+
+
+@pytest.mark.parametrize("change", ["a gap byte", "a span byte", "a byte appended", "the last byte cut"])
+def test_a_file_changed_before_a_served_runner_reads_it_is_refused(mlp, change):
+    lean = read_bundle_on_file(mlp)
+    raw = bytearray(mlp.read_bytes())
+    if change == "a gap byte":
+        raw[_gap_offset(lean)] ^= 0x01
+    elif change == "a span byte":
+        raw[lean.suite("forward").test_cases[0].expected_outputs[0]._span.offset] ^= 0x01
+    elif change == "a byte appended":
+        raw += b"\0"
+    else:
+        del raw[-1]
+    mlp.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="changed on disk after it was read and verified"):
+        whole_bundle_bytes(lean)
+
+
+def test_fuzz_no_changed_byte_reaches_a_served_runner(mlp):
+    """Fuzz (seeded): one byte of the file changed anywhere after the read is refused; every byte of
+    the file is in a span (its own digest) or a gap (the gaps' digest)."""
+    lean = read_bundle_on_file(mlp)
+    raw = mlp.read_bytes()
+    rng = np.random.default_rng(35)
+    for offset in rng.integers(0, len(raw), 200):
+        bad = bytearray(raw)
+        bad[offset] ^= int(rng.integers(1, 256))
+        mlp.write_bytes(bytes(bad))
+        with pytest.raises(IntegrityError):
+            whole_bundle_bytes(lean)
+    mlp.write_bytes(raw)
+    assert whole_bundle_bytes(lean) == raw
+
+
+@pytest.mark.parametrize("tamper", ["span", "gap"])
+def test_a_bundle_edited_before_a_served_runner_loads_it_is_never_judged(mlp, tmp_path, tamper):
+    """`bundlerun run` on qemu-user://aarch64 (ExecuTorch's real aarch64 executor_runner under
+    qemu-aarch64, served: it loads the whole bundle from the report folder) with the file edited after
+    the CLI verified it: no runner is given the edited bytes, the run stops with the integrity error."""
+    from tests.doubles.android_env import real_executor_runner
+
+    real_executor_runner("aarch64")  # fails with the build command when it is not built
+    report_dir = tmp_path / "r"
+    r = subprocess.run([sys.executable, "-c", TAMPER_MID_RUN, "run", str(mlp), "--target", "qemu-user://aarch64",
+                        "--report", str(report_dir), "--no-history", "--quiet"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "TAMPER": tamper})
+    assert r.returncode == 2, r.stdout + r.stderr
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["summary"]["verdict"] == "ERROR" and report["summary"]["counts"]["ERROR"] == 4
+    assert all(c["error_kind"] == "bad-bundle" and "changed on disk after it was read and verified" in c["error"]
+               for c in report["cases"]), report["cases"]
+    assert not list(report_dir.rglob("model.bpte"))  # nothing was written for a runner to load

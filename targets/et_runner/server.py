@@ -270,10 +270,10 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
     (folder / "out").mkdir(parents=True, exist_ok=True)
     cases = bundle.suite(method).test_cases
     if bundled:
-        from bundlerun.bundles.bpte import serialize_bundle  # start-up: not loaded by `bundlerun --help`
+        from bundlerun.bundles.on_file import whole_bundle_bytes  # start-up: not loaded by `bundlerun --help`
 
         model = "model.bpte"
-        (folder / model).write_bytes(serialize_bundle(bundle))
+        (folder / model).write_bytes(whole_bundle_bytes(bundle))
         names: list[str] = []
     else:
         model = "model.pte"
