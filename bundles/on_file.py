@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundlerun.bundles.bpte import Bundle, BundledTestCase, BundledValue, MethodTestSuite, load_bundle, read_bundle_bytes
+from bundlerun.bundles.bpte import (Bundle, BundledTestCase, BundledValue, MethodTestSuite, load_bundle, read_bundle_bytes,
+                                    serialize_bundle)
 from bundlerun.bundles.errors import BundleFormatError, IntegrityError
 from bundlerun.bundles.integrity import inputs_digest
 
@@ -146,8 +147,6 @@ class FileBundle(Bundle):
 def whole_bundle_bytes(bundle: Bundle) -> bytes:
     """The whole bundle for a runtime that loads it (a served runner): the file as verified
     (FileBundle.file_bytes) or, for a bundle made or changed in memory, serialize_bundle's."""
-    from bundlerun.bundles.bpte import serialize_bundle
-
     as_read = bundle.file_bytes() if isinstance(bundle, FileBundle) else None
     return as_read if as_read is not None else serialize_bundle(bundle)
 
