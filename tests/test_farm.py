@@ -901,7 +901,7 @@ def test_results_queue_holds_no_report_objects(echo_reports, tmp_path):
     good, _ = echo_reports
     gate, folded = threading.Event(), []
 
-    def fold(job: str, report: Report) -> None:
+    def fold(job: str, report: Report, record: dict) -> None:
         gate.wait(60)
         folded.append((job, report.extras["n"]))
 

@@ -102,9 +102,20 @@ def command(plan_path, executor, dry_run, report_dir, retries, workers, as_json,
     if as_json:
         import json
 
-        click.echo(json.dumps({"exit_code": result.exit_code, "report": str(report_dir / "report.json"),
-                               "summary": result.report.summary.to_json(), "jobs": result.jobs, "devices": result.devices,
-                               "flaky_jobs": result.report.extras["farm"]["flaky_jobs"]}, indent=2, default=str))
+        # printed as it is encoded, job by job (result.jobs reads them from disk): json.dumps' one string,
+        # and the list of pieces it joins, grew the coordinator's peak memory with the jobs
+        doc = {"exit_code": result.exit_code, "report": str(report_dir / "report.json"),
+               "summary": result.report.summary.to_json(), "jobs": result.jobs, "devices": result.devices,
+               "flaky_jobs": result.report.extras["farm"]["flaky_jobs"]}
+        buf: list[str] = []
+        size = 0
+        for piece in json.JSONEncoder(indent=2, default=str).iterencode(doc):
+            buf.append(piece)
+            size += len(piece)
+            if size >= 1 << 16:
+                click.echo("".join(buf), nl=False)
+                buf, size = [], 0
+        click.echo("".join(buf))
     else:
         from rich.table import Table
 

@@ -71,11 +71,11 @@ class _Spool:
 
 
 class ResultWriter:
-    def __init__(self, db: Any, farm_id: str, fold: Callable[[str, Report], None] | None = None,
+    def __init__(self, db: Any, farm_id: str, fold: Callable[[str, Report, dict[str, Any]], None] | None = None,
                  spool: Path | None = None) -> None:
         """`spool`: a file for the queued jobs' reports (else they wait in memory, pickled)."""
         self.db = db
-        self.fold = fold  # gets each job's final report once it is written (the merged report's fold)
+        self.fold = fold  # gets each job's final report and record once written (the merged report's fold)
         self.farm_id = farm_id
         self.batches = 0
         # the most jobs waiting to be written at once: their reports (every case) are held meanwhile,
@@ -176,4 +176,4 @@ class ResultWriter:
         for k, d in enumerate(batch):
             write_record(finals[k], d.final_dir)
             if self.fold is not None:
-                self.fold(d.job, finals.pop(k))
+                self.fold(d.job, finals.pop(k), d.record)

@@ -48,7 +48,7 @@ from bundlerun.targets import default_backend, lowering_info
 class FarmResult:
     report: Report
     exit_code: int
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # a farm's: read from disk as iterated (merge_jobs.SpooledList)
     devices: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -136,9 +136,15 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         return p
 
     by_id = {j.id: j for j in jobs}
-    finished: dict[str, dict[str, Any]] = {}  # job -> its record in the merged report (small: no cases)
-    # each job's final report is folded into the merged report as it is written: its cases go to a
-    # spool file, so the coordinator's memory does not grow with the jobs (runner/report/merge_jobs.py)
+    # what the coordinator keeps of each finished job is what the merged report's head needs: its id
+    # (and whether it was flaky), its exit code among the set of them, its attempts counted per device.
+    # Each job's record goes with its report to the results thread, which folds both into the merged
+    # report: its cases to a spool file, its sections (the record, its entry, ...) to another, so the
+    # coordinator's memory does not grow with the jobs (runner/report/merge_jobs.py)
+    finished: set[str] = set()
+    flaky_jobs: set[str] = set()
+    exit_codes: set[int] = set()
+    device_stats: dict[str, dict[str, Any]] = {}
     merge = JobsMerge([j.id for j in jobs], report_dir / ".merged-cases.jsonl")
     writer = ResultWriter(history_db, farm_id, fold=merge.add, spool=report_dir / ".results-queue.bin")
 
@@ -147,8 +153,18 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         why = build_failed.get(job.id) or (scheduler.unplaceable.get(job.id) if scheduler else None)
         final, record, final_dir, writes = _job_result(job, tries, report_dir, farm_id, plan, why,
                                                        job.id in build_failed, interrupted, ex.ship)
-        finished[job.id] = record
+        finished.add(job.id)
         flaky = record["flaky"]
+        if flaky:
+            flaky_jobs.add(job.id)
+        exit_codes.add(record["exit_code"])
+        for a in record["attempts"]:
+            d = device_stats.setdefault(a["url"], {"url": a["url"], "resource": a["device"], "attempts": 0,
+                                                   "infra_failures": 0, "numerical_failures": 0, "passed": 0})
+            d["attempts"] += 1
+            d["infra_failures"] += a["exit_code"] == 2
+            d["numerical_failures"] += a["exit_code"] == 1
+            d["passed"] += a["exit_code"] == 0
         rows = [{**t.record(), "final": t is tries[-1], "flaky": flaky and t is tries[-1]} for t in tries] or [
             {"attempt": 0, "url": job.group.url, "device": None, "exit_code": 2, "verdict": Verdict.ERROR,
              "error_kinds": [], "final": True, "flaky": False}]
@@ -205,24 +221,15 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
     except BaseException:
         merge.discard()
         raise
-    job_records = [finished[j.id] for j in jobs]
+    job_records = merge.records()  # read back from the spool, in plan order, one at a time
 
-    device_stats: dict[str, dict[str, Any]] = {}
-    for rec in job_records:
-        for a in rec["attempts"]:
-            d = device_stats.setdefault(a["url"], {"url": a["url"], "resource": a["device"], "attempts": 0,
-                                                   "infra_failures": 0, "numerical_failures": 0, "passed": 0})
-            d["attempts"] += 1
-            d["infra_failures"] += a["exit_code"] == 2
-            d["numerical_failures"] += a["exit_code"] == 1
-            d["passed"] += a["exit_code"] == 0
     for d in device_stats.values():
         d["infra_rate"] = d["infra_failures"] / d["attempts"] if d["attempts"] else 0.0
     devices_out = sorted(device_stats.values(), key=lambda d: (-d["infra_rate"], d["url"]))
 
     # the farm's jobs are different bundles by design: merge_reports' jobs mode, folded job by job
     merged = merge.report()
-    exit_code = interrupts.exit_code() if interrupted else combine_exit_codes([r["exit_code"] for r in job_records])
+    exit_code = interrupts.exit_code() if interrupted else combine_exit_codes(sorted(exit_codes))
     merged.summary.exit_code = exit_code
     merged.summary.verdict = {EXIT_PASS: Verdict.PASS, EXIT_FAIL: Verdict.FAIL}.get(exit_code, Verdict.ERROR)
     if interrupted:
@@ -234,7 +241,7 @@ def run_farm(plan: Plan, report_dir: Path, executor: str = "local", workers: int
         described["pools_replaced"] = replaced  # local: a worker died and its pool was replaced
     merged.extras["farm"] = {"id": farm_id, "plan": str(plan.path), "executor": described, "retries": plan.retries,
                       "makespan_s": makespan, "started_unix": round(t0_unix, 4), "jobs": job_records, "devices": devices_out,
-                      "flaky_jobs": [r["job"] for r in job_records if r["flaky"]],
+                      "flaky_jobs": [j.id for j in jobs if j.id in flaky_jobs],
                       "flaky_devices": [d["url"] for d in devices_out if d["infra_failures"]],
                       "results": {"history_batches": writer.batches, "peak_backlog": writer.peak_backlog}}
     if shard_rec is not None:  # `bundlerun merge` of the farm's shards checks overlaps and missing jobs with it

@@ -373,7 +373,8 @@ class Report:
             "schema": self.schema, "tool": self.tool, "run": self.run, "bundle": self.bundle, "target": self.target,
             "overrides": self.overrides, "warnings": self.warnings, "summary": self.summary.to_json(),
             "cases": [c.to_json() for c in self.cases] if cases else [], "dataset": self.dataset,
-            "perf": {**self.perf_info, "summary": [p.to_json() for p in self.perf_summary()]},
+            "perf": {**self.perf_info, "summary": self.cases.perf_rows() if hasattr(self.cases, "perf_rows")  # a farm's: from disk
+                     else [p.to_json() for p in self.perf_summary()]},
         }
         for key in self._OPTIONAL:
             value = getattr(self, key)
