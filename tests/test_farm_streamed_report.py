@@ -28,6 +28,7 @@ from bundlerun.runner.report.record import write_record
 from bundlerun.runner.writers import write_reports
 from bundlerun.runner.writers.html import render_html
 from bundlerun.runner.writers.junit import junit_bytes, junit_streamed_bytes, write_junit
+from bundlerun.runner.writers.markdown import write_markdown
 from report_samples import quick_report
 
 
@@ -132,17 +133,17 @@ def _peak_bytes(tmp: Path, n: int, doc: dict[str, Any]) -> int:
 
 
 def test_merge_and_writers_memory_does_not_grow_with_the_jobs(docs, tmp_path):
-    """100 vs 1,000 jobs: the fold and the writers' peak grows by less than 2.5 KB a job (measured
-    2026-12-05: 1.5 KB, of it summary.md's farm table and perf rows ~1.3 KB and the job names ~0.6 KB;
-    report.json and junit.xml alone are flat). The code before the per-job sections were spooled
-    held each job's entry, records, farm record and perf rows, and JUnit's tree, until the files were
-    written: 6.4 KB a job (200 -> 2,000 jobs: peak 2.2 -> 13.7 MB)."""
+    """100 vs 1,000 jobs: the fold and the writers' peak grows by less than 1 KB a job (measured
+    2026-12-05: ~230 B, the job names' index and the spools' offsets, and this test's own names).
+    The code before the per-job sections were spooled held each job's entry, records, farm record and
+    perf rows, JUnit's tree and summary.md's table of jobs until the files were written: 6.4 KB a job
+    (200 -> 2,000 jobs: peak 2.2 -> 13.7 MB)."""
     good, _ = docs
     _peak_bytes(tmp_path / "warm", 10, good)  # lazy imports and caches, not counted
     small = _peak_bytes(tmp_path / "small", 100, good)
     large = _peak_bytes(tmp_path / "large", 1000, good)
     per_job = (large - small) / 900
-    assert per_job < 2500, f"peak {small / 1e6:.2f} MB at 100 jobs, {large / 1e6:.2f} MB at 1,000: {per_job:.0f} B a job"
+    assert per_job < 1000, f"peak {small / 1e6:.2f} MB at 100 jobs, {large / 1e6:.2f} MB at 1,000: {per_job:.0f} B a job"
 
 
 class _Stop(KeyboardInterrupt):
@@ -150,7 +151,7 @@ class _Stop(KeyboardInterrupt):
 
 
 def test_interrupt_mid_stream_leaves_no_partial_report(docs, tmp_path, monkeypatch):
-    """A Ctrl-C while report.json or junit.xml streams from the spools: the file written before stays
+    """A Ctrl-C while report.json, junit.xml or summary.md streams from the spools: the file written before stays
     as it was (or there is none) and no temp file is left beside it."""
     good, bad = docs
     names = [f"j{i}" for i in range(8)]
@@ -178,17 +179,21 @@ def test_interrupt_mid_stream_leaves_no_partial_report(docs, tmp_path, monkeypat
     (tmp_path / "out").mkdir()
     write_record(merged, tmp_path / "out")
     write_junit(merged, tmp_path / "out" / "junit.xml")
+    write_markdown(merged, tmp_path / "out" / "summary.md")
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     calls["n"] = 0
     monkeypatch.setattr(JobSpool, "get", get)
     with pytest.raises(_Stop):
         write_record(merged, tmp_path / "out")
+    calls["n"] = 0
+    with pytest.raises(_Stop):
+        write_markdown(merged, tmp_path / "out" / "summary.md")  # its table of jobs, read from the spool
     monkeypatch.setattr(JobSpool, "get", real_get)
     monkeypatch.setattr(SpooledCases, "dicts", dicts)
     with pytest.raises(_Stop):
         write_junit(merged, tmp_path / "out" / "junit.xml")
     after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
-    assert after == before, sorted(after)  # the same two files, nothing beside them
+    assert after == before, sorted(after)  # the same three files, nothing beside them
     assert json.loads(after["report.json"])["merged"]["reports"] == 8
     assert re.search(rb"</testsuites>$", after["junit.xml"])
     merge.discard()

@@ -7,7 +7,7 @@ as the jobs mode names them, go to a spool file (JSON lines), and its per-job se
 `jobs`, its `merged.from` and `merged.groups` records, its farm record) to a `JobSpool` (an anonymous
 temp file); memory keeps what the document's head needs, aggregated. `report()` gives the merged
 Report whose `cases` is a `SpooledCases` and whose per-job lists (and `perf.summary`) are
-`SpooledList`s / `PerfRows`: read-only lists read back from disk one job at a time, in plan order,
+`SpooledList`s / `PerfStats`: read-only lists read back from disk one job at a time, in plan order,
 whatever order the jobs finished in. `write_report` (record.py) streams them into report.json,
 junit.xml is written one suite at a time (writers/junit.py) and `farm --json` encodes them piece by
 piece; the other writers iterate them. Held as objects they grew a 2,000-job farm's coordinator by
@@ -20,19 +20,21 @@ The document is merge_reports(reports, MergeOptions(jobs=True, names=names)) of 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import tempfile
 import threading
 import uuid
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from bundlerun.runner.report.merge import (
-    MergeOptions, _merge_group, _summary_adjusted, _unique, unique_names,
+    MergeOptions, _merge_group, _summary_adjusted, _unique, _when, unique_names,
 )
-from bundlerun.runner.report.model import SCHEMA, CaseRecord, Report
+from bundlerun.runner.report.model import SCHEMA, CaseRecord, PerfFigure, Report, perf_summary
 
 
 class _Chunks:
@@ -59,6 +61,7 @@ class SpooledCases(list):
         self.path = Path(path)
         self.chunks = chunks if isinstance(chunks, _Chunks) else list(chunks)  # (offset, bytes, cases) per job, plan order
         self._count = sum(c for _, _, c in self.chunks)
+        self.perf_count: int | None = None  # rows of the perf summary, once a pass counted them
 
     def lines(self) -> Iterator[bytes]:
         """Each case's JSON (one line, already sanitized for report.json), in order."""
@@ -71,16 +74,21 @@ class SpooledCases(list):
         for line in self.lines():
             yield json.loads(line)
 
-    def perf_rows(self) -> "PerfRows":
+    def perf_rows(self) -> "PerfStats":
         """report.json's `perf.summary` of these cases, made one job's cases at a time."""
-        return PerfRows(self)
+        return PerfStats(self, as_json=True)
 
-    def by_job(self) -> Iterator[list[CaseRecord]]:
-        """Each job's cases (one job's at a time), in plan order."""
+    def perf_stats(self) -> "PerfStats":
+        """Report.perf_summary() of these cases, made one job's cases at a time."""
+        return PerfStats(self)
+
+    def perf_by_job(self) -> Iterator[list["_PerfCase"]]:
+        """Each job's cases as perf_summary reads them (method, perf figures), one job's at a time, in plan
+        order: a CaseRecord each (its outputs read) made every pass over the perf rows cost seconds."""
         with open(self.path, "rb") as fh:
             for offset, size, _ in self.chunks:
                 fh.seek(offset)
-                yield [CaseRecord.from_json(json.loads(line)) for line in fh.read(size).splitlines()]
+                yield [_PerfCase.from_json(json.loads(line)) for line in fh.read(size).splitlines()]
 
     def __iter__(self) -> Iterator[CaseRecord]:
         for data in self.dicts():
@@ -154,6 +162,8 @@ class SpooledList(list):
     A list so that every reader and check of a report takes it (json's indented encoder, the one
     report.json and `--json` use, iterates it item by item); the list itself stays empty."""
 
+    sanitized = True  # its items were _sanitize'd as they were spooled: record.py's check for nan skips them
+
     def __init__(self, spool: JobSpool, key: str, field: str | None = None) -> None:
         super().__init__()
         self.spool, self.key, self.field = spool, key, field
@@ -211,30 +221,52 @@ class SpooledList(list):
     __iadd__ = _read_only  # type: ignore[assignment]
 
 
-class PerfRows(list):
-    """`perf.summary` of a farm's merged report (model.py perf_summary: one row per job's method and
-    figure, ~1.3 KB a job held as objects), made from one job's cases at a time when iterated. The
-    same rows in the same order: a job's methods are `JOB/METHOD`, in no other job's cases."""
+@dataclass
+class _PerfCase:
+    """What perf_summary (model.py) reads of a case."""
 
-    def __init__(self, cases: SpooledCases) -> None:
+    method: str
+    perf: list[PerfFigure]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "_PerfCase":
+        return cls(str(data["method"]), [PerfFigure.from_dict(f) for f in data.get("perf") or []])
+
+
+class PerfStats(list):
+    """The perf summary of a farm's merged report (model.py perf_summary: one row per job's method and
+    figure, ~1.3 KB a job held as objects), made from one job's cases at a time when iterated;
+    `as_json`: the rows as report.json's `perf.summary` writes them. The same rows in the same order:
+    a job's methods are `JOB/METHOD`, in no other job's cases. Read-only; each pass reads the spool."""
+
+    def __init__(self, cases: SpooledCases, as_json: bool = False) -> None:
         super().__init__()
-        self.cases = cases
+        self.cases, self.as_json = cases, as_json
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        from bundlerun.runner.report.model import perf_summary
-
-        for cases in self.cases.by_job():
-            for row in perf_summary(cases):
-                yield row.to_json()
+    def __iter__(self) -> Iterator[Any]:
+        count = 0
+        for cases in self.cases.perf_by_job():
+            for row in perf_summary(cases):  # type: ignore[arg-type]  # reads .method and .perf only
+                count += 1
+                yield row.to_json() if self.as_json else row
+        self.cases.perf_count = count
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        if self.cases.perf_count is None:
+            self.cases.perf_count = sum(1 for _ in self)
+        return self.cases.perf_count
 
     def __bool__(self) -> bool:
-        return any(True for _ in self)
+        return len(self) > 0 if self.cases.perf_count is not None else any(True for _ in self)
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice) and (index.start or 0) >= 0 and index.stop is not None and index.stop >= 0 \
+                and (index.step or 1) > 0:  # rows[:n], what the writers take: only those rows are made
+            return list(itertools.islice(iter(self), index.start, index.stop, index.step))
         return list(iter(self))[index]
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(list(iter(self)))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, list) and list(iter(self)) == list(iter(other))
@@ -243,6 +275,12 @@ class PerfRows(list):
         return not self == other
 
     __hash__ = None  # type: ignore[assignment]
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a farm's merged perf summary is made from disk and cannot be changed")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = __setitem__ = __delitem__ = _read_only  # type: ignore[assignment]
+    __iadd__ = _read_only  # type: ignore[assignment]
 
 
 class JobsMerge:
@@ -280,7 +318,6 @@ class JobsMerge:
     def add(self, name: str, report: Report, record: dict[str, Any] | None = None) -> None:
         """Fold the job `name`'s final report in (and its farm `record`, the merged report's
         `farm.jobs` item); its cases and sections go to the spools and are not kept."""
-        from bundlerun.runner.report.merge import _when
         from bundlerun.runner.report.merge_sequences import job_sequences, merge_shard_sequences  # start-up: numpy
         from bundlerun.runner.report.record import _json_default, _sanitize  # start-up: loads numpy on use
 

@@ -106,6 +106,8 @@ def _non_finite(obj: Any) -> bool:
         return not math.isfinite(obj)
     if isinstance(obj, dict):
         return any(_non_finite(v) for v in obj.values())
+    if getattr(obj, "sanitized", False):  # a farm's per-job list: sanitised as it was spooled (merge_jobs.py)
+        return False
     if isinstance(obj, (list, tuple)):
         return any(_non_finite(v) for v in obj)
     return False

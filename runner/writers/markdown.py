@@ -9,9 +9,9 @@ table without any extra step.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from bundlerun.bundles.fileio import atomic_write_text
+from bundlerun.bundles.fileio import atomic_write_chunks
 from bundlerun.runner.judging.outcome import VERDICTS
 from bundlerun.runner.judging.replay import markdown_lines  # --replay findings (flaky vs wrong numerics)
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
@@ -142,7 +142,38 @@ def _perf_section(report: Report, max_rows: int = 20) -> list[str]:
 
 def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = None, max_rows: int = 50) -> str:
     """The summary: headline, counts, dataset accuracy, regressions (perf figures included), perf
-    figures, worst outputs. `regressions` None: no baseline was checked (nothing said about one)."""
+    figures, worst outputs; a farm's table of jobs first. `regressions` None: no baseline was checked
+    (nothing said about one)."""
+    text = _summary_text(report, regressions, max_rows)
+    farm = report.extras.get("farm") or {}
+    return _farm_section(farm) + "\n\n" + text if _has_jobs(farm) else text
+
+
+def _has_jobs(farm: dict[str, Any]) -> bool:
+    return bool(farm.get("jobs")) and "makespan_s" in farm
+
+
+def markdown_chunks(report: Report, regressions: list[dict[str, Any]] | None = None) -> Iterator[bytes]:
+    """render_markdown's text as bytes, the farm's table of jobs made a row at a time (its jobs are
+    read from disk: the table as one string, and its lines, grew with the jobs)."""
+    text = _summary_text(report, regressions, 50)
+    farm = report.extras.get("farm") or {}
+    if _has_jobs(farm):
+        buf: list[str] = []
+        size = 0
+        for n, line in enumerate(_farm_lines(farm)):
+            piece = line if n == 0 else "\n" + line
+            buf.append(piece)
+            size += len(piece)
+            if size >= 1 << 16:
+                yield "".join(buf).encode("utf-8")
+                buf, size = [], 0
+        yield ("".join(buf) + "\n\n").encode("utf-8")
+    yield text.encode("utf-8")
+
+
+def _summary_text(report: Report, regressions: list[dict[str, Any]] | None, max_rows: int) -> str:
+    """The summary without the farm's table."""
     summary = report.summary
     bundle = report.bundle
     target = report.target.get("url") or "?"
@@ -239,9 +270,7 @@ def render_markdown(report: Report, regressions: list[dict[str, Any]] | None = N
         lines.append("")
     for w in report.warnings:
         lines.append(f"> ⚠️ {_cell(w)}")
-    text = "\n".join(lines).rstrip() + "\n"
-    farm = report.extras.get("farm") or {}
-    return _farm_section(farm) + "\n\n" + text if farm.get("jobs") and "makespan_s" in farm else text
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _sequence_lines(report: Report) -> list[str]:
@@ -265,24 +294,28 @@ def _sequence_lines(report: Report) -> list[str]:
 def _farm_section(farm: dict[str, Any]) -> str:
     """A farm's merged report, first: the jobs (verdict, attempts, devices, flaky) and the devices that
     failed (the `farm` section of runner/farm/run.py; an attempt's own `farm` record has no jobs)."""
-    lines = [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
-             f"({_md(farm['executor'].get('name'))} executor)", "",
-             "| job | verdict | attempts | devices | flaky |", "|---|---|---:|---|---|"]
+    return "\n".join(_farm_lines(farm))
+
+
+def _farm_lines(farm: dict[str, Any]) -> Iterator[str]:
+    yield from [f"## bundlerun farm: {len(farm['jobs'])} jobs, {farm['makespan_s']:.1f} s "
+                f"({_md(farm['executor'].get('name'))} executor)", "",
+                "| job | verdict | attempts | devices | flaky |", "|---|---|---:|---|---|"]
     for job in farm["jobs"]:
         devices = ", ".join(dict.fromkeys(str(a.get("device") or a["url"]) for a in job["attempts"])) or "–"
-        lines.append(f"| {_md(job['job'])} | {job['verdict']} | {len(job['attempts'])} | {_md(devices)} "
-                     f"| {'flaky' if job['flaky'] else ''} |")
+        yield (f"| {_md(job['job'])} | {job['verdict']} | {len(job['attempts'])} | {_md(devices)} "
+               f"| {'flaky' if job['flaky'] else ''} |")
     bad = [d for d in farm["devices"] if d["infra_failures"]]
     if bad:
-        lines += ["", "Devices with infrastructure failures:", ""]
-        lines += [f"- {_md(d.get('resource') or d['url'])}: {d['infra_failures']} of {d['attempts']} attempts "
-                  f"({d['infra_rate'] * 100:.0f}%)" for d in bad]
-    return "\n".join(lines)
+        yield from ["", "Devices with infrastructure failures:", ""]
+        yield from [f"- {_md(d.get('resource') or d['url'])}: {d['infra_failures']} of {d['attempts']} attempts "
+                    f"({d['infra_rate'] * 100:.0f}%)" for d in bad]
 
 
 def write_markdown(report: Report, path: str | Path, regressions: list[dict[str, Any]] | None = None) -> Path:
-    """Write the summary (GitHub's step summary gets the same text: runner/writers/github.py)."""
-    return atomic_write_text(path, render_markdown(report, regressions))
+    """Write the summary (GitHub's step summary gets the same text: runner/writers/github.py); atomic, the
+    farm's table of jobs a row at a time."""
+    return atomic_write_chunks(path, markdown_chunks(report, regressions))
 
 
 @writer("markdown", "summary.md", "Markdown summary")
