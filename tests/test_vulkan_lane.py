@@ -170,17 +170,29 @@ def test_every_zoo_bundle_on_both_drivers_judged_and_compared(zoo_runs, second_i
         print("  ", *row)
 
 
-def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_runner, tmp_path):
+def _build_partial(folder: Path, dtype: str) -> Path:
+    out = folder / f"partial-{dtype}.bpte"
+    res = run_cli("build", PARTIAL_MODEL, "--target", URL, "--dtype", dtype, "--cases", "3", "-o", str(out), cwd=folder)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def partial_fp32(tmp_path_factory) -> Path:
+    """The partly delegated model in fp32, 3 cases, built once for this module: the partial-delegation test
+    runs it and the debug capture reads its case 1 (each built its own copy before, one with 2 cases: a
+    second lowering of the same model, 10-15 s cold)."""
+    return _build_partial(tmp_path_factory.mktemp("vulkan-partial"), "fp32")
+
+
+def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_runner, partial_fp32, tmp_path):
     """cumsum is not a Vulkan op: the program is Vulkan -> portable cumsum -> Vulkan, and the runner's portable
     kernels run the middle (fp32), and quantize/dequantize around it on its quantized kernels (int8)."""
     from bundlerun.bundles.bpte import read_bundle
     from bundlerun.targets.program.walker import read_delegates
 
     for dtype in ("fp32", "int8"):
-        out = tmp_path / f"partial-{dtype}.bpte"
-        res = run_cli("build", PARTIAL_MODEL, "--target", URL, "--dtype", dtype, "--cases", "3", "-o",
-                      str(out), cwd=tmp_path)
-        assert res.returncode == 0, res.stderr[-2000:]
+        out = partial_fp32 if dtype == "fp32" else _build_partial(tmp_path, dtype)
         delegates = read_delegates(read_bundle(out).program)
         assert len(delegates) == 2 and {d.backend_id for d in delegates} == {"VulkanBackend"}, delegates
         res = run_cli("run", str(out), "--target", URL, "--report", str(tmp_path / dtype), "--no-history")
@@ -241,14 +253,12 @@ def test_executorch_bundledprogram_api_bundle_is_judged_right(vulkan_runner, tmp
     assert rep["cases"][0]["device_verdict"]["verdict"] == "PASS"
 
 
-def test_debug_capture_shows_every_kernel_and_delegate_call(vulkan_runner, tmp_path):
+def test_debug_capture_shows_every_kernel_and_delegate_call(vulkan_runner, partial_fp32, tmp_path):
     """SPEC.capture: bundlerun's debug runner (built with the same Vulkan libraries) on lavapipe; the partly
     delegated model gives delegate -> cumsum kernel -> delegate, and the captured output is the run's."""
     from bundlerun.targets import spec_for
 
-    bundle = tmp_path / "p.bpte"
-    assert run_cli("build", PARTIAL_MODEL, "--target", URL, "--cases", "2", "-o", str(bundle),
-                   cwd=tmp_path).returncode == 0
+    bundle = partial_fp32
     spec = spec_for(URL)
     assert spec.capture is not None and spec.capture_note == ""
     run = spec.capture(URL, {}, bundle, "forward", 1, tmp_path / "dbg", 300.0, 16)
