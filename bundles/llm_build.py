@@ -283,7 +283,9 @@ def _plan_identity(p: LlmPlan, weights: str, seed: int) -> str:
 def exports_shared(active: bool, identity: str) -> Iterator[None]:
     """`bundlerun bisect`'s candidates: export_llama's two torch.exports (LLMEdgeManager._export: the model,
     then the re-export of its pre-autograd graph: extension/llm/export/builder.py:207, called at :237 and :517) done once
-    per plan in this process.
+    per plan in this process. The Vulkan path (export_llama_lib.py's `_to_edge_and_lower_llama`) re-exports through
+    LLMEdgeManager.export_to_edge instead (builder.py:450), whose torch.export is extension/export_util/utils.py:26
+    `_to_core_aten` (called at :88): shared the same way.
 
     Why: a candidate differs from the next only in what the partitioners may take, which acts after both
     exports (to_edge_transform_and_lower's partitioners, then to_executorch); the exports of the same plan and
@@ -302,25 +304,37 @@ def exports_shared(active: bool, identity: str) -> Iterator[None]:
     import torch
     from executorch.extension.llm.export.builder import LLMEdgeManager
 
-    original = LLMEdgeManager._export
+    from executorch.extension.export_util import utils as export_util
+
+    original, original_core_aten = LLMEdgeManager._export, export_util._to_core_aten
     calls = {"n": 0}
 
-    def shared(self: Any, module: Any = None) -> Any:
-        calls["n"] += 1
-        key = (identity, calls["n"], "" if module is None else str(module.code))
+    def kept(key: tuple[str, int, str], export: Callable[[], Any]) -> Any:
         if key not in _SHARED_EXPORTS:
             for old in [k for k in _SHARED_EXPORTS if k[0] != identity]:
                 del _SHARED_EXPORTS[old]
             buffer = io.BytesIO()
-            torch.export.save(original(self, module), buffer)
+            torch.export.save(export(), buffer)
             _SHARED_EXPORTS[key] = buffer.getvalue()
         return torch.export.load(io.BytesIO(_SHARED_EXPORTS[key]))
 
+    def shared(self: Any, module: Any = None) -> Any:
+        calls["n"] += 1
+        return kept((identity, calls["n"], "" if module is None else str(module.code)),
+                    lambda: original(self, module))
+
+    def core_aten_shared(model: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        code = str(model.code) if hasattr(model, "code") else type(model).__qualname__
+        return kept((identity, calls["n"], code), lambda: original_core_aten(model, *args, **kwargs))
+
     LLMEdgeManager._export = shared
+    export_util._to_core_aten = core_aten_shared
     try:
         yield
     finally:
         LLMEdgeManager._export = original
+        export_util._to_core_aten = original_core_aten
 
 
 @contextlib.contextmanager
