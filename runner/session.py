@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bundlerun.bundles.bpte import Bundle, read_bundle
+from bundlerun.bundles.bpte import Bundle
+from bundlerun.bundles.on_file import read_bundle_on_file
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner import interrupts
@@ -264,7 +265,8 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     command's, which keeps targets that ask for it open across bundles; otherwise the target is
     opened for this run and closed after it."""
     started, t0 = _now(), time.perf_counter()
-    bundle = bundle or read_bundle(req.bundle_path, require_seal=req.require_seal)
+    # the bytes stay in the file (bundles/on_file.py): validate, api.run and the farm's jobs hold the structure only
+    bundle = bundle or read_bundle_on_file(req.bundle_path, require_seal=req.require_seal)
     if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
         require_sealed(bundle, str(req.bundle_path))
     ctx = load_context(bundle)
