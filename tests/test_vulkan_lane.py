@@ -203,9 +203,17 @@ def test_partial_delegation_runs_portable_ops_between_vulkan_subgraphs(vulkan_ru
         assert "Writing output to file: out/output-0.bin" in log and "SERVER MODE DONE" in log
 
 
-def _stock_vulkan_bundle(path: Path, wrong_case: int | None = None) -> None:
+def _stock_vulkan_bundle(path: Path) -> None:
     """A bundle made with ExecuTorch's own BundledProgram API (no bundlerun manifest), lowered with the
-    1.5.1 wheel's VulkanPartitioner; `wrong_case` gets an expected output off by 0.05 in one element."""
+    1.5.1 wheel's VulkanPartitioner."""
+    _stock_vulkan_bundles({path: None})
+
+
+def _stock_vulkan_bundles(wrong_cases: dict[Path, int | None]) -> None:
+    """Bundles made with ExecuTorch's own BundledProgram API (no bundlerun manifest) of one program lowered with
+    the 1.5.1 wheel's VulkanPartitioner, one per path; a path's wrong case (None: none) gets an expected output
+    off by 0.05 in one element. One lowering for all: the good and the wrong bundle of the test below lowered the
+    same seeded model twice before."""
     import torch
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.devtools import BundledProgram
@@ -219,20 +227,21 @@ def _stock_vulkan_bundle(path: Path, wrong_case: int | None = None) -> None:
     example = (torch.randn(1, 3, 8, 8),)
     program = to_edge_transform_and_lower(torch.export.export(model, example),
                                           partitioner=[VulkanPartitioner()]).to_executorch()
-    cases = []
-    for i, x in enumerate(torch.randn(3, 1, 3, 8, 8).unbind(0)):
-        expected = model(x).detach().clone()
-        if i == wrong_case:
-            expected[0, 2] += 0.05
-        cases.append(MethodTestCase(inputs=(x,), expected_outputs=(expected,)))
-    path.write_bytes(serialize_from_bundled_program_to_flatbuffer(BundledProgram(program, [MethodTestSuite("forward",
-                                                                                                             cases)])))
+    inputs = torch.randn(3, 1, 3, 8, 8).unbind(0)
+    for path, wrong in wrong_cases.items():
+        cases = []
+        for i, x in enumerate(inputs):
+            expected = model(x).detach().clone()
+            if i == wrong:
+                expected[0, 2] += 0.05
+            cases.append(MethodTestCase(inputs=(x,), expected_outputs=(expected,)))
+        path.write_bytes(serialize_from_bundled_program_to_flatbuffer(BundledProgram(program, [MethodTestSuite(
+            "forward", cases)])))
 
 
 def test_executorch_bundledprogram_api_bundle_is_judged_right(vulkan_runner, tmp_path):
     good, bad = tmp_path / "stock.bpte", tmp_path / "stock-wrong.bpte"
-    _stock_vulkan_bundle(good)
-    _stock_vulkan_bundle(bad, wrong_case=1)
+    _stock_vulkan_bundles({good: None, bad: 1})
     res = run_cli("run", str(good), "--target", URL, "--report", str(tmp_path / "good"), "--no-history")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rep = report(tmp_path / "good")
