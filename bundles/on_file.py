@@ -18,6 +18,7 @@ asks.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,13 +153,14 @@ def whole_bundle_bytes(bundle: Bundle) -> bytes:
 
 
 def _structure(bundle: Bundle) -> tuple[Any, ...]:
-    """What a change in memory to a FileBundle alters: the manifest object, the program's span, and
-    each value's description and span (or held bytes). Cheap: no tensor data is read."""
+    """What a change in memory to a FileBundle alters: the manifest (its text: an edit in place too;
+    0.4 ms for an LLM bundle's 38 KB), the program's span, and each value's description and span (or
+    held bytes). Cheap: no tensor data is read."""
     def value(v: BundledValue) -> tuple[Any, ...]:
         held = v._span if isinstance(v, FileValue) and v._span is not None else bytes(v.data)
         return (v.kind, v.scalar_type, tuple(v.sizes), tuple(v.dim_order), v.scalar, held)
 
-    return (id(bundle.manifest_json), bundle.version, bundle.__dict__.get("_program_span"),
+    return (json.dumps(bundle.manifest_json, sort_keys=True), bundle.version, bundle.__dict__.get("_program_span"),
             tuple((s.method_name, tuple((tuple(map(value, c.inputs)), tuple(map(value, c.expected_outputs)))
                                         for c in s.test_cases)) for s in bundle.method_test_suites))
 

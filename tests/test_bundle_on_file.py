@@ -163,7 +163,8 @@ def test_a_served_runner_gets_the_file_as_verified(mlp):
     assert whole_bundle_bytes(lean) == mlp.read_bytes()
 
 
-@pytest.mark.parametrize("edit", ["expected output data", "a case dropped", "the program", "the manifest object"])
+@pytest.mark.parametrize("edit", ["expected output data", "a case dropped", "the program", "the manifest object",
+                                  "the manifest in place"])
 def test_a_bundle_changed_in_memory_is_serialized_not_sent_as_its_file(mlp, edit):
     """What the runner loads is the bundle in memory: an edit to it means its file no longer is."""
     lean = read_bundle_on_file(mlp)
@@ -174,8 +175,10 @@ def test_a_bundle_changed_in_memory_is_serialized_not_sent_as_its_file(mlp, edit
         suite.test_cases.pop()
     elif edit == "the program":
         lean.program = lean.program[:-4] + b"\0\0\0\0"
-    else:
+    elif edit == "the manifest object":
         lean.manifest_json = dict(lean.manifest_json, note="changed")
+    else:
+        lean.manifest_json["note"] = "changed"
     assert lean.file_bytes() is None
     sent = whole_bundle_bytes(lean)
     assert sent == serialize_bundle(lean) and sent != mlp.read_bytes()
