@@ -396,3 +396,41 @@ def test_cases_judged_ahead_give_the_report_judging_afterwards_gives():
         assert warnings == plain_warnings and any("reference_next" in w for w in warnings)
         assert ctx.step_metrics == plain_ctx.step_metrics
         assert [s.to_json() for s in judge_sequences(ctx, cases)] == [s.to_json() for s in judge_sequences(plain_ctx, plain)]
+
+
+def test_a_stop_inside_a_hand_over_never_judges_a_case_from_outputs_it_let_go():
+    """A Ctrl-C that lands in `submit` after the judging job was queued but before it was recorded (seen
+    in a loaded CI run: case 0 came out ERROR, "returned 0 outputs"): the thread judges it but does not
+    let its outputs go, so the end-of-run judging, which cannot take that job, judges it from them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bundlerun.runner.judging.ahead import JudgeAhead
+
+    bundle, manifest, logits = _sequence_bundle()
+    run = _target(logits)
+    plain, _ = judge_run(bundle, _target(logits), JudgeContext(copy.deepcopy(manifest)))
+    released = []
+
+    def release(r: CaseResult, handed: tuple) -> bool:
+        released.append(r.case_index)
+        r.outputs = []
+        return True
+
+    ahead = JudgeAhead(bundle, JudgeContext(copy.deepcopy(manifest)), after=release)
+    real_pool = ahead._pool
+    futures = []
+
+    class StoppedPool(ThreadPoolExecutor):  # queues the job, then the stop arrives (before submit records it)
+        def submit(self, fn, *args):
+            futures.append(real_pool.submit(fn, *args))
+            raise KeyboardInterrupt
+
+    ahead._pool = StoppedPool(max_workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.submit(run.cases[0])
+    futures[0].result()
+    assert released == [] and run.cases[0].outputs  # judged on the thread, its outputs kept
+    ahead._pool = real_pool
+    cases, _ = judge_run(bundle, run, ahead._ctx, ahead)
+    ahead.close()
+    assert cases[0].to_json() == plain[0].to_json() and cases[0].verdict == "PASS"

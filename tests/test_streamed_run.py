@@ -166,9 +166,14 @@ def test_ctrl_c_mid_run_keeps_the_finished_cases_outputs_and_no_temp_file(bundle
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-2000:] + err[-2000:]
     report = read_report(report_dir / "report.json")
-    assert report.summary.interrupted and [c.verdict for c in report.cases][:3] == ["PASS"] * 3
+    # the CLI may not have taken every case the runtime finished before the hang when the stop comes (a loaded
+    # machine): each case is PASS or not finished, never judged from outputs it let go (ERROR, 0 outputs)
+    done = [c.case for c in report.cases if c.verdict == "PASS"]
+    assert report.summary.interrupted and done == list(range(len(done))) and 1 <= len(done) <= 3, \
+        [(c.verdict, c.error) for c in report.cases]
+    assert all(c.error_kind == "interrupted" for c in report.cases[len(done):]), [c.error for c in report.cases]
     saved = read_outputs(report.outputs_file, {f"forward/{i}/0": Expect(np.dtype("float32"), 1 << 20) for i in range(5)})
-    assert sorted(saved) == [f"forward/{i}/0" for i in range(3)]
+    assert sorted(saved) == [f"forward/{i}/0" for i in done]
     assert not list(report_dir.glob(".outputs.npz.*"))
 
 

@@ -50,7 +50,9 @@ class JudgeAhead:
         private = replace(self._ctx, step_metrics={}, warnings=[])
         private._steps = self._ctx._steps
         record = judge_outputs(self._bundle, result, private)
-        released = bool(self._after(result, handed[-1])) if self._after is not None else False
+        with self._lock:  # a submit a stop (Ctrl-C) cut short before its job was recorded: `take` will not find
+            recorded = self._jobs.get(id(result), (None,))[0] is result  # it, so the outputs must stay to judge again
+        released = bool(self._after(result, handed[-1])) if self._after is not None and recorded else False
         return record, private, released
 
     def submit(self, result: CaseResult) -> None:
