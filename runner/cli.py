@@ -702,8 +702,12 @@ def main(argv: list[str] | None = None) -> None:
     as the `bundlerun` command itself (the console script, `python -m bundlerun.runner.cli`), the
     process ends through `end_process` once the command is done; any other caller gets SystemExit."""
     if argv is None and (Path(sys.argv[0]).name == "bundlerun" or __name__ == "__main__"):
+        from bundlerun.runner.judging.heap import keep_heap_pages  # process-wide settings: only the command's own process
+        from bundlerun.targets.workers.stack_room import call_with_stack_room  # (not a library caller's)
+
+        keep_heap_pages()
         try:
-            _main(None)
+            call_with_stack_room(_main, None)  # torch's imports and exports: no frame-chunk thrash
         except SystemExit as exc:
             end_process(exc.code)
         return

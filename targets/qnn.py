@@ -356,4 +356,6 @@ def _worker_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))
+    from bundlerun.targets.workers.stack_room import call_with_stack_room  # python -m: no chunk thrash
+
+    sys.exit(call_with_stack_room(_worker_main, sys.argv[1:]))

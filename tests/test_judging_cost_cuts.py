@@ -38,10 +38,43 @@ def test_top_k_ids_is_the_stable_sorts_prefix_ties_included():
         rows.append(rng.integers(-3, 4, n).astype(np.float32))  # many equal values: ties at the k-th
         rows.append(rng.standard_normal(n))
     for row in rows:
-        for k in (0, 1, 2, 4, 5, 6, row.size, row.size + 3):
+        for k in (0, 1, 2, 4, 5, 6, 16, 17, row.size, row.size + 3):  # up to PICK_MAX by argmax passes
             got = top_k_ids(row, k)
             assert got.tolist() == _stable_top_k(row, k), (row.tolist()[:12], k)
             assert got.dtype == np.argsort(row).dtype
+
+
+def test_the_lower_median_by_bracket_is_the_selections():
+    """error_stats._lower_median samples a bracket from BRACKET_MIN elements on (an LLM step's logits): the
+    element np.partition selects, for sorted, constant, tied, periodic and heavy-tailed data around the sizes
+    where the bracket starts, and when the sample misses (then np.partition itself)."""
+    from bundlerun.runner.judging.error_stats import BRACKET_MIN, _lower_median
+
+    rng = np.random.default_rng(13)
+    for n in (BRACKET_MIN - 1, BRACKET_MIN, BRACKET_MIN + 1, 32000, 32001, 128256):
+        for data in (rng.standard_normal(n).astype(np.float32), np.arange(n, dtype=np.float64),
+                     np.full(n, 2.5, np.float32), rng.integers(-2, 3, n).astype(np.float32),
+                     np.tile(np.arange(16, dtype=np.float32), n // 16 + 1)[:n],
+                     rng.standard_cauchy(n), np.concatenate([np.zeros(n // 2), np.full(n - n // 2, 1e30)])):
+            assert _lower_median(data) == float(np.partition(data, (n - 1) // 2)[(n - 1) // 2]), (n, data[:5])
+
+
+def test_kl_of_finite_rows_is_the_masked_sums():
+    """kl_divergence's one dot product over finite log-probabilities: the masked sum it replaced (to 1e-12),
+    tokens whose p underflows to 0 included; an -inf log-probability still takes the masked path."""
+    from bundlerun.runner.judging.token_metrics import kl_divergence, log_softmax
+
+    rng = np.random.default_rng(5)
+    for scale in (1e-3, 1.0, 40.0, 800.0):  # 800: most of p underflows to exactly 0
+        r = log_softmax(rng.standard_normal(32000) * scale)
+        t = log_softmax(rng.standard_normal(32000) * scale)
+        assert r is not None and t is not None
+        p = np.exp(r)
+        keep = p > 0
+        want = max(float(np.sum(p[keep] * (r[keep] - t[keep]))), 0.0)
+        assert kl_divergence(r, t) == pytest.approx(want, rel=1e-12, abs=1e-15)
+    r = np.array([np.log(0.5), np.log(0.5), -np.inf])
+    assert kl_divergence(r, np.log(np.array([0.25, 0.5, 0.25]))) == pytest.approx(0.5 * np.log(2))
 
 
 def _full_probe(reference: np.ndarray, criteria: Criteria, dtype: str, lossy: bool) -> str | None:
