@@ -19,6 +19,7 @@ it calls live in the unused megabyte without reaching a chunk's end (the same ru
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -30,10 +31,11 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
-_ROOMY = type(_call)(_call.__code__.replace(co_stacksize=_call.__code__.co_stacksize + ROOM_SLOTS), globals(),
-                     "call_with_stack_room")
+_ROOMY: Callable[..., Any] = types.FunctionType(
+    _call.__code__.replace(co_stacksize=_call.__code__.co_stacksize + ROOM_SLOTS), globals(), "call_with_stack_room")
 
 
 def call_with_stack_room(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)`, with 1 MB of frame stack to itself (see the module docstring)."""
-    return _ROOMY(fn, *args, **kwargs)
+    result: T = _ROOMY(fn, *args, **kwargs)
+    return result
