@@ -3,7 +3,8 @@ vs the same program stepped by a bare loop, per lane, side by side in one run: b
 alternated, best of N.
 
 - host://xnnpack: the bare loop is a pybindings script (LLM custom ops registered first, one loaded
-  method, the cases in order);
+  method, the cases in order), run with the frame-stack room bundlerun's worker has
+  (targets/workers/stack_room.py: without it a script's imports can cost seconds at an unlucky depth);
 - qemu-user://aarch64 (`--lanes host,qemu-user`): the bare loop is the aarch64 executor_runner that
   bundlerun uses, under qemu-aarch64 in `--server_mode` with the whole .bpte and bundlerun's flags
   (`--print_output none`: the runner's default prints 200 elements of every output), one trigger line
@@ -33,26 +34,36 @@ import time
 from pathlib import Path
 
 BARE = r'''
-import sys, time, torch
-import executorch.extension.llm.custom_ops.custom_ops  # llama::update_cache, llama::custom_sdpa
-try:
-    import executorch.kernels.quantized  # quantized_decomposed:: for 8da4w
-except Exception:
-    pass
-from executorch.extension.pybindings import _C as p
-from bundlerun.bundles.bpte import parse_bundle
-b = parse_bundle(open(sys.argv[1], "rb").read())
-m = p._load_for_executorch_from_buffer(b.program)
-cases = [[torch.from_numpy(v.to_array().copy()) for v in c.inputs] for c in b.suite("forward").test_cases]
-tokens = sum(int(c[0].numel()) for c in cases)
-t = time.perf_counter()
-steps = []
-for xs in cases:
-    s = time.perf_counter()
-    m.run_method("forward", xs)[0].numpy().copy()
-    steps.append(time.perf_counter() - s)
-loop = time.perf_counter() - t
-print(f"{len(cases)} {tokens} {sorted(steps)[len(steps) // 2]} {loop}")
+import sys, time
+
+
+def bare():
+    import torch
+    import executorch.extension.llm.custom_ops.custom_ops  # llama::update_cache, llama::custom_sdpa
+    try:
+        import executorch.kernels.quantized  # quantized_decomposed:: for 8da4w
+    except Exception:
+        pass
+    from executorch.extension.pybindings import _C as p
+    from bundlerun.bundles.bpte import parse_bundle
+    b = parse_bundle(open(sys.argv[1], "rb").read())
+    m = p._load_for_executorch_from_buffer(b.program)
+    cases = [[torch.from_numpy(v.to_array().copy()) for v in c.inputs] for c in b.suite("forward").test_cases]
+    tokens = sum(int(c[0].numel()) for c in cases)
+    t = time.perf_counter()
+    steps = []
+    for xs in cases:
+        s = time.perf_counter()
+        m.run_method("forward", xs)[0].numpy().copy()
+        steps.append(time.perf_counter() - s)
+    loop = time.perf_counter() - t
+    print(f"{len(cases)} {tokens} {sorted(steps)[len(steps) // 2]} {loop}")
+
+
+# with the frame-stack room bundlerun's worker has (targets/workers/stack_room.py): a script's imports can
+# thrash CPython 3.11's frame chunks at its depth, which would flatter bundlerun's ratio
+from bundlerun.targets.workers.stack_room import call_with_stack_room
+call_with_stack_room(bare)
 '''
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bundlerun.targets.workers.stack_room import call_with_stack_room
+
 REPO = Path(__file__).resolve().parents[1]
 
 # .ci/run runs this suite with CI=true, which turns on `--require-seal` by default (runner/seal.py).
@@ -33,6 +35,24 @@ def pytest_configure(config):
     on by default): off, so the order below (tests/file_order.py) is the order the workers get."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Each test body runs with frame-stack room (targets/workers/stack_room.py), as the `bundlerun`
+    command and its workers do: in-process exports and torch imports at pytest's depth can otherwise
+    map and unmap a frame chunk on every call."""
+    from _pytest.python import pytest_pyfunc_call as run_test  # pytest's own implementation of this hook
+
+    return call_with_stack_room(run_test, pyfuncitem)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Fixtures (most of the suite's builds) with the same frame-stack room as the tests."""
+    from _pytest.fixtures import pytest_fixture_setup as set_up  # pytest's own implementation of this hook
+
+    return call_with_stack_room(set_up, fixturedef, request)
 
 
 def pytest_collection_modifyitems(config, items):
