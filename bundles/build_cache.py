@@ -15,6 +15,10 @@ The key is a sha256 over everything a build depends on:
   resolved criteria are embedded in the bundle;
 - package versions (bundlerun, torch, executorch, numpy, tosa-tools, ethos-u-vela, mlx,
   flatbuffers), Python version, machine, and the environment variables builds read;
+- for an `--etrecord` build, the output's file name without its suffix: the ETRecord and the delegate
+  graphs are written beside the bundle under that stem, and the manifest records those names. They are
+  cached with the bundle and a hit writes them beside its output, each checked against the sha256 its
+  manifest records first (a missing or changed one discards the entry);
 - `$BUNDLERUN_BUILD_TAG`, a free string for what the key cannot see: a backend patched in
   place or at import (a planted fault in tests/fixtures/planted_llm_fault.py, a fix being
   tried in site-packages) - set it and such builds are cached apart from the others.
@@ -34,7 +38,7 @@ import platform
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from bundlerun.bundles import versions
 from bundlerun.bundles.cache_dirs import cache_dir
@@ -162,7 +166,8 @@ def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str
         "state_dict": _file_digest(getattr(req, "state_dict", None)),
         "inputs": _inputs_digest(getattr(req, "inputs", None), req.cases),
         "require_delegation": bool(req.require_delegation),
-        "etrecord": bool(getattr(req, "etrecord", False)),  # (such builds are not cached; recorded all the same)
+        # an --etrecord build's side files are named by the output's stem, and its manifest records those names
+        "etrecord": Path(req.output).stem if getattr(req, "etrecord", False) else False,
         "registry": _registry_digest(req.registry),
         "versions": package_versions(),
         "python": platform.python_version(),
@@ -209,8 +214,9 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     return bundle, data
 
 
-def store(key: str, bundle_path: Path) -> Path | None:
-    """Copy a freshly built bundle into the cache, atomically (temp folder, then rename).
+def store(key: str, bundle_path: Path, side_files: Sequence[Path] = ()) -> Path | None:
+    """Copy a freshly built bundle into the cache, atomically (temp folder, then rename), with the files
+    its manifest names beside it (an --etrecord build's ETRecord and delegate graphs), by their names.
     A cache that cannot be written never fails the build."""
     root = builds_dir()
     folder = root / key
@@ -220,9 +226,10 @@ def store(key: str, bundle_path: Path) -> Path | None:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=root))
         try:
-            shutil.copyfile(bundle_path, tmp / BUNDLE_FILE)
-            with open(tmp / BUNDLE_FILE, "rb") as fh:
-                os.fsync(fh.fileno())
+            for source, name in [(Path(bundle_path), BUNDLE_FILE), *((Path(f), Path(f).name) for f in side_files)]:
+                shutil.copyfile(source, tmp / name)
+                with open(tmp / name, "rb") as fh:
+                    os.fsync(fh.fileno())
             if folder.exists():  # a stale or half-removed entry: replaced, never merged
                 shutil.rmtree(folder, ignore_errors=True)
             os.rename(tmp, folder)

@@ -5,6 +5,7 @@ build-cache key and lookup."""
 from __future__ import annotations
 
 import platform
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -17,7 +18,8 @@ from bundlerun.bundles.errors import BuildError
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.bundles.versions import package_versions
 from bundlerun.bundles import build_cache
-from bundlerun.bundles.fileio import atomic_write_bytes
+from bundlerun.bundles.fileio import atomic_write_bytes, file_sha256
+from bundlerun.bundles.manifest_records import EtrecordInfo
 from bundlerun.bundles.report_fit import bundle_report_fit
 
 if TYPE_CHECKING:
@@ -64,20 +66,44 @@ def _cache_key(req: BuildRequest, backend: str, reference: str) -> str | None:
     return build_cache.cache_key(material) if build_cache.cacheable(material) else None
 
 
+def side_files(manifest: Manifest | None) -> list[tuple[str, str]]:
+    """(file name, sha256) of each file the manifest says lies beside its bundle: an --etrecord build's
+    ETRecord and delegate graphs (bundles/etrecord.py)."""
+    record = manifest.build.etrecord if manifest is not None else None
+    if not isinstance(record, EtrecordInfo):
+        return []
+    entries = [(record.path, record.sha256), *([(record.delegate_graphs.get("path"), record.delegate_graphs.get("sha256"))]
+                                               if isinstance(record.delegate_graphs, dict) else [])]
+    return [(str(name), str(sha)) for name, sha in entries if name and sha]
+
+
 def _from_cache(req: BuildRequest, key: str, say: Callable[[str], None]) -> BuildResult | str | None:
-    """A valid cached build of `key` written to req.output; else None (a miss) or why the
-    entry was discarded (it is rebuilt)."""
+    """A valid cached build of `key` written to req.output, with the files its manifest names beside it;
+    else None (a miss) or why the entry was discarded (it is rebuilt)."""
 
     bundle, data = build_cache.lookup(key)
     if bundle is None:
         return data
+    manifest = bundle.manifest
+    assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
+    folder = build_cache.builds_dir() / key
+    sides = side_files(manifest)
+    for name, sha in sides:  # checked before anything is written: a bad entry is rebuilt, never half used
+        cached = folder / Path(name).name
+        if not cached.is_file() or file_sha256(cached) != sha:
+            shutil.rmtree(folder, ignore_errors=True)
+            return f"discarded a build-cache entry whose {name} is missing or not the one its manifest records; rebuilding"
     say(f"using cached build {key[:12]}")
     try:
         path = atomic_write_bytes(req.output, data)
+        for name, _ in sides:
+            atomic_write_bytes(Path(req.output).with_name(Path(name).name), (folder / Path(name).name).read_bytes())
+        if isinstance(manifest.build.etrecord, EtrecordInfo) and not manifest.build.etrecord.delegate_graphs:
+            from bundlerun.bundles.etrecord import delegate_graphs_path_for  # start-up: only an --etrecord hit needs it
+
+            delegate_graphs_path_for(req.output).unlink(missing_ok=True)  # a stale one is never picked up, as a build
     except OSError as exc:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
-    manifest = bundle.manifest
-    assert manifest is not None  # lookup refuses an entry whose manifest does not record this cache key
     info = dict(manifest.build.lowering or {})
     info.update({"cache": "hit", "cache_key": key})
     fit = bundle_report_fit(bundle)  # a run that would not fit in its report is said at every build

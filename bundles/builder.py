@@ -27,7 +27,7 @@ from bundlerun.bundles.manifest import Manifest, MethodManifest, OutputSpec, Ten
 from bundlerun.bundles.model_source import ResolvedModel, resolve_model
 from bundlerun.bundles.registry import REFERENCES
 from bundlerun.bundles.tolerances import ToleranceContext, resolve_criteria
-from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions  # noqa: F401
+from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, _torch_to_code, _value_from_tensor, _versions, side_files  # noqa: F401
 from bundlerun.bundles.program_meta import input_dim_orders
 from bundlerun.bundles import build_cache, etrecord as _etrecord, real_inputs
 from bundlerun.bundles.backends.base import default_dtype, default_reference
@@ -182,8 +182,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
         raise BuildError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
     key = _cache_key(req, backend, reference)
     discarded = None
-    # an ETRecord is a side file written next to this output: such builds are never cached
-    use_cache = req.cache and key is not None and not getattr(req, "etrecord", False)
+    use_cache = req.cache and key is not None
     if use_cache:
         hit = _from_cache(req, key, say)
         if isinstance(hit, BuildResult):
@@ -378,7 +377,7 @@ def build_bundle(req: BuildRequest) -> BuildResult:
     if fit:
         info.setdefault("warnings", []).extend(fit)
     if use_cache:
-        stored = build_cache.store(key, path)
+        stored = build_cache.store(key, path, [Path(path).with_name(name) for name, _ in side_files(manifest)])
         info = {**lowering.info, "cache": "miss" if stored else "not stored", "cache_key": key}
         if discarded:
             info["warnings"] = [*info.get("warnings", []), discarded]

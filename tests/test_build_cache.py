@@ -172,3 +172,32 @@ def test_cli_second_validate_rebuilds_nothing(cli, tmp_path):
     assert [json.loads(p.stdout)["runs"][0]["verdict"] for p in (first, second, bypass)] == ["PASS"] * 3
     assert (tmp_path / "r2" / "mlp-fp32" / "mlp-fp32.bpte").read_bytes() == \
         (tmp_path / "r1" / "mlp-fp32" / "mlp-fp32.bpte").read_bytes()
+
+
+def test_an_etrecord_build_is_cached_with_its_side_files(lowerings, tmp_path):
+    """`--etrecord` builds (bundlerun debug's input) are cached with the ETRecord and delegate graphs the
+    manifest names: a hit in another folder writes the same bundle and the same side files beside it; another
+    stem misses (the manifest records the side files' names); a side file changed in the cache is caught by the
+    sha256 its manifest records and the entry rebuilt, never used."""
+    from bundlerun.bundles.build_parts import side_files
+    from bundlerun.bundles.fileio import file_sha256
+
+    first = _build(tmp_path / "a" / "m.bpte", etrecord=True)
+    assert first.info["cache"] == "miss" and len(lowerings) == 1
+    sides = side_files(first.manifest)
+    assert sides[0][0] == "m.etrecord" and all((tmp_path / "a" / name).is_file() for name, _ in sides)
+    hit = _build(tmp_path / "b" / "m.bpte", etrecord=True)
+    assert hit.info["cache"] == "hit" and len(lowerings) == 1
+    assert hit.path.read_bytes() == first.path.read_bytes()
+    for name, sha in sides:
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
+        assert file_sha256(tmp_path / "b" / name) == sha
+    other = _build(tmp_path / "c" / "n.bpte", etrecord=True)
+    assert other.info["cache"] == "miss" and len(lowerings) == 2
+    assert other.info["cache_key"] != first.info["cache_key"] and (tmp_path / "c" / "n.etrecord").is_file()
+    entry = Path(build_cache.builds_dir()) / first.info["cache_key"]
+    (entry / sides[0][0]).write_bytes(b"not the ETRecord")
+    rebuilt = _build(tmp_path / "d" / "m.bpte", etrecord=True)
+    assert rebuilt.info["cache"] == "miss" and len(lowerings) == 3
+    assert any("missing or not the one its manifest records" in w for w in rebuilt.info.get("warnings", []))
+    assert file_sha256(tmp_path / "d" / sides[0][0]) == side_files(rebuilt.manifest)[0][1]
