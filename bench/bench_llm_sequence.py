@@ -4,7 +4,7 @@ alternated, best of N.
 
 - host://xnnpack: the bare loop is a pybindings script (LLM custom ops registered first, one loaded
   method, the cases in order), run with the frame-stack room bundlerun's worker has
-  (targets/workers/stack_room.py: without it a script's imports can cost seconds at an unlucky depth);
+  (bundles/stack_room.py: without it a script's imports can cost seconds at an unlucky depth);
 - qemu-user://aarch64 (`--lanes host,qemu-user`): the bare loop is the aarch64 executor_runner that
   bundlerun uses, under qemu-aarch64 in `--server_mode` with the whole .bpte and bundlerun's flags
   (`--print_output none`: the runner's default prints 200 elements of every output), one trigger line
@@ -60,9 +60,9 @@ def bare():
     print(f"{len(cases)} {tokens} {sorted(steps)[len(steps) // 2]} {loop}")
 
 
-# with the frame-stack room bundlerun's worker has (targets/workers/stack_room.py): a script's imports can
+# with the frame-stack room bundlerun's worker has (bundles/stack_room.py): a script's imports can
 # thrash CPython 3.11's frame chunks at its depth, which would flatter bundlerun's ratio
-from bundlerun.targets.workers.stack_room import call_with_stack_room
+from bundlerun.bundles.stack_room import call_with_stack_room
 call_with_stack_room(bare)
 '''
 

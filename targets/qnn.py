@@ -356,6 +356,6 @@ def _worker_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bundlerun.targets.workers.stack_room import call_with_stack_room  # python -m: no chunk thrash
+    from bundlerun.bundles.stack_room import call_with_stack_room  # python -m: no chunk thrash
 
     sys.exit(call_with_stack_room(_worker_main, sys.argv[1:]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bundlerun.targets.workers.stack_room import call_with_stack_room
+from bundlerun.bundles.stack_room import call_with_stack_room
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """Each test body runs with frame-stack room (targets/workers/stack_room.py), as the `bundlerun`
+    """Each test body runs with frame-stack room (bundles/stack_room.py), as the `bundlerun`
     command and its workers do: in-process exports and torch imports at pytest's depth can otherwise
     map and unmap a frame chunk on every call."""
     from _pytest.python import pytest_pyfunc_call as run_test  # pytest's own implementation of this hook

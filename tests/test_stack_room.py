@@ -1,4 +1,4 @@
-"""targets/workers/stack_room.py: a call from any depth never thrashes CPython 3.11's frame-stack chunks.
+"""bundles/stack_room.py: a call from any depth never thrashes CPython 3.11's frame-stack chunks.
 
 Pure Python, no target: minor page faults (getrusage) of a call that keeps going 40 frames down and back
 up, started from every depth across a whole 16 KB chunk. Without room one of those starts straddles a
@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from bundlerun.targets.workers.stack_room import call_with_stack_room
+from bundlerun.bundles.stack_room import call_with_stack_room
 
 
 def _down(n: int) -> int:

@@ -450,4 +450,6 @@ if __name__ == "__main__":
 
     if sys.argv[1:] != ["--serve"]:
         sys.exit("usage: python -m bundlerun.bundles.backends.qnn --serve (the QNN AOT child of a build)")
-    sys.exit(_serve())
+    from bundlerun.bundles.stack_room import call_with_stack_room  # python -m: no chunk thrash
+
+    sys.exit(call_with_stack_room(_serve))

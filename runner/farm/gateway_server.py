@@ -304,4 +304,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bundlerun.bundles.stack_room import call_with_stack_room  # python -m: no chunk thrash
+
+    sys.exit(call_with_stack_room(main))
