@@ -473,7 +473,7 @@ def reference_steps(eager: Any, prompts: list[list[int]], decode_steps: int) -> 
 
 def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     """BuildRequest (model `llm:ARCH`, `req.llm` LlmOptions) -> BuildResult; through the build cache."""
-    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache  # start-up: loads flatbuffers on use
+    from bundlerun.bundles.build_parts import BuildResult, _cache_key, _from_cache, side_files  # start-up: loads flatbuffers on use
 
     opts = req.llm or LlmOptions()
     backend = req.backend or "xnnpack"
@@ -482,7 +482,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
     reference = "quantized" if p.dtype in SOURCE_QUANTIZED else "eager-fp32"
     key = _cache_key(req, backend, reference)
     etrecord = getattr(req, "etrecord", False)
-    use_cache = req.cache and key is not None and not etrecord  # an ETRecord is written beside this output
+    use_cache = req.cache and key is not None  # an ETRecord beside the output is cached with it (build_cache.py)
     discarded = None
     if use_cache and key is not None:
         hit = _from_cache(req, key, say)
@@ -514,7 +514,7 @@ def build_llm_bundle(req: Any, say: Callable[[str], None]) -> Any:
         raise BuildError(f"cannot write {req.output}: {exc.strerror or exc}") from None
     info: dict[str, Any] = {"export_s": exported.export_s}
     if use_cache and key is not None:
-        stored = build_cache.store(key, path)
+        stored = build_cache.store(key, path, [Path(path).with_name(name) for name, _ in side_files(manifest)])
         info.update(cache="miss" if stored else "not stored", cache_key=key)
         if discarded:
             info["warnings"] = [discarded]

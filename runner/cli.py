@@ -352,7 +352,7 @@ def build(model, output, target, backend, dtype, num_cases, seed, reference, dis
     result = _build(
         model, output, backend=backend, target=target, dtype=dtype, cases=num_cases, seed=seed,
         reference=reference, distribution=distribution, overrides=parse_tolerances(tolerances),
-        require_delegation=require_delegation, cache=not no_cache and not etrecord, etrecord=etrecord,
+        require_delegation=require_delegation, cache=not no_cache, etrecord=etrecord,
         llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps, max_seq_len),
         inputs=inputs_source, state_dict=str(state_dict) if state_dict else None,
     )
@@ -636,7 +636,7 @@ def validate(models, report_dir, backend, dtypes, num_cases, seed, reference, di
                 built = _build(model, bundle_path, backend=backend, target=target, dtype=dtype, cases=num_cases,
                                seed=seed, reference=reference, distribution=distribution,
                                overrides=parse_tolerances(tolerances), registry=session.registry,
-                               cache=not no_cache and not record, etrecord=record, inputs=inputs_source,
+                               cache=not no_cache, etrecord=record, inputs=inputs_source,
                                state_dict=str(state_dict) if state_dict else None,
                                llm=llm_request(model, size, params, checkpoint, tokenizer, prompts, decode_steps,
                                                max_seq_len))
