@@ -274,7 +274,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if answer["ok"] else 1
 
 
-if __name__ == "__main__":
-    from bundlerun.bundles.stack_room import call_with_stack_room  # python -m: no chunk thrash
-
-    sys.exit(call_with_stack_room(main))
+if __name__ == "__main__":  # run by labgrid's own Python, where bundlerun is not installed: nothing of ours here
+    sys.exit(main())
