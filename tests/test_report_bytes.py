@@ -139,35 +139,40 @@ def test_hostile_sub_records_are_refused_in_one_line_or_round_trip(tmp_path):
     assert outcomes["refused"] and outcomes["kept"]  # both paths ran
 
 
-def test_each_criteria_trail_encoded_once_gives_the_same_bytes():
-    # record._report_text encodes each distinct trail once and splices it in at every output: the text
-    # must be json.dumps(indent=2) of the sanitised document exactly, whatever the trails and strings hold
+def test_report_text_is_indented_with_each_case_on_one_line():
+    # record._report_text: the document as json.dumps(indent=2) lays it out, except each case record, which
+    # is on one line (json's C encoder); it must read back as the sanitised document, whatever the strings hold
     import copy
 
-    from bundlerun.runner.report.record import _TRAIL_HERE, _json_default, _report_text, _sanitize
+    from bundlerun.runner.report.record import _CASES_HERE, _json_default, _report_text, _sanitize
 
     base = json.loads(REPORTS[1].read_text())  # FAIL: 4 cases whose outputs carry real trails
 
-    def plain(data):
-        return json.dumps(_sanitize(data), indent=2, default=_json_default, allow_nan=False)
-
     def check(data):
         before = copy.deepcopy(data)
-        assert _report_text(data) == plain(data)
-        assert data == before or json.dumps(data, default=str) == json.dumps(before, default=str)  # put back
+        text = _report_text(data)
+        assert json.loads(text) == json.loads(json.dumps(_sanitize(data), default=_json_default))
+        assert json.dumps(data, default=str) == json.dumps(before, default=str)  # not changed in place
+        return text
 
     data = copy.deepcopy(base)
-    data["cases"] = [copy.deepcopy(c) for c in base["cases"] * 10]  # equal trails in other objects
-    check(data)
-    trails = [c["outputs"][0]["criteria"]["trail"] for c in data["cases"]]
-    for i, trail in enumerate(trails):  # 40 trails, 20 distinct, in and out of the recent window
-        trail["atol"] = [{**trail["atol"][0], "value": i % 20}] if trail.get("atol") else [{"value": i % 20}]
-    data["cases"][3]["outputs"][0]["criteria"]["trail"] = {}  # an empty trail stays {}
+    data["cases"] = [copy.deepcopy(c) for c in base["cases"] * 10]
     data["cases"][5]["outputs"][0]["stats"] = {"max_abs_err": float("nan"), "ulp": float("inf")}  # sanitised
-    check(data)
-    data["cases"][7]["error"] = _TRAIL_HERE  # the marker inside another string: the plain encoding
-    check(data)
-    assert '"max_abs_err": "nan"' in _report_text(data)
+    data["cases"][6]["error"] = "two\nlines and a \"quote\""
+    text = check(data)
+    lines = text.splitlines()
+    start = lines.index('  "cases": [')
+    assert len(lines[start + 1:start + 41]) == 40 and lines[start + 41] in ("  ]", "  ],")
+    assert all(line.startswith("    {") and json.loads(line.rstrip(",")) for line in lines[start + 1:start + 41])
+    indented = json.dumps(_sanitize(data), indent=2, default=_json_default)
+    assert text.split('"cases": [')[0] == indented.split('"cases": [')[0]  # the rest as indent=2 lays it out
+    assert text.split("\n  ]")[-1] == indented.split("\n  ]")[-1]
+    assert '"max_abs_err": "nan"' in text and '"ulp": "inf"' in text
+    data["cases"][7]["error"] = _CASES_HERE  # the marker inside a case's string: still a line each
+    assert check(data).count('\n    {"method": ') == 40
+    data["warnings"] = [_CASES_HERE]  # and around the cases: the whole document indented
+    assert check(data) == json.dumps(_sanitize(data), indent=2, default=_json_default)
+    assert check({**data, "cases": []}) == json.dumps({**data, "cases": []}, indent=2, default=_json_default)
 
 
 def test_output_stats_to_dict_is_what_asdict_gave():

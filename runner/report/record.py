@@ -124,59 +124,33 @@ def write_report(report: Report, out_dir: Path) -> Path:
     return atomic_write_text(Path(out_dir) / REPORT_FILE, _report_text(data) + "\n")
 
 
-def _dumps(obj: Any) -> str:
-    """report.json's layout of `obj`; non-finite floats as the strings "nan", "inf", "-inf" (sanitised
+def _dumps(obj: Any, indent: int | None = 2) -> str:
+    """report.json's encoding of `obj`; non-finite floats as the strings "nan", "inf", "-inf" (sanitised
     only when there is one: a report rarely has any, and walking it all costs a pass over every case)."""
     try:
-        return json.dumps(obj, indent=2, default=_json_default, allow_nan=False)
+        return json.dumps(obj, indent=indent, default=_json_default, allow_nan=False)
     except ValueError:
-        return json.dumps(_sanitize(obj), indent=2, default=_json_default, allow_nan=False)
+        return json.dumps(_sanitize(obj), indent=indent, default=_json_default, allow_nan=False)
 
 
-_TRAIL_HERE = "\x00bundlerun: a criteria trail\x00"
+def _case_line(case: Any) -> str:
+    """One case record as report.json lays it out: on one line. json's indented encoder is Python code
+    and its compact one C: the 192-step tiny llama run's cases took 27-29 ms indented, 7 ms on a line each
+    (2.0 -> 1.6 MB: most of a case is its outputs' criteria trails, docs/report-schema.md)."""
+    return _dumps(case, indent=None)
 
 
 def _report_text(data: dict[str, Any]) -> str:
-    """`_dumps(data)`, byte for byte, with each distinct criteria trail encoded once. Every output of a
-    run judged by the same criteria carries an equal copy of their trail (docs/report-schema.md:
-    `criteria.trail`), most of an LLM run's report (1.4 of 2.0 MB for 192 steps): json's indented
-    encoder is Python code, so the copies were most of the 0.06-0.08 s the file took to encode."""
-    slots: list[tuple[dict[str, Any], Any]] = []  # each output's criteria and the trail taken from it
-    distinct: list[Any] = []
-    order: list[int] = []
-    for case in data.get("cases") or []:
-        for out in (case.get("outputs") or []) if isinstance(case, dict) else []:
-            criteria = out.get("criteria") if isinstance(out, dict) else None
-            if not isinstance(criteria, dict):
-                continue
-            trail = criteria.get("trail")
-            if not isinstance(trail, dict) or not trail:
-                continue
-            recent = range(len(distinct) - 1, max(len(distinct) - 8, 0) - 1, -1)  # bounded: linear however many differ
-            i = next((j for j in recent if distinct[j] is trail or distinct[j] == trail), len(distinct))
-            if i == len(distinct):
-                distinct.append(trail)
-            order.append(i)
-            slots.append((criteria, trail))
-            criteria["trail"] = _TRAIL_HERE
-    if not slots:
+    """report.json's text of `data`: indented by 2, but each case record on one line of its own."""
+    cases = data.get("cases")
+    if not isinstance(cases, list) or not cases:
         return _dumps(data)
-    try:
-        parts = _dumps(data).split(json.dumps(_TRAIL_HERE))
-    finally:
-        for criteria, trail in slots:
-            criteria["trail"] = trail
-    if len(parts) != len(slots) + 1:  # the marker also inside some other string: the plain encoding
+    head = _dumps({**data, "cases": _CASES_HERE})
+    marker = json.dumps(_CASES_HERE)
+    if head.count(marker) != 1:  # the marker also inside some other string: all of it indented
         return _dumps(data)
-    encoded: dict[tuple[int, int], str] = {}
-    out_parts = [parts[0]]
-    for n, i in enumerate(order):
-        depth = len(parts[n]) - parts[n].rfind("\n") - 1 - len('"trail": ')  # the key's own indent
-        key = (i, depth)
-        if key not in encoded:
-            encoded[key] = _dumps(distinct[i]).replace("\n", "\n" + " " * depth)
-        out_parts += [encoded[key], parts[n + 1]]
-    return "".join(out_parts)
+    before, after = head.split(marker)
+    return before + "[\n    " + ",\n    ".join(map(_case_line, cases)) + "\n  ]" + after
 
 
 _CASES_HERE = "\x00bundlerun: the cases\x00"
@@ -184,7 +158,7 @@ _CASES_HERE = "\x00bundlerun: the cases\x00"
 
 def _write_streamed(report: Report, path: Path) -> Path:
     """report.json with the cases read back one at a time (never all in memory), each checked as
-    check_report checks it, laid out as json.dumps(indent=2) lays out the whole document."""
+    check_report checks it, laid out as `_report_text` lays out a whole document."""
     data = report.to_json(cases=False)
     check_report(data)
     checker = CaseChecker(data["summary"])
@@ -217,8 +191,7 @@ def _write_streamed(report: Report, path: Path) -> Path:
         yield from pieces(marker)
         for case in report.cases.dicts():  # type: ignore[attr-defined]
             checker.check(case)  # a bad case raises before the file replaces anything
-            body = json.dumps(case, indent=2, allow_nan=False).replace("\n", "\n    ")
-            yield (("[\n    " if checker.seen == 1 else ",\n    ") + body).encode("utf-8")
+            yield (("[\n    " if checker.seen == 1 else ",\n    ") + _case_line(case)).encode("utf-8")
         checker.done()
         yield b"[]" if checker.seen == 0 else b"\n  ]"
         yield from pieces(None)
