@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
-
-import flatbuffers
+from typing import TYPE_CHECKING, Any, cast
 
 from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.errors import BundleFormatError, ManifestError
@@ -30,6 +29,9 @@ from bundlerun.bundles.flatbuf import FlatReader, FlatTable
 from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.bundles.integrity import seal, validate_bundle
+
+if TYPE_CHECKING:
+    import flatbuffers
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
@@ -366,10 +368,17 @@ def read_bundle(path: str | Path, require_seal: bool = False) -> Bundle:
     return load_bundle(read_bundle_bytes(path), str(path), require_seal)
 
 
-def read_bundle_bytes(path: str | Path) -> bytes:
-    """A `.bpte` file's bytes, or what stops them being read as one line (BundleFormatError)."""
+def read_bundle_bytes(path: str | Path, writable: bool = False) -> bytes:
+    """A `.bpte` file's bytes, or what stops them being read as one line (BundleFormatError).
+    `writable`: in a bytearray (bundles/on_file.py takes the address of its views with ctypes)."""
     path = Path(path)
     try:
+        if writable:
+            with path.open("rb") as fh:
+                buf = bytearray(os.fstat(fh.fileno()).st_size)
+                if fh.readinto(buf) != len(buf) or fh.read(1):
+                    raise BundleFormatError(f"{path}: changed while it was read")
+                return buf  # type: ignore[return-value]  # a bytearray reads as bytes everywhere it goes
         return path.read_bytes()
     except FileNotFoundError:
         raise BundleFormatError(f"{path}: no such file") from None
@@ -439,6 +448,8 @@ def serialize_bundle(bundle: Bundle) -> bytes:
         for c in s.test_cases
         for v in c.inputs + c.expected_outputs
     )
+    import flatbuffers  # start-up: the runtime imports numpy; reading (bundles/flatbuf.py) needs neither
+
     builder = flatbuffers.Builder(size_hint)
     manifest_off = 0
     if bundle.manifest_json is not None:

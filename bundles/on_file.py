@@ -17,6 +17,7 @@ asks.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 from dataclasses import dataclass
@@ -165,16 +166,16 @@ def _structure(bundle: Bundle) -> tuple[Any, ...]:
                                         for c in s.test_cases)) for s in bundle.method_test_suites))
 
 
-def _address(buf: Any) -> int:
-    import numpy as np  # start-up: loaded with the bundle reader
-
-    return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
+def _address(view: memoryview) -> int:
+    """Where a view of the bundle's (writable) buffer starts in memory: ctypes, not numpy, so that reading
+    a bundle does not import numpy (`bundlerun run` spawns its target first: runner/session.py)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) if len(view) else 0
 
 
 def read_bundle_on_file(path: str | Path, require_seal: bool = False) -> Bundle:
     """`read_bundle`'s reading and checks, keeping the bundle's bytes in its file (FileBundle)."""
     path = Path(path)
-    buf = read_bundle_bytes(path)
+    buf = read_bundle_bytes(path, writable=True)
     view = memoryview(buf)
     parsed = load_bundle(view, str(path), require_seal)  # type: ignore[arg-type]  # views of `buf`: no second copy
     base = _address(view)

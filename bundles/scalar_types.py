@@ -7,7 +7,10 @@ it is carried as raw uint16 words and widened to float32 by `to_float_array`.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 BYTE, CHAR, SHORT, INT, LONG, HALF, FLOAT, DOUBLE = 0, 1, 2, 3, 4, 5, 6, 7
 BOOL, BFLOAT16, UINT16, UINT32, UINT64 = 11, 15, 27, 28, 29
@@ -27,21 +30,12 @@ _NAMES = {
     UINT32: "uint32",
     UINT64: "uint64",
 }
-_NUMPY = {
-    BYTE: np.uint8,
-    CHAR: np.int8,
-    SHORT: np.int16,
-    INT: np.int32,
-    LONG: np.int64,
-    HALF: np.float16,
-    FLOAT: np.float32,
-    DOUBLE: np.float64,
-    BOOL: np.bool_,
-    BFLOAT16: np.uint16,  # raw words; see to_float_array
-    UINT16: np.uint16,
-    UINT32: np.uint32,
-    UINT64: np.uint64,
-}
+# numpy's name of each code's dtype (bfloat16 as its raw uint16 words) and its size in bytes: reading a
+# bundle needs only these, so numpy is imported when an array is made (`bundlerun run` spawns its
+# target before that: runner/session.py)
+_NUMPY = {**_NAMES, BFLOAT16: "uint16"}
+_ITEMSIZE = {BYTE: 1, CHAR: 1, SHORT: 2, INT: 4, LONG: 8, HALF: 2, FLOAT: 4, DOUBLE: 8, BOOL: 1, BFLOAT16: 2,
+             UINT16: 2, UINT32: 4, UINT64: 8}
 _BY_NAME = {v: k for k, v in _NAMES.items()}
 FLOATING = frozenset({HALF, FLOAT, DOUBLE, BFLOAT16})
 
@@ -66,6 +60,8 @@ def code_from_name(dtype_name: str) -> int:
 
 
 def numpy_dtype(code: int) -> np.dtype:
+    import numpy as np  # start-up: loaded on use
+
     try:
         return np.dtype(_NUMPY[code])
     except KeyError:
@@ -73,10 +69,15 @@ def numpy_dtype(code: int) -> np.dtype:
 
 
 def itemsize(code: int) -> int:
-    return numpy_dtype(code).itemsize
+    try:
+        return _ITEMSIZE[code]
+    except KeyError:
+        raise UnsupportedScalarType(f"unsupported ExecuTorch scalar type code {code}") from None
 
 
 def code_from_numpy(dtype: np.dtype) -> int:
+    import numpy as np  # start-up: loaded on use
+
     dtype = np.dtype(dtype)
     for code, np_type in _NUMPY.items():
         if code != BFLOAT16 and np.dtype(np_type) == dtype:
@@ -102,6 +103,8 @@ def is_floating(code: int) -> bool:
 
 def to_array(code: int, shape: tuple[int, ...] | list[int], data: bytes | memoryview) -> np.ndarray:
     """Decode raw little-endian tensor bytes (as written by the runtime) into an array."""
+    import numpy as np  # start-up: loaded on use
+
     dtype = numpy_dtype(code)
     if any(int(s) < 0 for s in shape):  # numpy would infer a -1 dimension instead of refusing it
         raise ValueError(f"{name(code)} tensor has a negative size in its shape {list(shape)[:16]}")
@@ -115,6 +118,8 @@ def to_array(code: int, shape: tuple[int, ...] | list[int], data: bytes | memory
 
 def to_float_array(code: int, array: np.ndarray) -> np.ndarray:
     """Widen any supported array to float64 for comparison (bfloat16 words decoded)."""
+    import numpy as np  # start-up: loaded on use
+
     if code == BFLOAT16:
         return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return array.astype(np.float64, copy=False)

@@ -20,18 +20,15 @@ import zipfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from bundlerun.bundles.bpte import Bundle
 from bundlerun.bundles.on_file import read_bundle_on_file
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner import interrupts
-from bundlerun.runner.judging.ahead import JudgeAhead
-from bundlerun.runner.judging.judge import JudgeContext, judge_run, judge_sequences, load_context, summarize
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.runner.report.model import Report, elapsed_figures
-from bundlerun.runner.report.record import OUTPUTS_FILE, OutputsWriter, bundle_section, host_section, note_unwritten, target_section, tool_version, write_record
 from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
@@ -41,12 +38,18 @@ from bundlerun.runner.pictures import warm
 from bundlerun.runner.history.location import is_server, resolve_history_path
 from bundlerun.runner.settings import Settings
 from bundlerun.runner.history.regression import check_baseline
-from bundlerun.runner.judging.accuracy import dataset_from_outputs
-from bundlerun.runner.judging.replay import add_to_report, in_process_replays
 from bundlerun.runner.report.profile import method_profiles
-from bundlerun.runner.writers import write_reports
 from bundlerun.targets import repeat_schemes
 from bundlerun.targets.workers.supervisor import WorkerPool
+
+if TYPE_CHECKING:
+    from bundlerun.runner.judging.ahead import JudgeAhead
+    from bundlerun.runner.judging.judge import JudgeContext
+    from bundlerun.runner.report.record import OutputsWriter
+
+# What judges and writes a run (numpy, the judging modules, the report record and writers: about 60 ms of
+# a command's start-up) is imported where it is used, after the target has started: `bundlerun run` on a
+# served lane spawns its runtime first and imports these while the runtime loads (Judging.ready).
 
 
 class RunInterrupted(BundlerunError):
@@ -162,6 +165,8 @@ class CaseStream:
                                 f"than the {MAX_REPORT_OUTPUTS_BYTES >> 20} MiB a report keeps (bundlerun's bound, "
                                 "bundles/limits.py): outputs.npz not written")
             else:
+                from bundlerun.runner.report.record import OutputsWriter  # start-up: numpy (module comment)
+
                 try:
                     self.outputs = OutputsWriter(req.report_dir)
                 except OSError as exc:
@@ -207,6 +212,8 @@ class CaseStream:
 
     def save(self, report: Report, run: TargetRun, report_dir: Path) -> None:
         """outputs.npz in place (or the reason it is not) and its digest in the report."""
+        from bundlerun.runner.report.record import OUTPUTS_FILE, note_unwritten  # start-up: numpy (module comment)
+
         with self._lock:
             for result in run.cases:  # results not let go during the run (or given new outputs since) are saved now
                 if result.outputs:
@@ -269,8 +276,10 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
     bundle = bundle or read_bundle_on_file(req.bundle_path, require_seal=req.require_seal)
     if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
         require_sealed(bundle, str(req.bundle_path))
-    ctx = load_context(bundle)
-    override_records = apply_overrides(ctx, bundle, req.overrides)
+    warnings: list[str] = []
+    judging = Judging(bundle, req, warnings)
+    if req.overrides:  # a bad --override is refused before anything runs
+        judging.ready()
     target, open_error = _open_or_refuse(req, session)
     work_dir = Path(req.report_dir) / "work"
     try:
@@ -280,17 +289,15 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             session.release(target) if session else _close_quietly(target)
         raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
     finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
-    warnings = list(ctx.warnings)
     stream = CaseStream(bundle, req, warnings)  # outputs saved as they come and let go once judged
-    ahead = None
-    if req.replay <= 1 and req.repeat <= 1:  # each case judged while the target runs the next (judging/ahead.py)
-        ahead = JudgeAhead(bundle, ctx, after=stream.release)
+    judging.release = stream.release
 
     try:  # whatever stops the run (an error, Ctrl-C before the judged part), no temp outputs.npz and no thread stays
         def progress(result: CaseResult) -> None:
             finished[(result.method, result.case_index)] = result
-            if ahead is not None and result.status == CaseStatus.OK:
-                ahead.submit(result)
+            judging.ready()
+            if judging.ahead is not None and result.status == CaseStatus.OK:
+                judging.ahead.submit(result)
             if req.progress:
                 req.progress(result)
 
@@ -304,7 +311,8 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             config=dict(req.target_config),
             progress=progress,
             repeat=req.repeat if _declares(req.url(), "repeat") else 1,  # a target that cannot is told nothing
-            replay=in_process_replays(bundle, req.replay),  # a stateful sequence: whole runs only (replay.py)
+            replay=_in_process_replays(bundle, req.replay),  # a stateful sequence: whole runs only (replay.py)
+            meanwhile=judging.meanwhile,
         )
         pairs = selected_cases(bundle, options)
         if req.on_start:
@@ -355,9 +363,12 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             if target is not None:
                 session.release(target) if session else _close_quietly(target)
         with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
-            report = _judged_report(req, bundle, run, ctx, warnings, override_records, interrupted, started, t0,
-                                    load_before, ahead, stream)
+            ctx = judging.ready()
+            report = _judged_report(req, bundle, run, ctx, warnings, judging.override_records, interrupted, started, t0,
+                                    load_before, judging.ahead, stream)
             if write:
+                from bundlerun.runner.report.record import write_record  # start-up: numpy (module comment)
+
                 write_record(report, req.report_dir)
         if write:
             interrupts.raise_pending()
@@ -366,8 +377,60 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         stream.abandon()
         raise
     finally:
-        if ahead is not None:
-            ahead.close()
+        judging.close()
+
+
+class Judging:
+    """What judges a run: its criteria (the manifest's, with the --override records) and the judge that
+    runs ahead of the target (runner/judging/ahead.py; not with --replay/--repeat, whose outputs are
+    compared at the end, and only once the run's CaseStream gives it `release`). Made by `ready`, once, at
+    the first of: the target's runtime spawned (RunOptions.meanwhile), a result, the run's end; the
+    criteria before the run when there are overrides to check. Made then, its imports overlap the runtime's start: the 192-step tiny llama run on
+    qemu-user://aarch64 had spent about 60 ms importing them before it spawned the emulator."""
+
+    def __init__(self, bundle: Bundle, req: RunRequest, warnings: list[str]) -> None:
+        self.bundle, self.req, self.warnings = bundle, req, warnings
+        self.release: Callable[[CaseResult, tuple[int, ...]], bool] | None = None  # CaseStream.release
+        self.ctx: JudgeContext | None = None
+        self.override_records: list[dict[str, Any]] = []
+        self.ahead: JudgeAhead | None = None
+        self._lock = threading.Lock()  # the target may call `ready` from its own thread
+
+    def ready(self) -> JudgeContext:
+        with self._lock:
+            if self.ctx is None:
+                from bundlerun.runner.judging.judge import load_context  # start-up: numpy (module comment)
+
+                ctx = load_context(self.bundle)
+                self.override_records = apply_overrides(ctx, self.bundle, self.req.overrides)
+                self.warnings[0:0] = ctx.warnings  # first, as they were before anything ran
+                self.ctx = ctx
+            if self.ahead is None and self.release is not None and self.req.replay <= 1 and self.req.repeat <= 1:
+                from bundlerun.runner.judging.ahead import JudgeAhead  # start-up: numpy (module comment)
+
+                self.ahead = JudgeAhead(self.bundle, self.ctx, after=self.release)
+            return self.ctx
+
+    def meanwhile(self) -> None:
+        """RunOptions.meanwhile: made ready, and the report formats' modules imported (write_reports loads
+        them at the end otherwise: xml.etree, html, the writers; about 10 ms)."""
+        self.ready()
+        from bundlerun.runner.writers import registered  # start-up: numpy (module comment)
+
+        registered()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.ahead is not None:
+                self.ahead.close()
+
+
+def _in_process_replays(bundle: Bundle, n: int) -> int:
+    if n <= 1:
+        return 1
+    from bundlerun.runner.judging.replay import in_process_replays  # start-up: numpy (module comment)
+
+    return in_process_replays(bundle, n)
 
 
 def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, BundlerunError | None]:
@@ -392,6 +455,9 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
                    override_records: list[dict[str, Any]], interrupted: bool, started: str, t0: float,
                    load_before: list[float] | None, ahead: Any = None, stream: CaseStream | None = None) -> Report:
     """Judge the target's run and build the report of record."""
+    from bundlerun.runner.judging.judge import judge_run, judge_sequences, summarize  # start-up: numpy (module comment)
+    from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version  # the same
+
     warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx, ahead)
     warnings += [w for w in judge_warnings if w not in warnings]
@@ -423,10 +489,14 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
 
     report.bundle["criteria_sha256"] = criteria_digest(report.cases)
     if req.replay > 1 and not interrupted:  # runner/judging/replay.py: distinct results, spread and flips per output
+        from bundlerun.runner.judging.replay import add_to_report  # start-up: numpy (module comment)
+
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
     if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.dataset:
+        from bundlerun.runner.judging.accuracy import dataset_from_outputs  # start-up: numpy (module comment)
+
         outputs = stream.dataset_outputs(run) if stream is not None else {
             f"{c.method}/{c.case_index}/{j}": r.to_array() for c in run.cases for j, r in enumerate(c.outputs)}
         report.dataset = dataset_from_outputs(bundle, outputs, req.confidence)
@@ -463,6 +533,8 @@ def finish_run(
         report.regressions = check_baseline(baseline, report, db, project)
         if report.regressions and report.summary.exit_code == EXIT_PASS:
             report.summary.exit_code = EXIT_FAIL
+    from bundlerun.runner.writers import write_reports  # start-up: numpy (module comment)
+
     write_reports(report, Path(report_dir), bundle=bundle, history_db=db)  # report.json last, listing the rest
     return report
 
@@ -573,6 +645,8 @@ class Session(Settings):
                 report = finish_run(report, req.report_dir, bundle or req.bundle_path, self.project, self.baseline,
                                     self.history_db, self.no_history)
             except BaseException:
+                from bundlerun.runner.report.record import write_record  # start-up: numpy (module comment)
+
                 write_record(report, req.report_dir)  # whatever failed after judging, the verdicts are kept
                 raise
         if report.summary.interrupted:

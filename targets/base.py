@@ -217,6 +217,11 @@ class RunOptions:
     # each case N times in its own loop (one process or boot) and returns the N-1 later runs' outputs in
     # CaseResult.replays; for the others the runner repeats the whole run. 1 = no replay.
     replay: int = 1
+    # The command's own work to do while the target's runtime starts (the judge's imports and set-up:
+    # runner/session.py). A target that spawns a runtime calls it after the spawn, before waiting for the
+    # runtime to load (targets/et_runner/server.py); it may be called again (it runs once). A target
+    # that does not call it loses nothing: the session calls it before the first result is judged.
+    meanwhile: Callable[[], None] | None = None
 
 
 @runtime_checkable

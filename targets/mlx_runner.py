@@ -222,7 +222,7 @@ def run_bundle(url: str, bundle: Bundle, options: RunOptions, runner: Path, *, e
                          lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
                                                               lambda out, code: classify(out, code, runner),
                                                               "the MLX runner", lambda r: run.record(r, options),
-                                                              bundled=bundled),
+                                                              bundled=bundled, meanwhile=options.meanwhile),
                          alone, bundled=bundled)
     if bundled:
         run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"

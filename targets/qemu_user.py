@@ -211,7 +211,7 @@ class QemuUserTarget(TargetBase):
             lambda method, indices: server.serve(
                 bundle, method, indices, [argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner")],
                 work, options.case_timeout_s, executor_runner.classify, "the runner", lambda r: run.record(r, options),
-                extra_args=threads, bundled=bundled),
+                extra_args=threads, bundled=bundled, meanwhile=options.meanwhile),
             lambda method, index: self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s,
                                              executions),
             bundled=bundled)

@@ -463,7 +463,7 @@ class VulkanTarget(TargetBase):
                 lambda method, indices: server.serve(bundle, method, indices, [str(runner)], work, options.case_timeout_s,
                                                      lambda out, code: classify(out, code, self.icd, probe),
                                                      "the Vulkan runner", lambda r: run.record(r, options), env=env,
-                                                     bundled=bundled),
+                                                     bundled=bundled, meanwhile=options.meanwhile),
                 lambda method, index: self._case(bundle, method, index, runner, env, probe, work, options.case_timeout_s,
                                                  executions),
                 bundled=bundled)

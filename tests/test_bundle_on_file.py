@@ -54,6 +54,28 @@ def test_reads_as_read_bundle_and_holds_no_bytes(mlp):
     assert lean.program == full.program and lean.__dict__["_program"] is not None  # a lane that sends it: read once
 
 
+def test_reading_a_bundle_and_opening_a_served_lane_import_no_numpy(mlp):
+    # what `bundlerun run` does before it spawns a served lane's runtime (runner/session.py Judging): numpy
+    # (36 ms) and the judging modules come after, while the runtime loads; the bytes and spans read are the
+    # same as read_bundle's (the test above), the value spans found with ctypes over a writable buffer
+    code = (
+        "import sys\n"
+        "from bundlerun.bundles.on_file import read_bundle_on_file\n"
+        "import bundlerun.runner.session, bundlerun.targets.qemu_user, bundlerun.runner.cli\n"
+        f"b = read_bundle_on_file({str(mlp)!r})\n"
+        "spans = [v._span.offset for s in b.method_test_suites for c in s.test_cases for v in c.inputs]\n"
+        "print('HEAVY', [m for m in ('numpy', 'flatbuffers', 'bundlerun.runner.judging.judge') if m in sys.modules])\n"
+        "print('SPANS', spans)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+    data, lean = mlp.read_bytes(), read_bundle_on_file(mlp)
+    spans = [v._span for s in lean.method_test_suites for c in s.test_cases for v in c.inputs]
+    assert f"SPANS {[sp.offset for sp in spans]}" in out.stdout
+    full = read_bundle(mlp)
+    assert [data[sp.offset:sp.offset + sp.length] for sp in spans] == \
+        [bytes(v.data) for s in full.method_test_suites for c in s.test_cases for v in c.inputs]
+
+
 def test_what_the_cli_keeps_is_not_the_bundle(tmp_path):
     """The bytes a read keeps alive: the structure, not the program or the cases' data (a bundle of
     16 cases of 256 KiB expected outputs, report_samples' stub program)."""

@@ -79,6 +79,52 @@ def test_fp32_sequence_every_step_matches_on_one_served_method(llm_runner, tmp_p
     print("fp32 per-step SQNR (dB):", [round(s, 1) for s in sqnr])
 
 
+SPAWN_ORDER = """
+import subprocess, sys
+events = []
+real = subprocess.Popen
+def spawn(argv, *a, **k):
+    if "--server_mode" in argv:
+        events.append(("spawn", "bundlerun.runner.judging.judge" in sys.modules))
+    return real(argv, *a, **k)
+subprocess.Popen = spawn
+import bundlerun.runner.session as session
+import bundlerun.targets.et_runner.server as server
+ready, send = session.Judging.ready, server.RunnerServer.send
+def judged(self):
+    if self.ctx is None:
+        events.append(("judge made",))
+    return ready(self)
+def trigger(self, case=None):
+    events.append(("trigger", case))
+    return send(self, case)
+session.Judging.ready, server.RunnerServer.send = judged, trigger
+from bundlerun.runner.cli import main
+try:
+    main(sys.argv[1:])
+finally:
+    print("EVENTS", events[:4], file=sys.stderr)
+"""
+
+
+def test_the_runner_is_spawned_before_the_judge_is_made_while_it_loads(llm_runner, tmp_path):
+    # runner/session.py Judging, RunOptions.meanwhile: the served lane spawns the emulated runner first and
+    # the judging modules are imported while the runner loads, before the first trigger (numpy is not
+    # asserted here: this bundle's per-case plots warm matplotlib, and numpy, on a thread meanwhile;
+    # tests/test_bundle_on_file.py checks the reading path alone)
+    import subprocess
+    import sys
+
+    fixture = cached_llama_bundle("fp32")
+    out = subprocess.run([sys.executable, "-c", SPAWN_ORDER, "run", str(fixture / "llama.bpte"), "--target", URL,
+                          "--report", str(tmp_path / "r"), "--no-history"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    events = eval(out.stderr.split("EVENTS", 1)[1].strip().splitlines()[0])
+    assert events == [("spawn", False), ("judge made",), ("trigger", 0), ("trigger", 1)], events
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["summary"]["verdict"] == "PASS" and len(report["cases"]) == STEPS
+
+
 def test_a_fresh_method_per_case_matches_the_prompt_and_not_the_decode_steps(llm_runner, tmp_path):
     """What shows the served run kept the KV cache: without it, the decode steps are wrong."""
     fixture = cached_llama_bundle("fp32")

@@ -92,8 +92,9 @@ class RunnerServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, timeout_s: float) -> Served:
-        """Start the runner and wait for it to load the program and enter its loop."""
+    def start(self, timeout_s: float, meanwhile: Callable[[], None] | None = None) -> Served:
+        """Start the runner and wait for it to load the program and enter its loop; `meanwhile` (RunOptions)
+        is called between the two."""
         self._log = open(self.log_path, "wb")
         t0 = time.monotonic()
         self.proc = start_program([*self.argv, "--server_mode"], "the runner binary", cwd=self.cwd,
@@ -102,6 +103,8 @@ class RunnerServer:
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+        if meanwhile is not None:
+            meanwhile()
         return self._until(READY, t0, timeout_s)
 
     def trigger(self, timeout_s: float, case: int | None = None) -> Served:
@@ -252,14 +255,16 @@ def input_bytes(value: BundledValue) -> bytes:
 
 def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], work: Path, timeout_s: float,
           classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None], *,
-          env: dict[str, str] | None = None, extra_args: list[str] | None = None, bundled: bool = False) -> list[int]:
+          env: dict[str, str] | None = None, extra_args: list[str] | None = None, bundled: bool = False,
+          meanwhile: Callable[[], None] | None = None) -> list[int]:
     """Run cases `indices` of `method` (unservable() said None) on one executor_runner --server_mode
     process (`command`: the runner, or an emulator and the runner; `extra_args`: the lane's own flags),
     `record`ing each result as it finishes. A case that runs past `timeout_s` is a timeout
     (its process group killed) and a new server takes the rest. Returns the cases left for the
     lane's one-case path: all of them when the server does not reach its loop (the program does not
     load: that path says why), else from the case it died on. `bundled`: the runner takes the whole
-    bundle and a case index per trigger (module docstring), not --inputs files."""
+    bundle and a case index per trigger (module docstring), not --inputs files. `meanwhile`: RunOptions.meanwhile,
+    called while each server loads the program."""
 
     folder = work / f"{safe_name(method)}-served"
     # a fresh folder: a re-run into the same report folder left the last run's files here, and rewriting a
@@ -303,7 +308,7 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
 
     try:
         return _serve_loop(args, folder, env, indices, timeout_s, bundled, stateful, bundle, method, classify_fn,
-                           who, record, feed, done_later, settle)
+                           who, record, feed, done_later, settle, meanwhile)
     finally:
         settle()
 
@@ -312,7 +317,7 @@ def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indic
                 bundled: bool, stateful: bool, bundle: Bundle, method: str,
                 classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None],
                 feed: Callable[[int], None], done_later: list[tuple[Path, str, CaseResult]],
-                settle: Callable[[], None]) -> list[int]:
+                settle: Callable[[], None], meanwhile: Callable[[], None] | None = None) -> list[int]:
     """serve()'s loop: the servers, their triggers and what each answer makes of its case."""
     pending = list(indices)
     servers = 0
@@ -320,7 +325,7 @@ def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indic
         servers += 1
         with RunnerServer(args, folder, folder / f"server-{servers}.log", env) as server:
             feed(pending[0])
-            if server.start(timeout_s).status != "done":
+            if server.start(timeout_s, meanwhile).status != "done":
                 return pending
             while pending:
                 index = pending[0]
