@@ -77,8 +77,8 @@ def test_a_server_that_stops_answering_times_out_and_a_new_one_takes_the_rest(ru
     real_start, real_send = server.RunnerServer.start, server.RunnerServer.send
     triggers = {"n": 0}
 
-    def start(self, timeout_s):
-        served = real_start(self, timeout_s)
+    def start(self, timeout_s, meanwhile=None):
+        served = real_start(self, timeout_s, meanwhile)
         started.append(self.proc.pid)
         return served
 
