@@ -28,28 +28,25 @@ from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner import interrupts
 from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
-from bundlerun.runner.report.model import Report, elapsed_figures
 from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.integrity import require_sealed
 from bundlerun.bundles import sequence
 from bundlerun.runner.pictures import warm
-from bundlerun.runner.history.location import is_server, resolve_history_path
 from bundlerun.runner.settings import Settings
-from bundlerun.runner.history.regression import check_baseline
-from bundlerun.runner.report.profile import method_profiles
 from bundlerun.targets import repeat_schemes
 from bundlerun.targets.workers.supervisor import WorkerPool
 
 if TYPE_CHECKING:
+    from bundlerun.runner.report.model import Report
     from bundlerun.runner.judging.ahead import JudgeAhead
     from bundlerun.runner.judging.judge import JudgeContext
     from bundlerun.runner.report.record import OutputsWriter
 
-# What judges and writes a run (numpy, the judging modules, the report record and writers: about 60 ms of
-# a command's start-up) is imported where it is used, after the target has started: `bundlerun run` on a
-# served lane spawns its runtime first and imports these while the runtime loads (Judging.ready).
+# What judges and writes a run (numpy, the judging modules, the report's records and writers, the history:
+# about 60 ms of a command's start-up) is imported where it is used, after the target has started:
+# `bundlerun run` on a served lane spawns its runtime first and imports these while it loads (Judging).
 
 
 class RunInterrupted(BundlerunError):
@@ -457,6 +454,7 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
     """Judge the target's run and build the report of record."""
     from bundlerun.runner.judging.judge import judge_run, judge_sequences, summarize  # start-up: numpy (module comment)
     from bundlerun.runner.report.record import bundle_section, host_section, target_section, tool_version  # the same
+    from bundlerun.runner.report.model import Report, elapsed_figures  # the same
 
     warnings += [w for w in run.warnings if w not in warnings]
     cases, judge_warnings = judge_run(bundle, run, ctx, ahead)
@@ -493,6 +491,8 @@ def _judged_report(req: RunRequest, bundle: Bundle, run: TargetRun, ctx: JudgeCo
 
         add_to_report(report, bundle, run, ctx, req.replay, (run.info or {}).get("replay") or {})
     if any(c.extra.get("etdump") for c in cases):  # operator profiles (runner/report/profile.py)
+        from bundlerun.runner.report.profile import method_profiles  # start-up: statistics (module comment)
+
         report.perf_info["profile"] = method_profiles(cases)
     if bundle.manifest and bundle.manifest.dataset:
         from bundlerun.runner.judging.accuracy import dataset_from_outputs  # start-up: numpy (module comment)
@@ -517,6 +517,9 @@ def finish_run(
     """After a run (plain or accuracy): record it in the history, check it against a
     baseline (a regression makes the exit code 1), and write every registered format,
     report.json last with all of that in it."""
+
+    from bundlerun.runner.history.location import is_server, resolve_history_path  # start-up: module comment
+    from bundlerun.runner.history.regression import check_baseline  # the same
 
     db = None if no_history else resolve_history_path(history_db, project)
     if db is not None:

@@ -93,3 +93,39 @@ def test_text_from_a_bundle_is_inert_in_console_and_markdown():
     floor = FailedCriterion("sqnr_min_db", 45.35, 48.0)
     report.cases[2].outputs[0].verdict, report.cases[2].outputs[0].failed = "FAIL", [floor]
     assert "45.35 < 48" in render_markdown(report)
+
+
+def test_the_checks_fast_path_passes_only_what_the_checks_pass():
+    # runner/report/check.py fields(): a value _PASSES lets through skips its check; each such value must be one
+    # the check itself passes (and a trail the fast loop of _criteria passes, one its full loop passes)
+    import random
+
+    from bundlerun.runner.report import check
+
+    rng = random.Random(0)
+    values = [None, "", "x", "x" * (check.MAX_TEXT + 1), 0.0, -1.5, float("nan"), float("inf"), 0, 7, -1, 2**63,
+              2**63 - 1, 10**400, True, False, [], {}, "nan", "inf", b"x", 1j, [1.0], {"a": 1}]
+    for fast_check, passes in check._PASSES.items():
+        for value in values:
+            if passes(value):
+                fast_check(value, "p")  # raises if the fast path let through what the check refuses
+    for _ in range(300):
+        entries = [rng.choice([{"source": rng.choice(values), "file": rng.choice(values)}, None, "s", 3])
+                   for _ in range(rng.randint(0, 3))]
+        trail = {"atol": rng.choice([entries, None, "x", entries * 2])}
+        crit = {"trail": trail, "atol": rng.choice(values)}
+        try:
+            check._criteria(crit, "c")
+            fast = None
+        except check.ReportCheckError as exc:
+            fast = str(exc)
+        slow = None  # the same criteria through the full loop only (the fast loop switched off)
+        saved = check._text_passes
+        check._text_passes = lambda v: False
+        try:
+            check._criteria(crit, "c")
+        except check.ReportCheckError as exc:
+            slow = str(exc)
+        finally:
+            check._text_passes = saved
+        assert fast == slow, (crit, fast, slow)

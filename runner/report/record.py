@@ -119,7 +119,7 @@ def write_report(report: Report, out_dir: Path) -> Path:
 
     if hasattr(report.cases, "dicts"):  # a farm's merged report: its cases stream from disk (merge_jobs.py)
         return _write_streamed(report, Path(out_dir) / REPORT_FILE)
-    data = report.to_json()
+    data = report.to_json(for_writing=True)
     check_report(data)
     return atomic_write_text(Path(out_dir) / REPORT_FILE, _report_text(data) + "\n")
 
