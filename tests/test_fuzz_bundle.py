@@ -82,6 +82,38 @@ def test_bit_flips(sealed):
     assert out.refused > N  # the program and manifest dominate the file: nearly every flip is caught
 
 
+def test_bit_flips_and_cuts_read_from_a_file(sealed, tmp_path):
+    """The reader `bundlerun run` uses (bundles/on_file.py: the file read into a writable buffer, each value
+    kept as a span found by its address with ctypes): the same invariant, and an accepted file's values
+    read back from their spans are the sealed ones."""
+    from bundlerun.bundles.on_file import read_bundle_on_file
+
+    data, original = sealed
+    rng, out = random.Random(1404), Outcome()
+    path = tmp_path / "fuzz.bpte"
+    for i in range(N):
+        buf = bytearray(data)
+        if i % 4 == 3:
+            del buf[rng.randrange(len(buf)):]
+        for _ in range(rng.choice((1, 1, 2))):
+            if buf:
+                buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(buf))
+        try:
+            bundle = read_bundle_on_file(path)
+        except BundleError as exc:
+            message = str(exc)
+            assert message.startswith(f"{path}: ") and "\n" not in message and len(message) < 1000, message
+            out.refused += 1
+            continue
+        out.accepted += 1
+        assert bundle.manifest_json == original.manifest_json and bundle.program == original.program
+        for a, b in zip(bundle.method_test_suites, original.method_test_suites):
+            assert [case_digest(c) for c in a.test_cases] == [case_digest(c) for c in b.test_cases]
+    out.done(N)
+    assert out.refused > N // 2
+
+
 def test_bit_flips_in_a_stock_bundle_without_manifest(sealed):
     """No integrity to lean on here: only the parser's and the program check's robustness."""
     _, original = sealed
