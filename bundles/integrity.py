@@ -36,8 +36,15 @@ def program_digest(program: bytes) -> str:
 
 def _value_bytes(h: Any, tag: bytes, value: "BundledValue") -> None:
     dim_order = list(value.dim_order) or list(range(len(value.sizes)))
-    head = json.dumps([value.kind, value.scalar_type, list(value.sizes), dim_order, len(value.data),
-                       repr(value.scalar) if value.kind != "tensor" else None], separators=(",", ":"))
+    sizes = list(value.sizes)
+    if value.kind == "tensor" and type(value.scalar_type) is int and all(type(v) is int for v in (*sizes, *dim_order)):
+        # json.dumps's bytes for this list, written directly (a digest's framing is fixed: sealed bundles
+        # hold it); 1.5 of the 3 ms a 192-step LLM bundle's 960 values took to frame
+        head = f'["tensor",{value.scalar_type},[{",".join(map(str, sizes))}],[{",".join(map(str, dim_order))}],' \
+               f'{len(value.data)},null]'
+    else:
+        head = json.dumps([value.kind, value.scalar_type, sizes, dim_order, len(value.data),
+                           repr(value.scalar) if value.kind != "tensor" else None], separators=(",", ":"))
     h.update(tag + struct.pack("<I", len(head)) + head.encode())
     h.update(value.data)
 

@@ -168,11 +168,28 @@ def test_report_text_is_indented_with_each_case_on_one_line():
     assert text.split('"cases": [')[0] == indented.split('"cases": [')[0]  # the rest as indent=2 lays it out
     assert text.split("\n  ]")[-1] == indented.split("\n  ]")[-1]
     assert '"max_abs_err": "nan"' in text and '"ulp": "inf"' in text
+    shared = data["cases"][0]["outputs"][0]["criteria"]["trail"]
+    for case in data["cases"][:20]:  # one trail object in many outputs (as judged in-process): encoded once
+        case["outputs"][0]["criteria"]["trail"] = shared
+    data["cases"][9]["outputs"][0]["criteria"]["trail"] = {"atol": [{"source": "\x00bundlerun: a criteria trail\x00"}]}
+    check(data)
     data["cases"][7]["error"] = _CASES_HERE  # the marker inside a case's string: still a line each
     assert check(data).count('\n    {"method": ') == 40
-    data["warnings"] = [_CASES_HERE]  # and around the cases: the whole document indented
+    data["warnings"] = [_CASES_HERE + "0"]  # the cases' own marker around them: the whole document indented
     assert check(data) == json.dumps(_sanitize(data), indent=2, default=_json_default)
     assert check({**data, "cases": []}) == json.dumps({**data, "cases": []}, indent=2, default=_json_default)
+    # an LLM report's sequences: each step on one line too, at its own depth; the rest indented
+    steps = [{"step": i, "kind": "decode", "sqnr": 40.0 + i, "verdict": "PASS", "note": "a \"quoted\"\nline"}
+             for i in range(5)]
+    data = {**copy.deepcopy(base), "sequences": [{"name": "s0", "steps": steps, "verdict": "PASS"},
+                                                 {"name": "s1", "steps": [], "verdict": "PASS"}]}
+    text = check(data)
+    lines = text.splitlines()
+    start = lines.index('      "steps": [')
+    assert [json.loads(line.rstrip(",")) for line in lines[start + 1:start + 6]] == steps
+    assert all(line.startswith('        {"step": ') for line in lines[start + 1:start + 6])
+    assert lines[start + 6] == "      ],"
+    assert '"steps": [],' in text  # an empty list stays as indent=2 writes it
 
 
 def test_output_stats_to_dict_is_what_asdict_gave():
