@@ -219,7 +219,8 @@ class RunOptions:
     replay: int = 1
     # The command's own work to do while the target's runtime starts (the judge's imports and set-up:
     # runner/session.py). A target that spawns a runtime calls it after the spawn, before waiting for the
-    # runtime to load (targets/et_runner/server.py); it may be called again (it runs once). A target
+    # runtime to load (targets/et_runner/server.py, the runtime workers' targets/workers/supervisor.py);
+    # it may be called again (it runs once). A target
     # that does not call it loses nothing: the session calls it before the first result is judged.
     meanwhile: Callable[[], None] | None = None
 

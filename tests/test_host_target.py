@@ -53,6 +53,41 @@ def test_every_case_runs_once_program_loaded_once(bundle_cache, tmp_path):
     assert len({c.outputs[0].data for c in run.cases}) == 6
 
 
+def test_the_judge_is_made_while_the_worker_starts(bundle_cache, tmp_path):
+    # RunOptions.meanwhile from targets/workers/supervisor.py: the session's Judging (runner/session.py) is made
+    # after the worker is spawned and before its first result, not before the spawn; the run judged as ever
+    path = bundle_cache("mlp", cases=3)
+    events: list[str] = []
+    req = RunRequest(bundle_path=path, target="host://xnnpack", report_dir=tmp_path / "r",
+                     progress=lambda result: events.append(f"result {result.case_index}"))
+    import subprocess as sp
+
+    from bundlerun.runner import session
+
+    real_popen, real_ready = sp.Popen, session.Judging.ready
+
+    def popen(argv, *a, **k):
+        events.append("spawn")
+        return real_popen(argv, *a, **k)
+
+    def ready(self):
+        if self.ctx is None:  # made on the first result (the session's fallback) or before it (meanwhile)?
+            frame, callers = sys._getframe(1), set()
+            while frame is not None:
+                callers.add(frame.f_code.co_name)
+                frame = frame.f_back
+            events.append("judge made on a result" if "progress" in callers else "judge made")
+        return real_ready(self)
+
+    sp.Popen, session.Judging.ready = popen, ready
+    try:
+        report = execute_run(req)
+    finally:
+        sp.Popen, session.Judging.ready = real_popen, real_ready
+    assert events[:3] == ["spawn", "judge made", "result 0"], events
+    assert report.summary.verdict == "PASS" and len(report.cases) == 3
+
+
 def test_crash_and_hang_are_contained(bundle_cache, tmp_path, monkeypatch):
     path = bundle_cache("mlp", cases=5)
     monkeypatch.setenv("BUNDLERUN_FAULT", "crash@forward:1;hang@forward:3")

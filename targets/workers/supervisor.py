@@ -288,6 +288,8 @@ class WorkerSupervisor:
                 env=_child_env(),
             )
         try:
+            if self.options.meanwhile is not None:  # the command's own set-up while the child imports torch
+                self.options.meanwhile()
             return self._drive(proc, pairs, log_path, results, Buffer())[0]
         finally:
             kill_process_group(proc, 10.0, term_first=False)
@@ -314,6 +316,8 @@ class WorkerSupervisor:
                 reused = False
                 if not worker.send(message):
                     return "crash"
+            if opts.meanwhile is not None:  # the command's own set-up while the worker starts or loads
+                opts.meanwhile()
             if self._warm_attempts == 0:
                 self.reused = reused
             self._warm_attempts += 1
