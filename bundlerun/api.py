@@ -24,9 +24,11 @@ refuses it (runner/seal.py; `require_seal=False` judges it anyway, with the warn
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from bundlerun.bundles import limits
 from bundlerun.bundles.backends.base import BACKENDS, DTYPES, default_dtype
 from bundlerun.bundles.dynamic_shapes import from_exported
@@ -75,20 +77,35 @@ def build(model: Any, example_inputs: Sequence[Any] | None = None, *, output: st
     if state_dict is not None:
         arguments.path(state_dict, "state_dict")
     backend = backend or default_backend(target, dtype)
-    out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / "bundle.bpte"
-    resolved = None
-    name = model if isinstance(model, str) else None
-    if name is None:
-        resolved = _resolved(model, example_inputs, distribution)
-        cache = False  # an in-memory module has no source the build cache could key on
-    info = lowering_info(target)
-    request = BuildRequest(model=name or resolved.name, output=out, backend=backend, target=target, target_info=info,
-                           dtype=dtype or default_dtype(backend, info), cases=cases, seed=seed, reference=reference,
-                           distribution=distribution, overrides=dict(tolerances or {}), resolved_model=resolved,
-                           registry=Session.load(Path(config) if config else None).registry, cache=cache,
-                           etrecord=etrecord, inputs=str(inputs) if inputs is not None else None,
-                           state_dict=str(state_dict) if state_dict is not None else None)
-    return build_bundle(request).path
+    with _output_path(output, "bundle.bpte") as out:
+        resolved = None
+        name = model if isinstance(model, str) else None
+        if name is None:
+            resolved = _resolved(model, example_inputs, distribution)
+            cache = False  # an in-memory module has no source the build cache could key on
+        info = lowering_info(target)
+        request = BuildRequest(model=name or resolved.name, output=out, backend=backend, target=target,
+                               target_info=info, dtype=dtype or default_dtype(backend, info), cases=cases, seed=seed,
+                               reference=reference, distribution=distribution, overrides=dict(tolerances or {}),
+                               resolved_model=resolved, registry=Session.load(Path(config) if config else None).registry,
+                               cache=cache, etrecord=etrecord, inputs=str(inputs) if inputs is not None else None,
+                               state_dict=str(state_dict) if state_dict is not None else None)
+        return build_bundle(request).path
+
+
+@contextlib.contextmanager
+def _output_path(output: Any, name: str) -> Iterator[Path]:
+    """`output`, or `name` in a new temporary folder: the bundle there is the caller's to keep, but a build
+    that fails removes the folder, so a failed call leaves nothing behind."""
+    if output is not None:
+        yield Path(output)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="bundlerun-"))
+    try:
+        yield folder / name
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _check_build(model: Any, output: Any, backend: Any, target: Any, dtype: Any, cases: Any, seed: Any,
@@ -214,12 +231,12 @@ def bundle_program(program: Any, inputs: Mapping[str, Sequence[Sequence[Any]]] |
                 raise BuildError("bundle_program needs expected outputs or a reference model to compute them")
             rows.append(ProgramCase(case_inputs, outs if isinstance(outs, (tuple, list)) else (outs,)))
         cases[method] = rows
-    out = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="bundlerun-")) / f"{model_id}.bpte"
     request = ProgramBundleRequest(program=program, cases=cases, backend=backend, dtype=dtype,
                                    target=target or f"host://{'portable' if backend == 'portable' else 'xnnpack'}",
                                    output_qparams=dict(output_qparams or {}), model=model_id,
                                    overrides=dict(tolerances or {}))
-    return _bundle(request, out).path
+    with _output_path(output, f"{model_id}.bpte") as out:
+        return _bundle(request, out).path
 
 
 def _per_method(value: Any, what: str) -> dict[str, list]:

@@ -27,6 +27,11 @@ The key is recorded in the manifest (`build.cache_key`). Entries are written ato
 (a temp folder renamed into place). A hit is read back through `read_bundle`, i.e. the
 same schema, consistency and integrity checks as any bundle; an entry that fails them,
 or whose recorded key differs, is discarded and rebuilt, never used.
+
+The folder is bounded: after each store the least recently used entries go until the rest fit in
+`$BUNDLERUN_BUILD_CACHE_MB` (default 5120; 0: no bound). A hit marks its entry used. Every change to
+`bundles/` makes every key new, so without a bound the folder only grows (a small LLM's entry is
+100-220 MB). The default is bundlerun's own, ccache's default `max_size` (5 GB).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,6 +56,9 @@ BUNDLE_FILE = "bundle.bpte"
 PACKAGES = ("bundlerun", "torch", "executorch", "numpy", "tosa-tools", "ethos-u-vela", "mlx", "flatbuffers")
 BUILD_ENV = ("BUNDLERUN_TOLERANCES", "BUNDLERUN_THIRD_PARTY", "BUNDLERUN_EXECUTORCH_SRC", "QNN_SDK_ROOT",
              "BUNDLERUN_BUILD_TAG")
+MAX_MB_ENV = "BUNDLERUN_BUILD_CACHE_MB"
+DEFAULT_MAX_MB = 5120  # bundlerun's own: ccache's default max_size
+_STALE_TEMP_S = 24 * 3600  # a writer's temp folder this old belongs to a killed writer
 _CODE_DIGEST: str | None = None
 
 
@@ -144,6 +153,7 @@ def _registry_digest(registry: Any) -> str:
 
 def key_material(req: Any, backend: str, dtype: str, reference: str) -> dict[str, Any]:
     """Everything the bundle built for `req` depends on (see the module docstring)."""
+    max_bytes()  # a malformed bound is said before the build, not after it
     dataset = None
     if req.dataset is not None:
         rest = {k: v for k, v in req.dataset.items() if k != "samples"}
@@ -211,7 +221,64 @@ def lookup(key: str) -> tuple[Any, bytes] | tuple[None, str | None]:
     except Exception as exc:  # noqa: BLE001 - whatever is wrong with an entry, it is not used
         shutil.rmtree(folder, ignore_errors=True)
         return None, f"discarded a corrupted build-cache entry ({exc}); rebuilding"
+    try:
+        os.utime(folder)  # used now: the last to go when the folder is pruned
+    except OSError:
+        pass
     return bundle, data
+
+
+def max_bytes() -> int | None:
+    """The folder's bound from `$BUNDLERUN_BUILD_CACHE_MB` (default DEFAULT_MAX_MB); None: unbounded."""
+    raw = os.environ.get(MAX_MB_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_MB * 1024 * 1024
+    if not raw.isdigit():
+        raise BundlerunError(f"{MAX_MB_ENV}={raw!r}: expected a whole number of MB (0: no bound)")
+    return int(raw) * 1024 * 1024 or None
+
+
+def _entry_bytes(folder: str) -> int:
+    total = 0
+    with os.scandir(folder) as it:
+        for f in it:
+            if f.is_file(follow_symlinks=False):
+                total += f.stat(follow_symlinks=False).st_size
+    return total
+
+
+def prune(limit: int, keep: str | None = None) -> list[str]:
+    """Remove the least recently used entries (by folder mtime: stored or last hit) until the rest fit in
+    `limit` bytes; `keep` (the entry just stored) stays whatever its size. Temp folders of writers killed
+    a day or more ago go too. Returns the removed keys. A folder that cannot be read is left alone."""
+    root = builds_dir()
+    entries: list[tuple[float, int, str]] = []  # (mtime, bytes, key)
+    now = time.time()
+    try:
+        with os.scandir(root) as it:
+            for d in it:
+                try:
+                    if not d.is_dir(follow_symlinks=False):
+                        continue
+                    mtime = d.stat(follow_symlinks=False).st_mtime
+                    if d.name.startswith("."):
+                        if now - mtime > _STALE_TEMP_S:
+                            shutil.rmtree(d.path, ignore_errors=True)
+                        continue
+                    entries.append((mtime, _entry_bytes(d.path), d.name))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    entries.sort(reverse=True)  # newest first
+    removed, total = [], 0
+    for _, size, key in entries:
+        total += size
+        if total > limit and key != keep:
+            shutil.rmtree(root / key, ignore_errors=True)
+            removed.append(key)
+            total -= size
+    return removed
 
 
 def store(key: str, bundle_path: Path, side_files: Sequence[Path] = ()) -> Path | None:
@@ -238,4 +305,7 @@ def store(key: str, bundle_path: Path, side_files: Sequence[Path] = ()) -> Path 
             return folder if (folder / BUNDLE_FILE).is_file() else None  # another writer won the race
     except OSError:
         return None
+    limit = max_bytes()
+    if limit is not None:
+        prune(limit, keep=key)
     return folder

@@ -40,10 +40,15 @@ def test_run_without_a_report_folder_keeps_nothing_and_returns_typed_records(tmp
     assert list(tmp_path.glob("bundlerun-run-*")) == []  # the scratch folder is gone
 
 
-def test_bad_input_is_one_line_errors(tmp_path):
+def test_bad_input_is_one_line_errors(tmp_path, monkeypatch):
+    import tempfile
+
     from bundlerun import api
     from bundlerun.bundles.errors import BundlerunError
 
+    scratch = tmp_path / "temp"  # where a build without `output` makes its folder
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     bad = tmp_path / "x.bpte"
     bad.write_bytes(b"nope")
     with pytest.raises(BundlerunError, match="not a BundleIO program|too short"):
@@ -52,3 +57,4 @@ def test_bad_input_is_one_line_errors(tmp_path):
         api.build(__import__("torch").nn.Linear(2, 2))
     with pytest.raises(BundlerunError, match="expected outputs or a reference"):
         api.bundle_program(b"\0" * 8, [(1,)], backend="portable")
+    assert list(scratch.iterdir()) == []  # a failed build leaves no folder behind

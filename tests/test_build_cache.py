@@ -201,3 +201,60 @@ def test_an_etrecord_build_is_cached_with_its_side_files(lowerings, tmp_path):
     assert rebuilt.info["cache"] == "miss" and len(lowerings) == 3
     assert any("missing or not the one its manifest records" in w for w in rebuilt.info.get("warnings", []))
     assert file_sha256(tmp_path / "d" / sides[0][0]) == side_files(rebuilt.manifest)[0][1]
+
+
+def _entry(root: Path, key: str, size: int, mtime: float) -> None:
+    folder = root / key
+    folder.mkdir(parents=True)
+    (folder / build_cache.BUNDLE_FILE).write_bytes(b"\0" * size)
+    import os
+
+    os.utime(folder, (mtime, mtime))
+
+
+def test_the_folder_is_pruned_least_recently_used_first(tmp_path, monkeypatch):
+    """Plain folders with set sizes and times (no build): the oldest go until the rest fit, the entry
+    just stored stays however big, and a killed writer's day-old temp folder goes; a fresh one stays."""
+    monkeypatch.setenv("BUNDLERUN_CACHE", str(tmp_path))
+    root = build_cache.builds_dir()
+    for i, (size, age) in enumerate([(400, 10), (300, 40), (300, 30), (500, 20), (900, 50)]):
+        _entry(root, f"k{i}", size, 1_000_000 - age)
+    (root / ".old.writer").mkdir()
+    import os
+
+    os.utime(root / ".old.writer", (1.0, 1.0))
+    (root / ".new.writer").mkdir()
+    removed = build_cache.prune(1000, keep="k4")  # newest first: k0 400, k3 500 (900), k2 +300 > 1000
+    assert sorted(removed) == ["k1", "k2"]
+    assert sorted(p.name for p in root.iterdir()) == [".new.writer", "k0", "k3", "k4"]
+
+
+def test_store_bounds_the_folder_and_a_hit_marks_its_entry_used(baseline, lowerings, tmp_path, monkeypatch):
+    """The module's real cached build: a hit touches its folder, so a store under a bound that holds
+    one entry keeps the new one and removes the older."""
+    import os
+    import time
+
+    key = baseline.info["cache_key"]
+    entry = build_cache.builds_dir() / key
+    os.utime(entry, (1.0, 1.0))
+    assert _build(tmp_path / "hit.bpte").info["cache"] == "hit"
+    assert time.time() - entry.stat().st_mtime < 60  # marked used now
+    other = tmp_path / "other.bpte"
+    other.write_bytes(b"x" * (2 << 20))
+    monkeypatch.setenv(build_cache.MAX_MB_ENV, "1")
+    stored = build_cache.store("f" * 64, other)
+    assert stored is not None and stored.is_dir() and not entry.exists()  # 2 MB kept alone, over the 1 MB bound
+    monkeypatch.setenv(build_cache.MAX_MB_ENV, "0")  # no bound: the folder keeps everything
+    assert build_cache.store("e" * 64, other) is not None and stored.is_dir()
+    baseline_again = _build(tmp_path / "rebuilt.bpte")  # the pruned entry is simply built again
+    assert baseline_again.info["cache"] == "miss" and baseline_again.info["cache_key"] == key
+
+
+def test_a_malformed_bound_is_said_before_the_build(lowerings, tmp_path, monkeypatch):
+    from bundlerun.bundles.errors import BundlerunError
+
+    monkeypatch.setenv(build_cache.MAX_MB_ENV, "5GB")
+    with pytest.raises(BundlerunError, match="BUNDLERUN_BUILD_CACHE_MB='5GB': expected a whole number of MB"):
+        _build(tmp_path / "x.bpte")
+    assert lowerings == []

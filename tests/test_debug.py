@@ -183,14 +183,21 @@ def assert_conv2d_1_first_bad(bad) -> None:
 
 
 @pytest.mark.parametrize("target", ["host://portable", "tosa://fp"])
-def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path):
+def test_debug_names_the_miscompiled_conv(fp32_bundles, target, tmp_path, monkeypatch):
+    import tempfile
+
     from bundlerun.runner.debug.localize import debug_bundle
 
     bad = debug_bundle(fp32_bundles / "bad.bpte", target, case=2, work_dir=tmp_path / "bad")
     assert_conv2d_1_first_bad(bad)
-    # the same case of the untouched build: nothing exceeds
-    good = debug_bundle(fp32_bundles / "good.bpte", target, case=2, work_dir=tmp_path / "good")
+    assert any((tmp_path / "bad").rglob("*"))  # a work folder given is kept
+    # the same case of the untouched build: nothing exceeds; without a work folder the dumps (tens of MB)
+    # go to a temporary one, removed on return
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    good = debug_bundle(fp32_bundles / "good.bpte", target, case=2)
     assert good.first_bad is None and all(r.fp32.sqnr > 100 for r in good.rows if r.fp32 is not None)
+    assert list((tmp_path / "temp").iterdir()) == []
 
 
 def test_unmatched_operators_are_listed_not_dropped(fp32_bundles, tmp_path):

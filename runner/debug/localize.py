@@ -635,8 +635,22 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
                  method: str = "forward", work_dir: Path | None = None, history_db: Path | None = None,
                  timeout_s: float = 600.0, debug_buffer_mb: int = 64,
                  target_config: dict[str, Any] | None = None) -> DebugResult:
+    """Run one case with every intermediate output and name the first layer over its budget. The target's
+    dumps (tens of MB a case) go to `work_dir`, kept; without one, to a temporary folder removed on return:
+    the result holds what was read from them, never their paths."""
     import tempfile
 
+    if work_dir is not None:
+        return _debug_bundle(bundle_path, target, case, output, method, Path(work_dir), history_db, timeout_s,
+                             debug_buffer_mb, target_config)
+    with tempfile.TemporaryDirectory(prefix="bundlerun-debug-") as tmp:
+        return _debug_bundle(bundle_path, target, case, output, method, Path(tmp), history_db, timeout_s,
+                             debug_buffer_mb, target_config)
+
+
+def _debug_bundle(bundle_path: Path, target: str, case: int | None, output: str | None, method: str, work: Path,
+                  history_db: Path | None, timeout_s: float, debug_buffer_mb: int,
+                  target_config: dict[str, Any] | None) -> DebugResult:
     from bundlerun.bundles.bpte import read_bundle  # start-up: loads flatbuffers on use
 
     bundle_path = Path(bundle_path)
@@ -670,7 +684,6 @@ def debug_bundle(bundle_path: Path, target: str, case: int | None = None, output
     if any(not 0 <= k < len(suite.test_cases) for k in prefix):  # the manifest names cases the suite lacks
         raise DebugError(f"{bundle_path}: sequence {sequence.name if sequence else '?'!r} names cases the method's "
                          f"suite does not hold (it has {len(suite.test_cases)})")
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="bundlerun-debug-"))
     run = capture(target, bundle_path, method, case, work, timeout_s, debug_buffer_mb, target_config, tuple(prefix))
 
     quiet_framework_logs()
