@@ -215,6 +215,21 @@ def parse_tolerances(items: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def draws_live() -> bool:
+    """Whether rich's Console(stderr=True) is a terminal (its `is_terminal`: TTY_COMPATIBLE, then FORCE_COLOR, then
+    isatty), read without loading rich: off one, the run's transient bar prints nothing, so it is not made."""
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "1"
+    force = os.environ.get("FORCE_COLOR")
+    if force is not None:
+        return force != ""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return False
+
+
 def _progress_console():
     from rich.console import Console
 
@@ -447,8 +462,8 @@ def _do_run(session, bundle_path: Path, report_dir: Path, target, case_timeout, 
             replay=_repeat("bundlerun.replay"),
         )
 
-    if quiet:  # no bar drawn: rich's progress and console are not loaded (0.03-0.04 s before the target starts)
-        return session.run(request(None, None), bundle=bundle, amend=amend)
+    if quiet or not draws_live():  # no bar drawn: rich's progress and console are not loaded (0.02-0.04 s before
+        return session.run(request(None, None), bundle=bundle, amend=amend)  # the target starts)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = _progress_console()

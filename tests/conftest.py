@@ -30,6 +30,11 @@ os.environ.pop("BUNDLERUN_HISTORY", None)
 atexit.register(shutil.rmtree, _DATA_HOME, True)
 
 
+def pytest_unconfigure(config):
+    """The data folder goes with the session too: an xdist worker may end without running atexit."""
+    shutil.rmtree(_DATA_HOME, ignore_errors=True)
+
+
 def pytest_configure(config):
     """xdist's `--dist loadfile` queues files by test count unless told not to (`--loadscope-reorder`,
     on by default): off, so the order below (tests/file_order.py) is the order the workers get."""

@@ -31,6 +31,54 @@ def test_help_and_version_do_not_import_torch():
     assert "bundlerun, version" in out.stdout
 
 
+@pytest.mark.parametrize("tty", [False, True])
+@pytest.mark.parametrize("env", [{}, {"TTY_COMPATIBLE": "0"}, {"TTY_COMPATIBLE": "1"}, {"TTY_COMPATIBLE": "yes"},
+                                 {"FORCE_COLOR": ""}, {"FORCE_COLOR": "1"}, {"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}])
+def test_the_run_bar_is_made_only_where_rich_would_draw_it(env, tty, monkeypatch, tmp_path):
+    """rich's own `Console(stderr=True).is_terminal` is the oracle `draws_live` reads without loading rich: a pty
+    or a plain file as stderr, under the variables rich reads."""
+    import os
+
+    from rich.console import Console
+
+    from bundlerun.runner.cli import draws_live
+
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if tty:
+        master, slave = os.openpty()
+        stream = os.fdopen(slave, "w")
+    else:
+        stream = open(tmp_path / "stderr.txt", "w")
+    try:
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert draws_live() == Console(stderr=True).is_terminal
+    finally:
+        monkeypatch.undo()
+        stream.close()
+        if tty:
+            os.close(master)
+
+
+def test_a_run_whose_stderr_is_no_terminal_loads_no_progress_bar(bundle_cache, tmp_path):
+    bundle = bundle_cache("mlp", backend="portable", cases=2, target="host://portable")
+    code = textwrap.dedent(f"""
+        import sys
+        from bundlerun.runner.cli import main
+        try:
+            main(["run", {str(bundle)!r}, "--target", "host://portable", "--report", {str(tmp_path / "r")!r},
+                  "--no-history"])
+        except SystemExit as e:
+            print("EXIT", e.code, "rich.progress" in sys.modules)
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "EXIT 0 False" in out.stdout, out.stdout + out.stderr
+    assert "PASS" in out.stdout  # the verdict table is still printed
+
+
 def test_build_inspect_run_end_to_end(cli, tmp_path):
     bpte = tmp_path / "tiny-cnn-int8.bpte"
     r = cli("build", "tiny-cnn", "--backend", "xnnpack", "--dtype", "int8", "--cases", "6", "--seed", "0", "-o", str(bpte))
