@@ -10,7 +10,6 @@ a reader recurse or stall. Errors are one line: file, key path, problem.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Any, Iterable
@@ -90,6 +89,8 @@ class _Checker:
             raise self.fail(path, f"expected an object, got {_kind(obj)}")
         for key in obj:
             if key not in allowed:
+                import difflib  # only for a typo's hint
+
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.fail(path, f"unknown key {_short(key)}{hint}; known: {', '.join(allowed)}")
@@ -139,6 +140,8 @@ class _Checker:
     def dtype(self, path: str, value: Any) -> None:
         self.text(path, value)
         if value not in _DTYPES:
+            import difflib  # only for a typo's hint
+
             close = difflib.get_close_matches(value, _DTYPES, n=1)
             raise self.fail(path, f"unknown dtype {_short(value)}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 

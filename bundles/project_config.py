@@ -14,18 +14,20 @@ The returned dict also carries `_file`: the path the configuration came from.
 
 from __future__ import annotations
 
-import difflib
 import os
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - 3.10 needs the tomli backport
-    import tomli as tomllib  # type: ignore[no-redef]  # noqa: F401 - used as tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bundlerun.bundles.errors import ConfigError
-from bundlerun.bundles.registry import BUILTIN_DIR, ENV_PATH, Registry, data_files
+from bundlerun.bundles.limits import MAX_FILE_BYTES
+from bundlerun.bundles.safe_read import UnsafeFileError, read_bounded
 from bundlerun.bundles.toml_read import read_toml
+
+if TYPE_CHECKING:
+    from bundlerun.bundles.registry import Registry
+
+# The registry (and tomllib, through bundles/toml_read.py) is imported on use: `bundlerun run` reads the project
+# config before it starts its target, and most projects have a pyproject.toml with no [tool.bundlerun] in it.
 
 ENV_CONFIG = "BUNDLERUN_CONFIG"
 CONFIG_NAME = "bundlerun.toml"
@@ -60,6 +62,8 @@ def perf_section(config: dict[str, Any] | None, source: str | None = None) -> di
     out = dict(PERF_DEFAULTS)
     for key, value in section.items():
         if key not in PERF_DEFAULTS:
+            import difflib  # only for a typo's hint
+
             close = difflib.get_close_matches(str(key), sorted(PERF_DEFAULTS), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{where}[perf] has unknown key {key!r}{hint}; known: {', '.join(PERF_DEFAULTS)}")
@@ -82,10 +86,23 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _pyproject_section(path: Path) -> dict[str, Any] | None:
+    if not _may_name_bundlerun(path):
+        return None
     section = _read_toml(path).get("tool", {}).get("bundlerun")
     if section is not None and not isinstance(section, dict):
         raise ConfigError(f"{path}: [tool.bundlerun] must be a table")
     return section
+
+
+def _may_name_bundlerun(path: Path) -> bool:
+    """False only when `path` cannot hold a [tool.bundlerun] table: its text has no `bundlerun` and no escape
+    that could spell it in a quoted key (`"\\u0062undlerun"`). Such a pyproject.toml (most projects': it configures
+    their build) is not parsed; one that cannot be read is, so read_toml says why in its one line."""
+    try:
+        raw = read_bounded(path, MAX_FILE_BYTES)
+    except (OSError, UnsafeFileError):
+        return True
+    return b"bundlerun" in raw or b"\\u" in raw or b"\\U" in raw
 
 
 def find_config_files(start: Path | None = None) -> list[Path]:
@@ -93,8 +110,14 @@ def find_config_files(start: Path | None = None) -> list[Path]:
 
     `start` may also be a config file itself (`--config FILE`), as may $BUNDLERUN_CONFIG.
     """
+    return [path for path, _ in _found(start)]
+
+
+def _found(start: Path | None) -> list[tuple[Path, dict[str, Any] | None]]:
+    """find_config_files, each file with its [tool.bundlerun] table when the search parsed it (a pyproject.toml
+    found upward: read once, not again by load_project_config), else None."""
     if start is not None and Path(start).is_file():
-        return [Path(start)]
+        return [(Path(start), None)]
     if start is not None and not Path(start).exists():
         raise ConfigError(f"config file {start} does not exist")
     explicit = os.environ.get(ENV_CONFIG)
@@ -102,15 +125,16 @@ def find_config_files(start: Path | None = None) -> list[Path]:
         path = Path(explicit)
         if not path.is_file():
             raise ConfigError(f"${ENV_CONFIG} names {path}, which is not a file")
-        return [path]
+        return [(path, None)]
     here = Path(start or Path.cwd()).resolve()
     for directory in [here, *here.parents]:
-        found = []
+        found: list[tuple[Path, dict[str, Any] | None]] = []
         pyproject = directory / "pyproject.toml"
-        if pyproject.is_file() and _pyproject_section(pyproject) is not None:
-            found.append(pyproject)
+        section = _pyproject_section(pyproject) if pyproject.is_file() else None
+        if section is not None:
+            found.append((pyproject, section))
         if (directory / CONFIG_NAME).is_file():
-            found.append(directory / CONFIG_NAME)
+            found.append((directory / CONFIG_NAME, None))
         if found:
             return found
     return []
@@ -136,10 +160,13 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
     """
     config: dict[str, Any] = {}
     source = None
-    for path in find_config_files(start):
-        data = _pyproject_section(path) if path.name == "pyproject.toml" else _read_toml(path)
+    for path, section in _found(start):
+        data = section if section is not None else (
+            _pyproject_section(path) if path.name == "pyproject.toml" else _read_toml(path))
         for key in data or {}:
             if key not in KNOWN_SECTIONS:
+                import difflib  # only for a typo's hint
+
                 close = difflib.get_close_matches(key, sorted(KNOWN_SECTIONS), n=1, cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{path}: unknown section {key!r}{hint}; known: {', '.join(sorted(KNOWN_SECTIONS))}")
@@ -153,6 +180,8 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
     if "perf" in config:
         perf_section(config, str(source))
     if validate_tolerances and config.get("tolerances"):
+        from bundlerun.bundles.registry import Registry  # on use (module comment)
+
         Registry.builtin().validate_overlay(config["tolerances"], str(source))
     config["_file"] = str(source)
     return config
@@ -161,7 +190,7 @@ def load_project_config(start: Path | None = None, validate_tolerances: bool = T
 # ------------------------------------------------- the registry with the project's [tolerances]
 # (here, not in registry.py: the registry knows no project file, so neither module imports the other back)
 
-_CACHE: dict[tuple, Registry] = {}
+_CACHE: dict[tuple, "Registry"] = {}
 
 
 def _mtime(path: Path) -> float:
@@ -172,14 +201,18 @@ def _mtime(path: Path) -> float:
 
 
 def _data_files_or_none(path: Path) -> list[Path]:
+    from bundlerun.bundles.registry import data_files  # on use (module comment)
+
     try:
         return data_files(path)
     except ConfigError:
         return []
 
 
-def default_registry(project: bool = True) -> Registry:
+def default_registry(project: bool = True) -> "Registry":
     """Built-in data (honouring $BUNDLERUN_TOLERANCES) + the project's [tolerances], if any."""
+    from bundlerun.bundles.registry import BUILTIN_DIR, ENV_PATH, Registry  # on use (module comment)
+
     base_path = Path(os.environ.get(ENV_PATH) or BUILTIN_DIR)
     key: tuple = (str(base_path), *((str(f), _mtime(f)) for f in _data_files_or_none(base_path)))
     overlay: tuple[dict, str] | None = None

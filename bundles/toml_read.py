@@ -17,11 +17,6 @@ from bundlerun.bundles.errors import ConfigError
 from bundlerun.bundles.limits import MAX_FILE_BYTES, MAX_TOML_DEPTH
 from bundlerun.bundles.safe_read import UnsafeFileError, read_bounded
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 # strings (basic, literal, multi-line) and comments: their brackets are not nesting
 _SKIP = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*', re.S)
 
@@ -53,6 +48,10 @@ def loads_toml(text: str, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: {len(text)} characters; bundlerun reads at most {MAX_FILE_BYTES} (docs/security.md)")
     if _bracket_depth(text) > MAX_TOML_DEPTH:
         raise ConfigError(f"{where}: not valid here: arrays or tables nested deeper than {MAX_TOML_DEPTH} levels")
+    try:  # imported here: `bundlerun run` reads its project config before its target starts, often with no file
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -718,9 +718,11 @@ def main(argv: list[str] | None = None) -> None:
     process ends through `end_process` once the command is done; any other caller gets SystemExit."""
     if argv is None and (Path(sys.argv[0]).name == "bundlerun" or __name__ == "__main__"):
         from bundlerun.runner.judging.heap import keep_heap_pages  # process-wide settings: only the command's own process
-        from bundlerun.bundles.stack_room import call_with_stack_room  # (not a library caller's)
+        from bundlerun.runner.judging import blas_threads  # (not a library caller's)
+        from bundlerun.bundles.stack_room import call_with_stack_room
 
         keep_heap_pages()
+        blas_threads.arm()
         try:
             call_with_stack_room(_main, None)  # torch's imports and exports: no frame-chunk thrash
         except SystemExit as exc:

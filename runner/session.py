@@ -36,7 +36,6 @@ from bundlerun.bundles import sequence
 from bundlerun.runner.pictures import warm
 from bundlerun.runner.settings import Settings
 from bundlerun.targets import repeat_schemes
-from bundlerun.targets.workers.supervisor import WorkerPool
 
 if TYPE_CHECKING:
     from bundlerun.runner.report.model import Report
@@ -396,6 +395,9 @@ class Judging:
     def ready(self) -> JudgeContext:
         with self._lock:
             if self.ctx is None:
+                from bundlerun.runner.judging.blas_threads import import_numpy
+
+                import_numpy()  # first, with one OpenBLAS thread: its spin would take the starting runtime's core
                 from bundlerun.runner.judging.judge import load_context  # start-up: numpy (module comment)
 
                 ctx = load_context(self.bundle)
@@ -581,6 +583,8 @@ class Session(Settings):
     def open(self) -> "Session":
         """Start keeping targets and warm workers for the bundles of this command."""
         if self._pool is None:
+            from bundlerun.targets.workers.supervisor import WorkerPool  # torch-free, but not needed before a target starts
+
             self._pool = WorkerPool()
         return self
 

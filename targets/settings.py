@@ -7,7 +7,6 @@ lab's config must not run with defaults. Values are coerced by the field's type
 
 from __future__ import annotations
 
-import difflib
 import os
 import typing
 from dataclasses import MISSING, fields, is_dataclass
@@ -22,6 +21,8 @@ _FALSE = ("0", "false", "no", "off", "")
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    import difflib  # only for an unknown word's hint
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

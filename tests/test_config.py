@@ -70,6 +70,20 @@ def test_pyproject_without_section_is_skipped_and_no_config_is_empty(tmp_path):
     assert load_project_config(tmp_path / "sub") == {}
 
 
+@pytest.mark.parametrize("header", ['[tool.bundlerun]', '[tool . "bundlerun" . targets]',
+                                    '[tool."\\u0062undlerun"]', "[tool]\nbundlerun = {history = {db = 'x'}}"])
+def test_a_pyproject_is_parsed_only_when_it_can_hold_the_section(tmp_path, header):
+    """Another project's pyproject.toml (no `bundlerun` in it, no escape that could spell it) is not parsed:
+    its own TOML is not bundlerun's concern, even when broken. Any way of writing the table is found."""
+    write(tmp_path / "other" / "pyproject.toml", "[project\nname = 'x'\n")  # invalid TOML, not ours
+    assert find_config_files(tmp_path / "other") == [] and load_project_config(tmp_path / "other") == {}
+    write(tmp_path / "ours" / "pyproject.toml", header + "\n")
+    assert [p.name for p in find_config_files(tmp_path / "ours")] == ["pyproject.toml"]
+    write(tmp_path / "broken" / "pyproject.toml", "[tool.bundlerun\n")  # ours, broken: one line, as before
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_project_config(tmp_path / "broken")
+
+
 def test_explicit_file_and_env_var(tmp_path, monkeypatch):
     cfg = write(tmp_path / "elsewhere" / "my.toml", "[history]\ndb = 'x'\n")
     assert load_project_config(cfg)["history"] == {"db": "x"}

@@ -19,6 +19,9 @@ _lock = threading.Lock()
 
 def _import() -> None:
     try:
+        from bundlerun.runner.judging.blas_threads import import_numpy
+
+        import_numpy()  # matplotlib's numpy, with the CLI's one OpenBLAS thread
         import matplotlib.backends.backend_agg  # noqa: F401  the canvas (and matplotlib, numpy with it)
         import matplotlib.figure  # noqa: F401
         import matplotlib.ticker  # noqa: F401

@@ -18,13 +18,18 @@ Read from the runner's source and checked on the real binary built from source
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from bundlerun.targets.et_runner.log import parse_runner_log
-from bundlerun.targets.et_runner.protocol import Failure, cause_of
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
 from bundlerun.targets.base import PerfKind, Verdict, CaseResult, CaseStatus, expected_layout, raw_outputs_from_files
+
+if TYPE_CHECKING:
+    from bundlerun.targets.et_runner.protocol import Failure
+
+# The log parsers (targets/et_runner/log.py, protocol.py: ~5 ms of regular expressions compiled at import) are
+# imported on use: a served case that ended cleanly never parses its log, and a lane imports this module before
+# it starts its runner.
 
 DEFAULT_RTOL = DEFAULT_ATOL = 0.01
 _SIGNALS = {6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -45,6 +50,8 @@ _RUNTIME_CAUSES = (
 
 
 def _runtime_cause(log) -> Failure | None:
+    from bundlerun.targets.et_runner.protocol import Failure  # on use (module comment)
+
     for line in log.lines:
         if line.level not in ("E", "F"):
             continue
@@ -94,6 +101,9 @@ def classify(output: str, exit_status: int | None) -> Failure | None:
     BundleIO check included: exit 1 with `Test_result: FAIL` is the device's verdict)."""
     if exit_status == 0:
         return None  # a clean exit wins over scary log lines (e.g. an optional library probe)
+    from bundlerun.targets.et_runner.log import parse_runner_log  # on use (module comment)
+    from bundlerun.targets.et_runner.protocol import Failure, cause_of  # the same
+
     log = parse_runner_log(output)
     evidence = log.excerpt() or [ln.raw for ln in log.lines[-10:]]
     m = _LIBRARY_RE.search(output)
@@ -140,6 +150,7 @@ def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
     from statistics import median
 
     from bundlerun.targets.arm.perf import planned_buffer  # start-up: not loaded by `bundlerun --help`
+    from bundlerun.targets.et_runner.log import parse_runner_log  # on use (module comment)
 
     kind = PerfKind.SIMULATION_TIME if simulated else PerfKind.DEVICE_LATENCY
     src = "executor_runner log (executor_runner.cpp)"
@@ -171,6 +182,8 @@ def perf_figures(output: str, simulated: bool = False) -> list[PerfFigure]:
 
 def device_verdict(output: str) -> dict | None:
     """The runner's own BundleIO verdict on case 0 (compiled-in defaults or --bundleio_*)."""
+    from bundlerun.targets.et_runner.log import parse_runner_log  # on use (module comment)
+
     log = parse_runner_log(output)
     if log.bundle_verdict is None and not log.error_stats:
         return None
