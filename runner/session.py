@@ -395,7 +395,7 @@ class Judging:
     def ready(self) -> JudgeContext:
         with self._lock:
             if self.ctx is None:
-                from bundlerun.runner.judging.blas_threads import import_numpy
+                from bundlerun.runner.judging.blas_threads import import_numpy  # start-up: numpy (module comment)
 
                 import_numpy()  # first, with one OpenBLAS thread: its spin would take the starting runtime's core
                 from bundlerun.runner.judging.judge import load_context  # start-up: numpy (module comment)

@@ -19,7 +19,7 @@ _lock = threading.Lock()
 
 def _import() -> None:
     try:
-        from bundlerun.runner.judging.blas_threads import import_numpy
+        from bundlerun.runner.judging.blas_threads import import_numpy  # on this thread, before matplotlib's numpy
 
         import_numpy()  # matplotlib's numpy, with the CLI's one OpenBLAS thread
         import matplotlib.backends.backend_agg  # noqa: F401  the canvas (and matplotlib, numpy with it)
