@@ -719,7 +719,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and (Path(sys.argv[0]).name == "bundlerun" or __name__ == "__main__"):
         from bundlerun.runner.judging.heap import keep_heap_pages  # process-wide settings: only the command's own process
         from bundlerun.runner.judging import blas_threads  # the same (not a library caller's)
-        from bundlerun.bundles.stack_room import call_with_stack_room
+        from bundlerun.bundles.stack_room import call_with_stack_room  # the same
 
         keep_heap_pages()
         blas_threads.arm()
