@@ -583,7 +583,7 @@ class Session(Settings):
     def open(self) -> "Session":
         """Start keeping targets and warm workers for the bundles of this command."""
         if self._pool is None:
-            from bundlerun.targets.workers.supervisor import WorkerPool  # torch-free, but not needed before a target starts
+            from bundlerun.targets.workers.supervisor import WorkerPool  # start-up: loaded on use, not with the module
 
             self._pool = WorkerPool()
         return self

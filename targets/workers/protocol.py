@@ -126,6 +126,18 @@ class Limits:
     after_ready_s: float | None = None  # until the first "start" (default: case_s + first_case_extra_s)
 
 
+MAX_DRAIN_BYTES = 64 << 20  # bundlerun's own bound on a stop's last read (a remote worker's inlined outputs)
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    """One protocol line's object; None for anything else (a stray print from a library: the protocol lines are JSON)."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
 @dataclass
 class EventDriver:
     """Reads one worker's event stream for `pairs`, filling `results`. `run` returns how the
@@ -146,6 +158,38 @@ class EventDriver:
     idle: bool = False  # the worker ended its request itself ("finished" or "fatal"): it can take another
 
     def run(self, fd: int, buffer: "Buffer", alive: Callable[[], bool] | None = None) -> str:
+        try:
+            return self._run(fd, buffer)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (runner/interrupts.py) while waiting or recording
+            self._drain(fd, buffer)
+            raise
+
+    def _drain(self, fd: int, buffer: "Buffer") -> None:
+        """A stop's last read: the cases the worker already reported (their events in the pipe, not yet read)
+        are finished, and keep their results. Only what is there now is read; nothing is waited for."""
+        try:
+            while select.select([fd], [], [], 0)[0] and len(buffer.data) < MAX_DRAIN_BYTES:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                buffer.data += chunk
+        except OSError:
+            pass  # the link is gone: what was read stands
+        while b"\n" in buffer.data:
+            line, buffer.data = buffer.data.split(b"\n", 1)
+            msg = _event(line)
+            if msg is None or msg.get("event") not in ("done", "error"):
+                continue
+            try:
+                key = (str(msg["method"]), int(msg["case"]))
+                if key in self.results or key not in self.pairs:
+                    continue
+                result = event_result(msg, self.log_path, extra=self.result_extra)
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed line does not replace the stop with its own error
+            self._record(result)
+
+    def _run(self, fd: int, buffer: "Buffer") -> str:
         started = time.monotonic()
         deadline = started + self.limits.setup_s
         ready = False
@@ -165,11 +209,8 @@ class EventDriver:
                 buffer.data += chunk
             while b"\n" in buffer.data:
                 line, buffer.data = buffer.data.split(b"\n", 1)
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue  # a stray print from a library; the protocol lines are JSON
-                if not isinstance(msg, dict):
+                msg = _event(line)
+                if msg is None:
                     continue
                 event = msg.get("event")
                 if event == "ready":
