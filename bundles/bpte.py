@@ -349,6 +349,21 @@ def parse_bundle(buf: bytes | memoryview, source: str = "bundle", in_memory: boo
     return bundle
 
 
+def method_names(buf: bytes | memoryview, source: str = "bundle") -> list[str]:
+    """Each test suite's method name, read without the cases (bounds-checked as every read; BundleError when
+    unreadable): what `bundlerun run` starts a served runner with before the bundle is read and verified
+    (runner/session.py, early start). Nothing here vouches for the bundle: `load_bundle` does."""
+    _check_identifier(buf, source)
+    try:
+        root = FlatReader(memoryview(buf), source).root("bundle")
+        return [suite.string(0, f"test suite {k} method name", MAX_NAME) or ""
+                for k, suite in enumerate(root.tables(1, "test suite"))]
+    except BundleFormatError:
+        raise
+    except (struct.error, IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError) as exc:
+        raise BundleFormatError(f"{source}: bundle is corrupted or truncated ({type(exc).__name__}: {exc})"[:400]) from None
+
+
 def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) -> Bundle:
     """Parse and validate (manifest schema, consistency with the program, integrity): what
     every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`;

@@ -121,6 +121,10 @@ class FileBundle(Bundle):
         else:
             self.__dict__.update(_program_span=None, _program=value)
 
+    def unchanged(self) -> bool:
+        """Whether the bundle is still what was read and verified (nothing changed in memory since)."""
+        return self.as_read is not None and _structure(self) == self.as_read
+
     def file_bytes(self) -> bytes | None:
         """The file's bytes, read again and checked against what was verified (every span's digest and
         the gaps' digest: one pass), for a runtime that loads the whole bundle: no FlatBuffers rebuild
@@ -128,7 +132,7 @@ class FileBundle(Bundle):
         when the bundle was changed in memory since the read (then it must be serialized). Bytes
         changed on disk are an IntegrityError, as any span's read."""
         layout = self.layout
-        if layout is None or self.as_read is None or _structure(self) != self.as_read:
+        if layout is None or not self.unchanged():
             return None
         path = layout.spans[0].path
         try:
@@ -172,10 +176,12 @@ def _address(view: memoryview) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(view)) if len(view) else 0
 
 
-def read_bundle_on_file(path: str | Path, require_seal: bool = False) -> Bundle:
-    """`read_bundle`'s reading and checks, keeping the bundle's bytes in its file (FileBundle)."""
+def read_bundle_on_file(path: str | Path, require_seal: bool = False, data: bytes | None = None) -> Bundle:
+    """`read_bundle`'s reading and checks, keeping the bundle's bytes in its file (FileBundle). `data`: the
+    file's bytes as read_bundle_bytes(path, writable=True) read them (`bundlerun run`'s early start wrote
+    these very bytes for its runner before they were verified here: runner/session.py)."""
     path = Path(path)
-    buf = read_bundle_bytes(path, writable=True)
+    buf = read_bundle_bytes(path, writable=True) if data is None else data
     view = memoryview(buf)
     parsed = load_bundle(view, str(path), require_seal)  # type: ignore[arg-type]  # views of `buf`: no second copy
     base = _address(view)

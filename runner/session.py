@@ -13,6 +13,7 @@ Ctrl-C), a report is written before returning, and every case has a verdict.
 from __future__ import annotations
 
 import datetime as _dt
+import shutil
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun
 from bundlerun.targets.failures import FailureKind
 from bundlerun.bundles.integrity import require_sealed
 from bundlerun.bundles import sequence
+from bundlerun.runner import preload
 from bundlerun.runner.pictures import warm
 from bundlerun.runner.settings import Settings
 from bundlerun.targets import repeat_schemes
@@ -262,38 +264,43 @@ def _plots_cases(bundle: Bundle, pairs: list[tuple[str, int]]) -> bool:
 
 
 def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = True,
-                session: "Session | None" = None) -> Report:
+                session: "Session | None" = None, opened: "Opened | None" = None) -> Report:
     """Run and judge; returns the typed report (written to req.report_dir unless `write` is False,
     for a caller that writes it once after adding history and baseline results). `session`: the
     command's, which keeps targets that ask for it open across bundles; otherwise the target is
-    opened for this run and closed after it."""
+    opened for this run and closed after it. `opened`: the target `read_for_run` opened with `bundle`
+    (its runtime started early), which this run takes over."""
     started, t0 = _now(), time.perf_counter()
-    # the bytes stay in the file (bundles/on_file.py): validate, api.run and the farm's jobs hold the structure only
-    bundle = bundle or read_bundle_on_file(req.bundle_path, require_seal=req.require_seal)
-    if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
-        require_sealed(bundle, str(req.bundle_path))
-    warnings: list[str] = []
-    judging = Judging(bundle, req, warnings)
-    if req.overrides:  # a bad --override is refused before anything runs
-        judging.ready()
-    target, open_error = _open_or_refuse(req, session)
-    work_dir = Path(req.report_dir) / "work"
-    try:
-        work_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    target: Any = opened[0] if opened is not None else None
+    open_error: BundlerunError | None = opened[1] if opened is not None else None
+    try:  # a target opened early holds a started runtime: let go of whatever stops the run before it runs
+        # the bytes stay in the file (bundles/on_file.py): validate, api.run and the farm's jobs hold the structure only
+        bundle = bundle or read_bundle_on_file(req.bundle_path, require_seal=req.require_seal)
+        if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
+            require_sealed(bundle, str(req.bundle_path))
+        warnings: list[str] = []
+        judging = Judging(bundle, req, warnings)
+        if req.overrides:  # a bad --override is refused before anything runs
+            judging.ready()
+        if target is None and open_error is None:
+            target, open_error = _open_or_refuse(req, session)
+        work_dir = Path(req.report_dir) / "work"
+        try:
+            work_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
+        finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
+        stream = CaseStream(bundle, req, warnings)  # outputs saved as they come and let go once judged
+        judging.release = stream.release
+    except BaseException:
         if target is not None:
-            session.release(target) if session else _close_quietly(target)
-        raise ConfigError(f"cannot create the report folder {work_dir}: {exc.strerror or exc}") from None
-    finished: dict[tuple[str, int], CaseResult] = {}  # kept when the user interrupts the run
-    stream = CaseStream(bundle, req, warnings)  # outputs saved as they come and let go once judged
-    judging.release = stream.release
+            _let_go(target, session)
+        raise
 
     try:  # whatever stops the run (an error, Ctrl-C before the judged part), no temp outputs.npz and no thread stays
         def progress(result: CaseResult) -> None:
             finished[(result.method, result.case_index)] = result
-            judging.ready()
-            if judging.ahead is not None and result.status == CaseStatus.OK:
-                judging.ahead.submit(result)
+            judging.offer(result)
             if req.progress:
                 req.progress(result)
 
@@ -357,7 +364,7 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
             warnings.append(f"run {interrupts.describe()} after {len(finished)} of {len(pairs)} cases")
         finally:
             if target is not None:
-                session.release(target) if session else _close_quietly(target)
+                _let_go(target, session)
         with interrupts.deferred(hold=True):  # a stop from here on waits until the report is written
             ctx = judging.ready()
             report = _judged_report(req, bundle, run, ctx, warnings, judging.override_records, interrupted, started, t0,
@@ -379,10 +386,11 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
 class Judging:
     """What judges a run: its criteria (the manifest's, with the --override records) and the judge that
     runs ahead of the target (runner/judging/ahead.py; not with --replay/--repeat, whose outputs are
-    compared at the end, and only once the run's CaseStream gives it `release`). Made by `ready`, once, at
-    the first of: the target's runtime spawned (RunOptions.meanwhile), a result, the run's end; the
-    criteria before the run when there are overrides to check. Made then, its imports overlap the runtime's start: the 192-step tiny llama run on
-    qemu-user://aarch64 had spent about 60 ms importing them before it spawned the emulator."""
+    compared at the end, and only once the run's CaseStream gives it `release`). Made by `ready`, once: on
+    a thread from the moment the target's runtime is spawned (RunOptions.meanwhile), with the judging's
+    imports before it (runner/preload.py), in the host's idle time while the runtime loads and runs; else
+    at the first result or the run's end; before the run when there are overrides to check. A result
+    handed over while that thread works (`offer`) is held and judged ahead with the next one."""
 
     def __init__(self, bundle: Bundle, req: RunRequest, warnings: list[str]) -> None:
         self.bundle, self.req, self.warnings = bundle, req, warnings
@@ -391,8 +399,14 @@ class Judging:
         self.override_records: list[dict[str, Any]] = []
         self.ahead: JudgeAhead | None = None
         self._lock = threading.Lock()  # the target may call `ready` from its own thread
+        self._prep: threading.Thread | None = None  # meanwhile's
+        self._hand = threading.Lock()  # `offer`'s
+        self._held: list[CaseResult] = []  # results offered while `_prep` worked
 
     def ready(self) -> JudgeContext:
+        prep = self._prep
+        if prep is not None and prep is not threading.current_thread():
+            prep.join()  # its imports done first: no two threads import the judging's modules at once
         with self._lock:
             if self.ctx is None:
                 from bundlerun.runner.judging.blas_threads import import_numpy  # start-up: numpy (module comment)
@@ -410,15 +424,40 @@ class Judging:
                 self.ahead = JudgeAhead(self.bundle, self.ctx, after=self.release)
             return self.ctx
 
-    def meanwhile(self) -> None:
-        """RunOptions.meanwhile: made ready, and the report formats' modules imported (write_reports loads
-        them at the end otherwise: xml.etree, html, the writers; about 10 ms)."""
+    def offer(self, result: CaseResult) -> None:
+        """A finished case (the run's progress): judged ahead on JudgeAhead's thread, with any held before
+        it; held while `meanwhile`'s thread is still at work, so the target's loop never waits for it. A
+        held case the run ends before handing over another is judged with the report."""
+        with self._hand:
+            prep = self._prep
+            if prep is not None and prep.is_alive():
+                self._held.append(result)
+                return
+            held, self._held = [*self._held, result], []
         self.ready()
-        from bundlerun.runner.writers import registered  # start-up: numpy (module comment)
+        if self.ahead is not None:
+            for each in held:
+                self.ahead.submit(each)  # an OK result; any other is judged when taken
 
-        registered()
+    def meanwhile(self) -> None:
+        """RunOptions.meanwhile (the target's runtime is spawned): made ready on a daemon thread, after the
+        judging's and the report formats' imports (runner/preload.py; write_reports loads the formats at the
+        end otherwise)."""
+        with self._hand:
+            if self._prep is None and self.ctx is None:
+                self._prep = threading.Thread(target=self._prepare, name="judging-prepare", daemon=True)
+                self._prep.start()
+
+    def _prepare(self) -> None:
+        try:
+            preload.imports()
+            self.ready()
+        except Exception:  # noqa: BLE001 - raised again where the run calls `ready`, as it always was
+            pass
 
     def close(self) -> None:
+        if self._prep is not None:
+            self._prep.join(10.0)  # imports: no thread of the run stays (bounded: nothing here waits on the run)
         with self._lock:
             if self.ahead is not None:
                 self.ahead.close()
@@ -430,6 +469,80 @@ def _in_process_replays(bundle: Bundle, n: int) -> int:
     from bundlerun.runner.judging.replay import in_process_replays  # start-up: numpy (module comment)
 
     return in_process_replays(bundle, n)
+
+
+def _starts_early(req: RunRequest) -> bool:
+    """Whether this run may start its target's runtime before the bundle is read and verified: the target
+    declares `prestart`, and nothing must be refused before anything runs (an unsealed bundle under
+    --require-seal, a bad --override) nor needs a process per case or run (--repeat, --replay)."""
+    return (not req.require_seal and not req.overrides and req.repeat <= 1 and req.replay <= 1
+            and _declares(req.url(), "prestart"))
+
+
+Opened = tuple[Any, "BundlerunError | None"]  # a run's target and the error that kept it from opening
+
+
+def read_for_run(req: RunRequest, session: "Session | None") -> tuple[Bundle, Opened | None]:
+    """The run's bundle, read and verified (read_bundle_on_file), with its target opened and its runtime
+    started on the bundle's bytes meanwhile where the run allows (`_read_starting_early`); pass both to
+    execute_run, which takes the target over (and lets go of it whatever stops the run)."""
+    if _starts_early(req):
+        bundle, target, open_error = _read_starting_early(req, session)
+        return bundle, (target, open_error) if target is not None or open_error is not None else None
+    return read_bundle_on_file(req.bundle_path, require_seal=req.require_seal), None
+
+
+def _read_starting_early(req: RunRequest, session: "Session | None") -> tuple[Bundle, Any, BundlerunError | None]:
+    """The bundle read and verified while the target's runtime starts on its bytes (TargetSpec.prestart):
+    the file is read once, its one method's name peeked (bundles/bpte.py method_names), the target opened
+    and its runtime spawned on those bytes, and then those same bytes parsed and verified, as
+    read_bundle_on_file does, while the runtime loads. The runtime is vouched for, and adopted by the run,
+    only once the bundle is verified; a bundle that fails lets go of the target (its runtime killed and
+    reaped) and raises as ever. On the 192-step tiny llama run on qemu-user://aarch64 the emulator was
+    spawned ~40 ms earlier (the bundle's reading and checks, the run's set-up), while the judging's
+    imports moved to a thread (runner/preload.py): bundlerun's own measurement. Returns the
+    target and its open error; no target (None, None) when none was opened here (a bundle of several
+    methods, a --method it does not hold, a URL refused: the run opens it as ever, after the bundle)."""
+    from bundlerun.bundles.bpte import method_names, read_bundle_bytes  # start-up: loaded on use, not with the CLI
+    from bundlerun.bundles.errors import BundleError  # the same
+
+    path = Path(req.bundle_path)
+    data = read_bundle_bytes(path, writable=True)
+    try:
+        names = method_names(data, str(path))
+    except BundleError:
+        names = []  # the read below says what is wrong
+    target: Any = None
+    open_error: BundlerunError | None = None
+    if len(names) == 1 and (not req.methods or list(req.methods) == names):
+        try:
+            target, open_error = _open_or_refuse(req, session)
+        except ConfigError:
+            pass  # refused by the run's own open, after the bundle's checks, as ever
+    early = None
+    work = Path(req.report_dir) / "work"
+    made = next((folder for folder in (work, *work.parents)[::-1] if not folder.exists()), None)
+    try:
+        if target is not None and open_error is None:
+            try:
+                early = target.prestart(data, names[0], work)
+            except (BundlerunError, OSError):
+                early = None  # the run's own start says what is wrong (no runner, no emulator, a folder refused)
+        bundle = read_bundle_on_file(path, data=data)
+    except BaseException:
+        if target is not None:
+            _let_go(target, session)
+        if early is not None and made is not None:
+            shutil.rmtree(made, ignore_errors=True)  # no report folder is made of a bundle that fails its checks
+        raise
+    if early is not None:
+        early.vouch(bundle)
+    return bundle, target, open_error
+
+
+def _let_go(target: Any, session: "Session | None") -> None:
+    """The run is done with its target: the session keeps it or it is closed."""
+    session.release(target) if session else _close_quietly(target)
 
 
 def _open_or_refuse(req: RunRequest, session: "Session | None") -> tuple[Any, BundlerunError | None]:
@@ -629,22 +742,35 @@ class Session(Settings):
         if not any(kept is target for kept in self._targets.values()):
             _close_quietly(target)
 
-    def execute(self, req: RunRequest, bundle: Bundle | None = None) -> Report:
-        """Run and judge one bundle with this session's targets and warm workers; nothing is written
-        (`run` adds history, baseline and the report files; a farm worker leaves those to its
-        coordinator, which records each job once after its retries)."""
+    def _configure(self, req: RunRequest) -> None:
         if not req.target_config:
             req.target_config = self.target_config(req.url())
+
+    def execute(self, req: RunRequest, bundle: Bundle | None = None, opened: Opened | None = None) -> Report:
+        """Run and judge one bundle with this session's targets and warm workers; nothing is written
+        (`run` adds history, baseline and the report files; a farm worker leaves those to its
+        coordinator, which records each job once after its retries). `opened`: see execute_run."""
+        self._configure(req)
         if self._pool is None:
-            return execute_run(req, bundle=bundle, write=False)
+            return execute_run(req, bundle=bundle, write=False, opened=opened)
         with self._pool.activate():
-            return execute_run(req, bundle=bundle, write=False, session=self)
+            return execute_run(req, bundle=bundle, write=False, session=self, opened=opened)
 
     def run(self, req: RunRequest, bundle: Bundle | None = None,
             amend: Callable[[Report], None] | None = None) -> Report:
         """Run, judge (`amend` adds to the report), record history, check the baseline, write every
-        report: report.json once."""
-        report = self.execute(req, bundle)
+        report: report.json once. Without `bundle`, req.bundle_path is read here (`read_for_run`: the
+        target's runtime may start while it is read)."""
+        opened = None
+        if bundle is None:
+            self._configure(req)
+            bundle, opened = read_for_run(req, self if self._pool is not None else None)
+        try:
+            report = self.execute(req, bundle, opened)
+        except BaseException:
+            if opened is not None and opened[0] is not None:
+                self.release(opened[0])  # a stop before the run took it over (idempotent after)
+            raise
         with interrupts.deferred():  # a stop during history/baseline/reports is raised once they are written
             if amend is not None:
                 amend(report)

@@ -158,6 +158,11 @@ class TargetSpec:
     io_state: bool = False
     inner: Callable[[TargetURL], str | None] | None = None  # a wrapper's inner URL (ssh://h/<URL>, labgrid://P/<URL>)
     keep_open: bool = False  # worth keeping open across a command's bundles (a connection, a booted device)
+    # the target's `prestart(data, method, work_dir)` spawns its runtime on the bundle's bytes before the host
+    # has read and verified them and returns it (None: not this way), and `run` adopts it only for the bundle
+    # vouched for as verified from those bytes (runner/session.py's early start; targets/et_runner/server.py
+    # Prestarted); `close` kills what was not adopted
+    prestart: bool = False
     # settings that name a program, command, code or tool options to run (here, on a remote host or a
     # device): only the user's own config and --target-opt may set them, never a farm plan (docs/security.md)
     command_settings: tuple[str, ...] = ()

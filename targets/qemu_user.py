@@ -23,7 +23,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,6 +135,7 @@ SPEC = TargetSpec(
                          "process (emulator start-up, program load, execute, output files)"),
     repeat=True,
     stateful=True,  # served: one loaded method per sequence (targets/et_runner/server.py); else refused there
+    prestart=True,  # its bundled server starts while the host reads the bundle (QemuUserTarget.prestart)
 )
 
 
@@ -172,6 +173,37 @@ class QemuUserTarget(TargetBase):
     url: str
     arch: str
     settings: QemuUserSettings
+    _prestarted: server.Prestarted | None = field(default=None, init=False, repr=False)
+
+    def prestart(self, data: bytes, method: str, work_dir: Path) -> server.Prestarted | None:
+        """TargetSpec.prestart: the bundled server of `method` spawned now on the bundle's bytes `data` (the
+        host reads and verifies them meanwhile; `run` adopts it only for the bundle vouched for, else it is
+        killed). None when this lane would not serve it that way: a runner without bundled serving, or a
+        setting that gives each case its own process. Raises what starting it raises (no runner, no qemu)."""
+        if self._prestarted is not None or server.own_process_reason(
+                self.settings.server, 1, self.settings.etdump, self.settings.print_output) is not None:
+            return None
+        qemu, runner = self._binaries()
+        if runner_meta(runner).get("server_testset") is not True:
+            return None
+        self._prestarted = server.prestart(data, method, self._command(qemu, runner), Path(work_dir) / "qemu-user",
+                                           self._threads())
+        return self._prestarted
+
+    def _command(self, qemu: str, runner: Path) -> list[str]:
+        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
+
+        cpu_args = ["-cpu", argv.word(self.settings.cpu, "qemu cpu")] if self.settings.cpu else []
+        return [argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner")]
+
+    def _threads(self) -> list[str]:
+        return ["--cpu_threads", str(int(self.settings.cpu_threads))] if self.settings.cpu_threads is not None else []
+
+    def close(self) -> None:
+        """The prestarted server `run` did not adopt: killed, reaped, its folder removed."""
+        prestarted, self._prestarted = self._prestarted, None
+        if prestarted is not None:
+            prestarted.discard()
 
     def _binaries(self) -> tuple[str, Path]:
         qemu = qemu_for(self.arch, self.settings.qemu)
@@ -182,6 +214,14 @@ class QemuUserTarget(TargetBase):
         return qemu, runner_binary(runner, f"the {self.arch}", BUILD_HINT, executable=False)
 
     def run(self, bundle: Bundle, bundle_path: Path, options: RunOptions) -> TargetRun:
+        prestarted, self._prestarted = self._prestarted, None
+        try:
+            return self._run(bundle, options, prestarted)
+        finally:
+            if prestarted is not None:
+                prestarted.discard()  # nothing when serve() adopted it
+
+    def _run(self, bundle: Bundle, options: RunOptions, prestarted: server.Prestarted | None) -> TargetRun:
         qemu, runner = self._binaries()
         work = Path(options.work_dir) / "qemu-user"
         meta = runner_meta(runner)
@@ -201,17 +241,19 @@ class QemuUserTarget(TargetBase):
         executions = executor_runner.executions_for(getattr(options, "repeat", 1))
         if executions > 1:
             run.info.update(repeat=executions - 1, warmup=1, num_executions=executions)
-        from bundlerun.targets import argv  # start-up: not loaded by `bundlerun --help`
+        command = self._command(qemu, runner)
 
-        cpu_args = ["-cpu", argv.word(self.settings.cpu, "qemu cpu")] if self.settings.cpu else []
-        threads = ["--cpu_threads", str(int(self.settings.cpu_threads))] if self.settings.cpu_threads is not None else []
+        def serve(method: str, indices: list[int]) -> list[int]:
+            nonlocal prestarted
+            offered, prestarted = prestarted, None  # the first method served, if it is the one prestarted
+            return server.serve(bundle, method, indices, command, work, options.case_timeout_s, executor_runner.classify,
+                                "the runner", lambda r: run.record(r, options), extra_args=self._threads(),
+                                bundled=bundled, meanwhile=options.meanwhile, prestarted=offered)
+
         server.run_cases(
             bundle, options, run,
             server.own_process_reason(self.settings.server, executions, self.settings.etdump, self.settings.print_output),
-            lambda method, indices: server.serve(
-                bundle, method, indices, [argv.program(qemu, "qemu"), *cpu_args, argv.local_path(runner, "runner")],
-                work, options.case_timeout_s, executor_runner.classify, "the runner", lambda r: run.record(r, options),
-                extra_args=threads, bundled=bundled, meanwhile=options.meanwhile),
+            serve,
             lambda method, index: self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s,
                                              executions),
             bundled=bundled)

@@ -22,7 +22,7 @@ LEAVES = {"bundlerun", "bundlerun._version"}  # no imports of their own: every f
 # the front door: runner/'s entry points (console script, pytest11 plugin) and what the CLI and
 # the API call first; every other module of runner/ lives in a room (a sub-package)
 FRONT_DOOR = {"__init__", "cli", "arguments", "session", "settings", "interrupts", "seal", "shard", "inspect_view", "stateful",
-              "pytest_plugin"}
+              "preload", "pytest_plugin"}
 
 
 def _modules() -> dict[str, Path]:

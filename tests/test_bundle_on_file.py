@@ -249,15 +249,16 @@ def test_fuzz_no_changed_byte_reaches_a_served_runner(mlp):
 
 @pytest.mark.parametrize("tamper", ["span", "gap"])
 def test_a_bundle_edited_before_a_served_runner_loads_it_is_never_judged(mlp, tmp_path, tamper):
-    """`bundlerun run` on qemu-user://aarch64 (ExecuTorch's real aarch64 executor_runner under
-    qemu-aarch64, served: it loads the whole bundle from the report folder) with the file edited after
-    the CLI verified it: no runner is given the edited bytes, the run stops with the integrity error."""
+    """`bundlerun run --select` on qemu-user://aarch64 (ExecuTorch's real aarch64 executor_runner under
+    qemu-aarch64, served: it loads the whole bundle from the report folder; --select: the CLI reads the
+    bundle first, so the runner starts after it) with the file edited after the CLI verified it: no runner
+    is given the edited bytes, the run stops with the integrity error."""
     from tests.doubles.android_env import real_executor_runner
 
     real_executor_runner("aarch64")  # fails with the build command when it is not built
     report_dir = tmp_path / "r"
     r = subprocess.run([sys.executable, "-c", TAMPER_MID_RUN, "run", str(mlp), "--target", "qemu-user://aarch64",
-                        "--report", str(report_dir), "--no-history", "--quiet"],
+                        "--report", str(report_dir), "--no-history", "--quiet", "--select", "0-3"],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "TAMPER": tamper})
     assert r.returncode == 2, r.stdout + r.stderr
     report = json.loads((report_dir / "report.json").read_text())
@@ -265,3 +266,31 @@ def test_a_bundle_edited_before_a_served_runner_loads_it_is_never_judged(mlp, tm
     assert all(c["error_kind"] == "bad-bundle" and "changed on disk after it was read and verified" in c["error"]
                for c in report["cases"]), report["cases"]
     assert not list(report_dir.rglob("model.bpte"))  # nothing was written for a runner to load
+
+
+@pytest.mark.parametrize("tamper", ["span", "gap"])
+def test_a_bundle_edited_after_its_early_started_runner_loaded_it_is_never_judged_edited(mlp, tmp_path, tamper):
+    """`bundlerun run` on qemu-user://aarch64 with its early start (runner/session.py read_for_run): the
+    runner was given the bytes the host read and then verified, before the file was edited. It never sees
+    the edit; a case the judge reads afresh from the edited file (an expected output: span) stops the run
+    with the integrity error, as on every lane (the host://portable test above); an edit outside every
+    span (gap) touches nothing the run uses: judged on the bytes verified."""
+    from tests.doubles.android_env import real_executor_runner
+
+    real_executor_runner("aarch64")  # fails with the build command when it is not built
+    original = mlp.read_bytes()
+    report_dir = tmp_path / "r"
+    r = subprocess.run([sys.executable, "-c", TAMPER_MID_RUN, "run", str(mlp), "--target", "qemu-user://aarch64",
+                        "--report", str(report_dir), "--no-history", "--quiet"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "TAMPER": tamper})
+    assert mlp.read_bytes() != original  # the edit was made
+    runner_got = report_dir / "work" / "qemu-user" / "forward-served" / "model.bpte"
+    assert runner_got.read_bytes() == original
+    if tamper == "span":
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "changed on disk after the bundle was read and verified" in r.stderr, r.stderr
+        assert not (report_dir / "report.json").exists()
+    else:
+        assert r.returncode == 0, r.stdout + r.stderr
+        report = json.loads((report_dir / "report.json").read_text())
+        assert report["summary"]["verdict"] == "PASS"

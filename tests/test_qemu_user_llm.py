@@ -103,15 +103,15 @@ from bundlerun.runner.cli import main
 try:
     main(sys.argv[1:])
 finally:
-    print("EVENTS", events[:4], file=sys.stderr)
+    print("EVENTS", events[:8], file=sys.stderr)
 """
 
 
 def test_the_runner_is_spawned_before_the_judge_is_made_while_it_loads(llm_runner, tmp_path):
     # runner/session.py Judging, RunOptions.meanwhile: the served lane spawns the emulated runner first and
-    # the judging modules are imported while the runner loads, before the first trigger (numpy is not
-    # asserted here: this bundle's per-case plots warm matplotlib, and numpy, on a thread meanwhile;
-    # tests/test_bundle_on_file.py checks the reading path alone)
+    # the judge is made on a thread (its modules imported there: runner/preload.py) while the runner loads
+    # and runs: the triggers never wait for it (numpy is not asserted here: this bundle's per-case plots warm
+    # matplotlib, and numpy, on a thread meanwhile; tests/test_bundle_on_file.py checks the reading path alone)
     import subprocess
     import sys
 
@@ -120,7 +120,8 @@ def test_the_runner_is_spawned_before_the_judge_is_made_while_it_loads(llm_runne
                           "--report", str(tmp_path / "r"), "--no-history"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     events = eval(out.stderr.split("EVENTS", 1)[1].strip().splitlines()[0])
-    assert events == [("spawn", False), ("judge made",), ("trigger", 0), ("trigger", 1)], events
+    assert events[0] == ("spawn", False) and ("judge made",) in events, events
+    assert [e for e in events if e[0] == "trigger"][:2] == [("trigger", 0), ("trigger", 1)], events
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["summary"]["verdict"] == "PASS" and len(report["cases"]) == STEPS
 

@@ -85,6 +85,7 @@ class RunnerServer:
         self._pending = b""
         self._log: IO[bytes] | None = None
         self._selector = selectors.DefaultSelector()
+        self._spawned = 0.0
 
     def __enter__(self) -> "RunnerServer":
         return self
@@ -92,20 +93,25 @@ class RunnerServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, timeout_s: float, meanwhile: Callable[[], None] | None = None) -> Served:
-        """Start the runner and wait for it to load the program and enter its loop; `meanwhile` (RunOptions)
-        is called between the two."""
+    def spawn(self) -> None:
+        """Start the runner (`start` waits for it to load the program; it calls this unless it was done)."""
         self._log = open(self.log_path, "wb")
-        t0 = time.monotonic()
+        self._spawned = time.monotonic()
         self.proc = start_program([*self.argv, "--server_mode"], "the runner binary", cwd=self.cwd,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   start_new_session=True, env=self.env)
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def start(self, timeout_s: float, meanwhile: Callable[[], None] | None = None) -> Served:
+        """Start the runner (unless `spawn` did) and wait, `timeout_s` from its spawn, for it to load the
+        program and enter its loop; `meanwhile` (RunOptions) is called between the two."""
+        if self.proc is None:
+            self.spawn()
         if meanwhile is not None:
             meanwhile()
-        return self._until(READY, t0, timeout_s)
+        return self._until(READY, self._spawned, timeout_s)
 
     def trigger(self, timeout_s: float, case: int | None = None) -> Served:
         """One inference: on the inputs now in the --inputs files, or (bundled serving) on bundled
@@ -164,6 +170,12 @@ class RunnerServer:
         if status is None:  # closed its output but still running
             kill_process_group(self.proc, term_first=False)
         return status
+
+    def kill(self) -> None:
+        """Its group killed at once, reaped and closed (a server nothing will use)."""
+        if self.proc is not None:
+            kill_process_group(self.proc, term_first=False)
+        self.close()
 
     def close(self) -> None:
         """EOF on stdin (the runner's loop ends with 0), a short bounded wait, then its group is killed
@@ -253,10 +265,65 @@ def input_bytes(value: BundledValue) -> bytes:
     return struct.pack(_SCALAR_FORMATS[value.kind], value.scalar)
 
 
+def served_folder(work: Path, method: str) -> Path:
+    """Where a method's server runs: its model, its outputs, its logs."""
+    return work / f"{safe_name(method)}-served"
+
+
+def served_args(command: list[str], model: str, method: str, extra_args: list[str] | None, names: list[str]) -> list[str]:
+    """A server's argv (`command`: the runner, or an emulator and the runner; `names`: its --inputs files)."""
+    return [*command, "--model_path", model, "--method_name", method, "--output_file", "out/output",
+            "--print_output", "none", *(extra_args or [])] + (["--inputs", ",".join(names)] if names else [])
+
+
+@dataclass
+class Prestarted:
+    """A bundled server spawned on a bundle's bytes before the host had read and verified them
+    (`bundlerun run`'s early start, runner/session.py; a target that declares `prestart`): the runner
+    loads the program while the host reads the bundle. `serve` adopts it only when the bundle it serves
+    is `vouched` (read and verified from those very bytes, and unchanged in memory since) and it would
+    have started this same process; anything else kills and reaps it and removes its folder
+    (`discard`), and the server `serve` would start anyway runs instead."""
+
+    args: list[str]
+    folder: Path
+    server: RunnerServer
+    vouched: object | None = None  # the bundle read and verified from the bytes the runner was given
+    adopted: bool = False
+
+    def vouch(self, bundle: object) -> None:
+        """`bundle` was read and verified from the bytes this server was given."""
+        self.vouched = bundle
+
+    def discard(self) -> None:
+        if not self.adopted:
+            self.adopted = True  # once
+            self.server.kill()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def prestart(data: bytes, method: str, command: list[str], work: Path, extra_args: list[str] | None = None) -> Prestarted:
+    """A bundled server of `method` (the runner's `command`) spawned on the bundle's bytes `data`, as
+    `serve(..., bundled=True)` would start it (see Prestarted). OSError: its folder could not be written."""
+    folder = served_folder(work, method)
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "out").mkdir(parents=True, exist_ok=True)
+    (folder / "model.bpte").write_bytes(data)
+    args = served_args(command, "model.bpte", method, extra_args, [])
+    server = RunnerServer(args, folder, folder / "server-1.log")
+    try:
+        server.spawn()
+    except BaseException:
+        server.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Prestarted(args, folder, server)
+
+
 def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], work: Path, timeout_s: float,
           classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None], *,
           env: dict[str, str] | None = None, extra_args: list[str] | None = None, bundled: bool = False,
-          meanwhile: Callable[[], None] | None = None) -> list[int]:
+          meanwhile: Callable[[], None] | None = None, prestarted: Prestarted | None = None) -> list[int]:
     """Run cases `indices` of `method` (unservable() said None) on one executor_runner --server_mode
     process (`command`: the runner, or an emulator and the runner; `extra_args`: the lane's own flags),
     `record`ing each result as it finishes. A case that runs past `timeout_s` is a timeout
@@ -264,28 +331,32 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
     lane's one-case path: all of them when the server does not reach its loop (the program does not
     load: that path says why), else from the case it died on. `bundled`: the runner takes the whole
     bundle and a case index per trigger (module docstring), not --inputs files. `meanwhile`: RunOptions.meanwhile,
-    called while each server loads the program."""
+    called while each server loads the program. `prestarted`: the server spawned before the bundle was
+    verified (Prestarted), adopted as the first server or discarded."""
 
-    folder = work / f"{safe_name(method)}-served"
-    # a fresh folder: a re-run into the same report folder left the last run's files here, and rewriting a
-    # file in place (truncate, then write) made ext4 flush it on close (auto_da_alloc): 2.4 ms per case log,
-    # 0.43-0.47 s of a 192-step run, on the path between a step's end and the next trigger (bundlerun's own
-    # measurement, load 4); nor can a stale case log be taken for this run's
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "out").mkdir(parents=True, exist_ok=True)
+    folder = served_folder(work, method)
     cases = bundle.suite(method).test_cases
-    if bundled:
-        from bundlerun.bundles.on_file import whole_bundle_bytes  # start-up: not loaded by `bundlerun --help`
+    names = [] if bundled or not indices else [f"input-{j}.bin" for j in range(len(cases[indices[0]].inputs))]
+    args = served_args(command, "model.bpte" if bundled else "model.pte", method, extra_args, names)
+    first: RunnerServer | None = None
+    if prestarted is not None:
+        if _adoptable(prestarted, bundle, args, folder, env, bundled):
+            prestarted.adopted, first = True, prestarted.server
+        else:
+            prestarted.discard()
+    if first is None:
+        # a fresh folder: a re-run into the same report folder left the last run's files here, and rewriting a
+        # file in place (truncate, then write) made ext4 flush it on close (auto_da_alloc): 2.4 ms per case log,
+        # 0.43-0.47 s of a 192-step run, on the path between a step's end and the next trigger (bundlerun's own
+        # measurement, load 4); nor can a stale case log be taken for this run's
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / "out").mkdir(parents=True, exist_ok=True)
+        if bundled:
+            from bundlerun.bundles.on_file import whole_bundle_bytes  # start-up: not loaded by `bundlerun --help`
 
-        model = "model.bpte"
-        (folder / model).write_bytes(whole_bundle_bytes(bundle))
-        names: list[str] = []
-    else:
-        model = "model.pte"
-        (folder / model).write_bytes(bundle.program)
-        names = [f"input-{j}.bin" for j in range(len(cases[indices[0]].inputs))] if indices else []
-    args = [*command, "--model_path", model, "--method_name", method, "--output_file", "out/output",
-            "--print_output", "none", *(extra_args or [])] + (["--inputs", ",".join(names)] if names else [])
+            (folder / "model.bpte").write_bytes(whole_bundle_bytes(bundle))
+        else:
+            (folder / "model.pte").write_bytes(bundle.program)
     stateful = method in stateful_methods(bundle)
 
     def feed(index: int) -> None:
@@ -308,22 +379,34 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
 
     try:
         return _serve_loop(args, folder, env, indices, timeout_s, bundled, stateful, bundle, method, classify_fn,
-                           who, record, feed, done_later, settle, meanwhile)
+                           who, record, feed, done_later, settle, meanwhile, first)
     finally:
         settle()
+
+
+def _adoptable(prestarted: Prestarted, bundle: Bundle, args: list[str], folder: Path, env: dict[str, str] | None,
+               bundled: bool) -> bool:
+    """Whether `prestarted` is the server serve() would start now, on the bytes this bundle was verified from."""
+    from bundlerun.bundles.on_file import FileBundle  # start-up: not loaded by `bundlerun --help`
+
+    return (bundled and env is None and prestarted.vouched is bundle and isinstance(bundle, FileBundle)
+            and bundle.unchanged() and prestarted.args == args and prestarted.folder == folder)
 
 
 def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indices: list[int], timeout_s: float,
                 bundled: bool, stateful: bool, bundle: Bundle, method: str,
                 classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None],
                 feed: Callable[[int], None], done_later: list[tuple[Path, str, CaseResult]],
-                settle: Callable[[], None], meanwhile: Callable[[], None] | None = None) -> list[int]:
-    """serve()'s loop: the servers, their triggers and what each answer makes of its case."""
+                settle: Callable[[], None], meanwhile: Callable[[], None] | None = None,
+                first: RunnerServer | None = None) -> list[int]:
+    """serve()'s loop: the servers, their triggers and what each answer makes of its case (`first`: the
+    first server, spawned already)."""
     pending = list(indices)
     servers = 0
     while pending:
         servers += 1
-        with RunnerServer(args, folder, folder / f"server-{servers}.log", env) as server:
+        spawned = first if servers == 1 and first is not None else None
+        with spawned or RunnerServer(args, folder, folder / f"server-{servers}.log", env) as server:
             feed(pending[0])
             if server.start(timeout_s, meanwhile).status != "done":
                 return pending
