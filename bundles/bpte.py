@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,8 @@ from bundlerun.bundles import scalar_types as st
 from bundlerun.bundles.errors import BundleFormatError, ManifestError
 from bundlerun.bundles.fileio import atomic_write_bytes
 from bundlerun.bundles.flatbuf import FlatReader, FlatTable
+from bundlerun.bundles.bpte_bytes import FILE_IDENTIFIER, method_names, read_bundle_bytes  # noqa: F401  (here too)
+from bundlerun.bundles.bpte_bytes import check_identifier as _check_identifier
 from bundlerun.bundles.manifest_schema import MAX_DEPTH, MAX_DIMS, MAX_NAME
 from bundlerun.bundles.manifest import Manifest
 from bundlerun.bundles.integrity import seal, validate_bundle
@@ -33,7 +34,6 @@ from bundlerun.bundles.integrity import seal, validate_bundle
 if TYPE_CHECKING:
     import flatbuffers
 
-FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
 PROGRAM_ALIGN = 32
 TENSOR_DATA_ALIGN = 16
@@ -209,22 +209,6 @@ def _read_value(tab: FlatTable, what: str) -> BundledValue:
     raise tab.reader.fail(f"{what} has unknown value type {kind}")
 
 
-def _check_identifier(buf: bytes | memoryview, source: str) -> None:
-    if len(buf) < 8:
-        raise BundleFormatError(f"{source}: file is empty or too short to be a bundle ({len(buf)} bytes)")
-    ident = bytes(buf[4:8])
-    if ident == FILE_IDENTIFIER:
-        return
-    if ident[:2] == b"ET" and ident[2:4].isdigit():
-        raise BundleFormatError(
-            f"{source}: this is a plain ExecuTorch program ({ident.decode()}), not a BundleIO .bpte; "
-            "build a bundle with `bundlerun build`"
-        )
-    raise BundleFormatError(
-        f"{source}: not a BundleIO program (file identifier {ident!r}, expected {FILE_IDENTIFIER!r})"
-    )
-
-
 def _brief(values: list[int], limit: int = MAX_DIMS) -> str:
     """A list for a one-line message: at most `limit` items, then how many more."""
     shown = ", ".join(map(str, values[:limit]))
@@ -349,21 +333,6 @@ def parse_bundle(buf: bytes | memoryview, source: str = "bundle", in_memory: boo
     return bundle
 
 
-def method_names(buf: bytes | memoryview, source: str = "bundle") -> list[str]:
-    """Each test suite's method name, read without the cases (bounds-checked as every read; BundleError when
-    unreadable): what `bundlerun run` starts a served runner with before the bundle is read and verified
-    (runner/session.py, early start). Nothing here vouches for the bundle: `load_bundle` does."""
-    _check_identifier(buf, source)
-    try:
-        root = FlatReader(memoryview(buf), source).root("bundle")
-        return [suite.string(0, f"test suite {k} method name", MAX_NAME) or ""
-                for k, suite in enumerate(root.tables(1, "test suite"))]
-    except BundleFormatError:
-        raise
-    except (struct.error, IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError) as exc:
-        raise BundleFormatError(f"{source}: bundle is corrupted or truncated ({type(exc).__name__}: {exc})"[:400]) from None
-
-
 def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) -> Bundle:
     """Parse and validate (manifest schema, consistency with the program, integrity): what
     every reader of a user's bundle uses. Warnings (an unsealed bundle) are in `.warnings`;
@@ -381,26 +350,6 @@ def load_bundle(buf: bytes, source: str = "bundle", require_seal: bool = False) 
 def read_bundle(path: str | Path, require_seal: bool = False) -> Bundle:
     """Read and validate a `.bpte` file (see `load_bundle`)."""
     return load_bundle(read_bundle_bytes(path), str(path), require_seal)
-
-
-def read_bundle_bytes(path: str | Path, writable: bool = False) -> bytes:
-    """A `.bpte` file's bytes, or what stops them being read as one line (BundleFormatError).
-    `writable`: in a bytearray (bundles/on_file.py takes the address of its views with ctypes)."""
-    path = Path(path)
-    try:
-        if writable:
-            with path.open("rb") as fh:
-                buf = bytearray(os.fstat(fh.fileno()).st_size)
-                if fh.readinto(buf) != len(buf) or fh.read(1):
-                    raise BundleFormatError(f"{path}: changed while it was read")
-                return buf  # type: ignore[return-value]  # a bytearray reads as bytes everywhere it goes
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise BundleFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BundleFormatError(f"{path}: is a directory, expected a .bpte file") from None
-    except OSError as exc:
-        raise BundleFormatError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def _aligned_bytes(builder: flatbuffers.Builder, data: bytes, alignment: int) -> int:

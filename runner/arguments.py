@@ -17,8 +17,6 @@ from typing import Any, Mapping, Sequence
 from bundlerun.bundles import limits
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.targets import TargetConfig, default_backend, resolve_target
-from bundlerun.bundles.manifest import CRITERIA_FIELDS
-from bundlerun.runner.judging.overrides import parse_overrides
 
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer path cannot be opened anyway
 MAX_LABEL_CHARS = 256  # bundlerun's own: a label is a commit sha or a short name shown in every table
@@ -139,6 +137,8 @@ def tolerance(key: Any, value: Any, what: str = "--tolerance") -> float:
         from bundlerun.bundles.registry import top_k_value  # start-up: loads tomli on use
 
         return top_k_value(value, f"{what}: top_k")
+    from bundlerun.bundles.manifest import CRITERIA_FIELDS  # start-up: the manifest's records load with a bundle
+
     if key not in CRITERIA_FIELDS:
         raise ConfigError(f"{what}: {str(key)[:60]!r} is not one of {', '.join((*CRITERIA_FIELDS, 'top_k'))}")
     if isinstance(value, str):
@@ -164,7 +164,10 @@ def overrides(value: Any, what: str = "overrides") -> list[str]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ConfigError(f"{what}: expected a list of OUTPUT.KEY=VALUE strings, got {_kind(value)}")
     items = [text(v, f"{what}[{i}]", 4096) for i, v in enumerate(value)]
-    parse_overrides(items)
+    if items:
+        from bundlerun.runner.judging.overrides import parse_overrides  # start-up: as CRITERIA_FIELDS above
+
+        parse_overrides(items)
     return items
 
 

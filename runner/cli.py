@@ -512,13 +512,15 @@ def _repeat(key: str = "bundlerun.repeat") -> int:
 def run(bundle, report_dir, case_list, methods, quiet, as_json, shard, target, case_timeout, setup_timeout, save_outputs,
         overrides, label, baseline, history_db, no_history, config_path, target_opts, runner_elf, debug_on_fail=False):
     """Run every test case of BUNDLE on --target and judge every output."""
-    from bundlerun.bundles.on_file import read_bundle_on_file  # start-up: loaded on use, not with the CLI
-
     # bad input fails before anything starts; the bundle's bytes stay in its file, read back (and checked
     # against what was verified) a case at a time: the lane's runtime holds the program (issue 36). Read here
     # when --select or --shard needs its cases, else by the run (runner/session.py read_for_run: a target
     # that declares `prestart` starts its runtime on the bundle's bytes while they are verified)
-    parsed = read_bundle_on_file(bundle, require_seal=seal.required()) if case_list is not None or shard else None
+    parsed = None
+    if case_list is not None or shard:
+        from bundlerun.bundles.on_file import read_bundle_on_file  # start-up: loaded on use, not with the CLI
+
+        parsed = read_bundle_on_file(bundle, require_seal=seal.required())
     cases = _select_cases(parsed, case_list, list(methods) or None) if parsed is not None else None
     report_dir = _report_dir(report_dir or Path("out") / bundle.stem)
     session = make_session(config_path, target_opts, history_db, no_history, baseline, runner_elf)

@@ -17,14 +17,11 @@ import shutil
 import sys
 import threading
 import time
-import zipfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from bundlerun.bundles.bpte import Bundle
-from bundlerun.bundles.on_file import read_bundle_on_file
 from bundlerun.bundles.errors import BundlerunError, ConfigError
 from bundlerun.bundles.limits import MAX_REPORT_OUTPUTS_BYTES
 from bundlerun.runner import interrupts
@@ -32,7 +29,6 @@ from bundlerun.runner.judging.outcome import EXIT_FAIL, EXIT_PASS
 from bundlerun.targets import TargetConfig, TargetURL, open_target, resolve_target
 from bundlerun.targets.base import CaseResult, CaseStatus, RunOptions, TargetRun, selected_cases
 from bundlerun.targets.failures import FailureKind
-from bundlerun.bundles.integrity import require_sealed
 from bundlerun.bundles import sequence
 from bundlerun.runner import preload
 from bundlerun.runner.pictures import warm
@@ -40,6 +36,7 @@ from bundlerun.runner.settings import Settings
 from bundlerun.targets import repeat_schemes
 
 if TYPE_CHECKING:
+    from bundlerun.bundles.bpte import Bundle
     from bundlerun.runner.report.model import Report
     from bundlerun.runner.judging.ahead import JudgeAhead
     from bundlerun.runner.judging.judge import JudgeContext
@@ -48,6 +45,20 @@ if TYPE_CHECKING:
 # What judges and writes a run (numpy, the judging modules, the report's records and writers, the history:
 # about 60 ms of a command's start-up) is imported where it is used, after the target has started:
 # `bundlerun run` on a served lane spawns its runtime first and imports these while it loads (Judging).
+
+
+def read_bundle_on_file(path: str | Path, require_seal: bool = False, data: bytes | None = None) -> Bundle:
+    """bundles/on_file.py's, imported on first use: its parse, manifest and integrity checks are about 20 ms
+    of imports, which `bundlerun run` on a served lane pays after its runtime has started (read_for_run)."""
+    from bundlerun.bundles.on_file import read_bundle_on_file as read  # start-up: the module comment above
+
+    return read(path, require_seal=require_seal, data=data)
+
+
+def _bad_zip() -> type[Exception]:
+    import zipfile  # start-up: only a run that saves its outputs gets here
+
+    return zipfile.BadZipFile
 
 
 class RunInterrupted(BundlerunError):
@@ -223,7 +234,7 @@ class CaseStream:
                 return  # over the bound: said in the warnings
             try:
                 report.outputs_file = str(self.outputs.close(run.cases))
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:  # the writer took its temp file away
+            except (OSError, ValueError, _bad_zip()) as exc:  # the writer took its temp file away
                 note_unwritten(report, Path(report_dir) / OUTPUTS_FILE,
                                exc if isinstance(exc, OSError) else OSError(f"outputs.npz: {exc}"))
                 return
@@ -277,6 +288,8 @@ def execute_run(req: RunRequest, bundle: Bundle | None = None, write: bool = Tru
         # the bytes stay in the file (bundles/on_file.py): validate, api.run and the farm's jobs hold the structure only
         bundle = bundle or read_bundle_on_file(req.bundle_path, require_seal=req.require_seal)
         if req.require_seal:  # also a bundle read by the caller (bundles/integrity.py)
+            from bundlerun.bundles.integrity import require_sealed  # start-up: with the bundle's reader (read_bundle_on_file)
+
             require_sealed(bundle, str(req.bundle_path))
         warnings: list[str] = []
         judging = Judging(bundle, req, warnings)
@@ -503,8 +516,8 @@ def _read_starting_early(req: RunRequest, session: "Session | None") -> tuple[Bu
     imports moved to a thread (runner/preload.py): bundlerun's own measurement. Returns the
     target and its open error; no target (None, None) when none was opened here (a bundle of several
     methods, a --method it does not hold, a URL refused: the run opens it as ever, after the bundle)."""
-    from bundlerun.bundles.bpte import method_names, read_bundle_bytes  # start-up: loaded on use, not with the CLI
-    from bundlerun.bundles.errors import BundleError  # the same
+    from bundlerun.bundles.bpte_bytes import method_names, read_bundle_bytes  # start-up: not bpte.py's imports (module)
+    from bundlerun.bundles.errors import BundleError  # start-up: loaded on use, not with the CLI
 
     path = Path(req.bundle_path)
     data = read_bundle_bytes(path, writable=True)
