@@ -25,7 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from bundlerun.bundles.errors import TargetError
 from bundlerun.bundles.program_meta import program_operators
@@ -42,6 +42,7 @@ from bundlerun.targets.process import kill_process_group, start_program, wait_ex
 from bundlerun.targets.runner_cache import cached_runners, read_record, runner_binary
 from bundlerun.targets.settings import parse_settings
 from bundlerun.targets.base import PerfKind
+from bundlerun.targets.gil_handoff import responsive_waits
 from bundlerun.targets.failures import FailureKind
 
 if TYPE_CHECKING:  # the bundle reader (and numpy) load only when a run starts
@@ -250,6 +251,15 @@ class QemuUserTarget(TargetBase):
                                 "the runner", lambda r: run.record(r, options), extra_args=self._threads(),
                                 bundled=bundled, meanwhile=options.meanwhile, prestarted=offered)
 
+        with responsive_waits():  # the judge-ahead thread must not delay each step (targets/gil_handoff.py)
+            self._run_cases(bundle, options, run, executions, serve, qemu, runner, work, bundled)
+        if bundled:
+            run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
+        return run
+
+    def _run_cases(self, bundle: Bundle, options: RunOptions, run: TargetRun, executions: int,
+                   serve: Callable[[str, list[int]], list[int]], qemu: str, runner: Path, work: Path,
+                   bundled: bool) -> None:
         server.run_cases(
             bundle, options, run,
             server.own_process_reason(self.settings.server, executions, self.settings.etdump, self.settings.print_output),
@@ -257,9 +267,6 @@ class QemuUserTarget(TargetBase):
             lambda method, index: self._case(bundle, method, index, qemu, runner, work, options.case_timeout_s,
                                              executions),
             bundled=bundled)
-        if bundled:
-            run.info["served_inputs"] = "bundled test case per trigger (one loaded method: mutable buffers kept)"
-        return run
 
     def _case(self, bundle: Bundle, method: str, index: int, qemu: str, runner: Path, work: Path,
               timeout_s: float, executions: int = 1) -> CaseResult:

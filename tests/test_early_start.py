@@ -245,3 +245,28 @@ def test_a_bundle_changed_in_memory_is_not_served_by_the_runner_started_on_its_f
     served = tmp_path / "r" / "work" / "qemu-user" / "forward-served"
     assert sorted(p.name for p in served.glob("server-*.log")) == ["server-1.log"]  # the run's own server
     assert _runner_processes(str(tmp_path / "r")) == []
+
+
+@pytest.mark.slow
+def test_qemu_user_serves_with_the_lowered_switch_interval(llm_runner, tmp_path, monkeypatch):  # noqa: F811
+    # targets/gil_handoff.py: the judge-ahead thread must not hold the GIL past a step's DONE line for
+    # CPython's default 5 ms; lowered while the lane serves, restored after
+    from bundlerun.runner.session import RunRequest, execute_run, read_for_run
+    from bundlerun.targets.et_runner import server
+    from bundlerun.targets.gil_handoff import SERVING_SWITCH_INTERVAL_S
+
+    seen: list[float] = []
+    send = server.RunnerServer.send
+
+    def spy(self, case=None):
+        seen.append(sys.getswitchinterval())
+        return send(self, case)
+
+    monkeypatch.setattr(server.RunnerServer, "send", spy)
+    before = sys.getswitchinterval()
+    req = RunRequest(bundle_path=cached_llama_bundle("fp32") / "llama.bpte", target=URL, report_dir=tmp_path / "r")
+    bundle, opened = read_for_run(req, None)
+    report = execute_run(req, bundle=bundle, write=False, opened=opened)
+    assert report.summary.verdict == "PASS" and len(seen) == STEPS
+    assert all(interval == pytest.approx(min(before, SERVING_SWITCH_INTERVAL_S), abs=2e-6) for interval in seen), seen
+    assert sys.getswitchinterval() == before
