@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from bundlerun.targets.failures import FailureKind
 
@@ -294,23 +294,35 @@ def raw_outputs_from_files(
     Returns (outputs, error). A missing or wrong-size file is an error naming
     the file and both sizes; nothing is guessed.
     """
+    def read(path: Path) -> tuple[str, bytes | str]:
+        try:
+            return Path(path).name, Path(path).read_bytes()
+        except OSError as exc:
+            return Path(path).name, f"cannot read output file {Path(path).name}: {exc.strerror}"
+
+    return raw_outputs_from_bytes((read(path) for path in files), layout, len(files))
+
+
+def raw_outputs_from_bytes(
+    read: Iterable[tuple[str, bytes | str]], layout: list[tuple[int, list[int]]], count: int
+) -> tuple[list[RawTensor], str | None]:
+    """raw_outputs_from_files over `count` files as (name, bytes, or why it could not be read), taken in
+    order: a served runner's, read at once because its next trigger overwrites them (et_runner/server.py)."""
     from bundlerun.bundles.scalar_types import itemsize, name  # start-up: not loaded by `bundlerun --help`
 
     outputs: list[RawTensor] = []
-    if len(files) < len(layout):
-        return outputs, f"expected {len(layout)} output files, found {len(files)}"
-    for path, (code, shape) in zip(files, layout):
+    if count < len(layout):
+        return outputs, f"expected {len(layout)} output files, found {count}"
+    for (code, shape), (file_name, data) in zip(layout, read):  # layout first: no file read past it
+        if isinstance(data, str):
+            return outputs, data
         numel = 1
         for s in shape:
             numel *= s
         want = numel * itemsize(code)
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            return outputs, f"cannot read output file {Path(path).name}: {exc.strerror}"
         if len(data) != want:
             return outputs, (
-                f"output file {Path(path).name} has {len(data)} bytes, expected {want} "
+                f"output file {file_name} has {len(data)} bytes, expected {want} "
                 f"({name(code)}{shape})"
             )
         outputs.append(RawTensor(code, list(shape), data))

@@ -116,3 +116,27 @@ def test_inputs_the_files_cannot_carry_run_one_process_per_case(mlp):
     channels_last = replace(first, inputs=[replace(first.inputs[0], dim_order=[1, 0])])
     moved = replace(mlp, method_test_suites=[MethodTestSuite("forward", [channels_last])])
     assert server.unservable(moved, "forward").startswith("case 0 input 0 is not")
+
+
+def test_a_trigger_that_leaves_no_output_file_is_an_error_not_the_last_cases_outputs(runner, mlp, tmp_path,
+                                                                                    monkeypatch):
+    """Each trigger's output files are read the moment it says DONE (before the next trigger can overwrite
+    them) and removed before the next one: a trigger whose file is gone is that case's missing output, never
+    the previous case's bytes taken for its own. No double: the real MLX runner; the file is removed by the test."""
+    real_wait = server.RunnerServer.wait
+    waits = {"n": 0}
+
+    def wait(self, t0, timeout_s):
+        served = real_wait(self, t0, timeout_s)
+        waits["n"] += 1
+        if waits["n"] == 3:  # case 2's answer: its output file removed before bundlerun reads it
+            (self.cwd / "out" / "output-0.bin").unlink()
+        return served
+
+    monkeypatch.setattr(server.RunnerServer, "wait", wait)
+    run = _run(mlp, runner, tmp_path / "w")
+    assert [c.status.value for c in run.cases] == ["ok", "ok", "error", "ok", "ok", "ok"]
+    assert run.cases[2].error == "expected 1 output files, found 0"
+    assert run.cases[2].error_kind.value == "missing-output"
+    alone = _run(mlp, runner, tmp_path / "alone", etdump=True)
+    assert [b for i, b in enumerate(_bytes(run)) if i != 2] == [b for i, b in enumerate(_bytes(alone)) if i != 2]

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from bundlerun.targets.base import DeviceVerdict, PerfFigure
 from bundlerun.targets.failures import FailureKind
-from bundlerun.targets.base import PerfKind, Verdict, CaseResult, CaseStatus, expected_layout, raw_outputs_from_files
+from bundlerun.targets.base import (PerfKind, Verdict, CaseResult, CaseStatus, expected_layout, raw_outputs_from_bytes,
+                                    raw_outputs_from_files)
 
 if TYPE_CHECKING:
     from bundlerun.targets.et_runner.protocol import Failure
@@ -193,11 +194,12 @@ def device_verdict(output: str) -> dict | None:
 
 def case_result(bundle, method: str, index: int, folder, rc: int | None, output: str, timeout_s: float,
                 classify_fn: Callable[[str, int], Failure | None], base: dict[str, Any], who: str = "the runner",
-                etdump: str | None = None):
+                etdump: str | None = None, read: list[tuple[str, bytes | str]] | None = None):
     """The CaseResult of one executor_runner process that ran a one-case bundle in `folder` with
     `runner_args(..., "out/output", etdump=...)`: a timeout (rc None: its process group was killed),
     the lane's classified failure, or the outputs it wrote (out/output-K.bin, checked against the
-    bundle's layout). `base` holds the CaseResult fields the lane measured (log path, elapsed, ...)."""
+    bundle's layout). `base` holds the CaseResult fields the lane measured (log path, elapsed, ...).
+    `read`: those files as a served runner left them, read before its next trigger (server.py)."""
 
     tail = output.splitlines()[-10:]
     if rc is None:
@@ -208,8 +210,11 @@ def case_result(bundle, method: str, index: int, folder, rc: int | None, output:
         return CaseResult(status=problem.status, error=problem.message, error_kind=problem.kind,
                           log_excerpt=problem.evidence, **base)
     layout = expected_layout(bundle, method, index)
-    files = [folder / "out" / f"output-{k}.bin" for k in range(len(layout))]
-    outputs, err = raw_outputs_from_files([f for f in files if f.is_file()], layout)
+    if read is not None:
+        outputs, err = raw_outputs_from_bytes(read[:len(layout)], layout, len(read))
+    else:
+        files = [folder / "out" / f"output-{k}.bin" for k in range(len(layout))]
+        outputs, err = raw_outputs_from_files([f for f in files if f.is_file()], layout)
     if err:
         kind = FailureKind.WRONG_OUTPUT_SIZE if "bytes, expected" in err else FailureKind.MISSING_OUTPUT
         return CaseResult(status=CaseStatus.ERROR, error=err, error_kind=kind, log_excerpt=tail, **base)

@@ -43,6 +43,7 @@ import struct
 import subprocess
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
 
 READY = "Running in server mode; waiting for stdin triggers."  # executor_runner.cpp, before the loop
 DONE = "SERVER MODE DONE"  # executor_runner.cpp, after each trigger's outputs are written
+# out/output-K.bin files read back per trigger at most: a method's outputs (bundlerun's own bound, far past any
+# program's output count; a runner writing more is judged on these, and the count check says so)
+_MAX_SERVED_OUTPUTS = 4096
 
 
 @dataclass
@@ -359,27 +363,47 @@ def serve(bundle: Bundle, method: str, indices: list[int], command: list[str], w
             (folder / "model.pte").write_bytes(bundle.program)
     stateful = method in stateful_methods(bundle)
 
+    left: list[Path] | None = None  # the output files the last trigger left (None: not known, look)
+
     def feed(index: int) -> None:
+        nonlocal left
         for name, value in zip(names, cases[index].inputs):
             (folder / name).write_bytes(input_bytes(value))
-        for old in (folder / "out").glob("output-*.bin"):  # a case that writes fewer must not read the last one's
-            old.unlink()
+        for old in (folder / "out").glob("output-*.bin") if left is None else left:
+            old.unlink(missing_ok=True)  # a case that writes fewer must not read the last one's
+        left = None
 
-    # A finished case's log file and record (its judging starts there: runner/judging/ahead.py) are done
+    def outputs_now() -> list[tuple[str, bytes | str]]:
+        """The output files this trigger wrote, read before the next one overwrites them."""
+        nonlocal left
+        left = []
+        read: list[tuple[str, bytes | str]] = []
+        for k in range(_MAX_SERVED_OUTPUTS):
+            path = folder / "out" / f"output-{k}.bin"
+            try:
+                read.append((path.name, path.read_bytes()))
+            except FileNotFoundError:
+                break
+            except OSError as exc:  # said as the case's error (raw_outputs_from_bytes)
+                read.append((path.name, f"cannot read output file {path.name}: {exc.strerror}"))
+            left.append(path)
+        return read
+
+    # A finished case's log file and record (its judging starts there: runner/judging/ahead.py) are made
     # once the next trigger is sent, while the runner computes: off the path from one step's end to the
-    # next step's start (its outputs were read before: the next trigger overwrites them). Done in order,
+    # next step's start (its outputs are read before: the next trigger overwrites them). Done in order,
     # before anything else is recorded, and whatever ends the loop (a stop included).
-    done_later: list[tuple[Path, str, CaseResult]] = []
+    done_later: list[tuple[Path, str, Callable[[], CaseResult]]] = []
 
     def settle() -> None:
         while done_later:
-            path, text, result = done_later.pop(0)
+            path, text, make = done_later.pop(0)
             path.write_text(text)
-            record(result)
+            record(make())
 
     try:
         return _serve_loop(args, folder, env, indices, timeout_s, bundled, stateful, bundle, method, classify_fn,
-                           who, record, feed, done_later, settle, meanwhile, first)
+                           who, record, feed, outputs_now, done_later, settle, meanwhile, first)
     finally:
         settle()
 
@@ -396,11 +420,11 @@ def _adoptable(prestarted: Prestarted, bundle: Bundle, args: list[str], folder: 
 def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indices: list[int], timeout_s: float,
                 bundled: bool, stateful: bool, bundle: Bundle, method: str,
                 classify_fn: Callable[[str, int], Failure | None], who: str, record: Callable[[CaseResult], None],
-                feed: Callable[[int], None], done_later: list[tuple[Path, str, CaseResult]],
-                settle: Callable[[], None], meanwhile: Callable[[], None] | None = None,
-                first: RunnerServer | None = None) -> list[int]:
+                feed: Callable[[int], None], outputs_now: Callable[[], list[tuple[str, bytes | str]]],
+                done_later: list[tuple[Path, str, Callable[[], CaseResult]]], settle: Callable[[], None],
+                meanwhile: Callable[[], None] | None = None, first: RunnerServer | None = None) -> list[int]:
     """serve()'s loop: the servers, their triggers and what each answer makes of its case (`first`: the
-    first server, spawned already)."""
+    first server, spawned already; `outputs_now`: a trigger's output files, read)."""
     pending = list(indices)
     servers = 0
     while pending:
@@ -428,11 +452,10 @@ def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indic
                             record(result)
                         return []
                     return pending
-                base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
                 rc = 0 if served.status == "done" else None
-                result = case_result(bundle, method, index, folder, rc, served.log, timeout_s, classify_fn, base, who)
-                result.extra["served"] = f"executor_runner --server_mode, process {servers}"
-                done_later.append((log_path, served.log, result))
+                done_later.append((log_path, served.log, partial(
+                    _served_result, bundle, method, index, folder, log_path, rc, served, timeout_s, classify_fn, who,
+                    servers, outputs_now() if rc == 0 else None)))
                 pending.pop(0)
                 if rc is None:
                     settle()
@@ -442,6 +465,16 @@ def _serve_loop(args: list[str], folder: Path, env: dict[str, str] | None, indic
                         return []
                     break  # the killed server's successor takes the rest
     return []
+
+
+def _served_result(bundle: Bundle, method: str, index: int, folder: Path, log_path: Path, rc: int | None,
+                   served: Served, timeout_s: float, classify_fn: Callable[[str, int], Failure | None], who: str,
+                   server: int, read: list[tuple[str, bytes | str]] | None) -> CaseResult:
+    """The CaseResult of one served trigger (`read`: the output files it wrote, as they were read)."""
+    base = dict(method=method, case_index=index, log_path=str(log_path), elapsed_s=served.elapsed_s)
+    result = case_result(bundle, method, index, folder, rc, served.log, timeout_s, classify_fn, base, who, read=read)
+    result.extra["served"] = f"executor_runner --server_mode, process {server}"
+    return result
 
 
 def not_run(method: str, indices: list[int], who: str) -> list[CaseResult]:
