@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bundlerun.bundles.kept_shape import field_names
+
 
 @dataclass
 class TensorStats:
@@ -62,7 +64,16 @@ class OutputStats:
 def _plain(obj: Any) -> Any:
     """`_clean(asdict(obj))` for these records: dataclasses as dicts of their fields, lists and dicts
     copied, non-finite floats as strings; anything else deep-copied as asdict does."""
-    if obj is None or isinstance(obj, (str, int, bool)):
+    kind = type(obj)  # the exact types first: one dict lookup each, no isinstance cascade
+    if kind is float:
+        return obj if obj - obj == 0.0 else _clean(obj)  # finite (inf - inf and nan - nan are nan)
+    if obj is None or kind is int or kind is str or kind is bool:
+        return obj
+    if kind is OutputStats or kind is TensorStats:
+        return {name: _plain(getattr(obj, name)) for name in field_names(kind)}
+    if kind is list:
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, bool)):
         return obj
     if isinstance(obj, float):
         return _clean(obj)

@@ -20,7 +20,7 @@ from bundlerun.bundles.manifest import Criteria
 from bundlerun.runner.judging.stats_records import OutputStats, TensorStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
-from bundlerun.bundles.kept_shape import read_shaped, write_shaped
+from bundlerun.bundles.kept_shape import field_names, read_shaped, write_shaped
 from bundlerun.targets import SESSION_CLOCK, TargetURL, elapsed_clock, families
 from bundlerun.targets.base import PerfFigure, CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
@@ -167,7 +167,7 @@ class CaseRecord:
         return cls(**kw)
 
     def to_json(self, copy_trail: bool = True) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("outputs", "extra", "perf")}
+        out = {name: getattr(self, name) for name in field_names(type(self)) if name not in ("outputs", "extra", "perf")}
         out["error_kind"] = self.error_kind.value if self.error_kind else None
         out["outputs"] = [o.to_json(copy_trail) for o in self.outputs]
         out["perf"] = [f.to_dict() for f in self.perf]
