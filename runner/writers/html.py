@@ -30,6 +30,7 @@ from bundlerun.bundles.manifest import Criteria
 from bundlerun.runner.judging.stats_records import OutputStats
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICT_COLOURS, VERDICTS, run_status
+from bundlerun.runner.judging.quant_steps import suffix
 from bundlerun.runner.report.criteria_text import criteria_items, failed_text, is_floor, number
 from bundlerun.runner.writers import Inputs, writer
 from bundlerun.runner.report.model import CaseRecord, OutputRecord, Report, Summary, format_amount
@@ -37,6 +38,7 @@ from bundlerun.targets.base import Verdict
 from bundlerun.runner.history.series import of_report
 from bundlerun.runner.judging.numerics import elementwise_bound
 from bundlerun.runner.pictures import plots
+from bundlerun.runner.report.safe_text import visible
 from bundlerun.runner.report.sequences import MAX_STEPS_SHOWN, STEP_COLUMNS, columns, headline, step_cells
 from bundlerun.runner.writers.markdown import perf_conditions
 from bundlerun.runner.writers.sequence_svg import sequence_svg
@@ -61,9 +63,8 @@ border-right:1px solid #fff}
 
 
 def _e(v: Any) -> str:
-    """Text from a bundle, a device or the user: HTML-escaped (quotes too), controls made visible."""
-    from bundlerun.runner.report.safe_text import visible  # controls, bidi (U+202E), invisible characters
-
+    """Text from a bundle, a device or the user: HTML-escaped (quotes too), controls made visible
+    (controls, bidi (U+202E), invisible characters: runner/report/safe_text.py)."""
     return html.escape(visible(v))
 
 
@@ -585,9 +586,7 @@ def _regression_section(regressions: list[Any] | None, baseline: dict[str, Any] 
 
 
 def _steps(stats: OutputStats | None, key: str) -> str:
-    from bundlerun.runner.judging.quant_steps import suffix  # quantized outputs: errors also in quantization steps
-
-    return suffix(stats, key)
+    return suffix(stats, key)  # quantized outputs: errors also in quantization steps
 
 
 def _replay_section(report: Report) -> str:
