@@ -40,18 +40,6 @@ def read_shaped(cls: Any, data: dict[str, Any], nested: dict[str, Any] | None = 
     return cls(**kw), Shape(tuple(data), extra, shapes)
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def field_names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names in order, made once per class (dataclasses.fields() makes its tuple anew on
-    every call: a report's to_json of a 192-step LLM run called it ~1,000 times)."""
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
-
-
 def field_default(f: Any) -> Any:
     if f.default is not MISSING:
         return f.default

@@ -14,7 +14,6 @@ from typing import Any
 
 from bundlerun.bundles.manifest_records import (BuildInfo, BuildInput, DatasetInfo, EtrecordInfo, InputSource,
                                                 LlmBuild, ModelInfo, ModelWeights)
-from bundlerun.bundles.kept_shape import field_names
 from bundlerun.bundles.sequence import SequenceSpec
 from bundlerun.bundles.manifest_schema import (CRITERIA_FIELDS, MANIFEST_SCHEMA, RULE_DEFAULTS, RULE_FIELDS,
                                                validate_manifest)
@@ -76,7 +75,7 @@ class Criteria:
         # asdict's generic deep copy, field by field, cost ~1 ms per output (192-step LLM runs write it per
         # step): the fields are scalars but `trail`, plain JSON data copied here the direct way.
         # copy_trail=False: the trail itself, for a reader that leaves it out (the history's criteria digest)
-        out = {name: getattr(self, name) for name in field_names(type(self))}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["trail"] = _json_copy(self.trail) if copy_trail else self.trail
         for key, default in RULE_DEFAULTS.items():
             if out.get(key) == default:

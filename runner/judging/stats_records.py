@@ -7,7 +7,17 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from bundlerun.bundles.kept_shape import field_names
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names in order, made once per class: dataclasses.fields() makes its tuple anew
+    on every call, and a report's to_json of a 192-step LLM run called it ~1,000 times (this module's
+    records and runner/report/model.py's)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 @dataclass

@@ -17,10 +17,10 @@ from typing import Any
 from bundlerun.bundles.errors import BundlerunError
 from bundlerun.bundles.limits import MAX_REPORT_BYTES
 from bundlerun.bundles.manifest import Criteria
-from bundlerun.runner.judging.stats_records import OutputStats, TensorStats
+from bundlerun.runner.judging.stats_records import OutputStats, TensorStats, field_names
 from bundlerun.runner.judging.failed_criterion import FailedCriterion
 from bundlerun.runner.judging.outcome import VERDICTS
-from bundlerun.bundles.kept_shape import field_names, read_shaped, write_shaped
+from bundlerun.bundles.kept_shape import read_shaped, write_shaped
 from bundlerun.targets import SESSION_CLOCK, TargetURL, elapsed_clock, families
 from bundlerun.targets.base import PerfFigure, CaseStatus, Verdict
 from bundlerun.targets.failures import FailureKind
