@@ -24,6 +24,20 @@ def test_start_imports_matplotlib_on_a_thread_and_wait_joins_it():
     assert out == ["True", "True", "False"]
 
 
+def test_a_process_that_ends_before_the_import_waits_for_it_at_exit():
+    # A target that refuses at once ends the run while the import runs: the interpreter's teardown with
+    # that thread inside an extension's import aborted the CLI once (SIGABRT after its report was written,
+    # tests/test_qnn_faults.py). The last exit hook (registered first) sees which threads are still alive.
+    code = ("import atexit, sys, threading\n"
+            "atexit.register(lambda: print([t.name for t in threading.enumerate() if t.is_alive() and t is not threading.main_thread()]))\n"
+            "from bundlerun.runner.pictures import warm\n"
+            "warm.start()\n"
+            "raise SystemExit(2)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[]"]  # nothing of ours still running
+
+
 def test_every_plot_waits_for_the_import_thread_before_its_own(monkeypatch):
     order: list[str] = []
     monkeypatch.setattr(warm, "wait", lambda: order.append("wait"))

@@ -81,17 +81,19 @@ def event_result(msg: dict[str, Any], log_path: Path, default_kind: FailureKind 
 
 
 def _tensors(outputs: list[dict[str, Any]]) -> list[RawTensor]:
-    """Output tensors of an event: inline base64, or files a local worker wrote (read and removed)."""
-    tensors = []
+    """Output tensors of an event: inline base64, or files a local worker wrote (read, then removed once
+    all are read: a stop in between leaves them for the stop's last read, EventDriver._drain)."""
+    tensors, read = [], []
     for out in outputs:
         if "b64" in out:
             data = base64.b64decode(out["b64"])
         else:
-            path = Path(out["file"])
-            data = path.read_bytes()
-            path.unlink(missing_ok=True)
+            read.append(Path(out["file"]))
+            data = read[-1].read_bytes()
         tensors.append(RawTensor(int(out["scalar_type"]), [int(d) for d in out["shape"]], data,
                                  bool(out.get("lossy", False))))
+    for path in read:
+        path.unlink(missing_ok=True)
     return tensors
 
 
@@ -185,8 +187,8 @@ class EventDriver:
                 if key in self.results or key not in self.pairs:
                     continue
                 result = event_result(msg, self.log_path, extra=self.result_extra)
-            except (KeyError, TypeError, ValueError):
-                continue  # a malformed line does not replace the stop with its own error
+            except (KeyError, TypeError, ValueError, OSError):
+                continue  # a malformed line or an output file gone does not replace the stop with its own error
             self._record(result)
 
     def _run(self, fd: int, buffer: "Buffer") -> str:
@@ -208,8 +210,10 @@ class EventDriver:
                     return self._gone(ready, current)
                 buffer.data += chunk
             while b"\n" in buffer.data:
-                line, buffer.data = buffer.data.split(b"\n", 1)
+                line, rest = buffer.data.split(b"\n", 1)
                 msg = _event(line)
+                if msg is None or msg.get("event") not in ("done", "error"):
+                    buffer.data = rest
                 if msg is None:
                     continue
                 event = msg.get("event")
@@ -225,10 +229,16 @@ class EventDriver:
                     current = (str(msg["method"]), int(msg["case"]))
                     deadline = time.monotonic() + self.limits.case_s + (self.limits.first_case_extra_s if first else 0)
                 elif event in ("done", "error"):
+                    # its line leaves the buffer once the case is recorded: a stop while its result is made
+                    # (event_result reads the case's files) finds it there (_drain), so no earlier case is
+                    # lost while later ones, still buffered, are kept
                     key = (str(msg["method"]), int(msg["case"]))
-                    if key in self.results or key not in self.pairs:
-                        continue  # a duplicate or a case nobody asked for
-                    self._record(event_result(msg, self.log_path, extra=self.result_extra))
+                    fresh = key not in self.results and key in self.pairs  # else a duplicate or a case nobody asked for
+                    if fresh:
+                        self._record(event_result(msg, self.log_path, extra=self.result_extra))
+                    buffer.data = rest
+                    if not fresh:
+                        continue
                     current, first = None, False
                     deadline = time.monotonic() + self.limits.case_s
                 elif event == "fatal":
