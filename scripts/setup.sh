@@ -52,6 +52,7 @@ if [ "$WITH_SYSTEM_PACKAGES" = "1" ]; then
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
   command -v gcc >/dev/null 2>&1 || missing+=(gcc)  # the QEMU instruction-count plugin (build_qemu_plugin.sh)
+  command -v ccache >/dev/null 2>&1 || missing+=(ccache)  # runner builds share compiles (firmware_scripts/lib/et_sources.sh et_ccache)
   command -v curl >/dev/null 2>&1 || missing+=(curl)  # fetches that plugin's header from Debian's QEMU source
   command -v ser2net >/dev/null 2>&1 || [ -x /usr/sbin/ser2net ] || missing+=(ser2net)  # labgrid exporter in the labgrid:// tests
   [ -f /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || missing+=(mesa-vulkan-drivers)  # vulkan://lavapipe's driver

@@ -195,7 +195,8 @@ build_gnu() {
   [ -z "$tcfile" ] || flags=(-DCMAKE_TOOLCHAIN_FILE="$tcfile" "${flags[@]}")
   flags+=(-DCMAKE_PROJECT_executorch_INCLUDE="$HERE/debug_runner/inject.cmake")
   local dest="$BUNDLERUN_CACHE/runners/$key"
-  local all_flags=("${flags[@]}" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN" -DPython_EXECUTABLE="$PYTHON_BIN")
+  et_ccache
+  local all_flags=("${flags[@]}" ${ET_CCACHE_FLAGS[@]+"${ET_CCACHE_FLAGS[@]}"} -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN" -DPython_EXECUTABLE="$PYTHON_BIN")
   [ -z "$kleidiai" ] || all_flags+=(-DKLEIDIAI_SOURCE_DIR="$kleidiai")
   [ -z "$kai_fix" ] || all_flags+=(-DCMAKE_PROJECT_KleidiAI_INCLUDE="$kai_fix")
   local build="$BUNDLERUN_CACHE/runners/$key_er.build"

@@ -190,6 +190,19 @@ et_wheel_flatc() {
   echo "$flatc"
 }
 
+# ccache as the compiler launcher, when it is installed (scripts/setup.sh installs it): a compile another
+# runner's build already made comes from $BUNDLERUN_CACHE/ccache. ExecuTorch's portable kernels (about
+# 220 of each build's compiles) are the same objects in the x86_64 Vulkan and MLX runners. Paths under
+# the cache are hashed relative to the build folder, so two builds' private source views (et_build_tree,
+# <key>.build/src beside <key>.build/out) share entries. In no cache key: the launcher changes how long
+# a build takes, not what it makes. BUNDLERUN_CCACHE=0 builds without it. Sets ET_CCACHE_FLAGS.
+et_ccache() {
+  ET_CCACHE_FLAGS=()
+  if [ "${BUNDLERUN_CCACHE:-1}" = 0 ] || ! command -v ccache >/dev/null 2>&1; then return 0; fi
+  export CCACHE_DIR="${CCACHE_DIR:-$BUNDLERUN_CACHE/ccache}" CCACHE_BASEDIR="$BUNDLERUN_CACHE" CCACHE_NOHASHDIR=1
+  ET_CCACHE_FLAGS=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+}
+
 # The CMake options every bundlerun executor_runner build shares (examples/portable/executor_runner
 # with BundleIO, ETDump and logging, the portable kernels): each lane adds its kernels and backends.
 # Cache keys hash the full flag list, so this list keeps its order.

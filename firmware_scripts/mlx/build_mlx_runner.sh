@@ -121,7 +121,8 @@ KEY="$(et_cache_key mlx_executor_runner x86_64 "$FP" "${FLAGS[*]}" "$COMPILER" "
         "$HERE/inject.cmake" "$HERE/mlx_delegate.cmake" "${PATCHES[@]}" "$SERVER_PATCH")"
 DEST="$BUNDLERUN_CACHE/runners/$KEY"
 BUILD="$DEST.build"
-ALL_FLAGS=("${FLAGS[@]}" -DCMAKE_PROJECT_executorch_INCLUDE="$HERE/inject.cmake"
+et_ccache
+ALL_FLAGS=("${FLAGS[@]}" ${ET_CCACHE_FLAGS[@]+"${ET_CCACHE_FLAGS[@]}"} -DCMAKE_PROJECT_executorch_INCLUDE="$HERE/inject.cmake"
            -DBUNDLERUN_MLX_CMAKE_DIR="$MLX_CMAKE_DIR" -DFLATC_EXECUTABLE="$FLATC" -DPYTHON_EXECUTABLE="$PYTHON_BIN")
 
 if [ "$DRY_RUN" = 1 ]; then

@@ -95,7 +95,8 @@ key="$(et_cache_key "executor_runner-vulkan" x86_64 "$fp" "${flags[*]}" "$compil
        "$DEBUG_DIR/inject.cmake" "$DEBUG_DIR/debug_runner.cmake" "$DEBUG_DIR/debug_runner.cpp" "$SERVER_PATCH")"
 dest="$BUNDLERUN_CACHE/runners/$key"
 build="$dest.build"
-all_flags=("${flags[@]}" -DGLSLC_PATH="$GLSLC" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN"
+et_ccache
+all_flags=("${flags[@]}" ${ET_CCACHE_FLAGS[@]+"${ET_CCACHE_FLAGS[@]}"} -DGLSLC_PATH="$GLSLC" -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$PYTHON_BIN"
            -DCMAKE_PROJECT_executorch_INCLUDE="$DEBUG_DIR/inject.cmake")
 targets=(executor_runner bundlerun_debug_runner)
 
