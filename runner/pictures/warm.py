@@ -5,8 +5,8 @@ a 1.7 s `bundlerun run` of a 64-case tiny-cnn bundle on host://xnnpack, bundleru
 load 0.4) after the run, on the path to the exit, while the CLI had sat idle in select() waiting on the
 runtime worker for 1.0 s. `start` begins that import before the target runs; `wait` is called by every
 plot before its own matplotlib import, so the two threads never import matplotlib's modules at once (no
-import-lock cycle between them). A failed import here is ignored: the plot's own import says what is wrong. The process's exit waits
-for the import too (atexit), so no import is left running into the interpreter's teardown.
+import-lock cycle between them). A failed import here is ignored: the plot's own import says what is wrong.
+The process's exit waits for the import too (atexit): no import is left running into the interpreter's teardown.
 """
 
 from __future__ import annotations
