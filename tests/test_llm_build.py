@@ -66,6 +66,10 @@ def test_fp32_llama3_builds_through_export_llama_and_passes_on_host(llm_bundle, 
     code, report, text = _run(path, tmp_path / "r")
     assert code == 0, text
     assert report["summary"]["verdict"] == "PASS"
+    # seeded weights are said in every report, not only in the manifest
+    assert report["bundle"]["inputs_used"][0] == "weights: seeded (seed 0)"
+    assert "- weights: seeded \\(seed 0\\)" in (tmp_path / "r" / "summary.md").read_text()  # Markdown-escaped
+    assert "<p class='meta'>weights: seeded (seed 0)</p>" in (tmp_path / "r" / "report.html").read_text()
 
     start = time.perf_counter()  # the second build of the same request is the cached one
     from bundlerun.bundles.builder import BuildRequest, build_bundle

@@ -62,9 +62,15 @@ def bundle_section(path: Path, manifest: Manifest | None, bundle: Any = None) ->
 
 
 def _inputs_used(manifest: Manifest | None) -> list[str]:
-    """Which weights and inputs the bundle was built with (et: sources, --inputs), in words."""
-
-    return describe_inputs(manifest.model, manifest.build) if manifest is not None else []
+    """Which weights and inputs the bundle was built with (et: sources, --inputs), in words. An llm: bundle
+    says its weights in build.llm (seeded, or the user's checkpoint by sha256): every report names them."""
+    if manifest is None:
+        return []
+    lines = describe_inputs(manifest.model, manifest.build)
+    llm = manifest.build.llm
+    if llm is not None and llm.weights and not any(line.startswith("weights:") for line in lines):
+        lines.insert(0, f"weights: {llm.weights}")
+    return lines
 
 
 def target_section(run: TargetRun | None, url: str) -> dict[str, Any]:
