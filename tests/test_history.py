@@ -60,6 +60,28 @@ def test_record_is_idempotent_and_wal(tmp_path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_batch_stores_each_run_once_and_every_figure_across_flushes(tmp_path, monkeypatch):
+    """record_reports (a suite import): a run named twice in one batch, or recorded before, is stored once
+    and keeps its id; figure rows held back for one executemany all land, also when the batch is flushed
+    part-way (the bound lowered to 3 rows here)."""
+    db = tmp_path / "h.sqlite"
+    before = _quick(noise=1e-5, label="before")
+    first = history.record_report(db, before)
+    monkeypatch.setattr(history, "_FLUSH_ROWS", 3)
+    a, b = _quick(noise=1e-5, label="a"), _quick(noise=5e-2, label="b")
+    ids = history.record_reports(db, [(a, None, None), (before, None, None), (a, None, None), (b, None, None)])
+    assert ids[1] == first and ids[0] == ids[2] and len({ids[0], ids[3], first}) == 3
+    assert history.recorded_run_uuids(db, [a.run["id"], b.run["id"], "no-such-run"]) == {a.run["id"], b.run["id"]}
+    assert len(history.list_runs(db, limit=None)) == 3
+    with sqlite3.connect(db) as conn:
+        for run_id, report in ((ids[0], a), (ids[3], b)):
+            rows = conn.execute("SELECT case_index, sqnr FROM case_outputs WHERE run_id=? ORDER BY case_index",
+                                (run_id,)).fetchall()
+            assert [r[0] for r in rows] == [c.case for c in report.cases]
+            assert [r[1] for r in rows] == pytest.approx([c.outputs[0].stats.sqnr for c in report.cases])
+            assert conn.execute("SELECT COUNT(*) FROM run_tags WHERE run_id=?", (run_id,)).fetchone()[0] == 1
+
+
 def test_resolve_run_by_id_uuid_label_and_path(tmp_path):
     db = tmp_path / "h.sqlite"
     r1, r2 = _quick(label="v1"), _quick(label="v1", noise=1e-2)

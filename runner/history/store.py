@@ -329,7 +329,11 @@ def record_reports(db_path: Any, items: list[tuple[Report, str | Path | None, di
                    ) -> list[int]:
     """Record many (report, report_path, tags) in one transaction (an import of hundreds of
     suite results: one connection, one commit); the run ids, in order. Idempotent as record_report:
-    a run uuid already recorded (by this or another writer) returns its id and stores nothing."""
+    a run uuid already recorded (by this or another writer) returns its id and stores nothing.
+
+    One lookup of the uuids already there, one compiled INSERT for the runs and one executemany per
+    figure table: a statement built per row (`insert().values(**row)`) cost SQLAlchemy a compile
+    each, 2.3 s of a 500-result suite import (cProfile, tests/test_hud_suite.py's nightlies)."""
 
     prepared = []
     for report, report_path, tags in items:
@@ -337,37 +341,73 @@ def record_reports(db_path: Any, items: list[tuple[Report, str | Path | None, di
         prepared.append((report, row, tagged, report.dataset or None))
 
     def write(conn: Connection) -> list[int]:
-        return [one(conn, *item) for item in prepared]
+        known = _run_ids_of(conn, [row["run_uuid"] for _report, row, _tagged, _dataset in prepared])
+        insert_run = t.runs.insert()
+        pending: dict[sa.Table, list[dict[str, Any]]] = {}
+        ids = []
+        for report, row, tagged, dataset in prepared:
+            if row["run_uuid"] in known:  # recorded before, or twice in this batch: stored once
+                ids.append(known[row["run_uuid"]])
+                continue
+            key: Any = conn.execute(insert_run, row).inserted_primary_key
+            run_id = int(key[0])
+            known[row["run_uuid"]] = run_id
+            ids.append(run_id)
+            for table, rows in _figures(run_id, report, row, tagged, dataset):
+                pending.setdefault(table, []).extend(_table_rows(table, rows))
+            if sum(map(len, pending.values())) >= _FLUSH_ROWS:
+                _flush(conn, pending)
+        _flush(conn, pending)
+        return ids
 
-    def one(conn: Connection, report: Report, row: dict[str, Any], tagged: dict[str, Any], dataset: Any) -> int:
-        """One run's rows, inside write()'s transaction."""
-        existing = conn.execute(sa.select(t.runs.c.id).where(t.runs.c.run_uuid == row["run_uuid"])).first()
-        if existing is not None:
-            return int(existing[0])
-        key: Any = conn.execute(t.runs.insert().values(**row)).inserted_primary_key
-        run_id = int(key[0])
-        figures: list[tuple[sa.Table, Any]] = []
-        if row["status"] == INTERRUPTED:  # recorded as interrupted, with no figures (schema.FIGURE_TABLES)
-            dataset = None
-        else:
-            columns = [c.name for c in t.sequence_figures.columns]  # LLM bundles: figures per sequence
-            figures = [(t.case_outputs, _output_rows(run_id, report)), (t.perf_figures, _perf_rows(run_id, report)),
-                       (t.replay_outputs, history_rows(run_id, report)),
-                       (t.sequence_figures, [tuple(row[c] for c in columns) for row in sequence_rows(run_id, report)])]
+    return db_.write(db_path, write, "cannot record run in {db}")
+
+
+_FLUSH_ROWS = 20_000  # figure rows held before an executemany: bundlerun's own bound on an import's memory
+_UUID_CHUNK = 500  # uuids per IN (...): under every SQLite build's bound-parameter limit (999 before 3.32)
+
+
+def _run_ids_of(conn: Connection, uuids: list[str]) -> dict[str, int]:
+    """{run_uuid: id} of those already recorded."""
+    wanted = sorted(set(uuids))
+    found: dict[str, int] = {}
+    for i in range(0, len(wanted), _UUID_CHUNK):
+        stmt = sa.select(t.runs.c.run_uuid, t.runs.c.id).where(t.runs.c.run_uuid.in_(wanted[i:i + _UUID_CHUNK]))
+        found.update((str(uuid), int(run_id)) for uuid, run_id in conn.execute(stmt))
+    return found
+
+
+def recorded_run_uuids(db_path: Any, uuids: list[str]) -> set[str]:
+    """Which of `uuids` are recorded (an import counts what it adds without reading every run)."""
+    if not exists(db_path) or not uuids:
+        return set()
+    return set(db_.read(db_path, lambda conn: _run_ids_of(conn, uuids)))
+
+
+def _figures(run_id: int, report: Report, row: dict[str, Any], tagged: dict[str, Any],
+             dataset: Any) -> list[tuple[sa.Table, Any]]:
+    """(table, row tuples) of one run's figures; an interrupted run has none (schema.FIGURE_TABLES)."""
+    figures: list[tuple[sa.Table, Any]] = []
+    if row["status"] != INTERRUPTED:
+        columns = [c.name for c in t.sequence_figures.columns]  # LLM bundles: figures per sequence
+        figures = [(t.case_outputs, _output_rows(run_id, report)), (t.perf_figures, _perf_rows(run_id, report)),
+                   (t.replay_outputs, history_rows(run_id, report)),
+                   (t.sequence_figures, [tuple(row[c] for c in columns) for row in sequence_rows(run_id, report)])]
         if dataset:
             ci = dataset.get("top1_diff_ci") or [None, None]
             figures.append((t.datasets, [(run_id, dataset.get("name"), dataset.get("samples"),
                                           *(_num(dataset.get(k)) for k in ("top1", "top5", "reference_top1",
                                                                             "reference_top5", "top1_diff")),
                                           _num(ci[0]), _num(ci[1]), _num(dataset.get("agreement")))]))
-        figures.append((t.run_tags, [(run_id, *(tagged.get(k) for k in TAG_COLUMNS))]))
-        for table, rows in figures:
-            values = _table_rows(table, rows)
-            if values:
-                conn.execute(table.insert(), values)
-        return run_id
+    figures.append((t.run_tags, [(run_id, *(tagged.get(k) for k in TAG_COLUMNS))]))
+    return figures
 
-    return db_.write(db_path, write, "cannot record run in {db}")
+
+def _flush(conn: Connection, pending: dict[sa.Table, list[dict[str, Any]]]) -> None:
+    for table, values in pending.items():
+        if values:
+            conn.execute(table.insert(), values)
+    pending.clear()
 
 
 def _upsert(conn: Connection, table: sa.Table) -> Any:

@@ -453,7 +453,7 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
     known = _operator_names()
     out = ImportSummary(commit=sha)
     items: list = []
-    before = {r.run_uuid for r in history.list_runs(db_path, limit=None)} if history.exists(db_path) else set()
+    run_ids: list[str] = []
     for row in suite.rows:
         flow = str(row.columns.get("Flow") or "")
         target = str(row.columns.get("bundlerun Target") or "") or SUITE_TARGET
@@ -482,11 +482,11 @@ def import_suite_report(db_path: str | Path, path: str | Path, commit: str | Non
             if device_report:
                 report.warnings.append(f"bundlerun's report {str(device_report)[:300]} is missing or unreadable: "
                                        "the verdict comes from the suite's columns")
-        if run_id in before:
-            out.already += 1
-        else:
-            out.recorded += 1
+        run_ids.append(run_id)
         items.append((report, report_path, tags))
         out.flows[flow] = out.flows.get(flow, 0) + 1
+    before = history.recorded_run_uuids(db_path, run_ids)
+    out.already = sum(1 for run_id in run_ids if run_id in before)
+    out.recorded = len(run_ids) - out.already
     out.ids = history.record_reports(db_path, items) if items else []
     return out
