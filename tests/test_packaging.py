@@ -57,6 +57,21 @@ def test_main_venv_keeps_the_real_pyserial_and_no_labgrid():
         metadata.version("labgrid")
 
 
+def test_executorch_reads_its_edge_dialect_yaml_with_the_c_parser():
+    """pyproject's ruamel.yaml.clib: ExecuTorch's `YAML(typ="safe")` (exir/dialects/edge/_ops.py, run at
+    `import executorch.exir`) takes ruamel's C parser, and it reads edge.yaml as the pure parser does."""
+    from importlib import resources
+
+    from ruamel.yaml import YAML
+    from ruamel.yaml.main import CParser
+
+    import executorch.exir.dialects.edge as edge_package
+
+    assert CParser is not None and YAML(typ="safe").Parser is CParser
+    text = (resources.files(edge_package) / "edge.yaml").read_text(encoding="utf-8")
+    assert YAML(typ="safe").load(text) == YAML(typ="safe", pure=True).load(text)
+
+
 def test_wheel_installs_beside_executorch_ethos_u_and_runs(tmp_path):
     wheels = tmp_path / "wheels"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
