@@ -152,7 +152,17 @@ def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: 
     if meta.get("error"):
         raise IntermediatesFailed(f"{url}: {meta['error']}")
     items, outputs = load(work)
-    return IntermediateRun(url, method, case, granularity, items, outputs, list(meta.get("notes", [])))
+    notes = list(meta.get("notes", []))
+    dump = meta.get("etdump")
+    if dump:  # host: the runtime's ETDump + debug buffer, read here (the worker loads no devtools)
+        etdump = work / Path(str(dump["file"])).name
+        if dump.get("replayed"):
+            keep_last_run(etdump)
+        debug_buffer = work / Path(str(dump["debug_buffer"])).name
+        items, parse_notes = parse_etdump(etdump, debug_buffer if debug_buffer.is_file() else None,
+                                          str(dump["buffer_size"]), str(dump["hint"]))
+        notes += parse_notes
+    return IntermediateRun(url, method, case, granularity, items, outputs, notes)
 
 
 def load(work_dir: Path) -> tuple[list[Intermediate], list[np.ndarray]]:

@@ -125,6 +125,29 @@ def test_build_etrecord_is_written_and_recorded(fp32_bundles):
     assert entry.debug_handles >= 9  # tiny-cnn: one per kernel of the program
 
 
+def test_host_debug_worker_loads_only_the_runtime_and_the_parent_reads_its_etdump(tmp_path, fp32_bundles):
+    """The host debug child runs the case and writes the runtime's ETDump + debug buffer; the parent reads
+    them with ExecuTorch's Inspector (it loads devtools for the ETRecord anyway). The child never imports
+    executorch.exir (4-5 s of CPU per `bundlerun debug` on 2 cores)."""
+    from bundlerun.targets.intermediates import run_worker
+
+    work = tmp_path / "w"
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('EXIR-LOADED' if 'executorch.exir' in "
+            "sys.modules else 'NO-EXIR', file=sys.__stderr__)); sys.argv = ['debug', *sys.argv[1:]]; "
+            "runpy.run_module('bundlerun.targets.workers.debug', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, "host", str(fp32_bundles / "good.bpte"), "forward", "0",
+                           str(work)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "NO-EXIR" in proc.stderr, proc.stderr[-2000:]
+    meta = json.loads((work / "intermediates.json").read_text())
+    assert meta["intermediates"] == [] and meta["etdump"]["file"] == "case.etdump"
+    assert (work / "case.etdump").stat().st_size > 0
+    run = run_worker("host://portable", "host", fp32_bundles / "good.bpte", "forward", 0, tmp_path / "p", 600, 64,
+                     "every kernel call")
+    items = run.intermediates
+    assert len(items) >= 9 and all(item.kind == "kernel" for item in items)  # one per kernel of tiny-cnn
+    assert np.array_equal(items[-1].outputs[0].reshape(run.outputs[0].shape), run.outputs[0])
+
+
 def test_debug_without_etrecord_says_how_to_rebuild(tmp_path, fp32_bundles):
     from dataclasses import replace
 

@@ -4,9 +4,9 @@
         [--debug-buffer-mb N] [--device cpu|gpu]
 
 host: the program in the real ExecuTorch runtime (pybindings) loaded with ETDump and
-a debug buffer; after the run the ETDump and the buffer are written to WORK_DIR and
-parsed with ExecuTorch's Inspector (no ETRecord here: the parent maps instructions
-to the eager graph). tosa: the program walker with an observer (targets/intermediates.py
+a debug buffer; after the run the ETDump and the buffer are written to WORK_DIR, and the
+parent reads them with ExecuTorch's Inspector (targets/intermediates.py run_worker) and
+maps instructions to the eager graph through the ETRecord: this child loads only the runtime. tosa: the program walker with an observer (targets/intermediates.py
 `walker_observer`), the TOSA delegate recording every operator's outputs. mlx: the
 same walker with the MLX delegate (on --device) recording every instruction's outputs.
 Writes WORK_DIR/intermediates.{json,npz}; a failure is {"error": ...} in the JSON.
@@ -51,16 +51,15 @@ def _run_host(bundle_path: str, method: str, case: int, work: Path, buffer_mb: i
     outputs = module.run_method(method, inputs(case))
     etdump, buffer = work / "case.etdump", work / "case.debug"
     module.write_etdump_result_to_file(str(etdump), str(buffer))
-    from bundlerun.targets.intermediates import keep_last_run, parse_etdump  # start-up: loads numpy on use
-
-    if prefix:
-        keep_last_run(etdump)
-    items, notes = parse_etdump(etdump, buffer, f"{buffer_mb} MiB", "rerun with a larger --debug-buffer-mb")
-    if prefix:
-        notes.insert(0, f"replayed {len(prefix)} earlier step(s) of the sequence (cases "
-                        f"{', '.join(map(str, prefix))}) on the same loaded method before case {case}")
+    # Read by the parent (targets/intermediates.py run_worker), which loads ExecuTorch's devtools for the
+    # ETRecord anyway: this process then needs only the runtime, not executorch.exir (~4 s of CPU at import)
+    notes = [f"replayed {len(prefix)} earlier step(s) of the sequence (cases {', '.join(map(str, prefix))}) on "
+             f"the same loaded method before case {case}"] if prefix else []
+    meta = {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes,
+            "etdump": {"file": etdump.name, "debug_buffer": buffer.name, "replayed": len(prefix),
+                       "buffer_size": f"{buffer_mb} MiB", "hint": "rerun with a larger --debug-buffer-mb"}}
     outs = [tensor_to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o) for o in outputs]
-    return {"runtime": "executorch pybindings (ETDump + debug buffer)", "notes": notes}, items, outs
+    return meta, [], outs
 
 
 def _run_walker(bundle_path: str, method: str, case: int, delegates: str) -> tuple[dict, list, list]:
