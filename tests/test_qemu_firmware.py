@@ -172,6 +172,45 @@ def test_print_ops_lists_exactly_the_bundle_ops(cnn_fp32):
     assert not any(op.startswith("cortex_m::") for op in ops)
 
 
+def test_only_the_selected_ops_portable_kernel_files_compile(qemu_runner, tmp_path):
+    """portable_sources.py maps an op list to its kernels/portable/cpu/op_*.cpp files (the CMake target
+    keeps only those): through the kernel function functions.yaml names, also where file and op names
+    differ (_softmax -> op_softmax.cpp) and where a macro defines it (sin); ops that are not portable
+    ones (cortex_m::) need none. Every op of functions.yaml maps to a file of the pinned tree."""
+    import fcntl
+
+    ops = "aten::add.out,aten::_softmax.out,aten::sin.out,cortex_m::quantized_add.out"
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--ops", ops, "--dry-run"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cmake = next(ln for ln in proc.stdout.splitlines() if ln.startswith("cmake "))
+    assert "-DBUNDLERUN_PORTABLE_SRCS=op_add.cpp\\;op_sin.cpp\\;op_softmax.cpp " in cmake, cmake
+    lib_dir = Path(next(ln for ln in proc.stdout.splitlines() if "libraries:" in ln).rsplit(" ", 1)[1])
+    et_root = Path(re.search(r"-DEXECUTORCH_ROOT=(\S+)", cmake).group(1))
+    script = REPO / "firmware_scripts" / "arm" / "portable_sources.py"
+    every = ",".join(f"aten::{m}" for m in re.findall(r"^- op: *(\S+)", (et_root / "kernels/portable/functions.yaml")
+                                                        .read_text(), re.M))
+    listed = subprocess.run(["python3", str(script), str(et_root), every], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.strip().split(";")) >= 150  # every op file but a handful of helpers
+    fake = tmp_path / "fake-et"
+    (fake / "kernels/portable/cpu").mkdir(parents=True, exist_ok=True)
+    (fake / "kernels/portable/functions.yaml").write_text("- op: add.out\n  kernels:\n    - arg_meta: null\n"
+                                                          "      kernel_name: torch::executor::add_out\n")
+    missing = subprocess.run(["python3", str(script), str(fake), "aten::add.out"], capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 2 and "defines add_out" in missing.stderr
+    # the default runner's tree (the zoo's ops) compiles convolution's file and not sin's
+    qemu_runner()
+    with open(Path(__import__("tempfile").gettempdir()) / "bundlerun-qemu-build.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # no other variant reconfigures the tree while it is read
+        again = subprocess.run(["bash", str(BUILD_SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=120)
+        ninja = (Path(next(ln for ln in again.stdout.splitlines() if "libraries:" in ln).rsplit(" ", 1)[1])
+                 / "build" / "build.ninja").read_text()
+    assert "op_convolution.cpp.obj" in ninja and "op_sin.cpp.obj" not in ninja
+    assert lib_dir.is_dir()
+
+
 # ---- the real runner on the real emulator ----------------------------------------------
 
 

@@ -197,6 +197,9 @@ toolchain="$(arm-none-eabi-gcc --version | sed -n 1,1p)"
 flatc="$(et_wheel_flatc "$python_bin")" || exit 2
 python_abs="$(command -v "$python_bin")"
 
+# the portable kernel files of those ops: only they compile (portable_sources.py says why)
+portable_srcs="$("$python_bin" "$here/portable_sources.py" "$et_root" "$ops_csv")" || die "cannot map the ops to portable kernel files"
+
 # ---- cache keys ------------------------------------------------------------------------
 fingerprint="$(et_source_fingerprint "$et_root")"
 # The event tracer changes the compile flags of the whole runtime (ET_EVENT_TRACER_ENABLED): an
@@ -216,7 +219,7 @@ build_dir="$lib_dir/build"
 runner_key="$(et_cache_key "arm-qemu-runner-v1" "$lib_key" "mode=$mode" "fault=$fault" \
   "method_pool=$method_pool" "file_pool=$file_pool" "temp_pool=$temp_pool" "model_addr=$model_addr" \
   "uart_base=$uart_base" "max_kernels=$max_kernels" "ops=$ops_csv" ${runner_flags[@]+"${runner_flags[@]}"} \
-  "$here/qemu/CMakeLists.txt" "$here/qemu/startup.c" "$here/qemu/faults.c" "$here/qemu/printf_z.c" "$here/qemu/mps3-an547.ld" \
+  "$here/qemu/CMakeLists.txt" "$here/portable_sources.py" "$here/qemu/startup.c" "$here/qemu/faults.c" "$here/qemu/printf_z.c" "$here/qemu/mps3-an547.ld" \
   ${runner_flags[@]+"$here/qemu/newlib_compat.c"})"
 runner_dir="$BUNDLERUN_CACHE/runners/$runner_key"
 # flatcc writes libflatccrt.a into its *source* folder and every ExecuTorch configure deletes that
@@ -242,7 +245,7 @@ cmake_cmd=(cmake -S "$runner_src" -B "$build_dir" -G Ninja -Wno-dev
   -DEXECUTORCH_BUILD_CORTEX_M=ON -DCMSIS_NN_LOCAL_PATH="$cmsis_dir"
   -DFLATC_EXECUTABLE="$flatc" -DPYTHON_EXECUTABLE="$python_abs"
   -UMAX_KERNEL_NUM -DBUNDLERUN_MAX_KERNEL_NUM="$max_kernels" -DSEMIHOSTING="$semihosting"
-  -DBUNDLERUN_MODE="$mode" -DBUNDLERUN_FAULT="$fault" -DBUNDLERUN_OPS="$ops_csv"
+  -DBUNDLERUN_MODE="$mode" -DBUNDLERUN_FAULT="$fault" -DBUNDLERUN_OPS="$ops_csv" -DBUNDLERUN_PORTABLE_SRCS="$portable_srcs"
   -DBUNDLERUN_METHOD_POOL_SIZE="$method_pool" -DBUNDLERUN_FILE_POOL_SIZE="$file_pool"
   -DBUNDLERUN_TEMP_POOL_SIZE="$temp_pool" -DBUNDLERUN_MODEL_ADDR="$model_addr"
   -DBUNDLERUN_UART_BASE="$uart_base")
@@ -251,6 +254,8 @@ if $etdump; then
 else
   cmake_cmd+=(-DBUNDLERUN_ETDUMP=OFF)
 fi
+et_ccache  # compiles through $BUNDLERUN_CACHE/ccache (firmware_scripts/lib/et_sources.sh)
+cmake_cmd+=(${ET_CCACHE_FLAGS[@]+"${ET_CCACHE_FLAGS[@]}"})
 ninja_cmd=(ninja -C "$build_dir" -j "$jobs" arm_executor_runner)
 
 if $dry_run; then

@@ -195,10 +195,13 @@ et_wheel_flatc() {
 # 220 of each build's compiles) are the same objects in the x86_64 Vulkan and MLX runners. Paths under
 # the cache are hashed relative to the build folder, so two builds' private source views (et_build_tree,
 # <key>.build/src beside <key>.build/out) share entries. In no cache key: the launcher changes how long
-# a build takes, not what it makes. BUNDLERUN_CCACHE=0 builds without it. Sets ET_CCACHE_FLAGS.
+# a build takes, not what it makes. BUNDLERUN_CCACHE=0 builds without it: CCACHE_DISABLE too, since
+# ExecuTorch's own CMakeLists.txt:235 makes ccache the launcher of its targets whenever it is installed
+# (with ccache's default folder, outside bundlerun's cache, unless this has run). Sets ET_CCACHE_FLAGS.
 et_ccache() {
   ET_CCACHE_FLAGS=()
-  if [ "${BUNDLERUN_CCACHE:-1}" = 0 ] || ! command -v ccache >/dev/null 2>&1; then return 0; fi
+  if [ "${BUNDLERUN_CCACHE:-1}" = 0 ]; then export CCACHE_DISABLE=1; return 0; fi
+  if ! command -v ccache >/dev/null 2>&1; then return 0; fi
   export CCACHE_DIR="${CCACHE_DIR:-$BUNDLERUN_CACHE/ccache}" CCACHE_BASEDIR="$BUNDLERUN_CACHE" CCACHE_NOHASHDIR=1
   ET_CCACHE_FLAGS=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 }
