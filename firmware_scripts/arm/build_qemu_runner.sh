@@ -320,7 +320,10 @@ cp "$build_dir/arm_executor_runner.elf" "$tmp/"
 cp "$build_dir/arm_executor_runner.map" "$tmp/" 2>/dev/null || true
 cp "$log" "$tmp/build.log"
 size_line="$(arm-none-eabi-size "$tmp/arm_executor_runner.elf" | tail -n 1)"
-RUNNER_DIR="$runner_dir" MODE="$mode" FAULT="$fault" OPS="$ops_csv" METHOD_POOL="$method_pool" \
+# the portable kernel files this runner's archive holds (read under the tree's lock: what was compiled for it)
+portable_objs="$(arm-none-eabi-ar t "$build_dir/executorch/kernels/portable/libportable_kernels.a" 2>/dev/null \
+  | sed -n 's/^\(op_.*\.cpp\)\.obj$/\1/p' | sort | paste -sd, -)"
+PORTABLE_OBJS="$portable_objs" RUNNER_DIR="$runner_dir" MODE="$mode" FAULT="$fault" OPS="$ops_csv" METHOD_POOL="$method_pool" \
 FILE_POOL="$file_pool" TEMP_POOL="$temp_pool" MODEL_ADDR="$model_addr" UART_BASE="$uart_base" \
 MAX_KERNELS="$max_kernels" BUILD_TYPE="$build_type" ET_ROOT="$et_root" FINGERPRINT="$fingerprint" \
 CMSIS="$cmsis_dir" TOOLCHAIN="$toolchain" SECONDS_="$seconds" LIB_CACHED="$lib_cached" \
@@ -341,6 +344,7 @@ record = {
     "mode": e["MODE"],
     "elf": os.path.join(e["RUNNER_DIR"], "arm_executor_runner.elf"),
     "ops": e["OPS"].split(","),
+    "portable_kernel_files": [f for f in e["PORTABLE_OBJS"].split(",") if f],
     "etdump": etdump,
     "debug_buffer_size": debug_buffer_size,
     "flags": {
