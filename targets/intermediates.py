@@ -156,11 +156,16 @@ def run_worker(url: str, mode: str, bundle_path: str | Path, method: str, case: 
     dump = meta.get("etdump")
     if dump:  # host: the runtime's ETDump + debug buffer, read here (the worker loads no devtools)
         etdump = work / Path(str(dump["file"])).name
-        if dump.get("replayed"):
-            keep_last_run(etdump)
         debug_buffer = work / Path(str(dump["debug_buffer"])).name
-        items, parse_notes = parse_etdump(etdump, debug_buffer if debug_buffer.is_file() else None,
-                                          str(dump["buffer_size"]), str(dump["hint"]))
+        try:
+            if dump.get("replayed"):
+                keep_last_run(etdump)
+            items, parse_notes = parse_etdump(etdump, debug_buffer if debug_buffer.is_file() else None,
+                                              str(dump["buffer_size"]), str(dump["hint"]))
+        except Exception as exc:  # noqa: BLE001 - one line, as the worker's own errors (ExecuTorch's reader raising)
+            first = (str(exc).splitlines() or [""])[0][:300]
+            raise IntermediatesFailed(f"{url}: cannot read the runtime's ETDump {etdump}: {type(exc).__name__}: "
+                                      f"{first}") from None
         notes += parse_notes
     return IntermediateRun(url, method, case, granularity, items, outputs, notes)
 

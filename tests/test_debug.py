@@ -125,7 +125,8 @@ def test_build_etrecord_is_written_and_recorded(fp32_bundles):
     assert entry.debug_handles >= 9  # tiny-cnn: one per kernel of the program
 
 
-def test_host_debug_worker_loads_only_the_runtime_and_the_parent_reads_its_etdump(tmp_path, fp32_bundles):
+def test_host_debug_worker_loads_only_the_runtime_and_the_parent_reads_its_etdump(tmp_path, fp32_bundles,
+                                                                                 monkeypatch):
     """The host debug child runs the case and writes the runtime's ETDump + debug buffer; the parent reads
     them with ExecuTorch's Inspector (it loads devtools for the ETRecord anyway). The child never imports
     executorch.exir (4-5 s of CPU per `bundlerun debug` on 2 cores)."""
@@ -146,6 +147,17 @@ def test_host_debug_worker_loads_only_the_runtime_and_the_parent_reads_its_etdum
     items = run.intermediates
     assert len(items) >= 9 and all(item.kind == "kernel" for item in items)  # one per kernel of tiny-cnn
     assert np.array_equal(items[-1].outputs[0].reshape(run.outputs[0].shape), run.outputs[0])
+    # an ETDump the reader cannot take is one line naming the file, not a traceback
+    from bundlerun.targets import intermediates
+
+    def unreadable(*_args, **_kwargs):
+        raise ValueError("bad flatbuffer\nmore")
+
+    monkeypatch.setattr(intermediates, "parse_etdump", unreadable)
+    with pytest.raises(intermediates.IntermediatesFailed, match=r"cannot read the runtime's ETDump .*case.etdump: "
+                                                                r"ValueError: bad flatbuffer$"):
+        run_worker("host://portable", "host", fp32_bundles / "good.bpte", "forward", 0, tmp_path / "q", 600, 64,
+                   "every kernel call")
 
 
 def test_debug_without_etrecord_says_how_to_rebuild(tmp_path, fp32_bundles):
